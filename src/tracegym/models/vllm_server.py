@@ -1,0 +1,407 @@
+"""vLLM server: starts vLLM's OpenAI-compatible server as a supervised subprocess and stops its whole process group."""  # noqa: E501
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tracegym.core.errors import InfrastructureError
+
+LOG_TAIL_LINES = 40
+
+# The supervisor, the one process we start: it leads a new session and process group and starts vLLM as its
+# child. When asked to stop (SIGTERM), when vLLM exits, or when our process dies (even by SIGKILL: its parent
+# pid changes) it stops every process left in the group: vLLM's engine core and worker outlive a killed API
+# server, so they are found in /proc by group and signalled one by one. A parent-death signal (prctl) is not
+# used: it only reaches the direct child, and it fires when the *thread* that started the child ends.
+WATCHDOG_SCRIPT = r"""
+import os, signal, subprocess, sys, time
+parent, grace, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+signal.signal(signal.SIGINT, lambda *_: asked.append(1))
+child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+
+def group_members():
+    me, group, found = os.getpid(), os.getpgrp(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] not in "ZX" and int(fields[2]) == group:
+                found.append(int(name))
+    return found
+
+def signal_all(sig):
+    for pid in group_members():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+while child.poll() is None and not asked and os.getppid() == parent:
+    time.sleep(0.2)
+if child.poll() is None:
+    child.terminate()
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+deadline = time.monotonic() + grace
+signal_all(signal.SIGTERM)
+while group_members() and time.monotonic() < deadline:
+    time.sleep(0.1)
+signal_all(signal.SIGKILL)
+sys.exit(child.wait())
+"""
+
+
+class VLLMServerConfig(BaseModel):
+    """How to start (or find) a vLLM OpenAI-compatible server; plain data, saved with a run."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    model: str
+    """A Hugging Face model directory or hub name (see `embedded_model_dir()` for the default model)."""
+    served_model_name: str | None = None
+    """The name clients put in `model`; defaults to `model`."""
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback by default."""
+    port: int = 0
+    """Port to bind; 0 picks a free one."""
+    max_model_len: int = 2048
+    """Context length (prompt + completion) in tokens."""
+    dtype: str = "auto"
+    """Weight/activation dtype; `auto` serves bfloat16 on CPU and the checkpoint's dtype on GPU."""
+    cpu_kv_cache_gib: float | None = 2.0
+    """KV cache size in GiB on the CPU build (`VLLM_CPU_KVCACHE_SPACE`); ignored by the GPU build."""
+    enforce_eager: bool = True
+    """Skip graph capture / compilation: on CPU the server is healthy in ~35 s instead of ~100 s."""
+    tool_call_parser: str | None = "hermes"
+    """vLLM's parser for tool calls in model output (adds `--enable-auto-tool-choice`); None disables it."""
+    enable_lora: bool = False
+    """Serve LoRA adapters, loadable at run time (`/v1/load_lora_adapter`)."""
+    max_lora_rank: int = 16
+    """Largest adapter rank accepted when `enable_lora` is on."""
+    max_loras: int = 1
+    """Adapters held at once when `enable_lora` is on."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further `vllm serve` flags, passed as given."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server."""
+    startup_timeout_s: float = 300.0
+    """How long to wait for `/health` before giving up."""
+    stop_grace_s: float = 15.0
+    """How long a SIGTERM gets before SIGKILL."""
+    log_path: Path | None = None
+    """Where the server's stdout and stderr go; a file in the temp folder by default."""
+    state_path: Path | None = None
+    """A small JSON file recording the server we started; another process with the same config reuses it."""
+    reuse_url: str | None = None
+    """Use the server already answering at this base URL (`http://host:port/v1`) if it serves our model."""
+
+    @property
+    def name(self) -> str:
+        """The served model name."""
+        return self.served_model_name or self.model
+
+    def launch_key(self) -> str:
+        """A hash of what decides what the server serves (not where), to match a server in `state_path`."""
+        fields = self.model_dump(mode="json", include=_LAUNCH_FIELDS)
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_LAUNCH_FIELDS = {
+    "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "enforce_eager",
+    "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "extra_args", "env",
+}  # fmt: skip
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(config: VLLMServerConfig, port: int) -> list[str]:
+    """The vLLM command line; `python -m vllm.entrypoints.openai.api_server` also works under `vllm-cpu`."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model]
+    cmd += ["--served-model-name", config.name, "--host", config.host, "--port", str(port)]
+    cmd += ["--max-model-len", str(config.max_model_len), "--dtype", config.dtype]
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    if config.tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    if config.enable_lora:
+        cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
+        cmd += ["--max-loras", str(config.max_loras)]
+    return cmd + list(config.extra_args)
+
+
+def server_env(config: VLLMServerConfig) -> dict[str, str]:
+    """The server's environment: ours plus the CPU KV cache size, LoRA updating and `config.env`."""
+    env = dict(os.environ)
+    if config.cpu_kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.cpu_kv_cache_gib:g}"
+    if config.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    env.update(config.env)
+    return env
+
+
+def serves_model(base_url: str, name: str, timeout_s: float = 2.0) -> bool:
+    """True when an OpenAI-compatible server answers at `base_url` and lists model `name`."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout_s) as resp:
+            listed = json.load(resp).get("data", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(entry.get("id") == name for entry in listed if isinstance(entry, dict))
+
+
+def is_healthy(base_url: str, timeout_s: float = 2.0) -> bool:
+    """True when vLLM's `/health` (beside `/v1`) answers 200."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/health", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file (empty if it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VLLMServer:
+    """One vLLM server: started (or reused) by `start()`, stopped with its whole process group by `stop()`.
+
+    >>> with VLLMServer(VLLMServerConfig(model=str(embedded_model_dir()))) as server:  # doctest: +SKIP
+    ...     print(server.base_url)  # http://127.0.0.1:PORT/v1
+    """
+
+    def __init__(self, config: VLLMServerConfig, command: list[str] | None = None) -> None:
+        """`command` replaces the vLLM command line (tests use a tiny script); the config still applies."""
+        self.config = config
+        self._command = command
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._base_url: str | None = None
+        self._lock = threading.RLock()  # re-entered when the SIGTERM handler stops us mid-start
+        default_log = Path(tempfile.gettempdir()) / f"tracegym-vllm-{os.getpid()}-{id(self):x}.log"
+        self.log_path: Path = config.log_path or default_log
+        """Where the server's output goes."""
+
+    @property
+    def base_url(self) -> str:
+        """`http://host:port/v1`; only after `start()`."""
+        if self._base_url is None:
+            raise InfrastructureError("the vLLM server has not been started")
+        return self._base_url
+
+    @property
+    def owned(self) -> bool:
+        """True when this object started the server (and so stops it); False when it reuses another's."""
+        return self._proc is not None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the supervisor process, which also leads the server's process group."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> str:
+        """Reuse a matching running server or start one, wait until it is healthy, and return `base_url`."""
+        with self._lock:
+            if self._base_url is not None:
+                return self._base_url
+            reused = self._find_running()
+            if reused is not None:
+                self._base_url = reused
+                return reused
+            port = self.config.port or free_port(self.config.host)
+            self._spawn(port)
+            self._base_url = f"http://{self.config.host}:{port}/v1"
+            try:
+                self._wait_healthy(self._base_url)
+            except BaseException:
+                self._stop_locked()
+                raise
+            self._write_state()
+            return self._base_url
+
+    def stop(self) -> None:
+        """Stop the server and everything it started (no-op for a reused server or when not started)."""
+        with self._lock:
+            self._stop_locked()
+
+    def _find_running(self) -> str | None:
+        """The base URL of a server we may reuse: `reuse_url`, else the one recorded in `state_path`."""
+        name = self.config.name
+        if self.config.reuse_url and serves_model(self.config.reuse_url, name):
+            return self.config.reuse_url.rstrip("/")
+        state = self._read_state()
+        if state and state.get("launch_key") == self.config.launch_key():
+            url = str(state.get("base_url", ""))
+            if url and is_healthy(url) and serves_model(url, name):
+                return url
+        return None
+
+    def _spawn(self, port: int) -> None:
+        """Start the supervisor (new session and process group), which starts vLLM as its child."""
+        command = self._command or server_command(self.config, port)
+        supervisor = [sys.executable, "-c", WATCHDOG_SCRIPT, str(os.getpid()), str(self.config.stop_grace_s)]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [*supervisor, *command],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env(self.config),
+                start_new_session=True,
+            )
+        _register(self)
+
+    def _wait_healthy(self, base_url: str) -> None:
+        """Poll `/health` and `/v1/models` until both answer; raise with the log's tail on exit or timeout."""
+        assert self._proc is not None
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                raise self._failure(f"vLLM exited with code {code} before it was healthy")
+            if is_healthy(base_url, timeout_s=1.0) and serves_model(base_url, self.config.name):
+                return
+            time.sleep(0.5)
+        raise self._failure(f"vLLM was not healthy after {self.config.startup_timeout_s:g} s")
+
+    def _failure(self, what: str) -> InfrastructureError:
+        """An error naming the log and quoting its last lines."""
+        tail = log_tail(self.log_path)
+        return InfrastructureError(f"{what} (log: {self.log_path}); last lines:\n{tail}")
+
+    def _stop_locked(self) -> None:
+        """SIGTERM the supervisor (which stops the group), wait, then SIGKILL whatever is left of it."""
+        proc, self._proc = self._proc, None
+        self._base_url = None
+        if proc is None:
+            return
+        _unregister(self)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(2 * self.config.stop_grace_s + 5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor leads the group; not reaped yet
+                proc.wait()
+        self._remove_state(proc.pid)
+
+    def _read_state(self) -> dict[str, Any] | None:
+        """The state file's record, or None when there is none (or it is unreadable)."""
+        path = self.config.state_path
+        if path is None:
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _write_state(self) -> None:
+        """Record the server we started, atomically, so another process with the same config can reuse it."""
+        path, proc = self.config.state_path, self._proc
+        if path is None or proc is None:
+            return
+        record = {"base_url": self._base_url, "pid": proc.pid, "launch_key": self.config.launch_key()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+
+    def _remove_state(self, pid: int) -> None:
+        """Delete the state file if it still records our server."""
+        record = self._read_state()
+        if record is not None and record.get("pid") == pid and self.config.state_path is not None:
+            with contextlib.suppress(OSError):
+                self.config.state_path.unlink()
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> VLLMServer:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+_live: set[VLLMServer] = set()
+_hooks_installed = False
+
+
+def _register(server: VLLMServer) -> None:
+    """Remember a started server so that interpreter exit or SIGTERM stops it."""
+    global _hooks_installed
+    _live.add(server)
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(stop_all)
+    on_main = threading.current_thread() is threading.main_thread()
+    if on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_all_then_die)
+    # SIGINT needs nothing: it raises KeyboardInterrupt, which unwinds context managers and then runs atexit.
+
+
+def _unregister(server: VLLMServer) -> None:
+    _live.discard(server)
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for server in list(_live):
+        server.stop()
+
+
+def _stop_all_then_die(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM handler: stop our servers, then die of SIGTERM as if no handler had been installed."""
+    stop_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,267 @@
+"""Tests of the vLLM server manager: command line, supervision, reuse, and no orphan after a kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tracegym.core.errors import InfrastructureError
+from tracegym.models.vllm_server import (
+    VLLMServer,
+    VLLMServerConfig,
+    free_port,
+    server_command,
+    server_env,
+)
+
+# A stand-in for vLLM: answers /health and /v1/models, and starts a child that, like vLLM's engine core,
+# ignores SIGTERM and outlives its parent; so only the supervisor's group sweep and SIGKILL can end it.
+FAKE_VLLM = r"""
+import http.server, json, subprocess, sys
+port, name, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+engine = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+child = subprocess.Popen([sys.executable, "-c", engine])
+with open(pid_file, "w") as f:
+    f.write(str(child.pid))
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = {"/health": b"", "/v1/models": json.dumps({"data": [{"id": name}]}).encode()}.get(self.path)
+        self.send_response(404 if body is None else 200)
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def fake_server(tmp_path: Path, name: str = "fake-model", **fields: object) -> VLLMServer:
+    port = free_port()
+    config = VLLMServerConfig(
+        model="unused", served_model_name=name, port=port, stop_grace_s=1.0, startup_timeout_s=20,
+        log_path=tmp_path / f"vllm-{port}.log", **fields,
+    )  # fmt: skip
+    command = [sys.executable, "-c", FAKE_VLLM, str(port), name, str(tmp_path / f"engine-{port}.pid")]
+    return VLLMServer(config, command=command)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[VLLMServer]:
+    with fake_server(tmp_path) as started:
+        yield started
+
+
+def test_free_port_is_bindable() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_command_line_and_env() -> None:
+    config = VLLMServerConfig(
+        model="/m", served_model_name="m", enable_lora=True, max_lora_rank=32, extra_args=["--seed", "1"]
+    )
+    cmd = server_command(config, 8123)
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(cmd)
+    for part in ("--model /m", "--served-model-name m", "--port 8123", "--max-model-len 2048"):
+        assert part in joined
+    assert "--enforce-eager" in cmd
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in joined
+    assert "--enable-lora --max-lora-rank 32" in joined
+    assert cmd[-2:] == ["--seed", "1"]
+    env = server_env(config)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    plain = server_command(VLLMServerConfig(model="/m", tool_call_parser=None, enforce_eager=False), 1)
+    assert not {"--enable-auto-tool-choice", "--enforce-eager", "--enable-lora"} & set(plain)
+
+
+def test_launch_key_ignores_where_but_not_what() -> None:
+    base = VLLMServerConfig(model="/m")
+    assert base.launch_key() == VLLMServerConfig(model="/m", port=9, log_path=Path("/x")).launch_key()
+    assert base.launch_key() != VLLMServerConfig(model="/m", max_model_len=4096).launch_key()
+
+
+def test_early_exit_raises_with_the_log_tail(tmp_path: Path) -> None:
+    config = VLLMServerConfig(model="unused", log_path=tmp_path / "vllm.log")
+    script = "import sys; print('line one'); print('CUDA is sad', file=sys.stderr); sys.exit(3)"
+    server = VLLMServer(config, command=[sys.executable, "-c", script])
+    with pytest.raises(InfrastructureError, match=r"(?s)exited with code 3.*line one.*CUDA is sad"):
+        server.start()
+    assert not server.owned
+
+
+def test_startup_timeout_stops_the_group(tmp_path: Path) -> None:
+    config = VLLMServerConfig(model="m", startup_timeout_s=1.0, stop_grace_s=1.0, log_path=tmp_path / "l")
+    server = VLLMServer(config, command=[sys.executable, "-c", "import time; time.sleep(600)"])
+    started = time.monotonic()
+    with pytest.raises(InfrastructureError, match="not healthy after 1 s"):
+        server.start()
+    assert time.monotonic() - started < 10
+
+
+def test_start_answers_and_stop_kills_the_whole_group(server: VLLMServer, tmp_path: Path) -> None:
+    assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
+    pgid = server.pid
+    assert pgid is not None
+    engine_pid = int(next(tmp_path.glob("engine-*.pid")).read_text())
+    assert running(engine_pid) and os.getpgid(engine_pid) == pgid
+    server.stop()
+    assert wait_until(lambda: not group_members(pgid), 5)
+    assert not running(engine_pid)  # ignored SIGTERM, got SIGKILL
+    with pytest.raises(InfrastructureError):
+        server.base_url  # noqa: B018
+
+
+def test_reuse_url_uses_the_running_server(server: VLLMServer, tmp_path: Path) -> None:
+    other = VLLMServer(VLLMServerConfig(model="x", served_model_name="fake-model", reuse_url=server.base_url))
+    assert other.start() == server.base_url
+    assert not other.owned
+    other.stop()  # not ours: nothing happens
+    assert server.pid is not None and running(server.pid)
+    wrong_model = VLLMServerConfig(model="x", served_model_name="other", reuse_url=server.base_url)
+    with pytest.raises(InfrastructureError, match="exited with code 1"):  # so it started its own
+        VLLMServer(wrong_model, command=[sys.executable, "-c", "raise SystemExit(1)"]).start()
+
+
+def test_state_file_lets_a_second_server_reuse_the_first(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    with fake_server(tmp_path, state_path=state) as first:
+        assert json.loads(state.read_text())["base_url"] == first.base_url
+        second = fake_server(tmp_path, state_path=state)
+        assert second.start() == first.base_url and not second.owned
+    assert not state.exists()
+
+
+async def test_async_context_manager(tmp_path: Path) -> None:
+    async with fake_server(tmp_path) as server:
+        pgid = server.pid
+        async with aiohttp.ClientSession() as session, session.get(f"{server.base_url}/models") as resp:
+            assert (await resp.json(content_type=None))["data"][0]["id"] == "fake-model"
+    assert pgid is not None and wait_until(lambda: not group_members(pgid), 5)
+
+
+# A process that starts a server, prints its process group id and then waits to be killed.
+START_AND_WAIT = r"""
+import sys, time
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+config = VLLMServerConfig.model_validate_json(sys.argv[1])
+command = sys.argv[2:] or None
+server = VLLMServer(config, command=command)
+server.start()
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def kill_parent_and_check_no_orphans(config: VLLMServerConfig, command: list[str], timeout_s: float) -> None:
+    """Start a server from a child process, SIGKILL the child, and require the server's group to vanish."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", START_AND_WAIT, config.model_dump_json(), *command],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = parent.stdout.readline() if parent.stdout else ""
+        assert line.strip().isdigit(), f"server did not start: {line!r}"
+        pgid = int(line)
+        assert len(group_members(pgid)) >= 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    assert wait_until(lambda: not group_members(pgid), timeout_s), f"left behind: {group_members(pgid)}"
+
+
+def test_killing_the_owner_leaves_no_process_behind(tmp_path: Path) -> None:
+    port = free_port()
+    config = VLLMServerConfig(model="x", served_model_name="m", port=port, stop_grace_s=1.0)
+    command = [sys.executable, "-c", FAKE_VLLM, str(port), "m", str(tmp_path / "engine.pid")]
+    kill_parent_and_check_no_orphans(config, command, timeout_s=10)
+    assert not running(int((tmp_path / "engine.pid").read_text()))
+
+
+# --- the real vLLM with the embedded model ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_config(tmp_path_factory: pytest.TempPathFactory) -> VLLMServerConfig:
+    from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+
+    logs = tmp_path_factory.mktemp("vllm")
+    return VLLMServerConfig(
+        model=str(embedded_model_dir()), served_model_name=SERVED_MODEL_NAME, log_path=logs / "vllm.log"
+    )
+
+
+@pytest.mark.slow
+async def test_real_vllm_answers_a_chat_request(embedded_config: VLLMServerConfig) -> None:
+    body = {
+        "model": embedded_config.name,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    async with VLLMServer(embedded_config) as server, aiohttp.ClientSession() as session:
+        async with session.post(f"{server.base_url}/chat/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            reply = await resp.json()
+        pgid = server.pid
+    choice = reply["choices"][0]
+    assert choice["message"]["content"].strip()
+    completion_tokens = reply["usage"]["completion_tokens"]
+    assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) == completion_tokens
+    assert reply["prompt_token_ids"][:1] == [1]  # <|im_start|>
+    assert pgid is not None and wait_until(lambda: not group_members(pgid), 30)
+
+
+@pytest.mark.slow
+def test_killing_the_owner_of_real_vllm_leaves_no_process_behind(embedded_config: VLLMServerConfig) -> None:
+    kill_parent_and_check_no_orphans(embedded_config, [], timeout_s=30)
