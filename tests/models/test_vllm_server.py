@@ -166,7 +166,9 @@ def test_reuse_url_uses_the_running_server(server: VLLMServer, tmp_path: Path) -
     assert not other.owned
     other.stop()  # not ours: nothing happens
     assert server.pid is not None and running(server.pid)
-    wrong_model = VLLMServerConfig(model="x", served_model_name="other", reuse_url=server.base_url)
+    wrong_model = VLLMServerConfig(
+        model="x", served_model_name="other", reuse_url=server.base_url, log_path=tmp_path / "other.log"
+    )
     with pytest.raises(InfrastructureError, match="exited with code 1"):  # so it started its own
         VLLMServer(wrong_model, command=[sys.executable, "-c", "raise SystemExit(1)"]).start()
 
@@ -221,7 +223,9 @@ def kill_parent_and_check_no_orphans(config: VLLMServerConfig, command: list[str
 
 def test_killing_the_owner_leaves_no_process_behind(tmp_path: Path) -> None:
     port = free_port()
-    config = VLLMServerConfig(model="x", served_model_name="m", port=port, stop_grace_s=1.0)
+    config = VLLMServerConfig(
+        model="x", served_model_name="m", port=port, stop_grace_s=1.0, log_path=tmp_path / "vllm.log"
+    )
     command = [sys.executable, "-c", FAKE_VLLM, str(port), "m", str(tmp_path / "engine.pid")]
     kill_parent_and_check_no_orphans(config, command, timeout_s=10)
     assert not running(int((tmp_path / "engine.pid").read_text()))
