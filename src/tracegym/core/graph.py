@@ -1,0 +1,116 @@
+"""Message graph: a trace's messages as nodes with parent links; each root-to-leaf path is a branch.
+
+Nodes hold only the tokens they add. An assistant node produced by the model holds the prompt tokens that
+appeared since the previous tokenized node (mask 0) followed by its sampled completion (mask 1), so the tokens
+along a branch concatenate to exactly what the model saw and sampled on that branch's last turn. When a new
+prompt does not extend the branch's tokens (the template re-rendered an earlier turn differently), the graph
+forks: the conversation is copied into a new branch whose first model node carries the whole new prompt.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tracegym.core.messages import Message
+
+
+class Node(BaseModel):
+    """One message in the graph, with the tokens it adds when they are known."""
+
+    model_config = ConfigDict(frozen=True)
+    id: int
+    parent: int | None
+    message: Message
+    sampled: bool = False
+    """True when the model produced this message."""
+    token_ids: list[int] | None = None
+    mask: list[int] | None = None
+    """1 for each sampled token, 0 for prompt tokens; aligned with token_ids."""
+    logprobs: list[float] | None = None
+    """Sampling logprob per token (0.0 where not sampled); aligned with token_ids."""
+    temperature: float | None = None
+    """The sampling temperature of the call that produced this node."""
+
+
+class MessageGraph(BaseModel):
+    """The nodes of one rollout, appended in order; the newest node ends the current branch."""
+
+    nodes: list[Node] = Field(default_factory=list)
+
+    @property
+    def head(self) -> int | None:
+        """Id of the newest node: the end of the branch the rollout is on."""
+        return self.nodes[-1].id if self.nodes else None
+
+    def add(self, message: Message, parent: int | None = -1, **fields: object) -> Node:
+        """Append a node; `parent=-1` means the current head."""
+        if parent == -1:
+            parent = self.head
+        node = Node(id=len(self.nodes), parent=parent, message=message, **fields)  # type: ignore[arg-type]
+        self.nodes.append(node)
+        return node
+
+    def path(self, node_id: int | None = None) -> list[Node]:
+        """The nodes from the root to `node_id` (default: the head)."""
+        out: list[Node] = []
+        current = self.head if node_id is None else node_id
+        while current is not None:
+            node = self.nodes[current]
+            out.append(node)
+            current = node.parent
+        return out[::-1]
+
+    def messages(self, node_id: int | None = None) -> list[Message]:
+        """The conversation along the path to `node_id` (default: the head)."""
+        return [n.message for n in self.path(node_id)]
+
+    def leaves(self) -> list[int]:
+        """Ids of nodes nobody points to, in order of creation."""
+        parents = {n.parent for n in self.nodes}
+        return [n.id for n in self.nodes if n.id not in parents]
+
+    def branches(self) -> list[list[int]]:
+        """Every root-to-leaf path as a list of node ids."""
+        return [[n.id for n in self.path(leaf)] for leaf in self.leaves()]
+
+    def tokens(self, node_id: int | None = None) -> list[int]:
+        """The token ids along the path to `node_id`, concatenated (nodes without tokens add none)."""
+        out: list[int] = []
+        for node in self.path(node_id):
+            if node.token_ids:
+                out.extend(node.token_ids)
+        return out
+
+    def add_model_turn(
+        self,
+        message: Message,
+        prompt_ids: list[int] | None = None,
+        completion_ids: list[int] | None = None,
+        completion_logprobs: list[float] | None = None,
+        temperature: float | None = None,
+    ) -> Node:
+        """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
+        if prompt_ids is None or completion_ids is None:
+            return self.add(message, sampled=True, temperature=temperature)
+        prefix = self.tokens()
+        parent = self.head
+        if prompt_ids[: len(prefix)] != prefix:
+            parent, prefix = self._fork(), []
+        delta = prompt_ids[len(prefix) :]
+        logprobs = completion_logprobs if completion_logprobs is not None else [0.0] * len(completion_ids)
+        return self.add(
+            message,
+            parent=parent,
+            sampled=True,
+            token_ids=delta + completion_ids,
+            mask=[0] * len(delta) + [1] * len(completion_ids),
+            logprobs=[0.0] * len(delta) + list(logprobs),
+            temperature=temperature,
+        )
+
+    def _fork(self) -> int | None:
+        """Copy the current conversation, without tokens, into a new branch; returns its last node id."""
+        parent: int | None = None
+        for node in self.path():
+            parent = self.add(node.message, parent=parent, sampled=node.sampled).id
+        return parent

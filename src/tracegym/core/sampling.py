@@ -1,0 +1,25 @@
+"""Sampling: the generation parameters of a model call, plain data that crosses the wire and lands on traces."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Sampling(BaseModel):
+    """Sampling parameters; `extra` passes anything else through to the endpoint untouched."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_tokens: int | None = 256
+    """Most tokens to generate per model call."""
+    seed: int | None = None
+    """Seed for the endpoint's sampler, when it honours one."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end generation."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Endpoint-specific request fields (e.g. vLLM's `top_k`)."""

@@ -1,0 +1,20 @@
+"""Timing: spans of a rollout's stages, in seconds from the rollout's start."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Span(BaseModel):
+    """One timed stage: `setup`, `model`, `tool:<name>`, `env_response`, `scoring` or `total`."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    start: float
+    end: float
+    turn: int | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds the stage took."""
+        return self.end - self.start

@@ -1,0 +1,155 @@
+"""Trace: the record of one rollout (task, message graph, rewards, metrics, errors, timing, usage, stop)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.graph import MessageGraph
+from tracegym.core.messages import Message
+from tracegym.core.task_data import TaskData
+from tracegym.core.timing import Span
+
+SCHEMA_VERSION = 1
+
+
+class StopReason(StrEnum):
+    """Why a rollout ended."""
+
+    COMPLETED = "completed"
+    """The model answered with no tool call and the task had no response."""
+    STOP_CONDITION = "stop_condition"
+    """A stop function returned true (its name is in `stopped_by`)."""
+    MAX_TURNS = "max_turns"
+    TRUNCATED = "truncated"
+    """The context window or the completion budget ran out."""
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class RewardScore(BaseModel):
+    """One reward's score (None = failed or never ran) and its weight in the total."""
+
+    model_config = ConfigDict(frozen=True)
+    score: float | None
+    weight: float = 1.0
+
+
+class Usage(BaseModel):
+    """Tokens the endpoint reported, summed over the rollout's model calls."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Trace(BaseModel):
+    """One rollout's full record. Derived values are properties, never stored twice."""
+
+    model_config = ConfigDict(validate_assignment=False)
+
+    schema_version: int = SCHEMA_VERSION
+    id: str = Field(default_factory=_new_id)
+    taskset: str = ""
+    task: TaskData
+    task_key: str = ""
+    rollout_index: int = 0
+    model: str = ""
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    graph: MessageGraph = Field(default_factory=MessageGraph)
+    prompt_length: int = 0
+    """How many of the graph's first nodes are the prompt (the rest is the completion)."""
+    rewards: dict[str, RewardScore] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    errors: list[TraceError] = Field(default_factory=list)
+    spans: list[Span] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    stop_reason: StopReason | None = None
+    stopped_by: str | None = None
+    started_at: float = Field(default_factory=time.time)
+    policy_version: int | None = None
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(f"trace schema version {value} is newer than this tracegym reads ({SCHEMA_VERSION})")
+        return value
+
+    def model_post_init(self, _context: Any) -> None:
+        if not self.task_key:
+            self.task_key = self.task.key
+
+    @property
+    def reward(self) -> float | None:
+        """Weighted sum of the rewards; None when any reward is missing or there are none."""
+        if not self.rewards or any(r.score is None for r in self.rewards.values()):
+            return None
+        return sum(r.score * r.weight for r in self.rewards.values())  # type: ignore[operator]
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation on the current branch."""
+        return self.graph.messages()
+
+    @property
+    def prompt(self) -> list[Message]:
+        """The messages the rollout started from."""
+        return self.messages[: self.prompt_length]
+
+    @property
+    def completion(self) -> list[Message]:
+        """Everything after the prompt on the current branch."""
+        return self.messages[self.prompt_length :]
+
+    @property
+    def last_reply(self) -> str:
+        """Text of the last assistant message ('' when the model never answered)."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.text
+        return ""
+
+    @property
+    def branches(self) -> list[list[int]]:
+        """Every root-to-leaf path of the message graph, as node ids."""
+        return self.graph.branches()
+
+    @property
+    def num_turns(self) -> int:
+        """Model turns on the current branch."""
+        return sum(1 for n in self.graph.path() if n.sampled)
+
+    @property
+    def completion_length(self) -> int:
+        """Sampled tokens over all model calls (from the endpoint's usage)."""
+        return self.usage.completion_tokens
+
+    @property
+    def is_truncated(self) -> bool:
+        """True when the rollout ran out of context or completion budget."""
+        return self.stop_reason == StopReason.TRUNCATED
+
+    @property
+    def ok(self) -> bool:
+        """True when the rollout ran to a normal end and every reward scored. Tool errors the model recovered
+        from do not count against it; a rollout ended by an error, a timeout or a cancel does."""
+        ended_badly = self.stop_reason in (None, StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED)
+        return not ended_badly and all(r.score is not None for r in self.rewards.values())
+
+    def has_error(self, kind: ErrorKind) -> bool:
+        """True when an error of this kind is recorded."""
+        return any(e.kind == kind for e in self.errors)
+
+    def duration(self, stage: str = "total") -> float:
+        """Seconds spent in a stage, summed over its spans (`total`: the whole rollout)."""
+        return sum(s.duration for s in self.spans if s.name == stage or s.name.startswith(stage + ":"))

@@ -1,0 +1,136 @@
+"""Evaluate: run groups of rollouts over a taskset in process, with bounded concurrency.
+
+`evaluate_iter` yields traces as they finish (for stores and dashboards); `evaluate` returns them in task
+order. A rollout that fails is a trace with errors, never an exception that cancels its siblings. A rollout
+that ended on an infrastructure error (endpoint down) is rerun with a fresh Task up to `infra_retries` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from tracegym.core.errors import ErrorKind, TraceError, TracegymError, UsageError
+from tracegym.core.sampling import Sampling
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.rollout import Timeouts, rollout
+from tracegym.envs.taskset import Taskset
+from tracegym.models.client import ModelClient
+
+
+async def run_rollout(
+    taskset: Taskset,
+    data: TaskData,
+    model: ModelClient,
+    sampling: Sampling | None = None,
+    *,
+    rollout_index: int = 0,
+    timeouts: Timeouts | None = None,
+    infra_retries: int = 1,
+) -> Trace:
+    """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times."""
+    for attempt in range(infra_retries + 1):
+        try:
+            task = taskset.task(data)
+        except Exception as exc:  # a row the taskset cannot build a Task from fails this rollout only
+            return failed_trace(data, taskset.id, rollout_index, exc)
+        trace = await rollout(task, model, sampling, rollout_index=rollout_index, timeouts=timeouts)
+        if not trace.has_error(ErrorKind.INFRASTRUCTURE) or attempt == infra_retries:
+            return trace
+    raise AssertionError("unreachable")
+
+
+def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException) -> Trace:
+    """A trace for a rollout that could not start, carrying the error."""
+    kind = exc.kind if isinstance(exc, TracegymError) else ErrorKind.TASK
+    error = TraceError(kind=kind, stage="setup", message=f"{type(exc).__name__}: {exc}")
+    return Trace(task=data, taskset=taskset_id, rollout_index=rollout_index, errors=[error],
+                 stop_reason=StopReason.ERROR)
+
+
+async def run_group(
+    taskset: Taskset,
+    data: TaskData,
+    model: ModelClient,
+    rollouts: int,
+    sampling: Sampling | None = None,
+    **options: Any,
+) -> list[Trace]:
+    """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
+    return list(
+        await asyncio.gather(
+            *(run_rollout(taskset, data, model, sampling, rollout_index=i, **options) for i in range(rollouts))
+        )
+    )
+
+
+async def evaluate_iter(
+    taskset: str | Taskset,
+    model: ModelClient,
+    *,
+    num_tasks: int | None = None,
+    rollouts: int = 1,
+    sampling: Sampling | None = None,
+    concurrency: int = 32,
+    pairs: Iterable[tuple[TaskData, int]] | None = None,
+    **options: Any,
+) -> AsyncIterator[Trace]:
+    """Yield traces as they finish. `pairs` (task, rollout index) replaces the default cross product, e.g. to
+    rerun only what a resumed run is missing. Tasks are read lazily; at most `concurrency` run at once."""
+    ts = load_taskset(taskset) if isinstance(taskset, str) else taskset
+    if num_tasks is not None:
+        ts = ts.head(num_tasks)
+    elif pairs is None and not ts.bounded:
+        raise UsageError(f"taskset {ts.id!r} is infinite: give num_tasks")
+    work = iter(pairs if pairs is not None else ((d, i) for d in ts for i in range(rollouts)))
+    done: asyncio.Queue[Trace] = asyncio.Queue()
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(data: TaskData, index: int) -> None:
+        try:
+            trace = await run_rollout(ts, data, model, sampling, rollout_index=index, **options)
+        except Exception as exc:  # a bug below must still answer, or the consumer would wait forever
+            trace = failed_trace(data, ts.id, index, exc)
+        await done.put(trace)
+
+    try:
+        while True:
+            while len(running) < concurrency and (item := next(work, None)) is not None:
+                job = asyncio.create_task(one(*item))
+                running.add(job)
+                job.add_done_callback(running.discard)
+            if not running and done.empty():
+                return
+            yield await done.get()
+    finally:
+        for job in running:
+            job.cancel()
+
+
+async def evaluate(
+    taskset: str | Taskset,
+    model: ModelClient,
+    *,
+    num_tasks: int | None = None,
+    rollouts: int = 1,
+    sampling: Sampling | None = None,
+    concurrency: int = 32,
+    **options: Any,
+) -> list[Trace]:
+    """Run `rollouts` rollouts of each of the first `num_tasks` tasks; traces in task order, then index."""
+    ts = load_taskset(taskset) if isinstance(taskset, str) else taskset
+    if num_tasks is not None:
+        ts = ts.head(num_tasks)
+    elif not ts.bounded:
+        raise UsageError(f"taskset {ts.id!r} is infinite: give num_tasks")
+    tasks = list(ts)
+    pairs = [(d, i) for d in tasks for i in range(rollouts)]
+    traces = [
+        t async for t in evaluate_iter(ts, model, sampling=sampling, concurrency=concurrency, pairs=pairs,
+                                       **options)
+    ]
+    position = {d.key: n for n, d in reversed(list(enumerate(tasks)))}
+    return sorted(traces, key=lambda t: (position.get(t.task_key, 0), t.rollout_index))

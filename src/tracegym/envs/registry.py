@@ -1,0 +1,88 @@
+"""Registry: finds a taskset by id: built-ins, installed entry points, `package.module:Name`, `file.py:Name`."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.taskset import Taskset, TasksetConfig
+
+ENTRY_POINT_GROUP = "tracegym.tasksets"
+
+BUILTINS: dict[str, str] = {
+    "reverse-text": "tracegym.tasksets.reverse_text:ReverseText",
+    "alphabet-sort": "tracegym.tasksets.alphabet_sort:AlphabetSort",
+    "arithmetic": "tracegym.tasksets.arithmetic:Arithmetic",
+    "wordle": "tracegym.tasksets.wordle:Wordle",
+    "tool-calculator": "tracegym.tasksets.tool_calculator:ToolCalculator",
+    "counter-env": "tracegym.tasksets.counter_env:counter_env",
+}
+
+
+def known_tasksets() -> dict[str, str]:
+    """Every taskset id that resolves without a path: built-ins, then installed entry points."""
+    found = dict(BUILTINS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def load_taskset(spec: str | Taskset, config: TasksetConfig | Mapping[str, Any] | None = None) -> Taskset:
+    """The taskset named by `spec`, built with `config`; an unknown id is a UsageError listing known ones."""
+    if isinstance(spec, Taskset):
+        return spec
+    target = resolve(spec)
+    if isinstance(target, Taskset):
+        if config:
+            raise UsageError(f"taskset {spec!r} is a ready-made instance and takes no config")
+        return target
+    taskset = target(config) if config is not None else target()
+    if not isinstance(taskset, Taskset):
+        raise UsageError(f"{spec!r} gave a {type(taskset).__name__}, not a Taskset")
+    return taskset
+
+
+def resolve(spec: str) -> Any:
+    """The object `spec` names: a Taskset class, a Taskset instance, or a factory returning one."""
+    known = known_tasksets()
+    if spec in known:
+        return _import(known[spec], spec)
+    if ":" in spec:
+        return _import(spec, spec)
+    close = difflib.get_close_matches(spec, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UsageError(f"unknown taskset {spec!r}.{hint} Known: {', '.join(sorted(known))}")
+
+
+def _import(target: str, spec: str) -> Any:
+    module_name, _, attr = target.rpartition(":")
+    try:
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"taskset {spec!r}: cannot import {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"taskset {spec!r}: {module_name!r} has no {attr!r}") from None
+
+
+def _load_file(path: str) -> Any:
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise UsageError(f"taskset file {path!r} does not exist")
+    name = f"tracegym_user_{file.stem}_{abs(hash(str(file)))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

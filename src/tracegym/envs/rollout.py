@@ -1,0 +1,286 @@
+"""Rollout: the one loop that runs a Task against a model and records everything on a Trace.
+
+A turn: call the model -> append its reply -> run its tool calls (each with its own timeout; failures become
+tool messages) or ask the task for an environment response -> check stops. The rollout ends when the model
+answers with no tool call and the task has no response, a stop fires, `max_turns` is reached, the context or
+completion budget runs out (truncated), a stage times out, or an error is raised. Scoring runs after every
+normal end. Nothing here raises for a task's or model's failure: errors are classified and put on the trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from tracegym.core.errors import (
+    ContextLengthError,
+    ErrorKind,
+    StageTimeout,
+    TracegymError,
+    TraceError,
+)
+from tracegym.core.messages import Message, ToolCall, tool, user
+from tracegym.core.sampling import Sampling
+from tracegym.core.timing import Span
+from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.envs.task import EnvResponse, Task
+from tracegym.models.client import ModelClient, ModelRequest
+
+T = TypeVar("T")
+
+
+class Timeouts(BaseModel):
+    """Seconds each stage may take; hitting one ends the rollout (a tool's only fails that call)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    setup: float = 60.0
+    """Task setup (e.g. starting a sandbox)."""
+    model: float = 300.0
+    """One model call."""
+    tool: float = 60.0
+    """One tool call."""
+    env_response: float = 60.0
+    """One environment response."""
+    scoring: float = 60.0
+    """Each reward, metric or stop function."""
+    rollout: float = 1800.0
+    """The whole rollout, scoring included."""
+
+
+class _Ended(Exception):
+    """Internal: the loop ended for `reason`."""
+
+    def __init__(self, reason: StopReason, by: str | None = None) -> None:
+        self.reason, self.by = reason, by
+
+
+class Rollout:
+    """The state of one running rollout; `run()` drives it to a finished trace."""
+
+    def __init__(self, task: Task, model: ModelClient, sampling: Sampling, timeouts: Timeouts,
+                 trace: Trace) -> None:
+        self.task, self.model, self.sampling, self.timeouts, self.trace = task, model, sampling, timeouts, trace
+        self._t0 = time.monotonic()
+        self.turn = 0
+
+    async def run(self) -> Trace:
+        """Run the loop, then scoring and cleanup, all inside the rollout timeout."""
+        trace = self.trace
+        try:
+            await asyncio.wait_for(self._loop_and_score(), self.timeouts.rollout)
+        except TimeoutError:
+            self._error(ErrorKind.TIMEOUT, "rollout", f"rollout exceeded {self.timeouts.rollout}s")
+            self._end(StopReason.TIMEOUT)
+            self._mark_unscored()
+        except asyncio.CancelledError:
+            self._end(StopReason.CANCELLED)
+            raise
+        finally:
+            await self._cleanup()
+            trace.spans.append(Span(name="total", start=0.0, end=self._now()))
+        return trace
+
+    async def _loop_and_score(self) -> None:
+        try:
+            await self._loop()
+        except _Ended as ended:
+            self._end(ended.reason, ended.by)
+        except Exception as exc:  # every failure becomes data on the trace
+            self._error_from(exc, self._stage)
+            self._end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
+        if self.trace.stop_reason in (StopReason.ERROR, StopReason.TIMEOUT):
+            self._mark_unscored()
+        else:
+            await self._score()
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    _stage = "setup"
+
+    async def _loop(self) -> None:
+        graph = self.trace.graph
+        await self._timed("setup", self.task.setup(), self.timeouts.setup)
+        for message in self.task.prompt():
+            graph.add(message)
+        self.trace.prompt_length = len(graph.nodes)
+        for self.turn in range(self.task.max_turns):
+            reply = await self._model_turn()
+            if reply.tool_calls:
+                await self._run_tools(reply.tool_calls)
+            else:
+                response = await self._timed("env_response", self.task.env_response(self.trace),
+                                             self.timeouts.env_response)
+                if not _append_response(self.trace, response):
+                    raise _Ended(StopReason.COMPLETED)
+            await self._check_stops()
+        raise _Ended(StopReason.MAX_TURNS)
+
+    async def _model_turn(self) -> Message:
+        request = ModelRequest(
+            messages=self.trace.graph.messages(),
+            tools=self.task.tool_specs(),
+            sampling=self.sampling,
+            prefix_token_ids=self.trace.graph.tokens() or None,
+        )
+        try:
+            response = await self._timed("model", self.model.complete(request), self.timeouts.model)
+        except ContextLengthError as exc:
+            self._error_from(exc, "model")
+            raise _Ended(StopReason.TRUNCATED) from None
+        self.trace.graph.add_model_turn(
+            response.message,
+            response.prompt_token_ids,
+            response.completion_token_ids,
+            response.completion_logprobs,
+            temperature=self.sampling.temperature,
+        )
+        self.trace.usage.prompt_tokens += response.prompt_tokens
+        self.trace.usage.completion_tokens += response.completion_tokens
+        if response.finish_reason == "length":
+            raise _Ended(StopReason.TRUNCATED)
+        return response.message
+
+    async def _run_tools(self, calls: list[ToolCall]) -> None:
+        self._count("tool_calls", len(calls))
+        if self.task.parallel_tools:
+            results = await asyncio.gather(*(self._run_tool(c) for c in calls))
+        else:
+            results = [await self._run_tool(c) for c in calls]
+        for call, text in zip(calls, results, strict=True):
+            self.trace.graph.add(tool(text, tool_call_id=call.id, name=call.name))
+
+    async def _run_tool(self, call: ToolCall) -> str:
+        """One tool call; any failure is returned as the text the model sees, and recorded."""
+        stage = f"tool:{call.name}"
+        impl = self.task.tool(call.name)
+        try:
+            if impl is None:
+                known = ", ".join(s.name for s in self.task.tool_specs()) or "none"
+                raise ValueError(f"unknown tool {call.name!r} (tools: {known})")
+            arguments = call.parsed_arguments()
+            return await self._timed(stage, impl.call(arguments), self.timeouts.tool)
+        except StageTimeout as exc:
+            self._tool_failed(ErrorKind.TIMEOUT, stage, str(exc))
+            return f"Error: {exc}"
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            self._tool_failed(ErrorKind.TOOL, stage, message)
+            return f"Error: {message}"
+
+    def _tool_failed(self, kind: ErrorKind, stage: str, message: str) -> None:
+        self._count("tool_errors", 1)
+        self._error(kind, stage, message)
+
+    async def _check_stops(self) -> None:
+        for scorer in self.task.scorers_of_kind("stop"):
+            fired = await self._timed("scoring", self.task.call_scorer(scorer, self.trace), self.timeouts.scoring)
+            if fired:
+                raise _Ended(StopReason.STOP_CONDITION, scorer.name)
+
+    # --- scoring -----------------------------------------------------------------------------------------
+    async def _score(self) -> None:
+        """Run every reward and metric; one that raises or times out is recorded and scored None."""
+        start = self._now()
+        for scorer in self.task.scorers:
+            if scorer.kind == "stop":
+                continue
+            try:
+                value = await asyncio.wait_for(self.task.call_scorer(scorer, self.trace), self.timeouts.scoring)
+                score: float | None = float(value)
+            except TimeoutError:
+                score = None
+                self._error(ErrorKind.TIMEOUT, f"scoring:{scorer.name}", f"exceeded {self.timeouts.scoring}s")
+            except Exception as exc:
+                score = None
+                self._error(ErrorKind.TASK, f"scoring:{scorer.name}", f"{type(exc).__name__}: {exc}")
+            self._record_score(scorer.kind, scorer.name, scorer.weight, score)
+        self.trace.spans.append(Span(name="scoring", start=start, end=self._now()))
+
+    def _mark_unscored(self) -> None:
+        for scorer in self.task.scorers:
+            if scorer.kind != "stop":
+                self._record_score(scorer.kind, scorer.name, scorer.weight, None)
+
+    def _record_score(self, kind: str, name: str, weight: float, score: float | None) -> None:
+        if kind == "reward":
+            self.trace.rewards[name] = RewardScore(score=score, weight=weight)
+        else:
+            self.trace.metrics[name] = score
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    async def _timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
+        """Await one stage under its timeout and record its span; a timeout raises StageTimeout."""
+        self._stage = stage
+        start = self._now()
+        try:
+            return await asyncio.wait_for(aw, timeout)
+        except TimeoutError:
+            raise StageTimeout(f"{stage} timed out after {timeout}s") from None
+        finally:
+            turn = self.turn if stage != "setup" else None
+            self.trace.spans.append(Span(name=stage, start=start, end=self._now(), turn=turn))
+
+    async def _cleanup(self) -> None:
+        try:
+            await asyncio.wait_for(self.task.cleanup(), self.timeouts.setup)
+        except Exception as exc:
+            self._error_from(exc, "cleanup")
+
+    def _error_from(self, exc: BaseException, stage: str) -> None:
+        if isinstance(exc, TracegymError):
+            kind = exc.kind
+        elif stage == "model":
+            kind = ErrorKind.MODEL
+        else:
+            kind = ErrorKind.TASK
+        self._error(kind, stage, str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}")
+
+    def _error(self, kind: ErrorKind, stage: str, message: str) -> None:
+        self.trace.errors.append(TraceError(kind=kind, stage=stage, message=message, turn=self.turn))
+
+    def _end(self, reason: StopReason, by: str | None = None) -> None:
+        if self.trace.stop_reason is None:
+            self.trace.stop_reason, self.trace.stopped_by = reason, by
+
+    def _count(self, name: str, n: int) -> None:
+        self.trace.metrics[name] = (self.trace.metrics.get(name) or 0) + n
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+
+def _append_response(trace: Trace, response: EnvResponse) -> bool:
+    """Append the task's response to the graph; False when there was none (the rollout is done)."""
+    if response is None:
+        return False
+    messages = [user(response)] if isinstance(response, str) else (
+        [response] if isinstance(response, Message) else list(response))
+    for message in messages:
+        trace.graph.add(message)
+    return bool(messages)
+
+
+async def rollout(
+    task: Task,
+    model: ModelClient,
+    sampling: Sampling | None = None,
+    *,
+    rollout_index: int = 0,
+    timeouts: Timeouts | None = None,
+    **trace_fields: Any,
+) -> Trace:
+    """Run one rollout of `task` against `model` and return its trace (never raises for task/model failures)."""
+    sampling = sampling or Sampling()
+    trace = Trace(
+        task=task.data,
+        taskset=task.taskset_id,
+        rollout_index=rollout_index,
+        model=model.name,
+        sampling=sampling.model_dump(mode="json"),
+        **trace_fields,
+    )
+    return await Rollout(task, model, sampling, timeouts or Timeouts(), trace).run()
+

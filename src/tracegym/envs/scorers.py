@@ -1,0 +1,86 @@
+"""Scorers: reward, metric and stop functions, marked by decorators, called the same way sync or async.
+
+A scorer is a plain function `(task, trace)` or a Task method `(self, trace)`; it may be async. Rewards carry
+a weight (the trace's reward is the weighted sum) and all scorers an order (lower runs first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ScorerKind = Literal["reward", "metric", "stop"]
+_MARK = "__tracegym_scorer__"
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """A scoring function with what the rollout loop needs to know about it."""
+
+    fn: Callable[..., Any]
+    kind: ScorerKind
+    name: str
+    weight: float = 1.0
+    order: int = 0
+
+    def bind(self, target: object) -> Scorer:
+        """This scorer with its function bound to `target` (a method's instance)."""
+        return Scorer(self.fn.__get__(target), self.kind, self.name, self.weight, self.order)
+
+
+def _mark(kind: ScorerKind, fn: Callable[..., Any] | None, **meta: Any) -> Any:
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        name = meta.pop("name", None) or f.__name__
+        setattr(f, _MARK, Scorer(f, kind, name, **meta))
+        return f
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0, order: int = 0, name: str | None = None):
+    """Mark a reward function; usable bare (`@reward`) or with arguments (`@reward(weight=0.5)`)."""
+    return _mark("reward", fn, weight=weight, order=order, name=name)
+
+
+def metric(fn: Callable[..., Any] | None = None, *, order: int = 0, name: str | None = None):
+    """Mark a metric: scored and reported like a reward but never part of the total."""
+    return _mark("metric", fn, order=order, name=name)
+
+
+def stop(fn: Callable[..., Any] | None = None, *, order: int = 0, name: str | None = None):
+    """Mark a stop condition: checked after every turn; a true result ends the rollout."""
+    return _mark("stop", fn, order=order, name=name)
+
+
+def as_scorer(fn: Callable[..., Any], kind: ScorerKind) -> Scorer:
+    """The scorer of a decorated function, or an undecorated one with default weight and order."""
+    scorer = getattr(fn, _MARK, None)
+    if scorer is None:
+        return Scorer(fn, kind, getattr(fn, "__name__", repr(fn)))
+    if scorer.kind != kind:
+        raise TypeError(f"{scorer.name} is marked as a {scorer.kind}, but was given as a {kind}")
+    return scorer
+
+
+def scorers_of(cls: type) -> list[Scorer]:
+    """The scorers declared as methods on a class (and its bases), unbound."""
+    found: dict[str, Scorer] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            scorer = getattr(value, _MARK, None)
+            if isinstance(scorer, Scorer):
+                found[attr] = scorer
+    return list(found.values())
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call `fn`: awaited when async, in a worker thread when sync (so a stage timeout can cut it)."""
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result

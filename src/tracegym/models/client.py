@@ -1,0 +1,50 @@
+"""Model client: the one interface through which a rollout calls a model, and its request and response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from tracegym.core.messages import Message
+from tracegym.core.sampling import Sampling
+from tracegym.core.tool_spec import ToolSpec
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What a rollout asks of the model on one turn."""
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    sampling: Sampling = field(default_factory=Sampling)
+    prefix_token_ids: list[int] | None = None
+    """The exact tokens along the current branch, for clients that extend them instead of re-rendering."""
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """The model's reply; token ids and logprobs are set when the backend returns them."""
+
+    message: Message
+    finish_reason: str | None = None
+    """`stop`, `length` (the completion budget ran out) or `tool_calls`, as the endpoint said."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """Anything that answers a ModelRequest. Raise tracegym errors (ModelError, ContextLengthError,
+    InfrastructureError) for failures; the rollout loop records them on the trace."""
+
+    @property
+    def name(self) -> str:
+        """The model name recorded on traces."""
+        ...
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """Answer one turn."""
+        ...

@@ -1,0 +1,145 @@
+"""Fake OpenAI server: a real HTTP server on 127.0.0.1 answering chat completions from a Script.
+
+It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
+`token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
+context limit (answered with vLLM's 400) are configurable. It runs its own event loop in a thread, so sync
+and async tests can both use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from tracegym.core.messages import Message
+from tracegym.core.tool_spec import ToolSpec
+from tracegym.models.client import ModelRequest
+from tracegym.testing.script import Entry, Fail, Script
+from tracegym.testing.scripted_model import encode, render, render_body
+
+
+class FakeOpenAIServer:
+    """`with FakeOpenAIServer(["hi"]) as server: ... server.base_url ...`"""
+
+    def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
+                 *, model: str = "fake-model", latency: float = 0.0, fail_first: int = 0, fail_status: int = 503,
+                 context_length: int | None = None, port: int = 0) -> None:
+        self.script = Script(script, rule)
+        self.model = model
+        self.latency = latency
+        self.fail_first = fail_first
+        self.fail_status = fail_status
+        self.context_length = context_length
+        self.port = port
+        self.requests: list[dict[str, Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> FakeOpenAIServer:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True, name="fake-openai")
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake OpenAI server did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread:
+            self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> FakeOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _serve(self, ready: threading.Event) -> None:
+        assert self._loop is not None
+        asyncio.set_event_loop(self._loop)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        self._loop.run_until_complete(site.start())
+        self.port = self._runner.addresses[0][1]
+        ready.set()
+        self._loop.run_forever()
+
+    # --- handlers ----------------------------------------------------------------------------------------
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def _chat(self, http: web.Request) -> web.Response:
+        body = await http.json()
+        self.requests.append(body)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if len(self.requests) <= self.fail_first:
+            return _error(self.fail_status, "scripted failure")
+        if body.get("model") != self.model:
+            return _error(404, f"The model `{body.get('model')}` does not exist.")
+        request = _to_request(body)
+        prompt_ids = encode(render(request.messages))
+        if self.context_length is not None and len(prompt_ids) > self.context_length:
+            return _error(400, f"This model's maximum context length is {self.context_length} tokens. "
+                               f"However, your request has {len(prompt_ids)} input tokens.")
+        message = await self.script.resolve(request)
+        if isinstance(message, Fail):
+            return _error(message.status, message.message)
+        return web.json_response(self._completion(body, message, prompt_ids))
+
+    def _completion(self, body: dict[str, Any], message: Message, prompt_ids: list[int]) -> dict[str, Any]:
+        completion_ids = encode(render_body(message))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {k: v for k, v in message.to_openai().items() if v is not None},
+            "finish_reason": "tool_calls" if message.tool_calls else "stop",
+        }
+        out: dict[str, Any] = {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                      "total_tokens": len(prompt_ids) + len(completion_ids)},
+        }
+        if body.get("return_token_ids"):
+            out["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = completion_ids
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5, "top_logprobs": []}
+                                              for t in completion_ids]}
+        return out
+
+
+def _to_request(body: dict[str, Any]) -> ModelRequest:
+    tools = [ToolSpec(**t["function"]) for t in body.get("tools") or []]
+    return ModelRequest(messages=[Message.from_openai(m) for m in body["messages"]], tools=tools)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"object": "error", "message": message, "code": status}, status=status)

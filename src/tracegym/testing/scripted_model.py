@@ -1,0 +1,70 @@
+"""Scripted model: an in-process model client that answers from a Script, optionally with toy token ids.
+
+With `tokens=True` it renders messages to text with a tiny ChatML-like template and uses UTF-8 bytes as
+token ids, so traces carry exact prompt/completion ids and logprobs just as from vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from tracegym.core.messages import Message
+from tracegym.models.client import ModelRequest, ModelResponse
+from tracegym.testing.script import Entry, Fail, Script
+
+GENERATION_PROMPT = "<|assistant|>\n"
+END = "<|end|>\n"
+
+
+def render_body(message: Message) -> str:
+    """The text of a message after its role header, as the toy template renders it."""
+    calls = "".join(json.dumps({"name": c.name, "arguments": c.arguments}) for c in message.tool_calls)
+    return f"{message.text}{calls}{END}"
+
+
+def render(messages: Sequence[Message]) -> str:
+    """The toy template: each message as `<|role|>\\n body`, then the generation prompt."""
+    return "".join(f"<|{m.role}|>\n{render_body(m)}" for m in messages) + GENERATION_PROMPT
+
+
+def encode(text: str) -> list[int]:
+    """Toy tokenizer: one token per UTF-8 byte."""
+    return list(text.encode())
+
+
+class ScriptedModel:
+    """A ModelClient following a script; records every request in `requests`."""
+
+    def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
+                 *, name: str = "scripted", tokens: bool = False, finish_reason: str | None = None) -> None:
+        self.script = Script(script, rule)
+        self._name = name
+        self.tokens = tokens
+        self.finish_reason = finish_reason
+        self.requests: list[ModelRequest] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.requests.append(request)
+        message = await self.script.resolve(request)
+        if isinstance(message, Fail):
+            raise message.error
+        prompt = render(request.messages)
+        completion = render_body(message)
+        finish = self.finish_reason or ("tool_calls" if message.tool_calls else "stop")
+        if not self.tokens:
+            return ModelResponse(message, finish, len(encode(prompt)), len(encode(completion)))
+        prompt_ids, completion_ids = encode(prompt), encode(completion)
+        return ModelResponse(
+            message,
+            finish,
+            len(prompt_ids),
+            len(completion_ids),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            completion_logprobs=[-0.5] * len(completion_ids),
+        )
