@@ -96,15 +96,18 @@ async def evaluate_iter(
             trace = failed_trace(data, ts.id, index, exc)
         await done.put(trace)
 
+    submitted = received = 0
     try:
         while True:
-            while len(running) < concurrency and (item := next(work, None)) is not None:
+            while submitted - received < concurrency and (item := next(work, None)) is not None:
                 job = asyncio.create_task(one(*item))
                 running.add(job)
                 job.add_done_callback(running.discard)
-            if not running and done.empty():
+                submitted += 1
+            if received == submitted:
                 return
             yield await done.get()
+            received += 1
     finally:
         for job in running:
             job.cancel()
