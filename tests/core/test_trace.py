@@ -1,0 +1,61 @@
+"""Trace: derived values, JSON round trip, schema version."""
+
+import msgpack
+import pytest
+
+from tracegym.core.messages import assistant, user
+from tracegym.core.trace import RewardScore, Trace
+from tracegym.testing import make_trace
+
+
+def test_reward_is_the_weighted_sum():
+    trace = make_trace()
+    trace.rewards["extra"] = RewardScore(score=0.5, weight=2.0)
+    assert trace.reward == 2.0
+
+
+def test_reward_is_none_when_any_reward_is_unscored():
+    assert make_trace(reward=None).reward is None
+
+
+def test_json_round_trip_is_lossless():
+    trace = make_trace()
+    assert Trace.model_validate_json(trace.model_dump_json()) == trace
+
+
+def test_msgpack_round_trip_is_lossless():
+    trace = make_trace()
+    packed = msgpack.packb(trace.model_dump(mode="json"))
+    assert Trace.model_validate(msgpack.unpackb(packed)) == trace
+
+
+def test_newer_schema_version_is_refused():
+    data = make_trace().model_dump(mode="json")
+    data["schema_version"] = 99
+    with pytest.raises(ValueError, match="schema version 99"):
+        Trace.model_validate(data)
+
+
+def test_model_turn_extending_the_branch_adds_only_new_tokens():
+    trace = make_trace()
+    graph = trace.graph
+    graph.nodes.clear()
+    graph.add(user("a"))
+    graph.add_model_turn(assistant("b"), prompt_ids=[1, 2], completion_ids=[3])
+    graph.add(user("c"))
+    node = graph.add_model_turn(assistant("d"), prompt_ids=[1, 2, 3, 4], completion_ids=[5])
+    assert node.token_ids == [4, 5] and node.mask == [0, 1]
+    assert graph.tokens() == [1, 2, 3, 4, 5]
+    assert len(graph.branches()) == 1
+
+
+def test_drifted_prompt_forks_a_new_branch():
+    trace = make_trace()
+    graph = trace.graph
+    graph.nodes.clear()
+    graph.add(user("a"))
+    graph.add_model_turn(assistant("b"), prompt_ids=[1, 2], completion_ids=[3])
+    graph.add(user("c"))
+    graph.add_model_turn(assistant("d"), prompt_ids=[1, 9, 3, 4], completion_ids=[5])
+    assert len(graph.branches()) == 2
+    assert graph.tokens() == [1, 9, 3, 4, 5]
