@@ -12,8 +12,8 @@ from tracegym.core.errors import (
     StageTimeout,
     TaskError,
     ToolError,
-    TracegymError,
     TraceError,
+    TracegymError,
     UsageError,
 )
 from tracegym.core.graph import MessageGraph, Node

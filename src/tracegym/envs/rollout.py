@@ -20,8 +20,8 @@ from tracegym.core.errors import (
     ContextLengthError,
     ErrorKind,
     StageTimeout,
-    TracegymError,
     TraceError,
+    TracegymError,
 )
 from tracegym.core.messages import Message, ToolCall, tool, user
 from tracegym.core.sampling import Sampling
