@@ -1,0 +1,68 @@
+"""Reverse text: reverse a short generated phrase character by character; reward is the LCS ratio."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import Trace
+from tracegym.envs.scorers import reward
+from tracegym.envs.task import Task
+from tracegym.envs.taskset import Taskset, TasksetConfig
+
+WORDS = (
+    "apple river stone cloud green quiet music paper light window garden silver orange forest candle "
+    "ocean winter yellow bridge mountain pencil rocket summer little planet dragon coffee travel basket"
+).split()
+SYSTEM = "Reverse the text the user gives you, character by character. Reply with the reversed text only."
+
+
+def lcs_length(a: str, b: str) -> int:
+    """Length of the longest common subsequence of two strings (O(len(a)*len(b)) time, O(len(b)) memory)."""
+    row = [0] * (len(b) + 1)
+    for ch in a:
+        prev_diag = 0
+        for j, other in enumerate(b, 1):
+            prev_diag, row[j] = row[j], prev_diag + 1 if ch == other else max(row[j], row[j - 1])
+    return row[-1]
+
+
+def lcs_ratio(a: str, b: str) -> float:
+    """2 * LCS / (len(a) + len(b)): 1.0 for equal strings, 0.0 when nothing is shared."""
+    return 2 * lcs_length(a, b) / (len(a) + len(b)) if a or b else 1.0
+
+
+class ReverseTextConfig(TasksetConfig):
+    """Options of reverse-text."""
+
+    num_tasks: int = 1000
+    """How many phrases to generate."""
+    min_words: int = 1
+    """Fewest words in a phrase."""
+    max_words: int = 3
+    """Most words in a phrase."""
+
+
+class ReverseTask(Task):
+    """One phrase to reverse."""
+
+    @reward
+    def lcs(self, trace: Trace) -> float:
+        return lcs_ratio(trace.last_reply.strip(), str(self.data.answer))
+
+
+class ReverseText(Taskset):
+    """Reverse a short phrase; reward: longest-common-subsequence ratio with the exact reversal."""
+
+    id = "reverse-text"
+    description = "Reverse a short phrase character by character (reward: LCS ratio)."
+    Config = ReverseTextConfig
+    task_class = ReverseTask
+
+    def load(self) -> Iterator[TaskData]:
+        cfg: ReverseTextConfig = self.config  # type: ignore[assignment]
+        rng = random.Random(cfg.seed)
+        for i in range(cfg.num_tasks):
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(cfg.min_words, cfg.max_words)))
+            yield TaskData(id=f"reverse-{cfg.seed}-{i}", prompt=text, system_prompt=SYSTEM, answer=text[::-1])
