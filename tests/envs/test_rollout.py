@@ -95,7 +95,7 @@ async def test_max_turns_ends_an_endless_tool_loop():
 def test_unknown_taskset_lists_known_ones():
     import pytest
 
-    with pytest.raises(tg.UsageError, match="Known: .*reverse-text"):
+    with pytest.raises(tg.UsageError, match=r"Known: .*reverse-text"):
         tg.load_taskset("reverse-txet")
 
 

@@ -106,7 +106,8 @@ class Rollout:
         for message in self.task.prompt():
             graph.add(message)
         self.trace.prompt_length = len(graph.nodes)
-        for self.turn in range(self.task.max_turns):
+        for turn in range(self.task.max_turns):
+            self.turn = turn
             reply = await self._model_turn()
             if reply.tool_calls:
                 await self._run_tools(reply.tool_calls)

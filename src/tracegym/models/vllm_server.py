@@ -1,4 +1,4 @@
-"""vLLM server: starts vLLM's OpenAI-compatible server as a supervised subprocess and stops its whole process group."""  # noqa: E501
+"""vLLM server: starts vLLM's OpenAI-compatible server as a supervised subprocess and stops its whole process group."""
 
 from __future__ import annotations
 

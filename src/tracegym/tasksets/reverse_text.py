@@ -11,10 +11,37 @@ from tracegym.envs.scorers import reward
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset, TasksetConfig
 
-WORDS = (
-    "apple river stone cloud green quiet music paper light window garden silver orange forest candle "
-    "ocean winter yellow bridge mountain pencil rocket summer little planet dragon coffee travel basket"
-).split()
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "green",
+    "quiet",
+    "music",
+    "paper",
+    "light",
+    "window",
+    "garden",
+    "silver",
+    "orange",
+    "forest",
+    "candle",
+    "ocean",
+    "winter",
+    "yellow",
+    "bridge",
+    "mountain",
+    "pencil",
+    "rocket",
+    "summer",
+    "little",
+    "planet",
+    "dragon",
+    "coffee",
+    "travel",
+    "basket",
+]
 SYSTEM = "Reverse the text the user gives you, character by character. Reply with the reversed text only."
 
 

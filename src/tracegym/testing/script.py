@@ -43,7 +43,7 @@ class Fail:
         return cls(f"HTTP {self.status}: {self.message}")
 
 
-Entry = Union[str, Message, Stall, Fail, Callable[[ModelRequest], "Entry"]]
+Entry = Union[str, Message, Stall, Fail, Callable[[ModelRequest], "Entry"]]  # noqa: UP007 (recursive alias)
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str | None = None, id: str | None = None) -> ToolCall:
