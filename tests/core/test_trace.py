@@ -3,6 +3,7 @@
 import msgpack
 import pytest
 
+from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import assistant, user
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.testing import make_trace
@@ -36,13 +37,17 @@ def test_newer_schema_version_is_refused():
         Trace.model_validate(data)
 
 
-def test_model_turn_extending_the_branch_adds_only_new_tokens():
-    trace = make_trace()
-    graph = trace.graph
-    graph.nodes.clear()
+def _two_turn_graph() -> MessageGraph:
+    """A user turn, a model turn with tokens [1, 2 | 3], and a second user turn."""
+    graph = MessageGraph()
     graph.add(user("a"))
     graph.add_model_turn(assistant("b"), prompt_ids=[1, 2], completion_ids=[3])
     graph.add(user("c"))
+    return graph
+
+
+def test_model_turn_extending_the_branch_adds_only_new_tokens():
+    graph = _two_turn_graph()
     node = graph.add_model_turn(assistant("d"), prompt_ids=[1, 2, 3, 4], completion_ids=[5])
     assert node.token_ids == [4, 5] and node.mask == [0, 1]
     assert graph.tokens() == [1, 2, 3, 4, 5]
@@ -50,12 +55,7 @@ def test_model_turn_extending_the_branch_adds_only_new_tokens():
 
 
 def test_drifted_prompt_forks_a_new_branch():
-    trace = make_trace()
-    graph = trace.graph
-    graph.nodes.clear()
-    graph.add(user("a"))
-    graph.add_model_turn(assistant("b"), prompt_ids=[1, 2], completion_ids=[3])
-    graph.add(user("c"))
+    graph = _two_turn_graph()
     graph.add_model_turn(assistant("d"), prompt_ids=[1, 9, 3, 4], completion_ids=[5])
     assert len(graph.branches()) == 2
     assert graph.tokens() == [1, 9, 3, 4, 5]

@@ -51,6 +51,16 @@ def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseE
                  stop_reason=StopReason.ERROR)
 
 
+def bounded_taskset(taskset: str | Taskset, num_tasks: int | None, need_bound: bool = True) -> Taskset:
+    """The taskset, cut to its first `num_tasks`; an infinite one without a bound is a UsageError."""
+    ts = load_taskset(taskset)
+    if num_tasks is not None:
+        return ts.head(num_tasks)
+    if need_bound and not ts.bounded:
+        raise UsageError(f"taskset {ts.id!r} is infinite: give num_tasks")
+    return ts
+
+
 async def run_group(
     taskset: Taskset,
     data: TaskData,
@@ -80,11 +90,7 @@ async def evaluate_iter(
 ) -> AsyncIterator[Trace]:
     """Yield traces as they finish. `pairs` (task, rollout index) replaces the default cross product, e.g. to
     rerun only what a resumed run is missing. Tasks are read lazily; at most `concurrency` run at once."""
-    ts = load_taskset(taskset) if isinstance(taskset, str) else taskset
-    if num_tasks is not None:
-        ts = ts.head(num_tasks)
-    elif pairs is None and not ts.bounded:
-        raise UsageError(f"taskset {ts.id!r} is infinite: give num_tasks")
+    ts = bounded_taskset(taskset, num_tasks, need_bound=pairs is None)
     work = iter(pairs if pairs is not None else ((d, i) for d in ts for i in range(rollouts)))
     done: asyncio.Queue[Trace] = asyncio.Queue()
     running: set[asyncio.Task[None]] = set()
@@ -124,11 +130,7 @@ async def evaluate(
     **options: Any,
 ) -> list[Trace]:
     """Run `rollouts` rollouts of each of the first `num_tasks` tasks; traces in task order, then index."""
-    ts = load_taskset(taskset) if isinstance(taskset, str) else taskset
-    if num_tasks is not None:
-        ts = ts.head(num_tasks)
-    elif not ts.bounded:
-        raise UsageError(f"taskset {ts.id!r} is infinite: give num_tasks")
+    ts = bounded_taskset(taskset, num_tasks)
     tasks = list(ts)
     pairs = [(d, i) for d in tasks for i in range(rollouts)]
     traces = [
