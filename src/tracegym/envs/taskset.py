@@ -7,6 +7,7 @@ Either subclass it (set `id`, `Config`, `task_class`, override `load`) or build 
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -141,11 +142,18 @@ def config_from(cls: type[TasksetConfig], value: TasksetConfig | Mapping[str, An
     try:
         return cls.model_validate(dict(value or {}))
     except ValidationError as exc:
-        raise UsageError(f"taskset {owner!r}: {first_error(exc)}") from None
+        raise UsageError(f"taskset {owner!r}: {first_error(exc, known=cls.model_fields)}") from None
 
 
-def first_error(exc: ValidationError) -> str:
-    """The first problem of a validation error as `field 'x': message`."""
+def first_error(exc: ValidationError, known: Iterable[str] = ()) -> str:
+    """The first problem of a validation error as `field 'x': message`; an unknown top-level field also gets
+    the closest of the `known` field names and the list of them."""
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(row)"
-    return f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
+    text = f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
+    known = sorted(known)
+    if err["type"] != "extra_forbidden" or len(err["loc"]) != 1 or not known:
+        return text
+    close = difflib.get_close_matches(str(err["loc"][0]), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{text}{hint} Known fields: {', '.join(known)}"
