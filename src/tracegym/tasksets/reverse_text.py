@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -45,8 +45,9 @@ WORDS = [
 SYSTEM = "Reverse the text the user gives you, character by character. Reply with the reversed text only."
 
 
-def lcs_length(a: str, b: str) -> int:
-    """Length of the longest common subsequence of two strings (O(len(a)*len(b)) time, O(len(b)) memory)."""
+def lcs_length(a: Sequence[object], b: Sequence[object]) -> int:
+    """Length of the longest common subsequence of two sequences, e.g. strings (O(len(a)*len(b)) time,
+    O(len(b)) memory)."""
     row = [0] * (len(b) + 1)
     for ch in a:
         prev_diag = 0
@@ -55,8 +56,8 @@ def lcs_length(a: str, b: str) -> int:
     return row[-1]
 
 
-def lcs_ratio(a: str, b: str) -> float:
-    """2 * LCS / (len(a) + len(b)): 1.0 for equal strings, 0.0 when nothing is shared."""
+def lcs_ratio(a: Sequence[object], b: Sequence[object]) -> float:
+    """2 * LCS / (len(a) + len(b)): 1.0 for equal sequences, 0.0 when nothing is shared."""
     return 2 * lcs_length(a, b) / (len(a) + len(b)) if a or b else 1.0
 
 
