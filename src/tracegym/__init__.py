@@ -31,11 +31,15 @@ from tracegym.envs.scorers import metric, reward, stop
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.envs.tools import Tool
+from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
+from tracegym.models.endpoint import Endpoint
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatClient",
+    "Endpoint",
     "ContextLengthError",
     "EnvironmentTask",
     "EnvironmentTaskset",

@@ -28,15 +28,18 @@ class FakeOpenAIServer:
 
     def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
                  *, model: str = "fake-model", latency: float = 0.0, fail_first: int = 0, fail_status: int = 503,
-                 context_length: int | None = None, port: int = 0) -> None:
+                 context_length: int | None = None, token_fields: bool = True, port: int = 0) -> None:
         self.script = Script(script, rule)
         self.model = model
         self.latency = latency
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.context_length = context_length
+        self.token_fields = token_fields
+        """False: behave like a non-vLLM endpoint and reject `return_token_ids` with HTTP 400."""
         self.port = port
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -95,10 +98,13 @@ class FakeOpenAIServer:
     async def _chat(self, http: web.Request) -> web.Response:
         body = await http.json()
         self.requests.append(body)
+        self.headers.append(dict(http.headers))
         if self.latency:
             await asyncio.sleep(self.latency)
         if len(self.requests) <= self.fail_first:
             return _error(self.fail_status, "scripted failure")
+        if not self.token_fields and "return_token_ids" in body:
+            return _error(400, "Unrecognized request argument supplied: return_token_ids")
         if body.get("model") != self.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.")
         request = _to_request(body)

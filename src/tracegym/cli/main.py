@@ -1,0 +1,48 @@
+"""The `tracegym` command: dispatches to one module per subcommand and turns tracegym errors into one line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tracegym.core.errors import TracegymError, UsageError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand; returns the exit code (0 ok, 1 failed, 2 bad usage)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"tracegym: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.run(rest) or 0)
+    except UsageError as exc:
+        print(f"tracegym {name}: {exc}", file=sys.stderr)
+        return 2
+    except TracegymError as exc:
+        print(f"tracegym {name}: {exc.kind.value} error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"tracegym {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def usage() -> str:
+    """The command list."""
+    width = max(len(n) for n in COMMANDS)
+    lines = [f"  {n.ljust(width)}  {help_}" for n, (_, help_) in COMMANDS.items()]
+    return "usage: tracegym COMMAND [OPTIONS]   (tracegym COMMAND --help for its options)\n\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Endpoint: where and how to reach an OpenAI-compatible model, as plain data that can cross a wire.
+
+The API key itself is never stored: `api_key_env` names the environment variable to read it from where the
+live client is built, so configs and run folders can be shared without leaking secrets.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Endpoint(BaseModel):
+    """An OpenAI-compatible chat endpoint and the client's network policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    base_url: str
+    """The API root, e.g. `http://127.0.0.1:8000/v1`."""
+    model: str
+    """The model name the endpoint serves."""
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """Environment variable holding the API key; None (or unset) sends no key."""
+    timeout: float = 600.0
+    """Seconds one HTTP call may take, retries not included."""
+    max_retries: int = Field(default=3, ge=0)
+    """Retries after a connection error, a timeout, HTTP 429 or 5xx; never after another 4xx."""
+    backoff: float = Field(default=0.5, ge=0)
+    """First retry delay in seconds; doubles each retry, with jitter."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Most simultaneous HTTP connections of one client."""
+    tokens: Literal["auto", "on", "off"] = "auto"
+    """Ask for token ids and logprobs (vLLM's `return_token_ids`, `logprobs`). `auto` asks and stops asking
+    when the endpoint rejects the fields; `on` makes their absence an error; `off` never asks."""
+
+    def api_key(self) -> str | None:
+        """The key from the environment, if the variable is named and set."""
+        return os.environ.get(self.api_key_env) if self.api_key_env else None

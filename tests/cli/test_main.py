@@ -1,0 +1,22 @@
+"""The `tracegym` dispatcher: usage, unknown commands, errors as one line with an exit code."""
+
+import pytest
+
+from tracegym.cli.main import main
+
+
+def test_no_command_prints_usage_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "inference" in capsys.readouterr().out
+
+
+def test_an_unknown_command_is_named(capsys):
+    assert main(["evaluate-everything"]) == 2
+    assert "unknown command 'evaluate-everything'" in capsys.readouterr().err
+
+
+def test_inference_help_lists_its_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["inference", "--help", "--plain"])
+    assert exit_.value.code == 0
+    assert "--max-model-len" in capsys.readouterr().out
