@@ -3,8 +3,8 @@
 The contract: a zero-argument constructor; `reset(**fields)` receives the task's fields and may return text
 appended to the prompt; every public method (not static, not a class method, not `reset`) is a tool; rewards
 read state back from the instance. One instance per rollout, never shared. Reward functions may be TRL-shaped,
-`fn(prompts, completions, environments, **fields) -> list[float]`, or tracegym-shaped, `fn(task, trace)` with
-the instance at `task.env`.
+`fn(prompts, completions, environments, **columns) -> list[float]` (each column a list, one value per
+completion, as TRL passes them), or tracegym-shaped, `fn(task, trace)` with the instance at `task.env`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def trl_reward(fn: Callable[..., Any]) -> Callable[[Task, Trace], Any]:
 
     @functools.wraps(fn)
     async def score(task: Task, trace: Trace) -> float:
-        fields = {k: v for k, v in task.data.fields().items() if k != "prompt"}
+        # TRL passes every dataset column but the prompt as a list with one value per completion: a batch of one
+        fields = {k: [v] for k, v in task.data.fields().items() if k != "prompt"}
         values = await call_maybe_async(
             fn,
             prompts=[[m.to_openai() for m in trace.prompt]],
