@@ -1,0 +1,1 @@
+"""Evaluation: run folders, summaries, the live dashboard, resume and re-scoring."""

@@ -1,0 +1,211 @@
+"""Summary: the aggregate numbers of a set of traces (reward with CI, pass@k, avg@k, errors, tokens, throughput)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+
+from pydantic import BaseModel, Field
+from rich.table import Table
+
+from tracegym.core.errors import ErrorKind
+from tracegym.core.trace import StopReason, Trace
+
+Z_95 = 1.96
+"""Normal quantile for a two-sided 95% confidence interval."""
+
+ERRORED = (StopReason.ERROR, StopReason.TIMEOUT)
+"""Stop reasons that count a trace as errored."""
+
+
+class Stat(BaseModel):
+    """The mean of one named reward or metric over the traces where it is set."""
+
+    mean: float | None = None
+    """Mean over the traces where the value is not None; None when no trace has it set."""
+    count: int = 0
+    """How many traces have the value set (not None)."""
+
+
+class Summary(BaseModel):
+    """Aggregate numbers of a set of traces, as written to a run folder's `summary.json`."""
+
+    num_traces: int = 0
+    """Every trace given, scored or not."""
+    num_scored: int = 0
+    """Traces whose total reward is set (the rest errored or went unscored and are left out of every mean)."""
+    num_tasks: int = 0
+    """Distinct task keys."""
+    rollouts_per_task: int = 0
+    """The most traces any one task key has."""
+    pass_threshold: float = 1.0
+    """A scored trace passes when its total reward is at least this."""
+    reward: float | None = None
+    """Mean total reward over the scored traces; None when none is scored."""
+    reward_std: float = 0.0
+    """Sample standard deviation (n - 1) of the scored total rewards; 0 below two."""
+    reward_ci95: float = 0.0
+    """Half-width of the 95% confidence interval of `reward`: 1.96 * std / sqrt(n); 0 below two."""
+    rewards: dict[str, Stat] = Field(default_factory=dict)
+    """Each reward function's score, by name."""
+    metrics: dict[str, Stat] = Field(default_factory=dict)
+    """Each metric, by name."""
+    pass_at_k: dict[int, float | None] = Field(default_factory=dict)
+    """Unbiased pass@k for k = 1..rollouts_per_task, averaged over the tasks with at least k scored rollouts;
+    None where no task has that many."""
+    avg_at_k: dict[int, float | None] = Field(default_factory=dict)
+    """Mean over tasks of the mean reward of each task's first k scored rollouts (by rollout index), over the tasks
+    with at least k scored rollouts; None where no task has that many."""
+    errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    """For every error kind, how many traces recorded at least one error of it."""
+    errored_traces: int = 0
+    """Traces that ended with an error or a timeout."""
+    stop_reasons: dict[str, int] = Field(default_factory=dict)
+    """How many traces ended for each reason (`none`: no stop reason recorded)."""
+    truncation_rate: float = 0.0
+    """Fraction of traces that ran out of context or completion budget."""
+    prompt_tokens: int = 0
+    """Prompt tokens reported by the endpoint, summed over every trace."""
+    completion_tokens: int = 0
+    """Completion tokens reported by the endpoint, summed over every trace."""
+    mean_completion_tokens: float = 0.0
+    """Completion tokens per trace."""
+    wall_time: float | None = None
+    """Seconds the run took, when the caller measured it."""
+    rollouts_per_second: float | None = None
+    """Traces per second of wall time, when wall time is known and positive."""
+
+
+def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time: float | None = None) -> Summary:
+    """Aggregate traces into a Summary. Every trace given counts; pass one trace per (task key, rollout index)."""
+    counts = Counter(t.task_key for t in traces)
+    k_max = max(counts.values(), default=0)
+    scored = _scored_by_task(traces)
+    scores = [t.reward for t in traces if t.reward is not None]
+    std = statistics.stdev(scores) if len(scores) > 1 else 0.0
+    n = len(traces)
+    completion = sum(t.usage.completion_tokens for t in traces)
+    return Summary(
+        num_traces=n,
+        num_scored=len(scores),
+        num_tasks=len(counts),
+        rollouts_per_task=k_max,
+        pass_threshold=pass_threshold,
+        reward=statistics.fmean(scores) if scores else None,
+        reward_std=std,
+        reward_ci95=Z_95 * std / math.sqrt(len(scores)) if len(scores) > 1 else 0.0,
+        rewards=_stats((name, r.score) for t in traces for name, r in t.rewards.items()),
+        metrics=_stats(item for t in traces for item in t.metrics.items()),
+        pass_at_k={k: _mean_pass_at_k(scored, k, pass_threshold) for k in range(1, k_max + 1)},
+        avg_at_k={k: _mean_avg_at_k(scored, k) for k in range(1, k_max + 1)},
+        errors_by_kind={kind.value: sum(1 for t in traces if t.has_error(kind)) for kind in ErrorKind},
+        errored_traces=sum(1 for t in traces if t.stop_reason in ERRORED),
+        stop_reasons=dict(Counter(t.stop_reason.value if t.stop_reason else "none" for t in traces)),
+        truncation_rate=sum(t.is_truncated for t in traces) / n if n else 0.0,
+        prompt_tokens=sum(t.usage.prompt_tokens for t in traces),
+        completion_tokens=completion,
+        mean_completion_tokens=completion / n if n else 0.0,
+        wall_time=wall_time,
+        rollouts_per_second=n / wall_time if wall_time is not None and wall_time > 0 else None,
+    )
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task with n samples, c of them passing: 1 - C(n-c, k) / C(n, k), in product form."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n (got n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _scored_by_task(traces: Iterable[Trace]) -> dict[str, list[float]]:
+    """Each task key's scored total rewards, ordered by rollout index."""
+    by_task: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for trace in traces:
+        if trace.reward is not None:
+            by_task[trace.task_key].append((trace.rollout_index, trace.reward))
+    return {key: [reward for _, reward in sorted(pairs, key=lambda p: p[0])] for key, pairs in by_task.items()}
+
+
+def _mean_pass_at_k(scored: dict[str, list[float]], k: int, threshold: float) -> float | None:
+    values = [pass_at_k(len(rs), sum(r >= threshold for r in rs), k) for rs in scored.values() if len(rs) >= k]
+    return statistics.fmean(values) if values else None
+
+
+def _mean_avg_at_k(scored: dict[str, list[float]], k: int) -> float | None:
+    values = [statistics.fmean(rs[:k]) for rs in scored.values() if len(rs) >= k]
+    return statistics.fmean(values) if values else None
+
+
+def _stats(items: Iterable[tuple[str, float | None]]) -> dict[str, Stat]:
+    """Mean and count per name, over the values that are set; names in first-seen order."""
+    values: dict[str, list[float]] = {}
+    for name, value in items:
+        values.setdefault(name, [])
+        if value is not None:
+            values[name].append(value)
+    return {name: Stat(mean=statistics.fmean(vs) if vs else None, count=len(vs)) for name, vs in values.items()}
+
+
+def summary_table(summary: Summary, title: str = "") -> Table:
+    """The summary as a two-column rich table."""
+    table = Table(title=title or None, show_header=False)
+    table.add_column("name", style="bold")
+    table.add_column("value")
+    for name, value in _rows(summary):
+        table.add_row(name, value)
+    return table
+
+
+def summary_lines(summary: Summary) -> list[str]:
+    """The summary as plain `name: value` lines."""
+    return [f"{name}: {value}" for name, value in _rows(summary)]
+
+
+def _rows(s: Summary) -> list[tuple[str, str]]:
+    """The (name, value) rows shared by the table and the plain lines."""
+    rows = [
+        ("traces", f"{s.num_traces} ({s.num_scored} scored)"),
+        ("tasks", f"{s.num_tasks} (up to {s.rollouts_per_task} rollouts each)"),
+        ("reward", _reward_text(s)),
+    ]
+    rows += [(f"reward/{name}", _stat_text(stat)) for name, stat in s.rewards.items()]
+    rows += [(f"metric/{name}", _stat_text(stat)) for name, stat in s.metrics.items()]
+    if s.pass_at_k:
+        rows.append(("pass threshold", f"reward >= {s.pass_threshold:g}"))
+    rows += [(f"pass@{k} / avg@{k}", f"{_num(s.pass_at_k[k])} / {_num(s.avg_at_k.get(k))}") for k in s.pass_at_k]
+    rows += [
+        ("errors", _counts_text(s.errors_by_kind)),
+        ("ended by error / timeout", str(s.errored_traces)),
+        ("stop reasons", _counts_text(s.stop_reasons)),
+        ("truncated", f"{s.truncation_rate:.1%}"),
+        ("tokens", f"{s.prompt_tokens:,} prompt, {s.completion_tokens:,} completion"),
+        ("completion tokens / trace", f"{s.mean_completion_tokens:.1f}"),
+    ]
+    if s.wall_time is not None:
+        rate = f" ({s.rollouts_per_second:.2f} rollouts/s)" if s.rollouts_per_second is not None else ""
+        rows.append(("wall time", f"{s.wall_time:.1f}s{rate}"))
+    return rows
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _reward_text(s: Summary) -> str:
+    if s.reward is None:
+        return "-"
+    return f"{s.reward:.3f} ± {s.reward_ci95:.3f} (95% CI, std {s.reward_std:.3f}, n={s.num_scored})"
+
+
+def _stat_text(stat: Stat) -> str:
+    return f"{_num(stat.mean)} (n={stat.count})"
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    """`a 3, b 1` for the non-zero counts, largest first; `none` when all are zero."""
+    items = sorted(((name, n) for name, n in counts.items() if n), key=lambda item: -item[1])
+    return ", ".join(f"{name} {n}" for name, n in items) or "none"
