@@ -73,3 +73,11 @@ def test_reply_lines_ignore_markers_and_blank_lines():
 def test_config_needing_more_names_than_shipped_is_refused():
     with pytest.raises(tg.UsageError, match="distinct names"):
         tg.load_taskset("alphabet-sort", {"follow_up_turns": 100, "names_per_turn": 10})
+
+
+async def test_rewards_recompute_from_a_trace_read_back_from_json():
+    [trace] = await tg.evaluate("alphabet-sort", ScriptedModel(rule=sorts_correctly), num_tasks=1)
+    again = tg.Trace.model_validate_json(trace.model_dump_json())
+    task = tg.load_taskset("alphabet-sort").task(again.task)
+    [score] = task.scorers_of_kind("reward")
+    assert await task.call_scorer(score, again) == 1.0

@@ -7,7 +7,7 @@ import uuid
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.graph import MessageGraph
@@ -60,7 +60,8 @@ class Trace(BaseModel):
     schema_version: int = SCHEMA_VERSION
     id: str = Field(default_factory=_new_id)
     taskset: str = ""
-    task: TaskData
+    task: SerializeAsAny[TaskData]
+    """The task row; a TaskData subclass's own fields are written too (they read back as extras)."""
     task_key: str = ""
     rollout_index: int = 0
     model: str = ""
