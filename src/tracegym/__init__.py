@@ -39,8 +39,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ChatClient",
-    "Endpoint",
     "ContextLengthError",
+    "Endpoint",
     "EnvironmentTask",
     "EnvironmentTaskset",
     "ErrorKind",

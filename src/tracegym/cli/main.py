@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tracegym.core.errors import TracegymError, UsageError
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "eval": ("tracegym.cli.eval", "evaluate a model on a taskset into a run folder (or --resume one)"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
 }
 

@@ -86,11 +86,11 @@ def only_served_model(base_url: str) -> str:
     return models[0]
 
 
-def check_reachable(base_url: str, model: str, api_key_env: str | None = None) -> None:
+def check_reachable(base_url: str, model: str | None, api_key_env: str | None = None) -> None:
     """Fail fast, before any task runs, when the endpoint does not answer or does not serve `model`."""
     data = _get_json(base_url.rstrip("/") + "/models", api_key_env)
     served = [m.get("id") for m in data.get("data", [])]
-    if served and model not in served:
+    if model is not None and served and model not in served:
         raise UsageError(f"{base_url} does not serve model {model!r} (it serves: {', '.join(map(str, served))})")
 
 

@@ -1,0 +1,69 @@
+"""`tracegym eval`: evaluate a model on a taskset into a run folder, or `--resume` an interrupted run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomli_w
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, config_class, parse_eval_args
+from tracegym.eval.eval_run import execute
+from tracegym.eval.run_folder import RunFolder
+from tracegym.models.launch import check_reachable, only_served_model
+
+
+def run(args: list[str]) -> int:
+    """Parse, validate, then run (new run folder) or resume (existing one)."""
+    resume_dir, rest = pop_option(args, "--resume")
+    if resume_dir is not None:
+        folder = RunFolder.open(Path(resume_dir))
+        saved = folder.read_config()
+        config = parse_eval_args(rest, defaults=saved)
+        check_same_run(saved, config, folder)
+    else:
+        config = parse_eval_args(rest)
+    if config.dry_run:
+        print(tomli_w.dumps(config.to_toml_dict()), end="")
+        return 0
+    load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
+    if config.base_url is not None:  # fail before any folder is made; record which model answered
+        check_reachable(config.base_url, config.model, config.api_key_env)
+        config = config.model_copy(update={"model": config.model or only_served_model(config.base_url)})
+    if resume_dir is None:
+        choice = config.model_choice()
+        folder = RunFolder.create(config.output_dir, config.taskset.id, choice.display_name(), config.run_id)
+        folder.write_config(config.to_toml_dict())
+    execute(config, folder, resume=resume_dir is not None)
+    return 0
+
+
+def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:
+    """A resume may change how the run goes (concurrency, dashboard) but not what it computes."""
+    before = config_class(saved.get("taskset", {}).get("id")).model_validate(saved)
+    for name in RUN_DEFINING:
+        old, new = _plain(getattr(before, name)), _plain(getattr(config, name))
+        if old != new:
+            raise UsageError(f"--resume {folder.path}: the run was made with {name} = {_show(old)}, "
+                             f"not {_show(new)}; drop the option or start a new run")
+
+
+def pop_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """The value of `flag` (`--flag V` or `--flag=V`) and the other arguments."""
+    for i, arg in enumerate(args):
+        if arg == flag:
+            if i + 1 >= len(args):
+                raise UsageError(f"{flag} needs a value")
+            return args[i + 1], args[:i] + args[i + 2:]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1], args[:i] + args[i + 1:]
+    return None, list(args)
+
+
+def _plain(value: object) -> object:
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+def _show(value: object) -> str:
+    return repr(value)

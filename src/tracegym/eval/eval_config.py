@@ -1,0 +1,161 @@
+"""Eval config: every option of `tracegym eval`, parsed from TOML files (`@ file.toml`) and dotted CLI flags.
+
+The `taskset` section is typed by the chosen taskset's own Config, so `--taskset.max-words 5` is validated
+(and misspellings suggested) like any other field. The taskset id is therefore found before parsing: from the
+first positional argument, `--taskset.id`, or the `[taskset]` table of an `@` file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
+from pydantic_config import BaseConfig, ConfigFileError, cli
+
+from tracegym.core.errors import UsageError
+from tracegym.core.sampling import Sampling
+from tracegym.envs.registry import resolve
+from tracegym.envs.rollout import Timeouts
+from tracegym.envs.taskset import Taskset
+from tracegym.models.launch import ModelChoice
+
+
+def _short(name: str, letter: str) -> Any:
+    return Field(validation_alias=AliasChoices(name, letter))
+
+
+class TasksetSection(BaseModel):
+    """The taskset to evaluate and its options (the fields depend on the taskset)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    id: str
+    """Taskset id: a built-in, an installed one, `package.module:Name` or `path/to/file.py:Name`."""
+
+
+class EvalConfig(BaseConfig):
+    """Evaluate a model on a taskset; results go to a run folder under `output_dir`."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    taskset: TasksetSection
+    model: str | None = None
+    """Model name at `--base-url`, or a Hugging Face model directory to serve with vLLM; unset: the embedded
+    SmolLM2-135M-Instruct on vLLM."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint already running (e.g. `http://host:8000/v1`); unset: start vLLM here."""
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """Environment variable holding the endpoint's API key."""
+    max_model_len: int = 2048
+    """Context length of a vLLM server started here."""
+    vllm_args: list[str] = []
+    """Extra flags for a vLLM server started here."""
+    num_tasks: Annotated[int | None, _short("num_tasks", "n")] = None
+    """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
+    rollouts: Annotated[int, _short("rollouts", "r")] = 1
+    """Rollouts per task (pass@k is reported for every k up to this)."""
+    sampling: Sampling = Sampling()
+    timeouts: Timeouts = Timeouts()
+    concurrency: Annotated[int, _short("concurrency", "c")] = 32
+    """Rollouts running at once."""
+    infra_retries: int = 1
+    """Reruns of a rollout that failed on infrastructure (endpoint down)."""
+    pass_threshold: float = 1.0
+    """A rollout passes (for pass@k) when its reward is at least this."""
+    output_dir: Path = Path("outputs")
+    """Where run folders are created."""
+    run_id: str | None = None
+    """Name of the run folder; unset: the start time."""
+    rich: bool = True
+    """Live dashboard; `--no-rich` prints plain log lines instead (for CI and files)."""
+    dry_run: bool = False
+    """Validate the config, print it resolved, and exit."""
+
+    def model_choice(self) -> ModelChoice:
+        """The model part of this config."""
+        return ModelChoice(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
+                           max_model_len=self.max_model_len, vllm_args=self.vllm_args,
+                           timeout=self.timeouts.model, max_retries=3)
+
+    def taskset_options(self) -> dict[str, Any]:
+        """The taskset's own options (its Config fields)."""
+        return self.taskset.model_dump(exclude={"id"})
+
+    def to_toml_dict(self) -> dict[str, Any]:
+        """This config as TOML-ready data (no None values, paths as text)."""
+        return _drop_none(self.model_dump(mode="json", exclude={"dry_run"}))
+
+
+RUN_DEFINING = ("taskset", "model", "num_tasks", "rollouts", "sampling", "pass_threshold")
+"""Fields a resumed run must share with the saved one (the others only change how it runs)."""
+
+
+def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None) -> EvalConfig:
+    """Parse `tracegym eval` arguments (a positional taskset id is allowed first) into a validated config."""
+    args = list(args)
+    if args and not args[0].startswith("-") and args[0] != "@":
+        args = ["--taskset.id", args[0], *args[1:]]
+    taskset_id = find_taskset_id(args) or (defaults or {}).get("taskset", {}).get("id")
+    cls = config_class(taskset_id)
+    default = cls.model_validate(defaults) if defaults else None
+    try:
+        if default is not None:
+            return cli(cls, args=args, default=default, prog="tracegym eval")
+        return cli(cls, args=args, prog="tracegym eval")
+    except ConfigFileError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def config_class(taskset_id: str | None) -> type[EvalConfig]:
+    """EvalConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
+    if taskset_id is None:
+        return EvalConfig
+    target = resolve(taskset_id)
+    if isinstance(target, type) and issubclass(target, Taskset):
+        options = target.Config
+    elif isinstance(target, Taskset):
+        options = type(target).Config
+    else:
+        return EvalConfig  # a factory: it validates its options when it builds the taskset
+    section = create_model(
+        f"{options.__name__}Section", __base__=options, __doc__=f"Options of the taskset {taskset_id!r}.",
+        id=(str, Field(default=taskset_id, description="Taskset id.")),
+    )
+    return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))  # type: ignore[call-overload]
+
+
+def find_taskset_id(args: Sequence[str]) -> str | None:
+    """The taskset id named by `--taskset.id` or, failing that, by the last `@` file's `[taskset]` table."""
+    for i, arg in enumerate(args):
+        if arg == "--taskset.id" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--taskset.id="):
+            return arg.split("=", 1)[1]
+    found = None
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg == "@" and i + 1 < len(args) else arg[1:] if arg.startswith("@") else None
+        if path and (i == 0 or not args[i - 1].startswith("--")):
+            found = _toml_taskset_id(Path(path)) or found
+    return found
+
+
+def _toml_taskset_id(path: Path) -> str | None:
+    if path.suffix != ".toml":
+        return None
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    section = data.get("taskset")
+    return section.get("id") if isinstance(section, dict) else None
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value if v is not None]
+    return value

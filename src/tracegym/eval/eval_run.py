@@ -1,0 +1,108 @@
+"""Eval run: one `tracegym eval` from config to run folder: plan the work (all of it, or what a resume lacks),
+reach the model, run the rollouts with a dashboard, append every trace as it finishes, write the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+from rich.console import Console
+
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.taskset import Taskset
+from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
+from tracegym.eval.eval_config import EvalConfig
+from tracegym.eval.run_folder import ERRORED, RunFolder
+from tracegym.eval.summary import Summary, summarize, summary_table
+from tracegym.models.chat_client import ChatClient
+from tracegym.models.launch import serve
+
+RERUN = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
+"""Stop reasons of traces a resume runs again (the rollout did not finish on its own terms)."""
+
+
+@dataclass
+class Plan:
+    """The work of one run: the taskset, every (task, rollout index) pair, and those still to run."""
+
+    taskset: Taskset
+    expected: list[tuple[TaskData, int]]
+    todo: list[tuple[TaskData, int]]
+    kept: list[Trace] = field(default_factory=list)
+
+
+def plan(config: EvalConfig, folder: RunFolder, resume: bool) -> Plan:
+    """What to run; on resume, keep the good traces, set the errored ones aside, and run the rest."""
+    taskset = load_taskset(config.taskset.id, config.taskset_options())
+    tasks = list(bounded_taskset(taskset, config.num_tasks))
+    expected = [(d, i) for d in tasks for i in range(config.rollouts)]
+    if not resume:
+        return Plan(taskset, expected, expected)
+    folder.repair()
+    stored = folder.read_traces().traces
+    wanted = {(d.key, i) for d, i in expected}
+    good = {(t.task_key, t.rollout_index): t for t in stored
+            if t.stop_reason not in RERUN and (t.task_key, t.rollout_index) in wanted}
+    errored = [t for t in stored if (t.task_key, t.rollout_index) not in good]
+    if errored:
+        old = folder.read_traces(ERRORED).traces
+        folder.rewrite([*old, *errored], ERRORED)
+    folder.rewrite(good.values())
+    todo = [(d, i) for d, i in expected if (d.key, i) not in good]
+    return Plan(taskset, expected, todo, kept=list(good.values()))
+
+
+async def run_rollouts(config: EvalConfig, work: Plan, folder: RunFolder, client: ChatClient, tally: Tally,
+                       boards: list[Dashboard]) -> None:
+    """Run the planned rollouts, appending each trace to the folder and showing it on the dashboards."""
+    with contextlib.ExitStack() as shown:
+        for board in boards:
+            shown.enter_context(board)
+        async with client:
+            async for trace in evaluate_iter(work.taskset, client, sampling=config.sampling,
+                                             concurrency=config.concurrency, pairs=work.todo,
+                                             timeouts=config.timeouts, infra_retries=config.infra_retries):
+                folder.append(trace)
+                tally.add(trace)
+                for board in boards:
+                    board.update(trace)
+
+
+def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None) -> Summary:
+    """Run an eval into `folder`; return its summary (also written to `summary.json` and printed).
+    Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume."""
+    out = out or sys.stdout
+    work = plan(config, folder, resume)
+    tally = Tally(total=len(work.expected), done_before=len(work.kept))
+    title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
+    started = time.monotonic()
+    with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
+        boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
+        boards.append(RichDashboard(tally, title, Console(file=out)) if config.rich else PlainDashboard(tally, out))
+        try:
+            with serve(config.model_choice(), log_path=folder.logs / "vllm.log") as endpoint:
+                asyncio.run(run_rollouts(config, work, folder, ChatClient(endpoint), tally, boards))
+        except KeyboardInterrupt:
+            finish(config, folder, time.monotonic() - started, out, title)
+            print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
+            raise
+        finally:
+            folder.close()
+    return finish(config, folder, time.monotonic() - started, out, title)
+
+
+def finish(config: EvalConfig, folder: RunFolder, wall_time: float, out: IO[str], title: str) -> Summary:
+    """Summarise the folder's traces into `summary.json` and print the table."""
+    summary = summarize(folder.read_traces().traces, pass_threshold=config.pass_threshold, wall_time=wall_time)
+    folder.write_summary(summary.model_dump(mode="json"))
+    Console(file=out).print(summary_table(summary, title=title))
+    print(f"run folder: {folder.path}", file=out, flush=True)
+    return summary

@@ -1,0 +1,159 @@
+"""Run folder: where one eval run lives: `config.toml`, `traces.jsonl`, `summary.json`, `logs/`.
+
+Traces are appended one JSON line each and flushed as they finish, so a killed run loses at most the line it
+was writing. The reader tolerates that truncated last line (and counts it); `repair()` cuts it off before more
+lines are appended. The folder never holds two traces for the same (task key, rollout index): a resume first
+moves errored traces aside into `traces.errored.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import tomli_w
+from pydantic import ValidationError
+
+from tracegym.core.errors import UsageError
+from tracegym.core.trace import Trace
+
+CONFIG, TRACES, SUMMARY, ERRORED = "config.toml", "traces.jsonl", "summary.json", "traces.errored.jsonl"
+
+
+@dataclass
+class TraceFile:
+    """What was read from a traces file: the traces, and how many lines could not be read."""
+
+    traces: list[Trace]
+    truncated_tail: bool = False
+    """The last line was cut off mid-write (the writer was killed)."""
+    bad_lines: int = 0
+    """Complete lines that are not traces (skipped)."""
+
+
+class RunFolder:
+    """One run's folder; `create` a new one or `open` an existing one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config_path = path / CONFIG
+        self.traces_path = path / TRACES
+        self.summary_path = path / SUMMARY
+        self.logs = path / "logs"
+        self._out: IO[str] | None = None
+
+    @classmethod
+    def create(cls, output_dir: Path, taskset: str, model: str, run_id: str | None = None) -> RunFolder:
+        """A new, empty run folder `output_dir/<taskset>--<model>/<run-id>/`; an existing one is an error."""
+        run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+        path = output_dir / f"{_safe(taskset)}--{_safe(model)}" / run_id
+        if path.exists():
+            raise UsageError(f"run folder {str(path)!r} already exists; pick another --run-id or --resume it")
+        (path / "logs").mkdir(parents=True)
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: Path) -> RunFolder:
+        """An existing run folder; a UsageError when `path` is not one."""
+        if not path.is_dir():
+            raise UsageError(f"{str(path)!r} is not a run folder: no such directory")
+        if not (path / CONFIG).is_file():
+            raise UsageError(f"{str(path)!r} is not a run folder: it has no {CONFIG}")
+        folder = cls(path)
+        folder.logs.mkdir(exist_ok=True)
+        return folder
+
+    # --- config and summary ------------------------------------------------------------------------------
+    def write_config(self, config: dict[str, Any]) -> None:
+        _write_atomic(self.config_path, tomli_w.dumps(config))
+
+    def read_config(self) -> dict[str, Any]:
+        try:
+            return tomllib.loads(self.config_path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{str(self.config_path)!r} is not valid TOML: {exc}") from None
+
+    def write_summary(self, summary: dict[str, Any], name: str = SUMMARY) -> Path:
+        path = self.path / name
+        _write_atomic(path, json.dumps(summary, indent=2) + "\n")
+        return path
+
+    # --- traces ------------------------------------------------------------------------------------------
+    def read_traces(self, name: str = TRACES) -> TraceFile:
+        """Every readable trace in the file (none when it does not exist)."""
+        return read_trace_file(self.path / name)
+
+    def repair(self) -> bool:
+        """End the traces file with a newline: cut a truncated last line off (True), or terminate a complete
+        one that lost only its newline."""
+        if not self.traces_path.exists():
+            return False
+        data = self.traces_path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return False
+        start = data.rfind(b"\n") + 1
+        try:
+            Trace.model_validate_json(data[start:])
+        except (ValidationError, ValueError):
+            with self.traces_path.open("r+b") as f:
+                f.truncate(start)
+            return True
+        with self.traces_path.open("ab") as f:
+            f.write(b"\n")
+        return False
+
+    def append(self, trace: Trace) -> None:
+        """Append one trace as a line and flush it to the OS (it survives the process being killed)."""
+        if self._out is None:
+            self._out = self.traces_path.open("a", encoding="utf-8")
+        self._out.write(trace.model_dump_json() + "\n")
+        self._out.flush()
+
+    def rewrite(self, traces: Iterable[Trace], name: str = TRACES) -> None:
+        """Replace a traces file atomically."""
+        self.close()
+        _write_atomic(self.path / name, "".join(t.model_dump_json() + "\n" for t in traces))
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def read_trace_file(path: Path) -> TraceFile:
+    """Traces from a JSONL file, tolerating a truncated last line and skipping unreadable ones."""
+    result = TraceFile(traces=[])
+    if not path.exists():
+        return result
+    lines = path.read_text(encoding="utf-8").split("\n")
+    last = len(lines) - 1  # the text after the final newline: empty unless the last write was cut off
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            result.traces.append(Trace.model_validate_json(line))
+        except (ValidationError, ValueError):
+            if i == last:
+                result.truncated_tail = True
+            else:
+                result.bad_lines += 1
+    return result
+
+
+def _safe(name: str) -> str:
+    """A name usable as one path part."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name.rstrip("/").rsplit("/", 1)[-1]) or "unnamed"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
