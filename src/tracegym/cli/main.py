@@ -10,6 +10,9 @@ from tracegym.core.errors import TracegymError, UsageError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("tracegym.cli.eval", "evaluate a model on a taskset into a run folder (or --resume one)"),
+    "show": ("tracegym.cli.show", "print a run folder's summary and a few traces"),
+    "rescore": ("tracegym.cli.rescore", "recompute rewards of a run's stored traces with the current code"),
+    "list": ("tracegym.cli.list", "list known tasksets"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
 }
 

@@ -31,6 +31,8 @@ from tracegym.envs.task import EnvResponse, Task
 from tracegym.models.client import ModelClient, ModelRequest
 
 T = TypeVar("T")
+LOOP_METRICS = ("tool_calls", "tool_errors")
+"""Metrics the loop counts itself (not computed by a task's scorers)."""
 
 
 class Timeouts(BaseModel):
@@ -145,7 +147,7 @@ class Rollout:
         return response.message
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
-        self._count("tool_calls", len(calls))
+        self._count(LOOP_METRICS[0], len(calls))
         if self.task.parallel_tools:
             results = await asyncio.gather(*(self._run_tool(c) for c in calls))
         else:
@@ -172,7 +174,7 @@ class Rollout:
             return f"Error: {message}"
 
     def _tool_failed(self, kind: ErrorKind, stage: str, message: str) -> None:
-        self._count("tool_errors", 1)
+        self._count(LOOP_METRICS[1], 1)
         self._error(kind, stage, message)
 
     async def _check_stops(self) -> None:
@@ -183,33 +185,14 @@ class Rollout:
 
     # --- scoring -----------------------------------------------------------------------------------------
     async def _score(self) -> None:
-        """Run every reward and metric; one that raises or times out is recorded and scored None."""
         start = self._now()
-        for scorer in self.task.scorers:
-            if scorer.kind == "stop":
-                continue
-            try:
-                value = await asyncio.wait_for(self.task.call_scorer(scorer, self.trace), self.timeouts.scoring)
-                score: float | None = float(value)
-            except TimeoutError:
-                score = None
-                self._error(ErrorKind.TIMEOUT, f"scoring:{scorer.name}", f"exceeded {self.timeouts.scoring}s")
-            except Exception as exc:
-                score = None
-                self._error(ErrorKind.TASK, f"scoring:{scorer.name}", f"{type(exc).__name__}: {exc}")
-            self._record_score(scorer.kind, scorer.name, scorer.weight, score)
+        await score(self.task, self.trace, self.timeouts.scoring, turn=self.turn)
         self.trace.spans.append(Span(name="scoring", start=start, end=self._now()))
 
     def _mark_unscored(self) -> None:
         for scorer in self.task.scorers:
             if scorer.kind != "stop":
-                self._record_score(scorer.kind, scorer.name, scorer.weight, None)
-
-    def _record_score(self, kind: str, name: str, weight: float, score: float | None) -> None:
-        if kind == "reward":
-            self.trace.rewards[name] = RewardScore(score=score, weight=weight)
-        else:
-            self.trace.metrics[name] = score
+                _record_score(self.trace, scorer.kind, scorer.name, scorer.weight, None)
 
     # --- helpers -----------------------------------------------------------------------------------------
     async def _timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
@@ -251,6 +234,34 @@ class Rollout:
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
+
+
+async def score(task: Task, trace: Trace, timeout: float, turn: int | None = None) -> None:
+    """Run every reward and metric of `task` on `trace` (in order); one that raises or runs past `timeout`
+    is recorded as an error and scored None. Used at the end of a rollout and to re-score stored traces."""
+    for scorer in task.scorers:
+        if scorer.kind == "stop":
+            continue
+        stage = f"scoring:{scorer.name}"
+        try:
+            value = await asyncio.wait_for(task.call_scorer(scorer, trace), timeout)
+            result: float | None = float(value)
+        except TimeoutError:
+            result = None
+            trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=f"exceeded {timeout}s",
+                                           turn=turn))
+        except Exception as exc:
+            result = None
+            trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=f"{type(exc).__name__}: {exc}",
+                                           turn=turn))
+        _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
+
+
+def _record_score(trace: Trace, kind: str, name: str, weight: float, value: float | None) -> None:
+    if kind == "reward":
+        trace.rewards[name] = RewardScore(score=value, weight=weight)
+    else:
+        trace.metrics[name] = value
 
 
 def _append_response(trace: Trace, response: EnvResponse) -> bool:

@@ -1,0 +1,45 @@
+"""`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of stored traces; no model calls.
+
+Writes `traces.rescored-<time>.jsonl` and `summary.rescored-<time>.json` beside the originals, which stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.eval.eval_config import parse_eval_args
+from tracegym.eval.rescore import rescore
+from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.summary import summarize, summary_table
+
+
+def run(args: list[str]) -> int:
+    """Rescore the run folder named first, with the saved config and any `--taskset.*` overrides."""
+    if not args or args[0].startswith("-"):
+        raise UsageError("usage: tracegym rescore RUN_DIR [--taskset.FIELD VALUE ...]")
+    folder = RunFolder.open(Path(args[0]))
+    config = parse_eval_args(args[1:], defaults=folder.read_config())
+    taskset = load_taskset(config.taskset.id, config.taskset_options())
+    stored = folder.read_traces()
+    if not stored.traces:
+        raise UsageError(f"{folder.path} has no traces to rescore")
+    traces = asyncio.run(rescore(taskset, stored.traces, config.timeouts, config.concurrency))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder.rewrite(traces, f"traces.rescored-{stamp}.jsonl")
+    before = summarize(stored.traces, pass_threshold=config.pass_threshold)
+    after = summarize(traces, pass_threshold=config.pass_threshold)
+    path = folder.write_summary(after.model_dump(mode="json"), f"summary.rescored-{stamp}.json")
+    Console().print(summary_table(after, title=f"rescored: {folder.path}"))
+    print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
+    print(f"wrote {folder.path / f'traces.rescored-{stamp}.jsonl'} and {path}")
+    return 0
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

@@ -1,0 +1,60 @@
+"""`tracegym show RUN_DIR [-n N]`: a run's summary and a few of its traces, readable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
+
+from tracegym.core.errors import UsageError
+from tracegym.core.trace import Trace
+from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.summary import summarize, summary_table
+
+ROLE_STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
+
+
+def run(args: list[str]) -> int:
+    """Show the folder named first; `-n N` traces (default 3), errored ones first."""
+    if not args or args[0].startswith("-"):
+        raise UsageError("usage: tracegym show RUN_DIR [-n N]")
+    folder = RunFolder.open(Path(args[0]))
+    count = _count(args[1:])
+    stored = folder.read_traces()
+    config = folder.read_config()
+    summary = summarize(stored.traces, pass_threshold=float(config.get("pass_threshold", 1.0)))
+    console = Console()
+    console.print(summary_table(summary, title=str(folder.path)))
+    if stored.truncated_tail:
+        console.print("[yellow]the last line of traces.jsonl is cut off (killed mid-write); --resume redoes it[/]")
+    picked = sorted(stored.traces, key=lambda t: (t.ok, t.task_key, t.rollout_index))[:count]
+    for trace in picked:
+        console.print(trace_panel(trace))
+    return 0
+
+
+def trace_panel(trace: Trace) -> Panel:
+    """One trace: its messages, rewards, stop reason and errors."""
+    parts: list[Text] = []
+    for message in trace.messages:
+        text = message.text
+        for call in message.tool_calls:
+            text += f"\n→ {call.name}({call.arguments})"
+        parts.append(Text(f"{message.role}: ", style=f"bold {ROLE_STYLE[message.role]}") + Text(text))
+    rewards = ", ".join(f"{k}={'-' if v.score is None else f'{v.score:.3f}'}" for k, v in trace.rewards.items())
+    parts.append(Text(f"reward {trace.reward}  ({rewards})  stop: {trace.stop_reason}"
+                      f"{' by ' + trace.stopped_by if trace.stopped_by else ''}  tokens: "
+                      f"{trace.usage.prompt_tokens} in, {trace.usage.completion_tokens} out", style="bold"))
+    for error in trace.errors:
+        parts.append(Text(f"{error.kind.value} error in {error.stage}: {error.message}", style="red"))
+    return Panel(Group(*parts), title=f"{trace.task_key}#{trace.rollout_index}", title_align="left")
+
+
+def _count(args: list[str]) -> int:
+    if not args:
+        return 3
+    if len(args) == 2 and args[0] in ("-n", "--num") and args[1].isdigit():
+        return int(args[1])
+    raise UsageError(f"tracegym show: unexpected arguments {' '.join(args)!r} (only -n N)")
