@@ -1,0 +1,46 @@
+"""Training sample: one branch of a trace flattened into what the trainer consumes (pure data)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Sample(BaseModel):
+    """Token ids of one branch with the loss mask, the sampler's logprobs and the advantage.
+
+    `loss_mask[i]` is True only for tokens the policy sampled (and that no earlier sample of the same trace
+    already trains); `logprobs[i]` is the sampler's logprob of token i where the mask is True, 0.0 elsewhere.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    token_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    advantage: float = 0.0
+    """Set by the orchestrator from the group's rewards."""
+    temperature: float = 1.0
+    """Sampling temperature of the branch's sampled tokens (the trainer divides its logits by it)."""
+    reward: float | None = None
+    policy_version: int | None = None
+    """The weights that sampled these tokens; the trainer's current version minus this is the staleness."""
+    trace_id: str = ""
+    branch: int = 0
+    """Index of the branch within its trace."""
+    task_key: str = ""
+    meta: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Sample:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
+                             f"({len(self.logprobs)}) must have the same length")
+        return self
+
+    @property
+    def num_trained(self) -> int:
+        """Tokens that carry loss."""
+        return sum(self.loss_mask)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
