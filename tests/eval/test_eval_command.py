@@ -1,0 +1,151 @@
+"""`tracegym eval`, `show`, `rescore` and `list` end to end against the fake OpenAI server."""
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tracegym.cli.main import main
+from tracegym.eval.run_folder import RunFolder
+from tracegym.testing import FakeOpenAIServer
+
+
+def reverse(request) -> str:
+    return request.messages[-1].text[::-1]
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAIServer(rule=reverse) as fake:
+        yield fake
+
+
+def eval_args(server, tmp_path, *extra: str) -> list[str]:
+    return ["eval", "reverse-text", "-n", "4", "-r", "2", "--base-url", server.base_url,
+            "--output-dir", str(tmp_path), "--no-rich", *extra]
+
+
+def only_run(tmp_path: Path) -> Path:
+    [run] = list(tmp_path.glob("*/*"))
+    return run
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_eval_writes_config_traces_summary_and_logs(server, tmp_path):
+    assert main(eval_args(server, tmp_path)) == 0
+    run = only_run(tmp_path)
+    assert run.parent.name == "reverse-text--fake-model"
+    assert len(lines(run / "traces.jsonl")) == 8
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reward"] == 1.0 and summary["num_traces"] == 8 and summary["pass_at_k"]["2"] == 1.0
+    assert (run / "config.toml").is_file() and (run / "logs" / "eval.log").is_file()
+
+
+def test_the_live_dashboard_runs_without_a_terminal(server, tmp_path, capsys):
+    assert main(eval_args(server, tmp_path)[:-1]) == 0
+    assert "rollouts" in capsys.readouterr().out
+
+
+def test_dry_run_prints_the_resolved_config_and_writes_nothing(server, tmp_path, capsys):
+    assert main(eval_args(server, tmp_path, "--dry-run")) == 0
+    assert 'id = "reverse-text"' in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_endpoint_fails_before_any_folder_is_made(tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    code = main(["eval", "reverse-text", "-n", "2", "--base-url", url, "--output-dir", str(tmp_path)])
+    assert code == 1 and url in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_taskset_option_exits_2_and_writes_nothing(server, tmp_path, capsys):
+    assert main(eval_args(server, tmp_path, "--taskset.max-words", "many")) == 2
+    assert "--taskset.max-words" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def simulate_kill(run: Path) -> tuple[int, int]:
+    """Drop two traces, mark one errored, cut the last one mid-line; returns (kept good, to redo)."""
+    records = lines(run / "traces.jsonl")
+    records[0]["stop_reason"] = "error"
+    text = "".join(json.dumps(r) + "\n" for r in records[:5]) + json.dumps(records[5])[:80]
+    (run / "traces.jsonl").write_text(text)
+    return 4, 4  # records 1-4 are good; 0 (errored), 5 (cut), 6, 7 (missing) are redone
+
+
+def test_resume_reruns_exactly_the_missing_and_errored_rollouts(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    kept, redo = simulate_kill(run)
+    before = len(server.requests)
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    assert len(server.requests) - before == redo
+    records = lines(run / "traces.jsonl")
+    pairs = [(r["task_key"], r["rollout_index"]) for r in records]
+    assert len(records) == kept + redo and len(set(pairs)) == len(pairs)
+    assert len(lines(run / "traces.errored.jsonl")) == 1
+
+
+def test_resuming_a_complete_run_calls_no_model(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    before = len(server.requests)
+    assert main(["eval", "--resume", str(only_run(tmp_path)), "--no-rich"]) == 0
+    assert len(server.requests) == before
+
+
+def test_resume_with_a_different_run_defining_option_is_refused(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    before = (run / "traces.jsonl").read_text()
+    assert main(["eval", "--resume", str(run), "-n", "9"]) == 2
+    assert "num_tasks = 4, not 9" in capsys.readouterr().err
+    assert (run / "traces.jsonl").read_text() == before
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_refused(tmp_path, capsys):
+    assert main(["eval", "--resume", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_rescore_recomputes_rewards_without_calling_the_model(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    records = lines(run / "traces.jsonl")
+    for r in records:  # as if an old reward function had scored everything 0
+        r["rewards"]["lcs"]["score"] = 0.0
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = len(server.requests)
+    assert main(["rescore", str(run)]) == 0
+    assert len(server.requests) == before
+    [rescored] = list(run.glob("traces.rescored-*.jsonl"))
+    assert [r["rewards"]["lcs"]["score"] for r in lines(rescored)] == [1.0] * 8
+    assert [r["rewards"]["lcs"]["score"] for r in lines(run / "traces.jsonl")] == [0.0] * 8
+    [summary] = list(run.glob("summary.rescored-*.json"))
+    assert json.loads(summary.read_text())["reward"] == 1.0
+
+
+def test_show_prints_the_summary_and_traces(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    capsys.readouterr()
+    assert main(["show", str(only_run(tmp_path)), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "pass@2" in out and "assistant:" in out
+
+
+def test_list_names_every_builtin_taskset(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("reverse-text", "wordle", "counter-env", "tool-calculator"))
+
+
+def test_run_folder_opened_by_resume_keeps_its_config(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    config = RunFolder.open(only_run(tmp_path)).read_config()
+    assert config["model"] == "fake-model" and config["taskset"]["id"] == "reverse-text"

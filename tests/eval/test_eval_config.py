@@ -1,0 +1,72 @@
+"""`tracegym eval` config: positional taskset, short flags, TOML files merged left to right, typed taskset
+options, errors that name the key and suggest the closest one."""
+
+import pytest
+
+import tracegym as tg
+from tracegym.eval.eval_config import find_taskset_id, parse_eval_args
+
+
+def test_positional_taskset_and_short_flags():
+    config = parse_eval_args(["reverse-text", "-n", "50", "-r", "4", "-c", "8"])
+    assert (config.taskset.id, config.num_tasks, config.rollouts, config.concurrency) == ("reverse-text", 50, 4, 8)
+
+
+def test_dotted_overrides_reach_nested_sections():
+    config = parse_eval_args(["reverse-text", "--sampling.temperature", "0.7", "--timeouts.model", "5"])
+    assert config.sampling.temperature == 0.7 and config.timeouts.model == 5.0
+
+
+def test_taskset_options_are_typed_by_the_tasksets_config():
+    config = parse_eval_args(["reverse-text", "--taskset.max-words", "5"])
+    assert config.taskset_options()["max_words"] == 5
+
+
+def test_a_misspelt_taskset_option_suggests_the_right_one():
+    with pytest.raises(tg.UsageError, match=r"did you mean --taskset\.max-words"):
+        parse_eval_args(["reverse-text", "--taskset.max-wrods", "5"])
+
+
+def test_a_misspelt_top_level_option_suggests_the_right_one():
+    with pytest.raises(tg.UsageError, match=r"did you mean --sampling\.temperature"):
+        parse_eval_args(["reverse-text", "--sampling.temprature", "1"])
+
+
+def test_a_wrongly_typed_taskset_option_names_the_flag():
+    with pytest.raises(tg.UsageError, match=r"--taskset\.max-words"):
+        parse_eval_args(["reverse-text", "--taskset.max-words", "many"])
+
+
+def test_an_unknown_taskset_suggests_the_closest_id():
+    with pytest.raises(tg.UsageError, match="Did you mean 'reverse-text'"):
+        parse_eval_args(["revers-text"])
+
+
+def test_toml_files_merge_left_to_right_and_flags_win(tmp_path):
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text('rollouts = 2\nnum_tasks = 5\n[taskset]\nid = "reverse-text"\nmax_words = 2\n')
+    second.write_text("rollouts = 3\n[sampling]\ntemperature = 0.5\n")
+    config = parse_eval_args(["@", str(first), "@", str(second), "-n", "7"])
+    assert (config.rollouts, config.num_tasks, config.sampling.temperature) == (3, 7, 0.5)
+    assert config.taskset_options()["max_words"] == 2
+
+
+def test_the_taskset_id_is_found_in_a_toml_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[taskset]\nid = "wordle"\n')
+    assert find_taskset_id(["@", str(path)]) == "wordle"
+
+
+def test_a_missing_config_file_is_named(tmp_path):
+    with pytest.raises(tg.UsageError, match=r"nope\.toml"):
+        parse_eval_args(["@", str(tmp_path / "nope.toml")])
+
+
+def test_the_resolved_config_round_trips_through_toml(tmp_path):
+    import tomllib
+
+    import tomli_w
+
+    config = parse_eval_args(["reverse-text", "-n", "3", "--sampling.stop", "a", "b"])
+    again = parse_eval_args([], defaults=tomllib.loads(tomli_w.dumps(config.to_toml_dict())))
+    assert again.model_dump(mode="json") == config.model_dump(mode="json")
