@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from tracegym.core.trace import Trace
 
@@ -46,6 +47,10 @@ class Tally:
         self.truncated += trace.is_truncated
         self.completion_tokens += trace.usage.completion_tokens
         self.latest.append(trace)
+
+    def restart_clock(self) -> None:
+        """Measure rates from now (the model is up and rollouts start)."""
+        self.started = time.monotonic()
 
     @property
     def mean_reward(self) -> float:
@@ -123,10 +128,11 @@ class RichDashboard:
     def _render(self) -> Panel:
         t = self.tally
         per_s, tok_s = t.rates()
-        figures = Table.grid(padding=(0, 3))
-        figures.add_row(f"mean reward [bold]{t.mean_reward:.3f}[/]", f"scored {t.scored}",
-                        f"errors [red]{sum(t.errors.values())}[/] {dict(t.errors) or ''}",
-                        f"truncated {t.truncated}", f"{per_s:.2f} rollouts/s", f"{tok_s:.0f} tok/s")
+        errors = " ".join(f"{k}={v}" for k, v in sorted(t.errors.items()))
+        figures = Text.from_markup(
+            f"mean reward [bold]{t.mean_reward:.3f}[/]   scored {t.scored}   errors [red]{sum(t.errors.values())}[/]"
+            f"{' (' + errors + ')' if errors else ''}   truncated {t.truncated}   {per_s:.2f} rollouts/s   "
+            f"{tok_s:.0f} tok/s")
         latest = Table(show_header=True, header_style="dim", expand=True, box=None)
         latest.add_column("task", no_wrap=True, max_width=22)
         latest.add_column("reward", justify="right", width=7)

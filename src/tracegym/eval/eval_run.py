@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -83,26 +82,29 @@ def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out:
     work = plan(config, folder, resume)
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
     title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
-    started = time.monotonic()
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
         boards.append(RichDashboard(tally, title, Console(file=out)) if config.rich else PlainDashboard(tally, out))
         try:
             with serve(config.model_choice(), log_path=folder.logs / "vllm.log") as endpoint:
+                print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
+                      file=log, flush=True)
+                tally.restart_clock()
                 asyncio.run(run_rollouts(config, work, folder, ChatClient(endpoint), tally, boards))
         except KeyboardInterrupt:
-            finish(config, folder, time.monotonic() - started, out, title)
+            finish(config, folder, tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
             folder.close()
-    return finish(config, folder, time.monotonic() - started, out, title)
+    return finish(config, folder, tally.elapsed, out, title)
 
 
 def finish(config: EvalConfig, folder: RunFolder, wall_time: float, out: IO[str], title: str) -> Summary:
     """Summarise the folder's traces into `summary.json` and print the table."""
     summary = summarize(folder.read_traces().traces, pass_threshold=config.pass_threshold, wall_time=wall_time)
     folder.write_summary(summary.model_dump(mode="json"))
+    print(file=out)
     Console(file=out).print(summary_table(summary, title=title))
     print(f"run folder: {folder.path}", file=out, flush=True)
     return summary
