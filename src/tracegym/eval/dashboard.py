@@ -114,6 +114,7 @@ class RichDashboard:
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
     def __enter__(self) -> RichDashboard:
+        self.progress.reset(self._bar, total=self.tally.total, completed=self.tally.done)  # clock from now
         self.live.__enter__()
         return self
 
