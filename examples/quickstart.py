@@ -1,6 +1,7 @@
 """Quick start: define a tool-using taskset and evaluate a scripted model on it, in process.
 
-The model here is tracegym.testing.ScriptedModel (a fake) until the vLLM chat client lands (issue 3).
+The model here is tracegym.testing.ScriptedModel, a fake that needs no server, so the example runs anywhere in
+a second; swap in `tg.ChatClient(tg.Endpoint(base_url=..., model=...))` for a real endpoint.
 """
 
 import asyncio
