@@ -149,3 +149,29 @@ def test_run_folder_opened_by_resume_keeps_its_config(server, tmp_path):
     main(eval_args(server, tmp_path))
     config = RunFolder.open(only_run(tmp_path)).read_config()
     assert config["model"] == "fake-model" and config["taskset"]["id"] == "reverse-text"
+
+
+def test_resume_after_kill_9_completes_the_run_without_duplicates(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with FakeOpenAIServer(rule=reverse, latency=0.1) as fake:
+        command = [sys.executable, "-m", "tracegym.cli.main", "eval", "reverse-text", "-n", "20", "-r", "2", "-c", "2",
+                   "--base-url", fake.base_url, "--output-dir", str(tmp_path), "--no-rich"]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runs = list(tmp_path.glob("*/*/traces.jsonl"))
+            if runs and runs[0].read_text().count("\n") >= 5:
+                break
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        run = only_run(tmp_path)
+        assert len(RunFolder.open(run).read_traces().traces) < 40  # the last line may be cut off
+        assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    records = lines(run / "traces.jsonl")
+    assert len({(r["task_key"], r["rollout_index"]) for r in records}) == len(records) == 40
