@@ -92,7 +92,7 @@ def main() -> None:
     with timed_endpoint(args.base_url) as endpoint:
         print(f"{'concurrency':>11}  {'tracegym tok/s':>14}  {'direct tok/s':>12}  {'ratio':>6}")
         for c in args.concurrency:
-            total = max(8, c * args.requests_per_slot)
+            total = max(16, c * args.requests_per_slot)
             ours, direct = asyncio.run(measure(endpoint, c, total, args.rounds, args.max_tokens))
             print(f"{c:>11}  {ours:>14.1f}  {direct:>12.1f}  {ours / direct:>5.2f}x", flush=True)
 
