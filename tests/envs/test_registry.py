@@ -1,0 +1,147 @@
+"""Registry: a taskset is found by built-in id, entry point, `package.module:Name` or `path/to/file.py:Name`."""
+
+from importlib.metadata import EntryPoint
+
+import pytest
+
+import tracegym as tg
+from tracegym.envs import registry
+from tracegym.tasksets.reverse_text import ReverseText
+
+TASKSET_FILE = '''
+import tracegym as tg
+
+
+class Echo(tg.Taskset):
+    id = "echo"
+
+    def load(self):
+        return [{"prompt": "say hi", "answer": "hi"}]
+
+
+def make_echo():
+    return Echo()
+
+
+def not_a_taskset():
+    return 42
+
+
+READY = Echo()
+'''
+
+
+@pytest.fixture
+def taskset_file(tmp_path):
+    path = tmp_path / "my_tasks.py"
+    path.write_text(TASKSET_FILE)
+    return path
+
+
+@pytest.fixture
+def fake_entry_points(monkeypatch):
+    """Installed entry points as the metadata source would report them."""
+    installed = [
+        EntryPoint(name="plugin-reverse", value="tracegym.tasksets.reverse_text:ReverseText",
+                   group=registry.ENTRY_POINT_GROUP),
+    ]
+
+    def entry_points(*, group):
+        return [ep for ep in installed if ep.group == group]
+
+    monkeypatch.setattr(registry, "entry_points", entry_points)
+    return installed
+
+
+def test_builtin_id_loads_its_taskset_class():
+    taskset = tg.load_taskset("reverse-text")
+    assert isinstance(taskset, ReverseText) and taskset.id == "reverse-text"
+
+
+def test_module_path_loads_the_named_class():
+    assert isinstance(tg.load_taskset("tracegym.tasksets.reverse_text:ReverseText"), ReverseText)
+
+
+def test_file_path_loads_the_named_class(taskset_file):
+    taskset = tg.load_taskset(f"{taskset_file}:Echo")
+    assert taskset.id == "echo" and [d.prompt for d in taskset] == ["say hi"]
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(tg.UsageError, match=r"taskset file '.*nowhere\.py' does not exist"):
+        tg.load_taskset(f"{tmp_path}/nowhere.py:Echo")
+
+
+def test_installed_entry_point_loads_by_its_name(fake_entry_points):
+    assert isinstance(tg.load_taskset("plugin-reverse"), ReverseText)
+
+
+def test_installed_entry_points_are_known_after_the_builtins(fake_entry_points):
+    known = tg.known_tasksets()
+    assert known["plugin-reverse"] == "tracegym.tasksets.reverse_text:ReverseText"
+    assert list(known)[: len(registry.BUILTINS)] == list(registry.BUILTINS)
+
+
+def test_entry_point_cannot_shadow_a_builtin(monkeypatch):
+    shadow = EntryPoint(name="reverse-text", value="tracegym.tasksets.wordle:Wordle", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda *, group: [shadow])
+    assert isinstance(tg.load_taskset("reverse-text"), ReverseText)
+
+
+def test_unknown_id_suggests_the_closest_known_one():
+    with pytest.raises(tg.UsageError, match=r"unknown taskset 'reverse-txet'\. Did you mean 'reverse-text'\?"):
+        tg.load_taskset("reverse-txet")
+
+
+def test_unknown_id_lists_installed_entry_points_too(fake_entry_points):
+    with pytest.raises(tg.UsageError, match=r"Known: .*plugin-reverse"):
+        tg.load_taskset("zzz")
+
+
+def test_unknown_id_with_nothing_close_makes_no_suggestion():
+    with pytest.raises(tg.UsageError) as info:
+        tg.load_taskset("qqqqqqqq")
+    assert "Did you mean" not in str(info.value)
+
+
+def test_missing_module_is_named():
+    with pytest.raises(tg.UsageError, match=r"cannot import 'no_such_package\.tasks'"):
+        tg.load_taskset("no_such_package.tasks:Thing")
+
+
+def test_missing_attribute_is_named():
+    with pytest.raises(tg.UsageError, match=r"'tracegym\.tasksets\.reverse_text' has no 'Nope'"):
+        tg.load_taskset("tracegym.tasksets.reverse_text:Nope")
+
+
+def test_missing_attribute_in_a_file_is_named(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"has no 'Nope'"):
+        tg.load_taskset(f"{taskset_file}:Nope")
+
+
+def test_factory_function_returning_a_taskset_is_called(taskset_file):
+    assert tg.load_taskset(f"{taskset_file}:make_echo").id == "echo"
+
+
+def test_factory_returning_something_else_is_refused(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"gave a int, not a Taskset"):
+        tg.load_taskset(f"{taskset_file}:not_a_taskset")
+
+
+def test_ready_made_instance_loads_as_it_is(taskset_file):
+    first = tg.load_taskset(f"{taskset_file}:READY")
+    assert first is tg.load_taskset(f"{taskset_file}:READY")
+
+
+def test_ready_made_instance_refuses_a_config(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"ready-made instance and takes no config"):
+        tg.load_taskset(f"{taskset_file}:READY", {"seed": 1})
+
+
+def test_taskset_object_passes_through_unchanged():
+    taskset = tg.Taskset(id="inline", data=[{"prompt": "x"}])
+    assert tg.load_taskset(taskset) is taskset
+
+
+def test_class_is_built_with_the_config():
+    assert tg.load_taskset("reverse-text", {"seed": 3}).config.seed == 3

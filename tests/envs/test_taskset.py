@@ -1,0 +1,208 @@
+"""Tasksets: list and lazy data, head and seeded shuffle views, infinite tasksets, task keys, rows, configs."""
+
+import itertools
+
+import pytest
+
+import tracegym as tg
+
+ROWS = [{"prompt": f"q{i}", "answer": i} for i in range(20)]
+
+
+class Counting(tg.Taskset):
+    """An infinite generator taskset that records how many rows it produced."""
+
+    id = "counting"
+    infinite = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.produced = 0
+
+    def load(self):
+        for i in itertools.count():
+            self.produced += 1
+            yield {"prompt": f"q{i}", "answer": i}
+
+
+class Target(tg.TaskData):
+    target: int
+    """A task-specific field."""
+
+
+class Targets(tg.Taskset):
+    id = "targets"
+    data_class = Target
+
+
+class Opts(tg.TasksetConfig):
+    """Options of the test taskset."""
+
+    size: int = 4
+    """How many tasks."""
+
+
+class Sized(tg.Taskset):
+    id = "sized"
+    Config = Opts
+
+    def load(self):
+        return [{"prompt": str(i)} for i in range(self.config.size)]
+
+
+def prompts(taskset):
+    return [d.prompt for d in taskset]
+
+
+# --- data ------------------------------------------------------------------------------------------------
+def test_list_data_yields_task_data_in_order():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    tasks = list(taskset)
+    assert all(isinstance(d, tg.TaskData) for d in tasks)
+    assert [d.answer for d in tasks] == list(range(20)) and len(taskset) == 20
+
+
+def test_taskset_without_data_or_load_is_a_usage_error():
+    with pytest.raises(tg.UsageError, match=r"taskset 'empty' has no data"):
+        list(tg.Taskset(id="empty"))
+
+
+def test_generator_taskset_is_read_lazily():
+    view = Counting().head(3)
+    assert prompts(view) == ["q0", "q1", "q2"]
+    assert view.produced == 3
+
+
+def test_task_is_built_fresh_for_every_rollout():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    first, second = taskset.task(ROWS[0]), taskset.task(ROWS[0])
+    assert first is not second and first.data == second.data and first.taskset_id == "t"
+
+
+# --- views -----------------------------------------------------------------------------------------------
+def test_head_gives_the_first_n_tasks():
+    assert prompts(tg.Taskset(id="t", data=ROWS).head(3)) == ["q0", "q1", "q2"]
+
+
+def test_head_is_a_view_that_leaves_the_taskset_whole():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    taskset.head(3)
+    assert len(taskset) == 20
+
+
+def test_head_longer_than_the_data_gives_all_of_it():
+    assert len(tg.Taskset(id="t", data=ROWS).head(100)) == 20
+
+
+def test_shuffle_with_the_same_seed_gives_the_same_order():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    assert prompts(taskset.shuffle(seed=5)) == prompts(taskset.shuffle(seed=5))
+
+
+def test_shuffle_with_different_seeds_gives_different_orders():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    assert prompts(taskset.shuffle(seed=1)) != prompts(taskset.shuffle(seed=2))
+
+
+def test_shuffle_is_a_permutation_of_the_tasks():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    shuffled = prompts(taskset.shuffle(seed=1))
+    assert shuffled != prompts(taskset) and sorted(shuffled) == sorted(prompts(taskset))
+
+
+def test_head_after_shuffle_takes_the_first_of_the_shuffled_order():
+    taskset = tg.Taskset(id="t", data=ROWS)
+    assert prompts(taskset.shuffle(seed=3).head(4)) == prompts(taskset.shuffle(seed=3))[:4]
+
+
+# --- infinite tasksets -----------------------------------------------------------------------------------
+def test_infinite_taskset_is_unbounded_and_refuses_len():
+    taskset = Counting()
+    assert not taskset.bounded
+    with pytest.raises(tg.UsageError, match=r"'counting' is infinite; bound it with head\(n\)"):
+        len(taskset)
+
+
+def test_head_bounds_an_infinite_taskset():
+    taskset = Counting().head(5)
+    assert taskset.bounded and len(taskset) == 5
+
+
+def test_bounded_shuffle_of_an_infinite_taskset_permutes_its_first_n():
+    shuffled = prompts(Counting().shuffle(seed=1, bound=6))
+    assert sorted(shuffled) == sorted(f"q{i}" for i in range(6))
+    assert shuffled == prompts(Counting().shuffle(seed=1, bound=6))
+
+
+def test_shuffle_after_head_needs_no_bound():
+    assert len(Counting().head(4).shuffle(seed=1)) == 4
+
+
+# --- task keys and rows ----------------------------------------------------------------------------------
+def test_same_content_gives_the_same_key():
+    assert tg.TaskData(prompt="p", answer=1).key == tg.TaskData(prompt="p", answer=1).key
+
+
+def test_different_content_gives_a_different_key():
+    assert tg.TaskData(prompt="p", answer=1).key != tg.TaskData(prompt="p", answer=2).key
+
+
+def test_given_id_is_the_key():
+    assert tg.TaskData(prompt="p", id="task-7").key == "task-7"
+
+
+def test_key_is_recorded_on_the_trace():
+    data = tg.TaskData(prompt="p")
+    assert tg.Trace(task=data).task_key == data.key
+
+
+def test_task_data_is_immutable():
+    data = tg.TaskData(prompt="p")
+    with pytest.raises(Exception, match="frozen"):
+        data.prompt = "q"
+
+
+def test_rows_become_the_tasksets_data_class_with_its_fields():
+    [data] = Targets(data=[{"prompt": "p", "target": 3}])
+    assert isinstance(data, Target) and data.target == 3
+
+
+def test_subclass_field_is_part_of_the_key():
+    assert Target(prompt="p", target=1).key != Target(prompt="p", target=2).key
+
+
+def test_subclass_row_read_back_as_plain_task_data_keeps_its_key():
+    row = Target(prompt="p", target=3)
+    plain = tg.TaskData.model_validate_json(row.model_dump_json())
+    assert plain.key == row.key and Targets().as_data(plain) == row
+
+
+def test_row_missing_a_field_is_named():
+    with pytest.raises(tg.UsageError, match=r"taskset 'targets': bad task row: field 'target': Field required"):
+        list(Targets(data=[{"prompt": "p"}]))
+
+
+def test_row_with_a_wrong_type_is_named():
+    with pytest.raises(tg.UsageError, match=r"bad task row: field 'target'.*got 'many'"):
+        list(Targets(data=[{"prompt": "p", "target": "many"}]))
+
+
+def test_row_without_a_prompt_is_named():
+    with pytest.raises(tg.UsageError, match=r"field 'prompt'"):
+        list(tg.Taskset(id="t", data=[{"answer": 1}]))
+
+
+# --- config ----------------------------------------------------------------------------------------------
+def test_config_defaults_apply_when_none_is_given():
+    taskset = Sized()
+    assert taskset.config == Opts() and len(taskset) == 4
+
+
+def test_config_mapping_is_validated_into_the_tasksets_config():
+    taskset = Sized({"size": 2})
+    assert isinstance(taskset.config, Opts) and len(taskset) == 2
+
+
+def test_config_object_is_used_as_given():
+    opts = Opts(size=1)
+    assert Sized(opts).config is opts
