@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 from pydantic_config import BaseConfig, ConfigFileError, cli
 
+from tracegym.config.error_report import one_line
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.registry import resolve
@@ -105,22 +106,6 @@ def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = No
         return cli(cls, args=args, prog="tracegym eval")
     except ConfigFileError as exc:
         raise UsageError(one_line(str(exc))) from None
-
-
-def one_line(report: str) -> str:
-    """pydantic-config's multi-line report as `--flag: problem` items on one line."""
-    lines = [ln.strip() for ln in report.splitlines() if ln.strip()]
-    lines = [ln.removeprefix("Failed to validate config:").strip() for ln in lines]
-    lines = [ln for ln in lines if ln and "validation error" not in ln]
-    items: list[str] = []
-    for line in lines:
-        if line.startswith("--") and " " not in line:
-            items.append(line)
-        elif items and items[-1].startswith("--") and ":" not in items[-1]:
-            items[-1] = f"{items[-1]}: {line}"
-        else:
-            items.append(line)
-    return "; ".join(items) or report
 
 
 def config_class(taskset_id: str | None) -> type[EvalConfig]:

@@ -1,0 +1,44 @@
+"""Renamed config keys keep working for a release, with a warning naming the new key."""
+
+import pytest
+
+import tracegym as tg
+from tracegym.config.error_report import one_line
+from tracegym.config.renames import Rename, migrate, migrate_flags
+
+RENAMES = [Rename("sampling", "orchestrator.train.sampling"),
+           Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens")]
+
+
+def test_a_moved_section_lands_in_its_new_place_with_a_warning():
+    data, warnings = migrate({"sampling": {"temperature": 0.5}}, RENAMES)
+    assert data == {"orchestrator": {"train": {"sampling": {"temperature": 0.5}}}}
+    assert "'orchestrator.train.sampling'" in warnings[0]
+
+
+def test_a_moved_then_renamed_key_ends_at_its_newest_name():
+    data, warnings = migrate({"sampling": {"max_tokens": 32}}, RENAMES)
+    assert data == {"orchestrator": {"train": {"sampling": {"max_completion_tokens": 32}}}}
+    assert len(warnings) == 2
+
+
+def test_new_names_pass_untouched_and_silently():
+    data = {"orchestrator": {"train": {"sampling": {"max_completion_tokens": 8}}}}
+    assert migrate(data, RENAMES) == (data, [])
+
+
+def test_a_key_given_under_both_names_is_an_error():
+    with pytest.raises(tg.UsageError, match="keep only"):
+        migrate({"orchestrator": {"train": {"sampling": {"max_tokens": 1, "max_completion_tokens": 2}}}}, RENAMES)
+
+
+def test_old_cli_flags_are_rewritten_kebab_case():
+    args, warnings = migrate_flags(["--sampling.max-tokens", "12", "--steps=3"], RENAMES)
+    assert args == ["--orchestrator.train.sampling.max-completion-tokens", "12", "--steps=3"]
+    assert len(warnings) == 2
+
+
+def test_a_validation_report_becomes_one_line_per_flag():
+    report = ("Failed to validate config: 1 validation error for X\n--num-tasks\n"
+              "  Input should be a valid integer (got 'x')")
+    assert one_line(report) == "--num-tasks: Input should be a valid integer (got 'x')"
