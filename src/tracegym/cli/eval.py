@@ -6,6 +6,7 @@ from pathlib import Path
 
 import tomli_w
 
+from tracegym.cli.flag import pop_flag
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, config_class, parse_eval_args
@@ -16,7 +17,7 @@ from tracegym.models.launch import check_reachable, only_served_model
 
 def run(args: list[str]) -> int:
     """Parse, validate, then run (new run folder) or resume (existing one)."""
-    resume_dir, rest = pop_option(args, "--resume")
+    resume_dir, rest = pop_flag(args, "--resume")
     if resume_dir is not None:
         folder = RunFolder.open(Path(resume_dir))
         saved = folder.read_config()
@@ -47,18 +48,6 @@ def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:
         if old != new:
             raise UsageError(f"--resume {folder.path}: the run was made with {name} = {_show(old)}, "
                              f"not {_show(new)}; drop the option or start a new run")
-
-
-def pop_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:
-    """The value of `flag` (`--flag V` or `--flag=V`) and the other arguments."""
-    for i, arg in enumerate(args):
-        if arg == flag:
-            if i + 1 >= len(args):
-                raise UsageError(f"{flag} needs a value")
-            return args[i + 1], args[:i] + args[i + 2:]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1], args[:i] + args[i + 1:]
-    return None, list(args)
 
 
 def _plain(value: object) -> object:

@@ -13,7 +13,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("tracegym.cli.show", "print a run folder's summary and a few traces"),
     "rescore": ("tracegym.cli.rescore", "recompute rewards of a run's stored traces with the current code"),
     "list": ("tracegym.cli.list", "list known tasksets"),
+    "rl": ("tracegym.cli.rl", "train a model with RL: vLLM, env servers, orchestrator and trainer"),
+    "plot": ("tracegym.cli.plot", "write PNG curves of an RL run (reward, eval reward, lengths, staleness)"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
+    "serve": ("tracegym.cli.serve", "serve a taskset to env clients (ZMQ) and print the bound address"),
 }
 
 

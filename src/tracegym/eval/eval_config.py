@@ -16,6 +16,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 from pydantic_config import BaseConfig, ConfigFileError, cli
 
 from tracegym.config.error_report import one_line
+from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.registry import resolve
@@ -85,7 +86,7 @@ class EvalConfig(BaseConfig):
 
     def to_toml_dict(self) -> dict[str, Any]:
         """This config as TOML-ready data (no None values, paths as text)."""
-        return _drop_none(self.model_dump(mode="json", exclude={"dry_run"}))
+        return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
 
 
 RUN_DEFINING = ("taskset", "model", "num_tasks", "rollouts", "sampling", "pass_threshold")
@@ -152,11 +153,3 @@ def _toml_taskset_id(path: Path) -> str | None:
         raise UsageError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     section = data.get("taskset")
     return section.get("id") if isinstance(section, dict) else None
-
-
-def _drop_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_drop_none(v) for v in value if v is not None]
-    return value

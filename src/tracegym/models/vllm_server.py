@@ -233,6 +233,10 @@ class VLLMServer:
         """True when this object started the server (and so stops it); False when it reuses another's."""
         return self._proc is not None
 
+    def running(self) -> bool:
+        """False once a server we started has exited (a reused server is assumed to run)."""
+        return self._proc is None or self._proc.poll() is None
+
     @property
     def pid(self) -> int | None:
         """Process id of the supervisor process, which also leads the server's process group."""

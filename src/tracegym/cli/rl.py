@@ -1,0 +1,52 @@
+"""`tracegym rl @ config.toml [--resume RUN_DIR] [--dry-run]`: train a model with RL on tracegym environments."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import tomli_w
+
+from tracegym.cli.flag import pop_flag
+from tracegym.config.toml_data import toml_ready
+from tracegym.core.errors import UsageError
+from tracegym.train.launcher import launch, vllm_config
+from tracegym.train.rl_config import RLConfig, parse_rl_args
+
+
+def run(args: list[str]) -> int:
+    """Validate, then start (or resume) the run and supervise it to the end."""
+    resume, rest = pop_flag(args, "--resume")
+    config, warnings = parse_rl_args(rest)
+    for warning in warnings:
+        print(f"tracegym rl: warning: {warning}", file=sys.stderr)
+    if config.dry_run:
+        print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
+        return 0
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.toml").is_file():
+            raise UsageError(f"--resume {resume}: not an RL run folder (no config.toml)")
+    else:
+        run_dir = config.output_dir / (config.run_id or time.strftime("%Y%m%d-%H%M%S"))
+        if run_dir.exists():
+            raise UsageError(f"run folder {run_dir} already exists; pick another --run-id or --resume it")
+        run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(tomli_w.dumps(_toml(config)))
+    return launch(config, run_dir)
+
+
+def resolved(config: RLConfig, run_dir: Path) -> str:
+    """The config of every process, as TOML sections."""
+    sections = {
+        "run": _toml(config),
+        "vllm": vllm_config(config, run_dir).model_dump(mode="json", exclude_none=True),
+        "env_servers": {e.id: e.model_dump(mode="json") for e in
+                        [*config.orchestrator.train.envs, *config.orchestrator.eval.envs]},
+    }
+    return tomli_w.dumps(toml_ready(sections))
+
+
+def _toml(config: RLConfig) -> dict:
+    return toml_ready(config.model_dump(mode="json", exclude={"dry_run"}))

@@ -1,0 +1,115 @@
+"""Launcher: starts every process of an RL run (vLLM, one env server per environment, the orchestrator, the
+trainer), each with its own log in the run folder, and supervises them: if one dies, all are stopped and the
+user is told which one and shown the tail of its log. Ctrl-C stops everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tracegym.core.errors import InfrastructureError
+from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
+from tracegym.serve.local_server import local_server
+from tracegym.train.rl_config import RLConfig
+from tracegym.train.roles import ENDPOINTS
+
+STOP_GRACE_S = 20.0
+
+
+@dataclass
+class Role:
+    """One supervised child process and its log."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
+    """vLLM serving the base model with runtime LoRA loading, for the policy adapter."""
+    model = config.model or str(embedded_model_dir())
+    name = SERVED_MODEL_NAME if config.model is None else Path(model).name
+    return VLLMServerConfig(model=model, served_model_name=name, max_model_len=config.max_model_len,
+                            enable_lora=config.trainer.lora, max_lora_rank=max(16, config.trainer.lora_rank),
+                            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, log_path=run_dir / "logs" / "vllm.log")
+
+
+def start_role(name: str, run_dir: Path) -> Role:
+    log_path = run_dir / "logs" / f"{name}.log"
+    log = log_path.open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "tracegym.train.roles", name, str(run_dir)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    return Role(name, proc, log_path, log)
+
+
+def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
+    """Run the whole RL run; 0 when every step trained, 1 when a process died (named, with its log tail)."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        say(out, "starting vLLM ...")
+        server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
+        envs = start_env_servers(config, run_dir, stack, out)
+        base_model = vllm_config(config, run_dir).name
+        (run_dir / ENDPOINTS).write_text(json.dumps({"base_url": server.base_url, "base_model": base_model,
+                                                     "envs": envs}, indent=2))
+        roles = [start_role("trainer", run_dir), start_role("orchestrator", run_dir)]
+        say(out, f"running {config.steps} steps; metrics: {run_dir / 'metrics.jsonl'}, logs: {run_dir / 'logs'}")
+        try:
+            return supervise(roles, server, out)
+        finally:
+            for role in roles:
+                role.stop()
+
+
+def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack, out: IO[str]) -> dict[str, str]:
+    """One env server per train environment, and per held-out one (`eval:<id>`)."""
+    orch = config.orchestrator
+    wanted = [(e.id, e) for e in orch.train.envs] + [(f"eval:{e.id}", e) for e in orch.eval.envs]
+    addresses = {}
+    for key, env in wanted:
+        log_dir = run_dir / "logs" / f"env-{key.replace(':', '-')}"
+        addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir))
+        say(out, f"env server {key}: {addresses[key]}")
+    return addresses
+
+
+def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
+    """Wait until the orchestrator and trainer both finish; stop at the first failure and report it."""
+    while True:
+        codes = {r.name: r.proc.poll() for r in roles}
+        failed = [r for r in roles if codes[r.name] not in (None, 0)]
+        if not server.running():
+            raise InfrastructureError(f"vLLM died; its log ends:\n{log_tail(server.log_path)}")
+        if failed:
+            role = failed[0]
+            say(out, f"{role.name} died (exit {codes[role.name]}); stopping everything. Its log ends:")
+            print(log_tail(role.log_path), file=out, flush=True)
+            return 1
+        if all(code == 0 for code in codes.values()):
+            say(out, "done")
+            return 0
+        time.sleep(0.5)
+
+
+def say(out: IO[str], text: str) -> None:
+    print(f"rl: {text}", file=out, flush=True)

@@ -1,0 +1,79 @@
+"""Plots: PNG curves of an RL run from its metrics files (train reward, held-out reward, lengths, staleness)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tracegym.core.errors import UsageError
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file, skipping a line cut off by a killed writer."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Write `plots/*.png` for the run; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    if not metrics:
+        raise UsageError(f"{run_dir} has no metrics.jsonl records to plot")
+    steps = [m for m in metrics if "step" in m and "reward" in m]
+    evals = [m for m in metrics if "eval_reward" in m]
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    written = [_reward(out, steps, evals)]
+    written.append(_series(out / "lengths.png", steps, "completion_tokens_mean", "completion tokens (mean)"))
+    written.append(_series(out / "staleness.png", steps, "staleness", "staleness (steps)"))
+    trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
+    if trainer:
+        written.append(_series(out / "loss.png", trainer, "loss", "trainer loss"))
+    return written
+
+
+def _reward(out: Path, steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([m["step"] for m in steps], [m["reward"] for m in steps], label="train reward", color="tab:blue")
+    for env in sorted({m["env"] for m in evals}):
+        points = [m for m in evals if m["env"] == env]
+        ax.errorbar([m["eval_step"] for m in points], [m["eval_reward"] for m in points],
+                    yerr=[m.get("eval_reward_ci95", 0.0) for m in points], fmt="o-", capsize=3,
+                    label=f"held-out {env} (95% CI)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = out / "reward.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _series(path: Path, records: list[dict[str, Any]], key: str, label: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    points = [(m["step"], m[key]) for m in records if m.get(key) is not None and "step" in m]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot([p[0] for p in points], [p[1] for p in points], color="tab:green")
+    ax.set_xlabel("step")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,186 @@
+"""RL config: one TOML for a whole `tracegym rl` run, with a section per process (orchestrator, trainer) and the
+renames that keep older configs working for a release.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_config import BaseConfig, ConfigFileError, cli
+
+from tracegym.config.error_report import one_line
+from tracegym.config.renames import Rename, migrate, migrate_flags
+from tracegym.core.errors import UsageError
+from tracegym.core.sampling import Sampling
+from tracegym.train.trainer import TrainerConfig
+
+RENAMES = [
+    Rename("sampling", "orchestrator.train.sampling"),
+    Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens"),
+    Rename("orchestrator.eval.sampling.max_tokens", "orchestrator.eval.sampling.max_completion_tokens"),
+]
+"""Keys that moved: each still works, with a warning naming its new place."""
+
+
+class EnvChoice(BaseModel):
+    """One environment the orchestrator samples tasks from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    """Taskset id."""
+    weight: float = 1.0
+    """Share of each step's tasks drawn from this environment (relative to the others)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The taskset's own options (its Config fields)."""
+
+
+class RLSampling(BaseModel):
+    """Sampling of one phase."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    max_completion_tokens: int = 48
+    """Most tokens per model call."""
+
+    def to_sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_completion_tokens)
+
+
+class TrainPhase(BaseModel):
+    """What the policy trains on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(id="reverse-text")])
+    """Environments and their weights."""
+    sampling: RLSampling = RLSampling()
+
+
+class EvalPhase(BaseModel):
+    """Held-out evaluation during training."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    envs: list[EnvChoice] = Field(default_factory=list)
+    """Held-out environments (give other seeds than training); empty: no evaluation."""
+    num_tasks: int = 32
+    """Tasks per held-out environment."""
+    every: int = 5
+    """Evaluate before step 0, every N steps, and after the last step; 0: only before and after."""
+    sampling: RLSampling = RLSampling(temperature=0.0)
+
+
+class OrchestratorConfig(BaseModel):
+    """The orchestrator: rollouts, advantages, batches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tasks_per_step: int = 2
+    """Groups (tasks) per training step."""
+    group_size: int = 8
+    """Rollouts per task; advantages compare rollouts within a group."""
+    max_async_steps: int = 1
+    """How many steps the orchestrator may run ahead of the trainer (0: on-policy)."""
+    concurrency: int = 64
+    """Rollouts in flight at once."""
+    advantage: str = "tracegym.train.advantages:group_mean"
+    """Advantage function by import path."""
+    std_normalize: bool = False
+    """Divide advantages by the group's reward std (passed to the advantage function as `std=True`)."""
+    filter_no_signal: bool = True
+    """Drop groups whose rewards are all equal (they carry no gradient)."""
+    client: Literal["chat", "tokens"] = "tokens"
+    """`tokens`: render locally and send token ids (exact multi-turn tokens); `chat`: chat completions."""
+    seed: int = 0
+    """Seed of the task order."""
+    train: TrainPhase = TrainPhase()
+    eval: EvalPhase = EvalPhase()
+
+
+class RLConfig(BaseConfig):
+    """Train a model with RL on tracegym environments."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    steps: int = 20
+    """Training steps."""
+    model: str | None = None
+    """Hugging Face model directory; unset: the embedded SmolLM2-135M-Instruct."""
+    max_model_len: int = 1024
+    """Context length of the vLLM server."""
+    output_dir: Path = Path("outputs/rl")
+    """Where run folders are created."""
+    run_id: str | None = None
+    """Name of the run folder; unset: the start time."""
+    checkpoint_every: int = 5
+    """Save a resumable checkpoint every N steps (and after the last)."""
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    trainer: TrainerConfig
+    dry_run: bool = False
+    """Print the resolved config of every process and exit."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trainer_model(cls, data: Any) -> Any:
+        """The trainer trains the model the run serves unless its section names another."""
+        if isinstance(data, dict):
+            trainer = dict(data.get("trainer") or {})
+            trainer.setdefault("model", data.get("model") or "")
+            data = {**data, "trainer": trainer}
+        return data
+
+
+def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
+    """The validated config and the rename warnings (TOML files are migrated before pydantic-config sees them)."""
+    files, rest = _split_files(args)
+    merged: dict[str, Any] = {}
+    warnings: list[str] = []
+    for path in files:
+        data, found = migrate(_load_toml(path), RENAMES)
+        merged = _merge(merged, data)
+        warnings += found
+    rest, found = migrate_flags(rest, RENAMES)
+    warnings += found
+    with tempfile.TemporaryDirectory() as tmp:  # the migrated files, merged, go to pydantic-config as one file
+        merged_file = Path(tmp) / "merged.toml"
+        merged_file.write_text(tomli_w.dumps(merged))
+        try:
+            config = cli(RLConfig, args=["@", str(merged_file), *rest], prog="tracegym rl")
+        except ConfigFileError as exc:
+            raise UsageError(one_line(str(exc))) from None
+    return config, warnings
+
+
+def _split_files(args: list[str]) -> tuple[list[Path], list[str]]:
+    files, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] == "@" and i + 1 < len(args):
+            files.append(Path(args[i + 1]))
+            i += 2
+        elif args[i].startswith("@") and len(args[i]) > 1 and (not rest or not rest[-1].startswith("--")):
+            files.append(Path(args[i][1:]))
+            i += 1
+        else:
+            rest.append(args[i])
+            i += 1
+    return files, rest
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"config file {str(path)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

@@ -1,0 +1,71 @@
+"""Roles: the entry point of each supervised process of an RL run (orchestrator, trainer).
+
+`python -m tracegym.train.roles {orchestrator|trainer} RUN_DIR` reads the run's `config.toml` and the
+`endpoints.json` the launcher wrote (vLLM's URL, the served base model, each env server's address).
+A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from tracegym.core.errors import TracegymError
+from tracegym.train.rl_config import RLConfig
+
+ENDPOINTS = "endpoints.json"
+
+
+def load_run(run_dir: Path) -> tuple[RLConfig, dict[str, Any]]:
+    config = RLConfig.model_validate(tomllib.loads((run_dir / "config.toml").read_text()))
+    return config, json.loads((run_dir / ENDPOINTS).read_text())
+
+
+def run_orchestrator(run_dir: Path) -> None:
+    from tracegym.train.orchestrator import Orchestrator
+    from tracegym.train.trainer_loop import checkpoint_step, latest_checkpoint
+
+    config, endpoints = load_run(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    start = checkpoint_step(checkpoint) if checkpoint else 0
+    orchestrator = Orchestrator(config, run_dir, endpoints["base_url"], endpoints["base_model"], endpoints["envs"],
+                                start_step=start)
+    asyncio.run(orchestrator.run())
+
+
+def run_trainer(run_dir: Path) -> None:
+    from tracegym.train.trainer import build_trainer
+    from tracegym.train.trainer_loop import train
+    from tracegym.train.weight_sync import WeightSync
+
+    config, endpoints = load_run(run_dir)
+    trainer = build_trainer(config.trainer)
+    sync = WeightSync(endpoints["base_url"], adapter_name="policy")
+    parent = os.getppid()
+    train(config, run_dir, trainer, sync.publish, alive=lambda: os.getppid() == parent)
+
+
+ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ROLES:
+        print(f"usage: python -m tracegym.train.roles {{{'|'.join(ROLES)}}} RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        ROLES[argv[0]](Path(argv[1]))
+    except TracegymError as exc:
+        print(f"{argv[0]}: {exc.kind.value} error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
