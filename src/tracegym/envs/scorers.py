@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tracegym.core.errors import UsageError
+
 ScorerKind = Literal["reward", "metric", "stop"]
 _MARK = "__tracegym_scorer__"
 
@@ -61,7 +63,7 @@ def as_scorer(fn: Callable[..., Any], kind: ScorerKind) -> Scorer:
     if scorer is None:
         return Scorer(fn, kind, getattr(fn, "__name__", repr(fn)))
     if scorer.kind != kind:
-        raise TypeError(f"{scorer.name} is marked as a {scorer.kind}, but was given as a {kind}")
+        raise UsageError(f"{scorer.name} is marked as a {scorer.kind}, but was given as a {kind}")
     return scorer
 
 

@@ -1,0 +1,222 @@
+"""Scorers: rewards, metrics and stops as methods or plain functions, sync or async, with weights and order."""
+
+import pytest
+
+import tracegym as tg
+from tracegym.testing import ScriptedModel
+
+ROW = {"prompt": "say yes", "answer": "yes"}
+
+
+class Methods(tg.Task):
+    @tg.reward
+    def sync_reward(self, trace):
+        return float(trace.last_reply == self.data.answer)
+
+    @tg.reward
+    async def async_reward(self, trace):
+        return 0.5
+
+    @tg.metric
+    def sync_metric(self, trace):
+        return len(trace.last_reply)
+
+    @tg.metric
+    async def async_metric(self, trace):
+        return 2.0
+
+
+class MethodsTaskset(tg.Taskset):
+    id = "methods"
+    task_class = Methods
+
+
+def plain_reward(task, trace):
+    return float(trace.last_reply == task.data.answer)
+
+
+async def async_plain_reward(task, trace):
+    return 0.25
+
+
+def plain_metric(task, trace):
+    return 7.0
+
+
+async def async_plain_metric(task, trace):
+    return 8.0
+
+
+async def run(taskset, replies=("yes",)):
+    [trace] = await tg.evaluate(taskset, ScriptedModel(list(replies)))
+    return trace
+
+
+async def test_method_rewards_sync_and_async_are_scored():
+    trace = await run(MethodsTaskset(data=[ROW]))
+    assert {k: r.score for k, r in trace.rewards.items()} == {"sync_reward": 1.0, "async_reward": 0.5}
+
+
+async def test_method_metrics_sync_and_async_are_scored():
+    trace = await run(MethodsTaskset(data=[ROW]))
+    assert trace.metrics == {"sync_metric": 3.0, "async_metric": 2.0}
+
+
+async def test_plain_function_rewards_sync_and_async_are_scored():
+    trace = await run(tg.Taskset(id="t", data=[ROW], rewards=[plain_reward, async_plain_reward]))
+    assert {k: r.score for k, r in trace.rewards.items()} == {"plain_reward": 1.0, "async_plain_reward": 0.25}
+
+
+async def test_plain_function_metrics_sync_and_async_are_scored():
+    trace = await run(tg.Taskset(id="t", data=[ROW], metrics=[plain_metric, async_plain_metric]))
+    assert trace.metrics == {"plain_metric": 7.0, "async_plain_metric": 8.0}
+
+
+async def test_plain_function_receives_the_task_and_the_trace():
+    seen = []
+
+    def spy(task, trace):
+        seen.append((task.data.answer, trace.last_reply))
+        return 1.0
+
+    await run(tg.Taskset(id="t", data=[ROW], rewards=[spy]))
+    assert seen == [("yes", "yes")]
+
+
+async def test_taskset_functions_add_to_the_task_methods():
+    trace = await run(MethodsTaskset(data=[ROW], rewards=[plain_reward]))
+    assert set(trace.rewards) == {"sync_reward", "async_reward", "plain_reward"}
+
+
+async def test_trace_reward_is_the_weighted_sum_of_the_rewards():
+    @tg.reward(weight=2.0)
+    def heavy(task, trace):
+        return 1.0
+
+    @tg.reward(weight=0.5)
+    def light(task, trace):
+        return 0.5
+
+    trace = await run(tg.Taskset(id="t", data=[ROW], rewards=[heavy, light]))
+    assert trace.rewards["heavy"].weight == 2.0 and trace.reward == pytest.approx(2.25)
+
+
+async def test_metric_never_counts_in_the_reward():
+    trace = await run(tg.Taskset(id="t", data=[ROW], rewards=[plain_reward], metrics=[plain_metric]))
+    assert trace.reward == 1.0 and trace.metrics["plain_metric"] == 7.0
+
+
+async def test_decorator_name_replaces_the_function_name():
+    @tg.reward(name="exact")
+    def f(task, trace):
+        return 1.0
+
+    trace = await run(tg.Taskset(id="t", data=[ROW], rewards=[f]))
+    assert list(trace.rewards) == ["exact"]
+
+
+async def test_order_decides_evaluation_order():
+    calls = []
+
+    def recorder(label, kind, order):
+        def fn(task, trace):
+            calls.append(label)
+            return 1.0
+
+        fn.__name__ = label
+        return kind(fn, order=order)
+
+    rewards = [recorder("late_reward", tg.reward, 3), recorder("early_reward", tg.reward, 1)]
+    metrics = [recorder("middle_metric", tg.metric, 2), recorder("first_metric", tg.metric, 0)]
+    await run(tg.Taskset(id="t", data=[ROW], rewards=rewards, metrics=metrics))
+    assert calls == ["first_metric", "early_reward", "middle_metric", "late_reward"]
+
+
+async def test_order_applies_across_methods_and_functions():
+    calls = []
+
+    class Ordered(tg.Task):
+        @tg.reward(order=2)
+        def method_second(self, trace):
+            calls.append("method_second")
+            return 1.0
+
+    @tg.metric(order=1)
+    def function_first(task, trace):
+        calls.append("function_first")
+        return 1.0
+
+    class OrderedTaskset(tg.Taskset):
+        id = "ordered"
+        task_class = Ordered
+
+    await run(OrderedTaskset(data=[ROW], metrics=[function_first]))
+    assert calls == ["function_first", "method_second"]
+
+
+class Game(tg.Task):
+    """Answers every turn, so only a stop or max_turns ends the rollout."""
+
+    max_turns = 5
+
+    async def env_response(self, trace):
+        return "again"
+
+
+class GameTaskset(tg.Taskset):
+    id = "game"
+    task_class = Game
+
+
+async def test_stop_function_ends_the_rollout_with_stop_condition():
+    def said_yes(task, trace):
+        return trace.last_reply == "yes"
+
+    trace = await run(GameTaskset(data=[ROW], stops=[said_yes]), replies=("no", "yes", "no"))
+    assert trace.stop_reason == tg.StopReason.STOP_CONDITION and trace.stopped_by == "said_yes"
+    assert trace.num_turns == 2
+
+
+async def test_async_stop_method_ends_the_rollout():
+    class Stopping(Game):
+        @tg.stop(name="first_turn")
+        async def done(self, trace):
+            return True
+
+    class StoppingTaskset(tg.Taskset):
+        id = "stopping"
+        task_class = Stopping
+
+    trace = await run(StoppingTaskset(data=[ROW]))
+    assert trace.stopped_by == "first_turn" and trace.num_turns == 1
+
+
+async def test_rollout_ended_by_a_stop_is_still_scored():
+    trace = await run(GameTaskset(data=[ROW], rewards=[plain_reward], stops=[lambda task, trace: True]))
+    assert trace.stop_reason == tg.StopReason.STOP_CONDITION and trace.reward == 1.0
+
+
+async def test_stop_is_not_recorded_as_a_reward_or_metric():
+    def never(task, trace):
+        return False
+
+    trace = await run(GameTaskset(data=[ROW], stops=[never]))
+    assert trace.stop_reason == tg.StopReason.MAX_TURNS and "never" not in trace.metrics and not trace.rewards
+
+
+def test_metric_given_as_a_reward_is_a_usage_error():
+    @tg.metric
+    def length(task, trace):
+        return 1.0
+
+    with pytest.raises(tg.UsageError, match=r"length is marked as a metric, but was given as a reward"):
+        tg.Taskset(id="t", data=[ROW], rewards=[length])
+
+
+def test_reward_given_as_a_stop_is_a_usage_error():
+    @tg.reward
+    def exact(task, trace):
+        return 1.0
+
+    with pytest.raises(tg.UsageError, match=r"exact is marked as a reward, but was given as a stop"):
+        tg.Taskset(id="t", data=[ROW], stops=[exact])
