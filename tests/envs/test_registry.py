@@ -67,6 +67,11 @@ def test_file_path_loads_the_named_class(taskset_file):
     assert taskset.id == "echo" and [d.prompt for d in taskset] == ["say hi"]
 
 
+def test_relative_file_path_resolves_from_the_working_directory(taskset_file, monkeypatch):
+    monkeypatch.chdir(taskset_file.parent)
+    assert tg.load_taskset("my_tasks.py:Echo").id == "echo"
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(tg.UsageError, match=r"taskset file '.*nowhere\.py' does not exist"):
         tg.load_taskset(f"{tmp_path}/nowhere.py:Echo")
