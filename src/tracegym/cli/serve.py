@@ -1,0 +1,74 @@
+"""`tracegym serve`: run an env server for one taskset in the foreground and print its bound address."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_config import BaseConfig, cli
+
+from tracegym.core.errors import UsageError
+from tracegym.serve.env_server import EnvServer
+from tracegym.serve.pool import PoolSize
+
+
+class ServeTaskset(BaseModel):
+    """The taskset to serve and its options (`--taskset.NAME VALUE`, validated by the taskset)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    id: str
+    """Taskset id: a built-in, an installed one, `package.module:Name` or `path/to/file.py:Name`."""
+
+
+class ServeConfig(BaseConfig):
+    """Serve one taskset to env clients until Ctrl-C or SIGTERM."""
+
+    taskset: ServeTaskset
+    taskset_json: str | None = None
+    """The taskset's options as one JSON object (instead of `--taskset.NAME` flags)."""
+    address: str = "tcp://127.0.0.1:0"
+    """Where to listen; port 0 picks a free one. Anything but loopback needs TRACEGYM_ENV_SECRET set."""
+    workers: int | None = None
+    """Worker processes of a static pool; unset: one per CPU core (at most 8)."""
+    elastic: bool = False
+    """Grow the pool with load (up to `max_workers`) and retire idle workers, instead of a static pool."""
+    max_workers: int | None = None
+    """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
+    idle_seconds: float = 10.0
+    """Seconds an elastic pool's worker stays idle before it is retired."""
+    log_dir: Path | None = None
+    """Folder for one log file per worker; unset: workers log to this command's stderr."""
+
+    def options(self) -> dict:
+        """The taskset's options."""
+        options = self.taskset.model_dump(exclude={"id"})
+        if self.taskset_json:
+            try:
+                options.update(json.loads(self.taskset_json))
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"--taskset-json is not JSON: {exc}") from None
+        return options
+
+    def size(self) -> PoolSize:
+        """The worker pool's size policy."""
+        if self.elastic:
+            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds)
+        return PoolSize.static(self.workers)
+
+
+def run(args: list[str]) -> int:
+    """Bind, print `address: ...`, serve until SIGINT/SIGTERM, then stop every worker."""
+    if args and not args[0].startswith("-"):
+        args = ["--taskset.id", args[0], *args[1:]]
+    cfg = cli(ServeConfig, args=args, prog="tracegym serve")
+    server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir)
+    address = server.bind()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: server.stop())
+    print(f"address: {address}", flush=True)
+    print(f"serving {server.taskset.id} with {cfg.size().min}+ workers; Ctrl-C to stop", file=sys.stderr, flush=True)
+    server.serve()
+    return 0

@@ -1,0 +1,252 @@
+"""Env client: asks an env server for rollouts with the in-process API's shape (`run`, `evaluate_iter`).
+
+Every request has a timeout. While requests are in flight the client checks the server is alive (a `health`
+ping when it has been quiet for a second); when it stays silent for `liveness_timeout` every pending request
+fails with an InfrastructureError instead of waiting. ZMQ reconnects by itself, so a restarted server at the
+same address is used again. Cancelling an awaiting `run` (or its timeout) cancels the request on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tracegym.core.errors import ErrorKind, InfrastructureError, StageTimeout, TraceError, UsageError
+from tracegym.core.sampling import Sampling
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.rollout import Timeouts
+from tracegym.models.endpoint import Endpoint
+from tracegym.serve.wire import MAX_FRAME_BYTES, SECRET_ENV, RemoteError, decode_reply, encode_request
+
+PING_AFTER = 1.0
+"""Seconds of silence, with requests in flight, after which the client pings the server."""
+
+
+class EnvClient:
+    """`client = EnvClient("tcp://127.0.0.1:5555")`; `await client.run(data, endpoint)`; `await client.aclose()`."""
+
+    def __init__(self, address: str, *, secret: str | None = None, request_timeout: float = 3600.0,
+                 liveness_timeout: float = 10.0, max_request_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.address, self.request_timeout, self.liveness_timeout = address, request_timeout, liveness_timeout
+        self.max_request_bytes = max_request_bytes
+        self.secret = secret if secret is not None else os.environ.get(SECRET_ENV) or None
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid():x}-{id(self):x}-"
+        self._waiting: dict[str, asyncio.Future[Any]] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._heard = time.monotonic()
+        self._taskset_id: str | None = None
+
+    # --- connection --------------------------------------------------------------------------------------
+    def _connect(self) -> zmq.asyncio.Socket:
+        if self._socket is None:
+            self._ctx = zmq.asyncio.Context()
+            self._socket = self._ctx.socket(zmq.DEALER)
+            for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 100_000), (zmq.RCVHWM, 100_000)):
+                self._socket.setsockopt(option, value)
+            self._socket.connect(self.address)
+            self._heard = time.monotonic()
+            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        return self._socket
+
+    async def aclose(self) -> None:
+        """Fail whatever is still waiting, stop the background tasks and close the socket."""
+        self._fail_all(InfrastructureError(f"env client for {self.address} closed"))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._socket is not None:
+            self._socket.close(0)
+            assert self._ctx is not None
+            self._ctx.term()
+        self._socket = self._ctx = None
+
+    async def __aenter__(self) -> EnvClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def _receive(self) -> None:
+        assert self._socket is not None
+        while True:
+            frames = await self._socket.recv_multipart()
+            self._heard = time.monotonic()
+            try:
+                request_id, result = decode_reply(frames)
+            except Exception:
+                continue  # not a reply we can read; the request it answered will time out
+            future = self._waiting.pop(request_id, None) if isinstance(request_id, str) else None
+            if future is not None and not future.done():
+                future.set_result(result)
+
+    async def _watch(self) -> None:
+        """Ping a quiet server while requests wait; fail them all when it stays silent too long."""
+        while True:
+            await asyncio.sleep(min(PING_AFTER, self.liveness_timeout) / 2)
+            if not any(not k.startswith("ping") for k in self._waiting):
+                self._heard = time.monotonic()
+                continue
+            quiet = time.monotonic() - self._heard
+            if quiet >= self.liveness_timeout:
+                self._fail_all(InfrastructureError(
+                    f"env server at {self.address} did not answer for {quiet:.0f}s (is it running?)"))
+            elif quiet >= PING_AFTER and not any(k.startswith("ping") for k in self._waiting):
+                self._send_nowait("health", None, f"ping{next(self._ids)}").add_done_callback(_ignore)
+
+    def _fail_all(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+
+    # --- requests ----------------------------------------------------------------------------------------
+    def _send_nowait(self, method: str, payload: Any, request_id: str | None = None) -> asyncio.Future[Any]:
+        socket = self._connect()
+        request_id = request_id or self._prefix + str(next(self._ids))
+        frames = encode_request(request_id, method, payload, self.secret)
+        if sum(len(f) for f in frames) > self.max_request_bytes:
+            raise UsageError(f"{method} request is over the {self.max_request_bytes}-byte limit")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        future.request_id = request_id  # type: ignore[attr-defined]
+        socket.send_multipart(frames, copy=False)
+        return future
+
+    async def request(self, method: str, payload: Any = None, timeout: float | None = None,
+                      request_id: str | None = None) -> Any:
+        """Send one request and return its result; an error reply raises RemoteError, a timeout StageTimeout."""
+        future = self._send_nowait(method, payload, request_id)
+        request_id = future.request_id  # type: ignore[attr-defined]
+        timeout = self.request_timeout if timeout is None else timeout
+        timer = asyncio.get_running_loop().call_later(timeout, self._expire, request_id, method, timeout)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self._abandon(request_id, method)
+            raise
+        finally:
+            timer.cancel()
+        if isinstance(result, RemoteError):
+            raise result
+        return result
+
+    def _expire(self, request_id: str, method: str, timeout: float) -> None:
+        future = self._waiting.get(request_id)
+        self._abandon(request_id, method)
+        if future is not None and not future.done():
+            future.set_exception(StageTimeout(f"env server request {method} timed out after {timeout}s"))
+
+    def _abandon(self, request_id: str, method: str) -> None:
+        """Forget a request the caller no longer waits for; a `run` is cancelled on the server too."""
+        if self._waiting.pop(request_id, None) is not None and method == "run" and self._socket is not None:
+            with contextlib.suppress(Exception):
+                self._send_nowait("cancel", {"id": request_id}).add_done_callback(_ignore)
+
+    async def health(self) -> dict:
+        """The server's liveness and load."""
+        return await self.request("health")
+
+    async def info(self) -> dict:
+        """What the server runs: taskset id, task type, whether finite, workers."""
+        info = await self.request("info")
+        self._taskset_id = info.get("taskset")
+        return info
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel a request by id; True when the server still had it."""
+        return bool((await self.request("cancel", {"id": request_id})).get("cancelled"))
+
+    async def run(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
+                  rollout_indices: list[int] | None = None, timeouts: Timeouts | None = None,
+                  infra_retries: int = 1, request_id: str | None = None) -> list[Trace]:
+        """Rollouts of one task (one per rollout index, default [0]); traces in index order. A rollout that
+        fails is a trace with errors; a failed request (server gone, worker died too often) raises.
+        `request_id` (unique among this client's requests) lets another task `cancel` it."""
+        payload = {"data": data.model_dump(mode="json"), "endpoint": _dump(endpoint),
+                   "rollout_indices": list(rollout_indices or [0]), "infra_retries": infra_retries}
+        if sampling is not None:
+            payload["sampling"] = _dump(sampling)
+        if timeouts is not None:
+            payload["timeouts"] = _dump(timeouts)
+        return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
+
+    async def evaluate_iter(self, pairs: Iterable[tuple[TaskData, int]], endpoint: Endpoint, *,
+                            sampling: Sampling | None = None, concurrency: int = 32, timeouts: Timeouts | None = None,
+                            infra_retries: int = 1) -> AsyncIterator[Trace]:
+        """Yield traces as they finish, at most `concurrency` requests in flight; a failed request yields a
+        failed trace (errors as data) and the iteration goes on."""
+        taskset_id = await self._taskset_name()
+        work = iter(pairs)
+        done: asyncio.Queue[Trace] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(data: TaskData, index: int) -> None:
+            try:
+                trace = (await self.run(data, endpoint, sampling, rollout_indices=[index], timeouts=timeouts,
+                                        infra_retries=infra_retries))[0]
+            except Exception as exc:
+                trace = request_failed_trace(data, taskset_id, index, exc)
+            await done.put(trace)
+
+        submitted = received = 0
+        try:
+            while True:
+                while submitted - received < concurrency and (item := next(work, None)) is not None:
+                    job = asyncio.create_task(one(*item))
+                    running.add(job)
+                    job.add_done_callback(running.discard)
+                    submitted += 1
+                if received == submitted:
+                    return
+                yield await done.get()
+                received += 1
+        finally:
+            for job in running:
+                job.cancel()
+
+    async def _taskset_name(self) -> str:
+        if self._taskset_id is None:
+            with contextlib.suppress(Exception):
+                await self.info()
+        return self._taskset_id or ""
+
+
+def request_failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException) -> Trace:
+    """The trace of a rollout whose request failed (server gone, timed out, worker died too often)."""
+    kind = getattr(exc, "kind", ErrorKind.INFRASTRUCTURE)
+    error = TraceError(kind=kind, stage="env_server", message=f"{type(exc).__name__}: {exc}")
+    return Trace(task=data, taskset=taskset_id, rollout_index=rollout_index, errors=[error],
+                 stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
+
+
+_dumped: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    """A frozen config as plain data, remembered per object (the same endpoint goes with every request)."""
+    hit = _dumped.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if len(_dumped) > 256:
+        _dumped.clear()
+    value = model.model_dump(mode="json")
+    _dumped[id(model)] = (model, value)
+    return value
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+

@@ -1,0 +1,285 @@
+"""Env server: a ROUTER socket that answers `health`, `info`, `run` and `cancel` for one taskset.
+
+The server process only routes and supervises. `run` payloads go unread to the least-loaded worker over a
+backend ROUTER (ipc), and the worker's packed reply goes back to the client unread. Every request gets exactly
+one reply. A worker that dies is noticed on the next supervision tick (0.1 s); its requests are re-dispatched
+up to `max_redispatch` times, then answered with a `WorkerDied` error, and a replacement starts.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.serve.pool import PoolSize, WorkerHandle, WorkerPool
+from tracegym.serve.wire import (
+    MAX_FRAME_BYTES,
+    PROTOCOL,
+    SECRET_ENV,
+    Request,
+    WireError,
+    decode_request,
+    error_reply,
+    is_loopback,
+    ok_reply,
+    unpack,
+)
+
+SUPERVISE_EVERY = 0.1
+"""Seconds between checks for dead workers and pool size."""
+HWM = 100_000
+"""Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
+
+
+@dataclass
+class InFlight:
+    """A `run` request the server owes a reply: who asked, what, and which worker has it (None: queued)."""
+
+    client: bytes
+    id: str
+    payload: bytes
+    worker: bytes | None = None
+    attempts: int = 0
+
+
+class EnvServer:
+    """`server = EnvServer("reverse-text"); address = server.bind(); server.serve()` (blocks until `stop()`)."""
+
+    def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
+                 address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
+                 log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2) -> None:
+        self.options = dict(taskset_options or {})
+        self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
+        self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
+        self.secret = secret if secret is not None else os.environ.get(SECRET_ENV) or None
+        if not is_loopback(address) and not self.secret:
+            raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
+        self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
+        self.stats = collections.Counter[str]()
+        self.inflight: dict[bytes, InFlight] = {}
+        self.index: dict[tuple[bytes, str], bytes] = {}
+        self.pending: collections.deque[bytes] = collections.deque()
+        self._keys = 0
+        self._stopping = False
+        self._ctx: zmq.Context | None = None
+        self._tmp: str | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    def bind(self) -> str:
+        """Bind the client and worker sockets; returns the client address (a real port for port 0)."""
+        self._ctx = zmq.Context()
+        self.frontend = self._socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)  # past this ZMQ drops the connection
+        host, _, port = self.address.rpartition(":")
+        self.frontend.bind(f"{host}:*" if port == "0" else self.address)
+        self.bound = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.backend = self._socket(zmq.ROUTER)
+        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
+        self.backend.bind(f"ipc://{self._tmp}/backend")
+        self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir)
+        return self.bound
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        assert self._ctx is not None
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.RCVHWM, HWM)
+        return sock
+
+    def stop(self) -> None:
+        """Ask `serve()` to return (safe from a signal handler or another thread)."""
+        self._stopping = True
+
+    def serve(self) -> None:
+        """Route and supervise until `stop()`; then stop every worker and close the sockets."""
+        if self._ctx is None:
+            self.bind()
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        next_check = 0.0
+        try:
+            while not self._stopping:
+                events = dict(poller.poll(int(SUPERVISE_EVERY * 1000)))
+                if self.backend in events:
+                    self._drain(self.backend, self._on_worker)
+                if self.frontend in events:
+                    self._drain(self.frontend, self._on_client)
+                if time.monotonic() >= next_check:
+                    self._supervise()
+                    next_check = time.monotonic() + SUPERVISE_EVERY
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self.pool.stop_all()
+        self.frontend.close(0)
+        self.backend.close(0)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Any, most: int = 1000) -> None:
+        for _ in range(most):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    # --- clients -----------------------------------------------------------------------------------------
+    def _on_client(self, frames: list[bytes]) -> None:
+        client = frames[0]
+        try:
+            request = decode_request(frames[1:], secret=self.secret, max_bytes=self.max_frame_bytes)
+        except WireError as exc:
+            self.stats["unauthenticated" if exc.error_type == "Unauthenticated" else "malformed"] += 1
+            self._send(client, error_reply(exc.request_id, exc.error_type, str(exc), ErrorKind.TASK))
+            return
+        if request.method == "run":
+            self._submit(client, request)
+        elif request.method == "cancel":
+            self._cancel(client, request)
+        elif request.method == "health":
+            self._send(client, ok_reply(request.id, self.health()))
+        else:
+            self._send(client, ok_reply(request.id, self.info()))
+
+    def _send(self, client: bytes, frames: list[bytes]) -> None:
+        try:
+            self.frontend.send_multipart([client, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.stats["undeliverable"] += 1
+
+    def health(self) -> dict[str, Any]:
+        """Liveness and load: workers by state, requests in flight and queued, counters."""
+        return {"ok": True, "workers": self.pool.counts(), "pids": self.pool.pids(),
+                "in_flight": len(self.inflight), "queued": len(self.pending), "stats": dict(self.stats)}
+
+    def info(self) -> dict[str, Any]:
+        """What this server runs: taskset id, task type, whether it is finite, the pool."""
+        ts = self.taskset
+        return {"protocol": PROTOCOL, "taskset": ts.id, "task_type": _qualname(ts.task_class),
+                "data_type": _qualname(ts.data_class), "finite": ts.bounded, "description": ts.description,
+                "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
+                "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic}
+
+    def _submit(self, client: bytes, request: Request) -> None:
+        if (client, request.id) in self.index:
+            self._send(client, error_reply(request.id, "BadRequest", "request id already in flight", ErrorKind.TASK))
+            return
+        if self.pool.failing and not self.pool.counts()["ready"]:
+            self._send(client, error_reply(request.id, "WorkersFailing", self._failing_message()))
+            return
+        self._keys += 1
+        key = self._keys.to_bytes(8, "big")
+        self.inflight[key] = InFlight(client, request.id, request.payload)
+        self.index[(client, request.id)] = key
+        self._dispatch(key)
+
+    def _cancel(self, client: bytes, request: Request) -> None:
+        try:
+            target = unpack(request.payload).get("id")
+        except Exception:
+            target = None
+        key = self.index.get((client, target)) if isinstance(target, str) else None
+        record = self.inflight.get(key) if key else None
+        if record is not None and record.worker is None:
+            self.pending.remove(key)  # type: ignore[arg-type]
+            self._answer(key, error_reply(record.id, "Cancelled", "the request was cancelled"))  # type: ignore[arg-type]
+        elif record is not None:
+            self._to_worker(record.worker, [b"cancel", key])  # type: ignore[list-item, arg-type]
+        self._send(client, ok_reply(request.id, {"cancelled": record is not None}))
+
+    def _answer(self, key: bytes, frames: list[bytes]) -> None:
+        record = self.inflight.pop(key)
+        self.index.pop((record.client, record.id), None)
+        if record.worker is not None:
+            self.pool.release(record.worker, key)
+        self._send(record.client, frames)
+
+    # --- workers -----------------------------------------------------------------------------------------
+    def _dispatch(self, key: bytes) -> None:
+        handle = self.pool.pick()
+        record = self.inflight[key]
+        if handle is None or not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
+            self.pending.append(key)
+            return
+        record.worker = handle.name
+        self.pool.assign(handle, key)
+
+    def _to_worker(self, name: bytes, frames: list[bytes]) -> bool:
+        try:
+            self.backend.send_multipart([name, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # the worker is gone (ROUTER_MANDATORY): supervision will notice
+            return False
+
+    def _flush_pending(self) -> None:
+        while self.pending and self.pool.pick() is not None:
+            self._dispatch(self.pending.popleft())
+
+    def _on_worker(self, frames: list[bytes]) -> None:
+        name, kind = frames[0], frames[1] if len(frames) > 1 else b""
+        if kind == b"reply" and len(frames) == 5:
+            record = self.inflight.get(frames[2])
+            if record is None:
+                return  # answered already (cancelled, or re-dispatched and answered elsewhere)
+            if record.worker not in (None, name):
+                self._to_worker(record.worker, [b"cancel", frames[2]])
+            self.pool.release(name, frames[2])
+            self._answer(frames[2], frames[3:])
+        elif kind == b"ready":
+            if not self.pool.mark_ready(name):
+                self._to_worker(name, [b"stop"])
+            self._flush_pending()
+
+    def _supervise(self) -> None:
+        if self._stopping:
+            return  # a group SIGTERM reaches the workers too: their exits are no reason to start new ones
+        for handle in self.pool.reap():
+            self._worker_exited(handle)
+        for handle in self.pool.scale(len(self.inflight)):
+            self._to_worker(handle.name, [b"stop"])
+        if self.pending and self.pool.failing and not self.pool.counts()["ready"]:
+            for key in list(self.pending):
+                self._answer(key, error_reply(self.inflight[key].id, "WorkersFailing", self._failing_message()))
+            self.pending.clear()
+        self._flush_pending()
+
+    def _worker_exited(self, handle: WorkerHandle) -> None:
+        self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
+        code = handle.proc.returncode
+        for key in sorted(handle.jobs):
+            record = self.inflight.get(key)
+            if record is None or record.worker != handle.name:
+                continue
+            record.worker, record.attempts = None, record.attempts + 1
+            if record.attempts > self.max_redispatch:
+                message = f"a worker died (exit {code}) running this request, {record.attempts} times"
+                self._answer(key, error_reply(record.id, "WorkerDied", message))
+            else:
+                self.stats["redispatched"] += 1
+                self.pending.appendleft(key)
+
+    def _failing_message(self) -> str:
+        where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"
+        return f"workers for taskset {self.taskset_id!r} keep exiting before they are ready{where}"
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,73 @@
+"""Local server: `tracegym serve` started as a child process for the length of a `with` block."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from tracegym.core.errors import InfrastructureError
+
+START_TIMEOUT = 60.0
+
+
+@contextlib.contextmanager
+def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None, *, workers: int | None = None,
+                 elastic: bool = False, log_dir: Path | None = None, address: str = "tcp://127.0.0.1:0",
+                 extra_args: list[str] | None = None) -> Iterator[str]:
+    """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit."""
+    command = [sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
+               "--taskset-json", json.dumps(taskset_options or {}), *(extra_args or [])]
+    if elastic:
+        command.append("--elastic")
+    elif workers is not None:
+        command += ["--workers", str(workers)]
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        command += ["--log-dir", str(log_dir)]
+    err = open(log_dir / "server.log", "ab") if log_dir is not None else None  # noqa: SIM115
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        yield _read_address(proc, proc.stdout)
+    finally:
+        stop_group(proc)
+        if err is not None:
+            err.close()
+
+
+def _read_address(proc: subprocess.Popen, out: IO[bytes]) -> str:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([out], [], [], 0.1)
+        if ready:
+            line = out.readline().decode()
+            if line.startswith("address: "):
+                return line.split(": ", 1)[1].strip()
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    raise InfrastructureError(f"env server did not start (exit {proc.poll()}); see its stderr or server.log")
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the process group of `proc`, wait, then SIGKILL whatever is left of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived the server (should be none)
+    proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -1,0 +1,201 @@
+"""Worker pool: the env server's worker processes: started, picked by load, reaped when dead, grown and shrunk.
+
+Static pools keep `min` workers alive (a dead one is replaced at once). Elastic pools keep between `min` and
+`max`, growing by one whenever the load per worker passes `grow_at` and retiring a worker idle for `idle_s`.
+A worker that dies before saying ready delays the next start (backoff), so a broken taskset cannot spin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PoolSize(BaseModel):
+    """How many workers: `PoolSize(min=4)` is a static pool of 4; `PoolSize.elastic()` grows and shrinks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    min: int = Field(default=1, ge=1)
+    """Workers always kept alive."""
+    max: int | None = None
+    """Most workers (elastic); None: the same as `min` (a static pool)."""
+    grow_at: float = Field(default=64.0, gt=0)
+    """In-flight requests per worker above which an elastic pool starts another worker."""
+    idle_s: float = Field(default=10.0, ge=0)
+    """Seconds a worker of an elastic pool stays idle before it is retired."""
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> PoolSize:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max workers {self.max} is below min {self.min}")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        return self.max is not None and self.max > self.min
+
+    @classmethod
+    def static(cls, workers: int | None = None) -> PoolSize:
+        """`workers` workers; None: one per CPU core, at most 8."""
+        return cls(min=workers or min(8, os.cpu_count() or 1))
+
+    @classmethod
+    def elastic_up_to(cls, max_workers: int | None = None, **options: Any) -> PoolSize:
+        """From one worker up to `max_workers` (None: one per CPU core, at least 2)."""
+        return cls(min=1, max=max_workers or max(2, os.cpu_count() or 1), **options)
+
+
+@dataclass
+class WorkerHandle:
+    """One worker process and the requests (by key) it is running."""
+
+    name: bytes
+    proc: subprocess.Popen
+    started: float
+    ready: bool = False
+    retiring: bool = False
+    jobs: set[bytes] = field(default_factory=set)
+    idle_since: float = field(default_factory=time.monotonic)
+
+
+class WorkerPool:
+    """Starts and tracks worker processes; the server asks it whom to send work to and who has died."""
+
+    def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
+                 log_dir: Path | None = None) -> None:
+        self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
+        self.log_dir = log_dir
+        self.workers: dict[bytes, WorkerHandle] = {}
+        self._count = 0
+        self._failed_starts = 0
+        self._next_start = 0.0
+
+    # --- starting and stopping ---------------------------------------------------------------------------
+    def spawn(self) -> WorkerHandle:
+        """Start one worker process (in the server's process group, so a group signal reaches it)."""
+        self._count += 1
+        name = f"w{self._count}"
+        command = [sys.executable, "-m", "tracegym.serve.worker", "--backend", self.backend, "--name", name,
+                   "--taskset", self.taskset_id, "--options", json.dumps(self.options)]
+        out = self._log_file(name)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out or subprocess.DEVNULL,
+                                stderr=out or None)
+        if out is not None:
+            out.close()
+        handle = WorkerHandle(name=name.encode(), proc=proc, started=time.monotonic())
+        self.workers[handle.name] = handle
+        return handle
+
+    def _log_file(self, name: str) -> IO[bytes] | None:
+        if self.log_dir is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / f"worker-{name}.log", "ab")
+
+    def mark_ready(self, name: bytes) -> bool:
+        """Record a worker's `ready`; False for a name this pool does not know (a stale worker)."""
+        handle = self.workers.get(name)
+        if handle is None:
+            return False
+        handle.ready = True
+        self._failed_starts = 0
+        return True
+
+    def stop_all(self, grace: float = 3.0) -> None:
+        """SIGTERM every worker, wait up to `grace` seconds, then SIGKILL the rest and reap them all."""
+        for handle in self.workers.values():
+            _signal(handle.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for handle in self.workers.values():
+            try:
+                handle.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(handle.proc, signal.SIGKILL)
+                handle.proc.wait()
+        self.workers.clear()
+
+    # --- routing -----------------------------------------------------------------------------------------
+    def pick(self) -> WorkerHandle | None:
+        """The ready, non-retiring worker with the fewest requests, or None."""
+        best = None
+        for handle in self.workers.values():
+            if handle.ready and not handle.retiring and (best is None or len(handle.jobs) < len(best.jobs)):
+                best = handle
+        return best
+
+    def assign(self, handle: WorkerHandle, key: bytes) -> None:
+        handle.jobs.add(key)
+
+    def release(self, name: bytes, key: bytes) -> None:
+        handle = self.workers.get(name)
+        if handle is not None:
+            handle.jobs.discard(key)
+            if not handle.jobs:
+                handle.idle_since = time.monotonic()
+
+    # --- supervision -------------------------------------------------------------------------------------
+    def reap(self) -> list[WorkerHandle]:
+        """Workers whose process has exited (removed from the pool), retired ones included."""
+        dead = [h for h in self.workers.values() if h.proc.poll() is not None]
+        for handle in dead:
+            del self.workers[handle.name]
+            if not handle.ready and not handle.retiring:
+                self._failed_starts += 1
+                self._next_start = time.monotonic() + min(5.0, 0.1 * 2**self._failed_starts)
+        return dead
+
+    def scale(self, load: int) -> list[WorkerHandle]:
+        """Start workers the load calls for (or to replace dead ones); returns idle workers to retire."""
+        live = [h for h in self.workers.values() if not h.retiring]
+        wanted = self.size.min
+        if self.size.elastic:
+            assert self.size.max is not None
+            wanted = max(self.size.min, min(self.size.max, math.ceil(load / self.size.grow_at)))
+        starting = sum(1 for h in live if not h.ready)
+        missing = wanted - len(live)
+        if missing > 0 and time.monotonic() >= self._next_start:
+            if self._failed_starts or (self.size.elastic and len(live) >= self.size.min):
+                missing = 1 if starting == 0 else 0  # grow (or retry a failing start) one worker at a time
+            for _ in range(missing):
+                self.spawn()
+            return []
+        return self._idle_to_retire(live, wanted) if self.size.elastic else []
+
+    def _idle_to_retire(self, live: list[WorkerHandle], wanted: int) -> list[WorkerHandle]:
+        now = time.monotonic()
+        idle = [h for h in live if h.ready and not h.jobs and now - h.idle_since >= self.size.idle_s]
+        retire = idle[: max(0, len(live) - wanted)]
+        for handle in retire:
+            handle.retiring = True
+        return retire
+
+    @property
+    def failing(self) -> bool:
+        """True when workers keep dying before they are ready (a broken taskset or environment)."""
+        return self._failed_starts >= 3
+
+    def counts(self) -> dict[str, int]:
+        ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
+        return {"ready": ready, "starting": sum(1 for h in self.workers.values() if not h.ready),
+                "retiring": sum(1 for h in self.workers.values() if h.retiring)}
+
+    def pids(self) -> list[int]:
+        """Process ids of every worker (starting, ready or retiring)."""
+        return [h.proc.pid for h in self.workers.values()]
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)

@@ -1,0 +1,157 @@
+"""Wire: the env server's frame codec: msgpack data only (never pickle), request and reply headers, errors, MACs.
+
+A request is two frames, `[header, payload]`: the header is a msgpack map `{"id": str, "method": str}` (plus
+`"mac"` when the server has a shared secret) and the payload is msgpack bytes the server routes unread. A reply
+is `[header, payload]` with header `{"id", "ok", "error"}`; `error` is `{"type", "kind", "message"}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from tracegym.core.errors import ErrorKind, TracegymError
+
+PROTOCOL = 1
+METHODS = ("health", "info", "run", "cancel")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Default limit on a request's total size; a larger one is answered with a `BadRequest` error."""
+MAX_ID_CHARS = 128
+SECRET_ENV = "TRACEGYM_ENV_SECRET"
+"""Environment variable holding the shared secret (required to bind anywhere but loopback)."""
+
+
+class WireError(Exception):
+    """A frame that cannot be read; `request_id` is set when the header was readable enough to answer."""
+
+    def __init__(self, message: str, request_id: str | None = None, error_type: str = "BadRequest") -> None:
+        super().__init__(message)
+        self.request_id, self.error_type = request_id, error_type
+
+
+class RemoteError(TracegymError):
+    """An error reply from the env server: `type` names it (`WorkerDied`, `Cancelled`, `BadRequest`, ...)."""
+
+    def __init__(self, type: str, message: str, kind: ErrorKind = ErrorKind.INFRASTRUCTURE) -> None:
+        super().__init__(f"{type}: {message}")
+        self.type, self.kind = type, kind
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded request header and its unread payload."""
+
+    id: str
+    method: str
+    payload: bytes
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not accepted")
+
+
+def pack(value: Any) -> bytes:
+    """Plain data as msgpack."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack bytes as plain data; extension types (the only way to smuggle objects) are refused."""
+    return msgpack.unpackb(data, raw=False, ext_hook=_no_ext, strict_map_key=False)
+
+
+def mac(secret: str, request_id: str, method: str, payload: bytes) -> bytes:
+    """HMAC-SHA256 of a request under the shared secret (the secret itself never crosses the wire)."""
+    digest = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    digest.update(f"{request_id}\0{method}\0".encode())
+    digest.update(payload)
+    return digest.digest()
+
+
+def encode_request(request_id: str, method: str, payload: Any = None, secret: str | None = None) -> list[bytes]:
+    """The frames of one request."""
+    body = pack(payload if payload is not None else {})
+    header: dict[str, Any] = {"id": request_id, "method": method}
+    if secret:
+        header["mac"] = mac(secret, request_id, method, body)
+    return [pack(header), body]
+
+
+def decode_request(frames: list[bytes], *, secret: str | None = None,
+                   max_bytes: int = MAX_FRAME_BYTES) -> Request:
+    """Read and check one request; raises WireError saying what is wrong."""
+    if len(frames) != 2:
+        raise WireError(f"a request is 2 frames, got {len(frames)}")
+    header = _header(frames[0])
+    request_id = header.get("id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID_CHARS:
+        raise WireError("request id must be a non-empty string of at most 128 characters")
+    if sum(len(f) for f in frames) > max_bytes:
+        raise WireError(f"request is over the {max_bytes}-byte limit", request_id)
+    method = header.get("method")
+    if secret and not _mac_ok(header.get("mac"), mac(secret, request_id, str(method), frames[1])):
+        raise WireError("missing or wrong shared secret", request_id, "Unauthenticated")
+    if method not in METHODS:
+        raise WireError(f"unknown method {method!r} (methods: {', '.join(METHODS)})", request_id)
+    return Request(request_id, method, frames[1])
+
+
+def _header(frame: bytes) -> dict[str, Any]:
+    if len(frame) > 4096:
+        raise WireError("request header is over 4096 bytes")
+    try:
+        header = unpack(frame)
+    except Exception as exc:
+        raise WireError(f"header is not msgpack ({type(exc).__name__})") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a msgpack map")
+    return header
+
+
+def _mac_ok(given: Any, expected: bytes) -> bool:
+    return isinstance(given, bytes) and hmac.compare_digest(given, expected)
+
+
+def ok_reply(request_id: str | None, result: Any) -> list[bytes]:
+    """The frames of a successful reply."""
+    return [pack({"id": request_id, "ok": True}), pack(result)]
+
+
+def ok_header(request_id: str | None) -> bytes:
+    """The header frame of a successful reply (the payload is packed by whoever has the result)."""
+    return pack({"id": request_id, "ok": True})
+
+
+def error_reply(request_id: str | None, type: str, message: str,
+                kind: ErrorKind = ErrorKind.INFRASTRUCTURE) -> list[bytes]:
+    """The frames of an error reply."""
+    error = {"type": type, "kind": kind.value, "message": message}
+    return [pack({"id": request_id, "ok": False, "error": error}), b"\xc0"]
+
+
+def decode_reply(frames: list[bytes]) -> tuple[str | None, Any]:
+    """(request id, result) of a reply, where result is a RemoteError for an error reply."""
+    if len(frames) != 2:
+        raise WireError(f"a reply is 2 frames, got {len(frames)}")
+    header = unpack(frames[0])
+    if header.get("ok"):
+        return header.get("id"), unpack(frames[1])
+    error = header.get("error") or {}
+    try:
+        kind = ErrorKind(error.get("kind"))
+    except ValueError:
+        kind = ErrorKind.INFRASTRUCTURE
+    return header.get("id"), RemoteError(str(error.get("type")), str(error.get("message")), kind)
+
+
+def is_loopback(address: str) -> bool:
+    """True for ipc/inproc addresses and TCP on 127.0.0.0/8, ::1 or localhost."""
+    transport, _, rest = address.partition("://")
+    if transport in ("ipc", "inproc"):
+        return True
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"

@@ -1,0 +1,154 @@
+"""Worker: one env-server worker process, running many rollouts at once on one asyncio loop.
+
+It connects a DEALER socket to the server's backend, says `ready`, then answers `run` frames with packed
+traces and obeys `cancel` and `stop`. SIGINT is ignored (the server owns shutdown); SIGTERM, a `stop` frame or
+the server process disappearing end it quietly. Started as `python -m tracegym.serve.worker ...` by the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import zmq
+import zmq.asyncio
+from pydantic import ValidationError
+
+from tracegym.core.errors import ErrorKind
+from tracegym.core.trace import Trace
+from tracegym.envs.evaluate import failed_trace, run_rollout
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.taskset import Taskset
+from tracegym.models.chat_client import ChatClient
+from tracegym.models.client import ModelClient
+from tracegym.models.endpoint import Endpoint
+from tracegym.serve.run_request import RunRequest
+from tracegym.serve.wire import error_reply, ok_header, pack, unpack
+
+log = logging.getLogger("tracegym.serve.worker")
+
+
+def make_model(endpoint: Endpoint) -> ModelClient:
+    """The live model client a worker builds from an endpoint (the one place to switch client kinds)."""
+    return ChatClient(endpoint)
+
+
+class Worker:
+    """Runs `run` requests for one taskset; one model client per distinct endpoint, kept for the process."""
+
+    def __init__(self, taskset: Taskset, backend: str, name: str) -> None:
+        self.taskset, self.backend, self.name = taskset, backend, name
+        self.jobs: dict[bytes, asyncio.Task[None]] = {}
+        self.models: dict[Endpoint, ModelClient] = {}
+        self.stopped = asyncio.Event()
+        self.socket: zmq.asyncio.Socket | None = None
+
+    async def serve(self) -> None:
+        """Connect, say ready, and handle frames until stopped."""
+        ctx = zmq.asyncio.Context()
+        self.socket = ctx.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, self.name.encode())
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(self.backend)
+        await self.socket.send_multipart([b"ready", str(os.getpid()).encode()])
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
+        receiver = asyncio.create_task(self._receive())
+        watcher = asyncio.create_task(self._watch_parent(os.getppid()))
+        await self.stopped.wait()
+        for task in [receiver, watcher, *self.jobs.values()]:
+            task.cancel()
+        await asyncio.gather(receiver, watcher, *self.jobs.values(), return_exceptions=True)
+        for model in self.models.values():
+            with contextlib.suppress(Exception):
+                await model.aclose()  # type: ignore[attr-defined]
+        self.socket.close(0)
+        ctx.term()
+
+    async def _receive(self) -> None:
+        assert self.socket is not None
+        while True:
+            frames = await self.socket.recv_multipart()
+            kind = frames[0]
+            if kind == b"run" and len(frames) == 4:
+                key = frames[1]
+                job = asyncio.create_task(self._run(key, frames[2].decode(), frames[3]))
+                self.jobs[key] = job
+                job.add_done_callback(lambda _, k=key: self.jobs.pop(k, None))
+            elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
+                job.cancel()
+            elif kind == b"stop":
+                self.stopped.set()
+
+    async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
+        assert self.socket is not None
+        try:
+            frames = [ok_header(request_id), pack(await self._traces(payload))]
+        except asyncio.CancelledError:
+            frames = error_reply(request_id, "Cancelled", "the request was cancelled")
+            if self.stopped.is_set():
+                raise
+        except (ValidationError, ValueError, TypeError) as exc:
+            frames = error_reply(request_id, "BadRequest", f"bad run payload: {exc}", ErrorKind.TASK)
+        except Exception as exc:  # a bug here must still answer
+            log.exception("run %s failed", request_id)
+            frames = error_reply(request_id, "WorkerError", f"{type(exc).__name__}: {exc}")
+        await self.socket.send_multipart([b"reply", key, *frames])
+
+    async def _traces(self, payload: bytes) -> list[dict]:
+        request = RunRequest.model_validate(unpack(payload))
+        model = self.models.get(request.endpoint)
+        if model is None:
+            model = self.models[request.endpoint] = make_model(request.endpoint)
+        traces = await asyncio.gather(*(self._one(request, model, i) for i in request.rollout_indices))
+        return [t.model_dump(mode="json") for t in traces]
+
+    async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:
+        try:
+            return await run_rollout(self.taskset, request.data, model, request.sampling, rollout_index=index,
+                                     timeouts=request.timeouts, infra_retries=request.infra_retries)
+        except Exception as exc:  # as in process: a failure is a trace with errors
+            return failed_trace(request.data, self.taskset.id, index, exc)
+
+    async def _watch_parent(self, parent: int) -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(0.5)
+        log.warning("server process %d is gone; stopping", parent)
+        self.stopped.set()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the server dies (best effort; the parent watch is the fallback)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of a worker process."""
+    parser = argparse.ArgumentParser(prog="tracegym.serve.worker")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--taskset", required=True)
+    parser.add_argument("--options", default="{}")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    options = json.loads(args.options)
+    taskset = load_taskset(args.taskset, options or None)
+    log.info("worker %s (pid %d) serving %s", args.name, os.getpid(), taskset.id)
+    asyncio.run(Worker(taskset, args.backend, args.name).serve())
+    log.info("worker %s stopped", args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

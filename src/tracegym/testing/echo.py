@@ -1,0 +1,79 @@
+"""Echo taskset: a trivial taskset for env-server tests and benchmarks (`tracegym.testing.echo:Echo`).
+
+Each task asks the model to repeat a word; the environment says "again" until `turns` model turns are done.
+Reward: the last reply contains the word. Metric: turns taken. No I/O, so it measures the plumbing only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import Trace
+from tracegym.envs.scorers import metric, reward
+from tracegym.envs.task import EnvResponse, Task
+from tracegym.envs.taskset import Taskset, TasksetConfig
+
+SPEC = "tracegym.testing.echo:Echo"
+"""The id a server or worker loads this taskset by."""
+
+
+class EchoConfig(TasksetConfig):
+    """Options of the echo taskset."""
+
+    num_tasks: int = 100
+    """How many tasks."""
+    turns: int = 1
+    """Model turns per rollout (the environment answers "again" until then)."""
+    setup_sleep: float = 0.0
+    """Seconds each rollout's setup sleeps (to hold rollouts in flight in tests)."""
+    exit_in_setup: bool = False
+    """End the whole process in setup (to test what happens when an env-server worker dies)."""
+
+
+class EchoTask(Task):
+    """Repeat a word for a number of turns."""
+
+    turns: int = 1
+    setup_sleep: float = 0.0
+    exit_in_setup: bool = False
+
+    async def setup(self) -> None:
+        if self.exit_in_setup:
+            os._exit(3)
+        if self.setup_sleep:
+            await asyncio.sleep(self.setup_sleep)
+
+    async def env_response(self, trace: Trace) -> EnvResponse:
+        return "again" if trace.num_turns < self.turns else None
+
+    @reward
+    def echoed(self, trace: Trace) -> float:
+        return float(str(self.data.answer) in trace.last_reply)
+
+    @metric
+    def turns_taken(self, trace: Trace) -> float:
+        return float(trace.num_turns)
+
+
+class Echo(Taskset):
+    """Tasks that ask the model to repeat a word."""
+
+    id = "echo"
+    description = "Repeat a word (a trivial taskset for tests and benchmarks)."
+    Config = EchoConfig
+    task_class = EchoTask
+
+    def load(self) -> Iterator[TaskData]:
+        cfg: EchoConfig = self.config  # type: ignore[assignment]
+        for i in range(cfg.num_tasks):
+            word = f"word{cfg.seed}-{i}"
+            yield TaskData(id=f"echo-{i}", prompt=f"Say {word}.", answer=word)
+
+    def task(self, row: TaskData | dict) -> Task:
+        task = super().task(row)
+        cfg: EchoConfig = self.config  # type: ignore[assignment]
+        task.turns, task.setup_sleep, task.exit_in_setup = cfg.turns, cfg.setup_sleep, cfg.exit_in_setup  # type: ignore
+        return task

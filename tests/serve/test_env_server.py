@@ -1,0 +1,128 @@
+"""Env server request/reply: every method, timeouts, cancel, malformed and oversized frames."""
+
+import asyncio
+import os
+import socket
+
+import pytest
+import zmq
+from serve_helpers import running_server, task, wait_for
+
+from tracegym import InfrastructureError, StageTimeout, TaskData, UsageError
+from tracegym.serve import EnvClient, RemoteError
+from tracegym.serve.wire import decode_reply
+
+
+async def test_health_reports_ready_workers(server):
+    async with EnvClient(server.bound) as client:
+        health = await client.health()
+    assert health["ok"] and health["workers"]["ready"] == 1 and len(health["pids"]) == 1
+
+
+async def test_info_describes_the_taskset(server):
+    async with EnvClient(server.bound) as client:
+        info = await client.info()
+    assert (info["taskset"], info["finite"], info["workers"]) == ("echo", True, 1)
+    assert info["task_type"] == "tracegym.testing.echo.EchoTask"
+
+
+async def test_run_returns_one_scored_trace_per_rollout_index(server, endpoint):
+    async with EnvClient(server.bound) as client:
+        traces = await client.run(task("hello"), endpoint, rollout_indices=[0, 3])
+    assert [t.rollout_index for t in traces] == [0, 3]
+    assert [t.reward for t in traces] == [1.0, 1.0]
+
+
+async def test_run_with_a_bad_payload_is_a_bad_request(server):
+    async with EnvClient(server.bound) as client:
+        with pytest.raises(RemoteError) as caught:
+            await client.request("run", {"data": 3})
+    assert caught.value.type == "BadRequest"
+
+
+async def test_evaluate_iter_yields_every_pair(server, endpoint):
+    pairs = [(task(f"w{i}"), r) for i in range(5) for r in range(2)]
+    async with EnvClient(server.bound) as client:
+        traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=4)]
+    assert sorted((t.task_key, t.rollout_index) for t in traces) == sorted((d.key, r) for d, r in pairs)
+    assert all(t.ok for t in traces)
+
+
+async def test_cancel_answers_the_cancelled_request(server, endpoint):
+    async with EnvClient(server.bound) as client:
+        job = asyncio.create_task(client.run(task("sleep-2"), endpoint, request_id="slow-1"))
+        await asyncio.to_thread(wait_for, lambda: server.inflight, 5)
+        assert await client.cancel("slow-1") is True
+        with pytest.raises(RemoteError) as caught:
+            await job
+    assert caught.value.type == "Cancelled"
+
+
+async def test_cancel_of_an_unknown_request_says_so(server):
+    async with EnvClient(server.bound) as client:
+        assert await client.cancel("never-sent") is False
+
+
+async def test_cancelling_the_awaiting_task_cancels_on_the_server(server, endpoint):
+    async with EnvClient(server.bound) as client:
+        job = asyncio.create_task(client.run(task("sleep-2"), endpoint))
+        await asyncio.to_thread(wait_for, lambda: server.inflight, 5)
+        job.cancel()
+        assert await asyncio.to_thread(wait_for, lambda: not server.inflight, 5)
+
+
+async def test_request_timeout_raises_and_frees_the_server(server, endpoint):
+    async with EnvClient(server.bound, request_timeout=0.3) as client:
+        with pytest.raises(StageTimeout):
+            await client.run(task("sleep-2"), endpoint)
+    assert await asyncio.to_thread(wait_for, lambda: not server.inflight, 5)
+
+
+async def test_timed_out_request_in_evaluate_iter_is_a_failed_trace(server, endpoint):
+    async with EnvClient(server.bound, request_timeout=0.3) as client:
+        traces = [t async for t in client.evaluate_iter([(task("sleep-2"), 0), (task("fine"), 0)], endpoint)]
+    by_key = {t.task_key: t for t in traces}
+    assert by_key["fine"].ok and by_key["sleep-2"].errors[0].kind == "timeout"
+
+
+async def test_garbage_bytes_on_the_tcp_port_do_not_stop_the_server(server):
+    host, port = server.bound.removeprefix("tcp://").rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as raw:
+        raw.sendall(os.urandom(4096))
+    async with EnvClient(server.bound) as client:
+        assert (await client.health())["ok"]
+
+
+def test_a_malformed_frame_gets_an_error_reply_and_is_counted(server):
+    before = server.stats["malformed"]
+    with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(server.bound)
+        sock.send_multipart([b"\xc1garbage", b"more", b"frames"])
+        assert sock.poll(5000)
+        request_id, error = decode_reply(sock.recv_multipart())
+    assert request_id is None and isinstance(error, RemoteError) and error.type == "BadRequest"
+    assert server.stats["malformed"] == before + 1
+
+
+async def test_an_oversized_request_gets_an_error_reply(endpoint):
+    with running_server(max_frame_bytes=100_000) as small:
+        async with EnvClient(small.bound) as client:
+            with pytest.raises(RemoteError, match="limit"):
+                await client.run(TaskData(prompt="x" * 150_000), endpoint)
+            assert (await client.health())["ok"]
+
+
+async def test_the_client_refuses_a_request_over_its_own_limit(server, endpoint):
+    async with EnvClient(server.bound, max_request_bytes=1000) as client:
+        with pytest.raises(UsageError, match="limit"):
+            await client.run(TaskData(prompt="x" * 2000), endpoint)
+
+
+async def test_a_server_that_is_not_there_fails_fast():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with EnvClient(f"tcp://127.0.0.1:{port}", liveness_timeout=0.5) as client:
+        with pytest.raises(InfrastructureError, match="did not answer"):
+            await client.health()

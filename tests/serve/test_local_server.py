@@ -1,0 +1,49 @@
+"""`tracegym serve` as a process: prints its address, logs per worker, and stops with nothing left behind."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+from serve_helpers import alive, task, wait_for
+
+from tracegym.serve import EnvClient, local_server
+from tracegym.serve.local_server import _read_address, stop_group
+from tracegym.testing.echo import SPEC
+
+
+async def test_local_server_serves_and_leaves_no_process(tmp_path, endpoint):
+    with local_server(SPEC, {"num_tasks": 3}, workers=2, log_dir=tmp_path) as address:
+        async with EnvClient(address) as client:
+            assert await client.run(task("hi"), endpoint)
+            pids = (await client.health())["pids"]
+    assert len(pids) == 2 and not [p for p in pids if alive(p)]
+    assert {p.name for p in tmp_path.iterdir()} == {"server.log", "worker-w1.log", "worker-w2.log"}
+    assert not [p for p in tmp_path.iterdir() if "Traceback" in p.read_text()]
+
+
+def test_sigint_stops_server_and_workers_without_tracebacks():
+    proc = subprocess.Popen([sys.executable, "-m", "tracegym.cli.main", "serve", SPEC, "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        address = _read_address(proc, proc.stdout)
+        assert wait_for(lambda: len(ready_pids(address)) == 2, 20)
+        pids = ready_pids(address)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group gets it
+        _, err = proc.communicate(timeout=15)
+    finally:
+        stop_group(proc)
+    assert proc.returncode == 0 and b"Traceback" not in err
+    assert not [p for p in pids if alive(p)]
+
+
+def ready_pids(address: str) -> list[int]:
+    """The server's worker pids once every worker is ready, else []."""
+
+    async def ask() -> dict:
+        async with EnvClient(address) as client:
+            return await client.health()
+
+    health = asyncio.run(ask())
+    return health["pids"] if health["workers"]["ready"] == len(health["pids"]) else []
