@@ -1,0 +1,228 @@
+"""Trainer: a transformers causal LM (LoRA through peft, or full weights) stepped by the policy-gradient loss.
+
+`step(samples)` packs the samples into micro-batches by a token budget, accumulates the gradient of every
+micro-batch (the loss divided by the step's loss tokens, so the split does not change it), clips it and takes
+one AdamW step; the policy version goes up by one. `save_weights(dir)` writes what vLLM loads (a peft adapter
+directory for LoRA, a model directory otherwise); `save(dir)` / `load(dir)` checkpoint everything a resumed
+run needs to continue bit for bit: trainable weights, optimizer, version, RNG and the caller's own state.
+
+>>> trainer = build_trainer(TrainerConfig(model=str(embedded_model_dir())))  # doctest: +SKIP
+>>> metrics = trainer.step(samples)  # doctest: +SKIP
+>>> trainer.save_weights("outputs/adapters/step_1")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+
+from tracegym.core.errors import UsageError
+from tracegym.core.sample import Sample
+from tracegym.train.batching import MicroBatch, collate, pack
+from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
+
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+WEIGHTS_FILE = "trainable.safetensors"
+STATE_FILE = "trainer.pt"
+
+
+class TrainerConfig(BaseModel):
+    """The trainer's model, adapter, optimizer and loss settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+    model: str
+    """A Hugging Face model directory or hub name (the embedded model: `embedded_model_dir()`)."""
+    lora: bool = True
+    """Train a LoRA adapter (peft); False trains every weight."""
+    lora_rank: int = 16
+    """Adapter rank (vLLM must be started with `max_lora_rank` at least this)."""
+    lora_alpha: int = 32
+    """Adapter scale numerator (the update is scaled by alpha / rank)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_LINEAR_MODULES))
+    """Linear layers that get an adapter (all of them in a Llama block by default)."""
+    learning_rate: float = 2e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (0 disables clipping)."""
+    micro_batch_tokens: int = 2048
+    """Padded tokens per micro-batch; gradients accumulate over micro-batches (lower it to save memory)."""
+    min_ratio: float = 0.125
+    """Tokens whose trainer/sampler probability ratio is below this carry no gradient."""
+    max_ratio: float = 8.0
+    """Tokens whose trainer/sampler probability ratio is above this carry no gradient."""
+    num_threads: int | None = None
+    """Torch CPU threads; None leaves torch's default."""
+    seed: int = 0
+    """Seeds the adapter's initialisation."""
+
+
+class Trainer:
+    """Steps one model with AdamW on the policy-gradient loss; `version` counts the steps taken."""
+
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0) -> None:
+        self.model = model
+        self.config = config
+        self.pad_id = pad_id
+        self.loss_config = LossConfig(min_ratio=config.min_ratio, max_ratio=config.max_ratio)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise UsageError("the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+        self.version = 0
+        """The policy version of the current weights: steps taken since the start of the run."""
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step on `samples`; returns the step's metrics."""
+        if not samples:
+            raise UsageError("a training step needs at least one sample")
+        start = time.perf_counter()
+        batches = [collate(group, self.pad_id) for group in pack(samples, self.config.micro_batch_tokens)]
+        num_tokens = sum(b.num_loss_tokens for b in batches)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for batch in batches:
+            loss, stats = self._loss(batch, num_tokens)
+            loss.backward()
+            for name, value in {"loss": loss.item(), **stats}.items():
+                sums[name] = sums.get(name, 0.0) + value
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.version += 1
+        return _metrics(sums, grad_norm, len(samples), len(batches), self.version, time.perf_counter() - start)
+
+    def _loss(self, batch: MicroBatch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        logprobs = self._logprobs(batch)
+        cols = batch.targets
+        return policy_gradient_loss(logprobs, batch.sampler_logprobs[:, cols], batch.advantages,
+                                    batch.loss_mask[:, cols], self.loss_config, num_tokens)
+
+    def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        """[B, keep - 1] logprobs of the target columns at each row's temperature."""
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            position_ids=batch.position_ids, logits_to_keep=batch.keep, use_cache=False).logits
+        return token_logprobs(logits[:, :-1], batch.input_ids[:, batch.targets], batch.temperatures)
+
+    def _clip(self) -> float:
+        """Clip the gradient (when enabled) and return its norm before clipping."""
+        limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(self.params, limit))
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """The trainer's logprob of every loss token of each sample (0.0 elsewhere), at the sample's temperature."""
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in samples]
+        order = {id(s): i for i, s in enumerate(samples)}
+        for group in pack(samples, self.config.micro_batch_tokens):
+            batch = collate(group, self.pad_id)
+            values = torch.zeros_like(batch.sampler_logprobs)
+            values[:, batch.targets] = self._logprobs(batch)
+            values[~batch.loss_mask] = 0.0
+            for row, sample in enumerate(group):
+                out[order[id(sample)]] = values[row, values.shape[1] - len(sample) :].tolist()
+        return out
+
+    # --- weights and checkpoints -------------------------------------------------------------------------
+    def save_weights(self, path: str | Path) -> Path:
+        """Write what vLLM serves: the adapter directory (LoRA) or the model directory (full weights)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        return path
+
+    def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        trainable = {n: p.detach().contiguous() for n, p in self.model.named_parameters() if p.requires_grad}
+        save_file(trainable, str(path / WEIGHTS_FILE))
+        state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(),
+                 "config": self.config.model_dump(mode="json"), "extra": extra_state or {}}
+        torch.save(state, path / STATE_FILE)
+        if self.is_lora:
+            self.save_weights(path / "adapter")
+        return path
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore a checkpoint written by `save`; returns its `extra_state`."""
+        path = Path(path)
+        if not (path / STATE_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+            raise UsageError(f"{path} is not a trainer checkpoint (no {STATE_FILE} / {WEIGHTS_FILE})")
+        weights = load_file(str(path / WEIGHTS_FILE))
+        params = dict(self.model.named_parameters())
+        missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
+        if missing or any(n not in params for n in weights):
+            raise UsageError(f"checkpoint {path} does not match the model (missing {missing[:3]} ...)")
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+        state = torch.load(path / STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        self.version = int(state["version"])
+        return dict(state["extra"])
+
+
+def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: int, version: int,
+             seconds: float) -> dict[str, float]:
+    """The step's metrics from the micro-batches' summed loss statistics."""
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    kept = max(tokens - sums.get("masked_low", 0.0) - sums.get("masked_high", 0.0), 1.0)
+    return {
+        "loss": sums.get("loss", 0.0),
+        "grad_norm": grad_norm,
+        "tokens": sums.get("tokens", 0.0),
+        "masked_low_frac": sums.get("masked_low", 0.0) / tokens,
+        "masked_high_frac": sums.get("masked_high", 0.0) / tokens,
+        "ratio_mean": sums.get("ratio", 0.0) / kept,
+        "abs_log_ratio_mean": sums.get("abs_log_ratio", 0.0) / tokens,
+        "samples": float(samples),
+        "micro_batches": float(batches),
+        "version": float(version),
+        "seconds": seconds,
+    }
+
+
+def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module:
+    """`model` wrapped by peft with a fresh LoRA adapter (only the adapter trains)."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def build_trainer(config: TrainerConfig) -> Trainer:
+    """Load `config.model` in float32 (with a LoRA adapter unless `lora` is off) and build its Trainer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except OSError as exc:
+        raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
+    if config.lora:
+        model = apply_lora(model, config)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return Trainer(model, config, pad_id=pad_id)

@@ -1,0 +1,142 @@
+"""Trainer on a tiny random Llama: steps, accumulation, logprobs, adapter files, and bit-exact resume."""
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tracegym.core.errors import UsageError
+from tracegym.core.sample import Sample
+from tracegym.train.trainer import Trainer, TrainerConfig, apply_lora
+
+VOCAB = 64
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: a tiny model gains nothing from more, and on a busy machine OpenMP's spinning threads
+    make each step hundreds of times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_trainer(lora: bool = True, **options: object) -> Trainer:
+    """The same tiny model every time (seeded), with a LoRA adapter unless `lora` is off."""
+    torch.manual_seed(0)
+    model_config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(model_config)
+    config = TrainerConfig(model="tiny", lora=lora, lora_rank=4, learning_rate=1e-2, **options)
+    if lora:
+        model = apply_lora(model, config)
+        for name, param in model.named_parameters():  # LoRA B starts at zero; move it so every update shows
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+    return Trainer(model, config)
+
+
+def samples(seed: int, n: int = 4) -> list[Sample]:
+    """`n` random samples: a 3-6 token prompt and a 2-5 token completion, advantages of both signs."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt, completion = rng.randint(3, 6), rng.randint(2, 5)
+        mask = [False] * prompt + [True] * completion
+        out.append(Sample(token_ids=[rng.randrange(VOCAB) for _ in mask], loss_mask=mask,
+                          logprobs=[-4.0 if m else 0.0 for m in mask], advantage=1.0 if i % 2 else -1.0,
+                          temperature=1.0, policy_version=0))
+    return out
+
+
+def trainable(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_a_step_changes_the_adapter_and_counts_the_version():
+    trainer = tiny_trainer()
+    before = trainable(trainer)
+    trainer.step(samples(1))
+    after = trainable(trainer)
+    assert trainer.version == 1
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_lora_trains_only_the_adapter():
+    trainer = tiny_trainer()
+    assert trainable(trainer) and all("lora_" in name for name in trainable(trainer))
+
+
+def test_full_fine_tuning_steps_the_base_weights():
+    trainer = tiny_trainer(lora=False)
+    before = trainer.model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    trainer.step(samples(1))
+    assert not torch.equal(before, trainer.model.model.layers[0].mlp.up_proj.weight)
+
+
+def test_step_metrics_count_the_loss_tokens():
+    batch = samples(2)
+    metrics = tiny_trainer().step(batch)
+    assert metrics["tokens"] == sum(s.num_trained for s in batch)
+    assert metrics["samples"] == 4 and metrics["version"] == 1
+
+
+def test_splitting_into_micro_batches_accumulates_the_same_gradient():
+    one, many = tiny_trainer(micro_batch_tokens=4096), tiny_trainer(micro_batch_tokens=12)
+    one.step(samples(3, n=6))
+    metrics = many.step(samples(3, n=6))
+    assert metrics["micro_batches"] > 1
+    grads = zip(one.model.parameters(), many.model.parameters(), strict=True)
+    assert all(torch.allclose(a.grad, b.grad, atol=1e-7) for a, b in grads if a.grad is not None)
+
+
+def test_trainer_logprobs_of_its_own_samples_give_ratio_one():
+    trainer = tiny_trainer()
+    batch = samples(4)
+    own = [s.model_copy(update={"logprobs": lp}) for s, lp in zip(batch, trainer.logprobs(batch), strict=True)]
+    metrics = trainer.step(own)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["masked_low_frac"] == 0.0 and metrics["masked_high_frac"] == 0.0
+
+
+def test_trainer_logprobs_are_zero_off_the_loss_mask_and_negative_on_it():
+    batch = samples(5)
+    for sample, values in zip(batch, tiny_trainer().logprobs(batch), strict=True):
+        assert len(values) == len(sample)
+        assert all((v < 0) if m else (v == 0) for v, m in zip(values, sample.loss_mask, strict=True))
+
+
+def test_save_weights_writes_a_peft_adapter_directory(tmp_path):
+    path = tiny_trainer().save_weights(tmp_path / "adapter")
+    assert (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+
+
+def test_resume_from_a_checkpoint_continues_bit_for_bit(tmp_path):
+    straight = tiny_trainer()
+    straight.step(samples(1))
+    straight.save(tmp_path / "ckpt")
+    straight.step(samples(2))
+
+    resumed = tiny_trainer()
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.version == 1
+    resumed.step(samples(2))
+    a, b = trainable(straight), trainable(resumed)
+    assert all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_a_checkpoint_carries_the_callers_state(tmp_path):
+    tiny_trainer().save(tmp_path / "ckpt", extra_state={"advantages": {"groups": 3, "filtered": 1}})
+    assert tiny_trainer().load(tmp_path / "ckpt") == {"advantages": {"groups": 3, "filtered": 1}}
+
+
+def test_loading_a_folder_that_is_not_a_checkpoint_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        tiny_trainer().load(tmp_path)
+
+
+def test_an_empty_step_is_a_usage_error():
+    with pytest.raises(UsageError):
+        tiny_trainer().step([])
