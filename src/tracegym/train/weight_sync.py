@@ -1,0 +1,91 @@
+"""Weight sync: loads each new LoRA adapter into a running vLLM in place and tracks the policy version it serves.
+
+vLLM must run with LoRA enabled and runtime updating allowed (`VLLMServerConfig(enable_lora=True)` sets
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING`). `publish(adapter_dir, version)` posts `/v1/load_lora_adapter` with
+`load_inplace`, so the adapter keeps its name (`model_name`, what requests put in `model`) and requests that
+arrive after the call returns are served by the new weights. HTTP and network failures are translated into
+tracegym errors here, in one place: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
+files) is a UsageError, an unreachable or failing server (5xx) an InfrastructureError.
+
+>>> sync = WeightSync(server.base_url, adapter_name="policy")  # doctest: +SKIP
+>>> sync.publish(trainer.save_weights(run_dir / "adapters" / "step_1"), version=trainer.version)  # doctest: +SKIP
+>>> Endpoint(base_url=server.base_url, model=sync.model_name)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tracegym.core.errors import InfrastructureError, UsageError
+
+DEFAULT_ADAPTER_NAME = "policy"
+
+
+class WeightSync:
+    """Publishes adapters to one vLLM server under one name; `version` is the policy version it serves."""
+
+    def __init__(self, base_url: str, adapter_name: str = DEFAULT_ADAPTER_NAME, timeout_s: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.adapter_name = adapter_name
+        self.timeout_s = timeout_s
+        self.version: int | None = None
+        """The policy version vLLM serves under `model_name` (None before the first publish)."""
+        self.last_seconds = 0.0
+        """How long the last publish took."""
+
+    @property
+    def model_name(self) -> str:
+        """The `model` requests must name to be served by the current adapter."""
+        return self.adapter_name
+
+    def publish(self, adapter_dir: str | Path, version: int) -> str:
+        """Load the adapter in `adapter_dir` in place of the served one; afterwards `version` is served under
+        the returned name (`model_name`)."""
+        path = Path(adapter_dir).resolve()
+        if not (path / "adapter_config.json").is_file():
+            raise UsageError(f"{path} is not a LoRA adapter directory (no adapter_config.json)")
+        start = time.perf_counter()
+        body = {"lora_name": self.adapter_name, "lora_path": str(path), "load_inplace": True}
+        self._post("/load_lora_adapter", body)
+        self.version = version
+        self.last_seconds = time.perf_counter() - start
+        return self.model_name
+
+    def _post(self, route: str, body: dict[str, object]) -> str:
+        """POST JSON to `base_url + route`; the edge where HTTP and network errors become tracegym errors."""
+        url = self.base_url + route
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            message = _message(exc.read().decode("utf-8", errors="replace"))
+            if exc.code == 404:
+                raise UsageError(f"{url} not found: start vLLM with LoRA enabled and runtime LoRA updating "
+                                 f"(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) ({message})") from None
+            if 400 <= exc.code < 500:
+                raise UsageError(f"vLLM refused adapter {self.adapter_name!r} (HTTP {exc.code}): {message}") from None
+            raise InfrastructureError(f"vLLM failed to load the adapter (HTTP {exc.code}): {message}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise InfrastructureError(f"vLLM at {self.base_url} is unreachable: {reason}") from None
+
+
+def _message(text: str) -> str:
+    """The message of a vLLM error body (`{"error": {"message": ...}}` or `{"message": ...}`), else the text."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return text[:500]
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return text[:500]

@@ -1,0 +1,94 @@
+"""Weight sync against a fake vLLM LoRA endpoint: the request it sends, the version it tracks, translated errors."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.train.weight_sync import WeightSync
+
+
+class FakeLoraServer:
+    """An HTTP server answering `POST /v1/load_lora_adapter` with `status` and recording each body."""
+
+    def __init__(self, status: int = 200, reply: str = "Success") -> None:
+        self.status, self.reply, self.bodies = status, reply, []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                fake.bodies.append((self.path, json.loads(self.rfile.read(length))))
+                status = fake.status if self.path == "/v1/load_lora_adapter" else 404
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(fake.reply.encode())
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> "FakeLoraServer":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    return tmp_path
+
+
+def test_publish_loads_the_adapter_in_place_under_its_name(adapter):
+    with FakeLoraServer() as fake:
+        WeightSync(fake.base_url, adapter_name="policy").publish(adapter, version=3)
+    assert fake.bodies == [("/v1/load_lora_adapter",
+                            {"lora_name": "policy", "lora_path": str(adapter.resolve()), "load_inplace": True})]
+
+
+def test_publish_records_the_served_version_and_requests_name_the_adapter(adapter):
+    with FakeLoraServer() as fake:
+        sync = WeightSync(fake.base_url, adapter_name="policy")
+        assert sync.version is None
+        sync.publish(adapter, version=1)
+        name = sync.publish(adapter, version=2)
+    assert (sync.version, sync.model_name, name) == (2, "policy", "policy")
+
+
+def test_a_folder_without_an_adapter_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match=r"adapter_config\.json"):
+        WeightSync("http://127.0.0.1:9/v1").publish(tmp_path, version=1)
+
+
+def test_a_refused_adapter_is_a_usage_error_quoting_vllm(adapter):
+    body = json.dumps({"error": {"message": "rank 32 > max_lora_rank 16"}})
+    with FakeLoraServer(400, body) as fake, pytest.raises(UsageError, match="max_lora_rank"):
+        WeightSync(fake.base_url).publish(adapter, version=1)
+
+
+def test_a_server_without_runtime_lora_loading_is_a_usage_error_with_a_hint(adapter):
+    with FakeLoraServer(404, "Not Found") as fake, pytest.raises(UsageError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        WeightSync(fake.base_url).publish(adapter, version=1)
+
+
+def test_a_failing_server_is_an_infrastructure_error_and_the_version_stays(adapter):
+    with FakeLoraServer(500, "boom") as fake:
+        sync = WeightSync(fake.base_url)
+        with pytest.raises(InfrastructureError):
+            sync.publish(adapter, version=1)
+    assert sync.version is None
+
+
+def test_an_unreachable_server_is_an_infrastructure_error(adapter):
+    with FakeLoraServer() as fake:
+        url = fake.base_url
+    with pytest.raises(InfrastructureError, match="unreachable"):
+        WeightSync(url, timeout_s=2).publish(adapter, version=1)
