@@ -167,7 +167,7 @@ class EnvServer:
 
     def health(self) -> dict[str, Any]:
         """Liveness and load: workers by state, requests in flight and queued, counters."""
-        return {"ok": True, "workers": self.pool.counts(), "pids": self.pool.pids(),
+        return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
                 "in_flight": len(self.inflight), "queued": len(self.pending), "stats": dict(self.stats)}
 
     def info(self) -> dict[str, Any]:
