@@ -11,7 +11,7 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
-from tracegym.train.launcher import launch, vllm_config
+from tracegym.train.launcher import launch, vllm_config, with_model_paths
 from tracegym.train.rl_config import RLConfig, parse_rl_args
 
 
@@ -19,6 +19,7 @@ def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
     resume, rest = pop_flag(args, "--resume")
     config, warnings = parse_rl_args(rest)
+    config = with_model_paths(config)
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
     if config.dry_run:

@@ -45,6 +45,14 @@ class Role:
         self.log.close()
 
 
+def with_model_paths(config: RLConfig) -> RLConfig:
+    """The config with the trainer's model set to the served model's directory (the embedded one by default)."""
+    if config.trainer.model:
+        return config
+    trainer = config.trainer.model_copy(update={"model": config.model or str(embedded_model_dir())})
+    return config.model_copy(update={"trainer": trainer})
+
+
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     """vLLM serving the base model with runtime LoRA loading, for the policy adapter."""
     model = config.model or str(embedded_model_dir())
