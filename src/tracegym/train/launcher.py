@@ -73,6 +73,7 @@ def start_role(name: str, run_dir: Path) -> Role:
 def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
     """Run the whole RL run; 0 when every step trained, 1 when a process died (named, with its log tail)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM unwinds like Ctrl-C: every child is stopped
     with contextlib.ExitStack() as stack:
         say(out, "starting vLLM ...")
         server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
@@ -117,6 +118,10 @@ def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
             say(out, "done")
             return 0
         time.sleep(0.5)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def say(out: IO[str], text: str) -> None:
