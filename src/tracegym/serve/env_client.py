@@ -81,15 +81,22 @@ class EnvClient:
     async def _receive(self) -> None:
         assert self._socket is not None
         while True:
-            frames = await self._socket.recv_multipart()
+            batch = [await self._socket.recv_multipart()]
+            with contextlib.suppress(zmq.Again):
+                while len(batch) < 256:  # take whatever else has arrived without another trip through the loop
+                    batch.append(self._socket.recv_multipart(zmq.NOBLOCK).result())
             self._heard = time.monotonic()
-            try:
-                request_id, result = decode_reply(frames)
-            except Exception:
-                continue  # not a reply we can read; the request it answered will time out
-            future = self._waiting.pop(request_id, None) if isinstance(request_id, str) else None
-            if future is not None and not future.done():
-                future.set_result(result)
+            for frames in batch:
+                self._resolve(frames)
+
+    def _resolve(self, frames: list[bytes]) -> None:
+        try:
+            request_id, result = decode_reply(frames)
+        except Exception:
+            return  # not a reply we can read; the request it answered will time out
+        future = self._waiting.pop(request_id, None) if isinstance(request_id, str) else None
+        if future is not None and not future.done():
+            future.set_result(result)
 
     async def _watch(self) -> None:
         """Ping a quiet server while requests wait; fail them all when it stays silent too long."""
@@ -121,7 +128,7 @@ class EnvClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         future.request_id = request_id  # type: ignore[attr-defined]
-        socket.send_multipart(frames, copy=False)
+        socket.send_multipart(frames, copy=len(frames[1]) < 65536)
         return future
 
     async def request(self, method: str, payload: Any = None, timeout: float | None = None,

@@ -76,17 +76,22 @@ class Worker:
     async def _receive(self) -> None:
         assert self.socket is not None
         while True:
-            frames = await self.socket.recv_multipart()
-            kind = frames[0]
-            if kind == b"run" and len(frames) == 4:
-                key = frames[1]
-                job = asyncio.create_task(self._run(key, frames[2].decode(), frames[3]))
-                self.jobs[key] = job
-                job.add_done_callback(lambda _, k=key: self.jobs.pop(k, None))
-            elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
-                job.cancel()
-            elif kind == b"stop":
-                self.stopped.set()
+            self._handle(await self.socket.recv_multipart())
+            with contextlib.suppress(zmq.Again):
+                for _ in range(256):  # take whatever else has arrived without another trip through the loop
+                    self._handle(self.socket.recv_multipart(zmq.NOBLOCK).result())
+
+    def _handle(self, frames: list[bytes]) -> None:
+        kind = frames[0]
+        if kind == b"run" and len(frames) == 4:
+            key = frames[1]
+            job = asyncio.create_task(self._run(key, frames[2].decode(), frames[3]))
+            self.jobs[key] = job
+            job.add_done_callback(lambda _, k=key: self.jobs.pop(k, None))
+        elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
+            job.cancel()
+        elif kind == b"stop":
+            self.stopped.set()
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
