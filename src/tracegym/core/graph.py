@@ -81,6 +81,20 @@ class MessageGraph(BaseModel):
                 out.extend(node.token_ids)
         return out
 
+    def prefix_split(self, node_id: int | None = None) -> tuple[int, int]:
+        """For the path to `node_id` (default: the head): how many of its messages the token prefix covers,
+        and how many of the prefix's last tokens were sampled (the last model turn's completion)."""
+        path = self.path(node_id)
+        for index in range(len(path) - 1, -1, -1):
+            node = path[index]
+            if node.token_ids:
+                sampled = 0
+                if node.sampled and node.mask:
+                    while sampled < len(node.mask) and node.mask[-1 - sampled] == 1:
+                        sampled += 1
+                return index + 1, sampled
+        return 0, 0
+
     def add_model_turn(
         self,
         message: Message,

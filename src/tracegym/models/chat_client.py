@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -78,10 +79,15 @@ class ChatClient:
     # --- the call ----------------------------------------------------------------------------------------
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One chat completion, retried on transient failures; raises tracegym errors."""
+        data = await self._retrying(lambda: self._post(request))
+        return parse_response(data, require_tokens=self.endpoint.tokens == "on")
+
+    async def _retrying(self, call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Await `call()` until it succeeds, retrying transient failures with jittered exponential backoff."""
         attempts = self.endpoint.max_retries + 1
         for attempt in range(attempts):
             try:
-                return parse_response(await self._post(request), require_tokens=self.endpoint.tokens == "on")
+                return await call()
             except _Retryable as exc:
                 if attempt == attempts - 1:
                     raise InfrastructureError(f"{self.endpoint.base_url}: {exc} (after {attempts} attempts)") from None
@@ -92,7 +98,18 @@ class ChatClient:
     async def _post(self, request: ModelRequest) -> dict[str, Any]:
         body = request_body(self.endpoint.model, request, tokens=self._ask_tokens)
         try:
-            async with self._session().post(self._url, json=body) as http:
+            return await self._send(self._url, body)
+        except ModelError as exc:
+            rejected = str(exc).startswith("HTTP 400 ") and _mentions_token_fields(str(exc))
+            if rejected and self.endpoint.tokens == "auto" and self._ask_tokens:
+                self._ask_tokens = False  # this endpoint is not vLLM: stop asking for token ids and try again
+                return await self._post(request)
+            raise
+
+    async def _send(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `body` and return the JSON reply; the one place HTTP failures become tracegym errors."""
+        try:
+            async with self._session().post(url, json=body) as http:
                 text = await http.text()
                 status = http.status
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
@@ -104,10 +121,7 @@ class ChatClient:
             raise _Retryable(f"HTTP {status}: {message}")
         if status == 400 and _CONTEXT_LENGTH.search(message):
             raise ContextLengthError(message)
-        if status == 400 and self.endpoint.tokens == "auto" and self._ask_tokens and _mentions_token_fields(message):
-            self._ask_tokens = False  # this endpoint is not vLLM: stop asking for token ids and try again
-            return await self._post(request)
-        raise ModelError(f"HTTP {status} from {self._url}: {message}")
+        raise ModelError(f"HTTP {status} from {url}: {message}")
 
 
 def request_body(model: str, request: ModelRequest, *, tokens: bool) -> dict[str, Any]:

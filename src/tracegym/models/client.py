@@ -19,6 +19,10 @@ class ModelRequest:
     sampling: Sampling = field(default_factory=Sampling)
     prefix_token_ids: list[int] | None = None
     """The exact tokens along the current branch, for clients that extend them instead of re-rendering."""
+    prefix_messages: int | None = None
+    """How many of `messages` the prefix tokens cover; the rest are new since the model's previous turn."""
+    prefix_completion_length: int | None = None
+    """How many of the prefix's last tokens the model sampled on its previous turn (that turn's completion)."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ class Endpoint(BaseModel):
     tokens: Literal["auto", "on", "off"] = "auto"
     """Ask for token ids and logprobs (vLLM's `return_token_ids`, `logprobs`). `auto` asks and stops asking
     when the endpoint rejects the fields; `on` makes their absence an error; `off` never asks."""
+    client: Literal["chat", "tokens"] = "chat"
+    """`chat`: the chat-completions client (any endpoint). `tokens`: render locally and send token ids to vLLM's
+    completions endpoint, so multi-turn prompts extend the exact sampled tokens (needs `tokenizer`)."""
+    tokenizer: str | None = None
+    """Hugging Face directory or hub id of the model's tokenizer, for `client="tokens"` (default: `model`)."""
 
     def api_key(self) -> str | None:
         """The key from the environment, if the variable is named and set."""

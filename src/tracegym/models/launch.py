@@ -63,7 +63,8 @@ def serve(choice: ModelChoice, *, log_path: Path | None = None) -> Iterator[Endp
         return
     config = server_config(choice, log_path)
     with VLLMServer(config) as server:
-        yield Endpoint(base_url=server.base_url, model=config.name, api_key_env=None, **options)
+        yield Endpoint(base_url=server.base_url, model=config.name, api_key_env=None, tokenizer=config.model,
+                       **options)
 
 
 def server_config(choice: ModelChoice, log_path: Path | None = None) -> VLLMServerConfig:

@@ -2,8 +2,11 @@
 
 It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
 `token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
-context limit (answered with vLLM's 400) are configurable. It runs its own event loop in a thread, so sync
-and async tests can both use it.
+context limit (answered with vLLM's 400) are configurable. Given a renderer, it also answers vLLM's
+`/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
+empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
+renderer's completion ids (or `completion_ids(message)`'s), cut at `max_tokens`. It runs its own event loop
+in a thread, so sync and async tests can both use it.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
-from tracegym.core.messages import Message
+from tracegym.core.messages import Message, assistant, user
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.models.client import ModelRequest
+from tracegym.models.renderer import Renderer
 from tracegym.testing.script import Entry, Fail, Script
 from tracegym.testing.scripted_model import encode, render, render_body
 
@@ -28,7 +32,9 @@ class FakeOpenAIServer:
 
     def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
                  *, model: str = "fake-model", latency: float = 0.0, fail_first: int = 0, fail_status: int = 503,
-                 context_length: int | None = None, token_fields: bool = True, port: int = 0) -> None:
+                 context_length: int | None = None, token_fields: bool = True, port: int = 0,
+                 renderer: Renderer | None = None,
+                 completion_ids: Callable[[Message], list[int]] | None = None) -> None:
         self.script = Script(script, rule)
         self.model = model
         self.latency = latency
@@ -38,6 +44,10 @@ class FakeOpenAIServer:
         self.token_fields = token_fields
         """False: behave like a non-vLLM endpoint and reject `return_token_ids` with HTTP 400."""
         self.port = port
+        self.renderer = renderer
+        """Answers token-prompt `/v1/completions` when set."""
+        self.completion_ids = completion_ids
+        """The sampled ids for a scripted reply; default: the renderer's canonical ones."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,6 +89,7 @@ class FakeOpenAIServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._token_completion)
         app.router.add_get("/health", self._health)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
@@ -140,6 +151,55 @@ class FakeOpenAIServer:
             choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5, "top_logprobs": []}
                                               for t in completion_ids]}
         return out
+
+
+    async def _token_completion(self, http: web.Request) -> web.Response:
+        body = await http.json()
+        self.requests.append(body)
+        self.headers.append(dict(http.headers))
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        if len(self.requests) <= self.fail_first:
+            return _error(self.fail_status, "scripted failure")
+        prompt = body.get("prompt")
+        if self.renderer is None or not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return _error(400, "this fake answers completions only for a token-id prompt, given a renderer")
+        if self.context_length is not None and len(prompt) > self.context_length:
+            return _error(400, f"This model's maximum context length is {self.context_length} tokens. "
+                               f"However, your prompt contains {len(prompt)} input tokens.")
+        message = await self.script.resolve(self._token_request(prompt))
+        if isinstance(message, Fail):
+            return _error(message.status, message.message)
+        return web.json_response(self._token_choice(body, message, prompt))
+
+    def _token_request(self, prompt: list[int]) -> ModelRequest:
+        """The request a script sees: one empty assistant message per earlier turn (counted by the renderer's
+        `generation_prompt_ids`, when it has them), then the decoded prompt as a user message."""
+        assert self.renderer is not None
+        opener = getattr(self.renderer, "generation_prompt_ids", None) or []
+        turns = _count(prompt, opener) - 1 if opener else 0
+        return ModelRequest(messages=[assistant("")] * max(turns, 0) + [user(self.renderer.decode(prompt))])
+
+    def _token_choice(self, body: dict[str, Any], message: Message, prompt: list[int]) -> dict[str, Any]:
+        assert self.renderer is not None
+        ids = (self.completion_ids or self.renderer.completion_ids)(message)
+        budget = body.get("max_tokens")
+        finish = "stop"
+        if budget is not None and len(ids) > budget:
+            ids, finish = ids[:budget], "length"
+        choice = {"index": 0, "text": self.renderer.decode(ids), "token_ids": ids, "finish_reason": finish,
+                  "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids),
+                               "top_logprobs": [], "text_offset": []}}
+        return {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model, "choices": [choice],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                          "total_tokens": len(prompt) + len(ids)}}
+
+
+def _count(ids: list[int], pattern: list[int]) -> int:
+    """How many times `pattern` occurs in `ids`."""
+    n = len(pattern)
+    return sum(1 for i in range(len(ids) - n + 1) if ids[i : i + n] == pattern)
 
 
 def _to_request(body: dict[str, Any]) -> ModelRequest:

@@ -1,0 +1,111 @@
+"""Token client: the model client that renders prompts locally and sends token ids to vLLM's completions endpoint.
+
+Each turn's prompt extends the branch's exact tokens through the renderer's bridge (previous prompt ids +
+sampled completion ids + the new messages); when the bridge cannot prove that safe, the whole conversation is
+rendered and the message graph forks if the render does not extend the branch. vLLM answers `/v1/completions`
+with a token-id prompt, returning the sampled ids (`return_token_ids`) and their logprobs; the assistant
+message (content, tool calls) is parsed from those ids, never from re-tokenized text. HTTP, retries and error
+mapping are the chat client's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from tracegym.core.errors import ModelError
+from tracegym.models.chat_client import ChatClient
+from tracegym.models.client import ModelRequest, ModelResponse
+from tracegym.models.endpoint import Endpoint
+from tracegym.models.renderer import Renderer
+
+
+class TokenClient(ChatClient):
+    """`TokenClient(Endpoint(base_url=..., model=...), load_renderer(model_dir))`; close like ChatClient."""
+
+    def __init__(self, endpoint: Endpoint, renderer: Renderer) -> None:
+        super().__init__(endpoint)
+        self.renderer = renderer
+        self._url = endpoint.base_url.rstrip("/") + "/completions"
+        self._max_model_len: int | None = None
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One completion on this turn's prompt ids, retried on transient failures; raises tracegym errors."""
+        prompt_ids = self.prompt_ids(request)
+        body = completion_body(self.endpoint.model, request, prompt_ids, self.renderer.stop_token_ids)
+        if body["max_tokens"] is None:  # vLLM's completions would stop at 16; ask for the rest of the context
+            body["max_tokens"] = await self._context_length()
+        data = await self._retrying(lambda: self._send(self._url, body))
+        return self.parse_completion(data, prompt_ids)
+
+    async def _context_length(self) -> int | None:
+        """The served model's `max_model_len` from `/v1/models` (fetched once; None when not listed)."""
+        if self._max_model_len is None:
+            url = self.endpoint.base_url.rstrip("/") + "/models"
+            try:
+                async with self._session().get(url) as http:
+                    listed = (await http.json()).get("data", [])
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                return None
+            lengths = [m.get("max_model_len") for m in listed if m.get("id") == self.endpoint.model]
+            self._max_model_len = lengths[0] if lengths and isinstance(lengths[0], int) else None
+        return self._max_model_len
+
+    def prompt_ids(self, request: ModelRequest) -> list[int]:
+        """The bridge onto the branch's tokens when the request says which of them were sampled and the
+        renderer proves the extension safe; else the whole conversation rendered."""
+        prefix, covered, sampled = request.prefix_token_ids, request.prefix_messages, request.prefix_completion_length
+        if prefix and covered and sampled and sampled <= len(prefix):
+            cut = len(prefix) - sampled
+            bridged = self.renderer.bridge(prefix[:cut], prefix[cut:], request.messages[covered:], request.tools)
+            if bridged is not None:
+                return bridged
+        return self.renderer.render(request.messages, request.tools)
+
+    def parse_completion(self, data: dict[str, Any], prompt_ids: list[int]) -> ModelResponse:
+        """A ModelResponse from vLLM's completions body: sampled ids, their logprobs, the parsed message."""
+        try:
+            choice = data["choices"][0]
+            completion_ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(lp or 0.0) for lp in (choice.get("logprobs") or {})["token_logprobs"]]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ModelError(f"malformed completion, no token ids or logprobs ({type(exc).__name__}: {exc}); "
+                             f"is the endpoint vLLM? {str(data)[:300]}") from None
+        if len(logprobs) != len(completion_ids):
+            raise ModelError(f"{len(logprobs)} logprobs for {len(completion_ids)} sampled tokens")
+        message = self.renderer.parse(completion_ids)
+        finish = choice.get("finish_reason")
+        if finish == "stop" and message.tool_calls:
+            finish = "tool_calls"
+        return ModelResponse(
+            message=message,
+            finish_reason=finish,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(completion_ids),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            completion_logprobs=logprobs,
+        )
+
+
+def completion_body(model: str, request: ModelRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:
+    """The JSON body of a token-prompt completions call (vLLM's token fields on)."""
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt_ids,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "stop_token_ids": stop_ids,
+        "skip_special_tokens": False,
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.stop:
+        body["stop"] = list(s.stop)
+    body.update(s.extra)
+    return body
