@@ -59,3 +59,25 @@ def test_drifted_prompt_forks_a_new_branch():
     graph.add_model_turn(assistant("d"), prompt_ids=[1, 9, 3, 4], completion_ids=[5])
     assert len(graph.branches()) == 2
     assert graph.tokens() == [1, 9, 3, 4, 5]
+
+
+def _tokenized_trace() -> Trace:
+    trace = make_trace()
+    trace.graph.add(user("again"))
+    trace.graph.add_model_turn(assistant("d"), prompt_ids=[1, 2, 3], completion_ids=[4, 5],
+                               completion_logprobs=[-0.25, -1.5e-9], temperature=0.7)
+    trace.graph.add(user("x"))
+    trace.graph.add_model_turn(assistant("e"), prompt_ids=[9, 2], completion_ids=[6], temperature=0.7)  # forks
+    return trace
+
+
+def test_json_round_trip_keeps_tokens_masks_logprobs_and_forks():
+    trace = _tokenized_trace()
+    assert Trace.model_validate_json(trace.model_dump_json()) == trace
+
+
+def test_msgpack_round_trip_keeps_tokens_masks_logprobs_and_forks():
+    trace = _tokenized_trace()
+    packed = msgpack.packb(trace.model_dump(mode="json"))
+    back = Trace.model_validate(msgpack.unpackb(packed))
+    assert back == trace and back.graph.tokens() == [9, 2, 6] and len(back.branches) == 2
