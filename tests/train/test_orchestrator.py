@@ -1,0 +1,91 @@
+"""The orchestrator against a real local env server and the fake OpenAI server: groups become advantaged,
+version-stamped samples; no-signal groups are dropped; it never runs ahead of the trainer."""
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+
+import pytest
+
+from tracegym.serve.local_server import local_server
+from tracegym.testing import FakeOpenAIServer
+from tracegym.train import exchange
+from tracegym.train.orchestrator import Orchestrator
+from tracegym.train.rl_config import RLConfig
+
+CALLS = itertools.count()
+
+
+def alternating(request):
+    """Every other reply is the exact reversal: groups have reward signal."""
+    text = request.messages[-1].text
+    return text[::-1] if next(CALLS) % 2 else "no idea"
+
+
+@pytest.fixture(scope="module")
+def env_address():
+    with local_server("reverse-text", {"seed": 0}, workers=1) as address:
+        yield address
+
+
+def make(tmp_path, server, env_address, **orchestrator) -> Orchestrator:
+    config = RLConfig.model_validate({
+        "steps": orchestrator.pop("steps", 2), "trainer": {"model": "unused"},
+        "orchestrator": {"tasks_per_step": 2, "group_size": 4, "client": "chat", "max_async_steps": 0,
+                         "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 3},
+                         **orchestrator}})
+    return Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})
+
+
+async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
+    from tracegym.serve.env_client import EnvClient
+
+    orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
+    try:
+        return await orchestrator.collect(step, version, orchestrator.base_model)
+    finally:
+        for client in orchestrator.clients.values():
+            await client.aclose()
+
+
+def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_address):
+    with FakeOpenAIServer(rule=alternating) as server:
+        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_address), version=0))
+    assert len(samples) == 8 and metrics["rollouts"] == 8
+    assert {s.policy_version for s in samples} == {0}
+    assert any(s.advantage > 0 for s in samples) and any(s.advantage < 0 for s in samples)
+    assert abs(sum(s.advantage for s in samples)) < 1e-9
+    assert all(s.num_trained and s.token_ids for s in samples)
+    assert len((tmp_path / "traces" / "step-000000.jsonl").read_text().splitlines()) == 8
+
+
+def test_groups_without_signal_are_dropped_and_counted(tmp_path, env_address):
+    with FakeOpenAIServer(rule=lambda r: "same answer") as server:
+        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_address)))
+    assert samples == [] and metrics["groups_filtered"] == 2
+
+
+def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp_path, env_address):
+    published = []
+
+    def fake_trainer() -> None:  # publishes version n+1 once batch n exists
+        for step in range(2):
+            exchange.wait_for(lambda s=step: exchange.read_batch(tmp_path, s), "batch", 30)
+            assert not exchange.read_batch(tmp_path, step + 1), "ran ahead of the trainer"
+            time.sleep(0.2)
+            exchange.publish_policy(tmp_path, step + 1, "fake-model")
+            published.append(step + 1)
+
+    with FakeOpenAIServer(rule=alternating) as server:
+        orchestrator = make(tmp_path, server, env_address, steps=2)
+        orchestrator.env_addresses["eval:reverse-text"] = env_address
+        thread = threading.Thread(target=fake_trainer)
+        thread.start()
+        asyncio.run(orchestrator.run())
+        thread.join(10)
+    assert published == [1, 2]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "step" in r] == [0, 1]
+    assert [r["eval_step"] for r in records if "eval_step" in r] == [0, 2]
