@@ -47,3 +47,30 @@ def ready_pids(address: str) -> list[int]:
 
     health = asyncio.run(ask())
     return health["pids"] if health["workers"]["ready"] == len(health["pids"]) else []
+
+
+def test_a_local_server_whose_parent_is_killed_stops_with_its_workers():
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING], stdout=subprocess.PIPE, text=True)
+    address = parent.stdout.readline().strip()
+    pids = wait_for(lambda: ready_pids(address), 20) and ready_pids(address)
+    server = _server_pid(address)
+    parent.kill()  # kill -9: no cleanup runs in the parent
+    parent.wait()
+    assert wait_for(lambda: not alive(server) and not [p for p in pids if alive(p)], 10)
+
+
+ORPHANING = f"""
+import time
+from tracegym.serve import local_server
+with local_server({SPEC!r}, {{}}, workers=1) as address:
+    print(address, flush=True)
+    time.sleep(60)
+"""
+
+
+def _server_pid(address: str) -> int:
+    async def ask() -> dict:
+        async with EnvClient(address) as client:
+            return await client.health()
+
+    return asyncio.run(ask())["pid"]

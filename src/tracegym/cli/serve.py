@@ -41,6 +41,8 @@ class ServeConfig(BaseConfig):
     """Seconds an elastic pool's worker stays idle before it is retired."""
     log_dir: Path | None = None
     """Folder for one log file per worker; unset: workers log to this command's stderr."""
+    exit_with_parent: bool = False
+    """Stop when the process that started this one exits (how `local_server` children avoid orphans)."""
 
     def options(self) -> dict:
         """The taskset's options."""
@@ -64,7 +66,8 @@ def run(args: list[str]) -> int:
     if args and not args[0].startswith("-"):
         args = ["--taskset.id", args[0], *args[1:]]
     cfg = cli(ServeConfig, args=args, prog="tracegym serve")
-    server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir)
+    server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
+                         exit_with_parent=cfg.exit_with_parent)
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())

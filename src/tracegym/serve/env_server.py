@@ -57,7 +57,8 @@ class EnvServer:
 
     def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
                  address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
-                 log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2) -> None:
+                 log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
+                 exit_with_parent: bool = False) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
@@ -71,6 +72,7 @@ class EnvServer:
         self.pending: collections.deque[bytes] = collections.deque()
         self._keys = 0
         self._stopping = False
+        self._parent = os.getppid() if exit_with_parent else None
         self._ctx: zmq.Context | None = None
         self._tmp: str | None = None
 
@@ -251,6 +253,9 @@ class EnvServer:
     def _supervise(self) -> None:
         if self._stopping:
             return  # a group SIGTERM reaches the workers too: their exits are no reason to start new ones
+        if self._parent is not None and os.getppid() != self._parent:
+            self.stop()  # whoever started us (an eval, a trainer) is gone, even by kill -9
+            return
         for handle in self.pool.reap():
             self._worker_exited(handle)
         for handle in self.pool.scale(len(self.inflight)):

@@ -25,7 +25,7 @@ def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None,
                  extra_args: list[str] | None = None) -> Iterator[str]:
     """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit."""
     command = [sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
-               "--taskset-json", json.dumps(taskset_options or {}), *(extra_args or [])]
+               "--taskset-json", json.dumps(taskset_options or {}), "--exit-with-parent", *(extra_args or [])]
     if elastic:
         command.append("--elastic")
     elif workers is not None:
