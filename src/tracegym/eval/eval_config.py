@@ -63,6 +63,10 @@ class EvalConfig(BaseConfig):
     """Rollouts running at once."""
     infra_retries: int = 1
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
+    serve: bool = True
+    """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
+    env_address: str | None = None
+    """Address of a running env server for this taskset (e.g. `tcp://host:5555`); unset: start one here."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
     output_dir: Path = Path("outputs")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -22,7 +23,10 @@ from tracegym.eval.eval_config import EvalConfig
 from tracegym.eval.run_folder import ERRORED, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.chat_client import ChatClient
+from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
+from tracegym.serve.env_client import EnvClient
+from tracegym.serve.local_server import local_server
 
 RERUN = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
 """Stop reasons of traces a resume runs again (the rollout did not finish on its own terms)."""
@@ -59,20 +63,35 @@ def plan(config: EvalConfig, folder: RunFolder, resume: bool) -> Plan:
     return Plan(taskset, expected, todo, kept=list(good.values()))
 
 
-async def run_rollouts(config: EvalConfig, work: Plan, folder: RunFolder, client: ChatClient, tally: Tally,
+async def run_rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: Endpoint, tally: Tally,
                        boards: list[Dashboard]) -> None:
     """Run the planned rollouts, appending each trace to the folder and showing it on the dashboards."""
     with contextlib.ExitStack() as shown:
         for board in boards:
             shown.enter_context(board)
-        async with client:
-            async for trace in evaluate_iter(work.taskset, client, sampling=config.sampling,
-                                             concurrency=config.concurrency, pairs=work.todo,
-                                             timeouts=config.timeouts, infra_retries=config.infra_retries):
-                folder.append(trace)
-                tally.add(trace)
-                for board in boards:
-                    board.update(trace)
+        async for trace in rollouts(config, work, folder, endpoint):
+            folder.append(trace)
+            tally.add(trace)
+            for board in boards:
+                board.update(trace)
+
+
+async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
+    """Traces of the planned work as they finish: through an env server (`--env-address`, or one started here
+    with worker logs in the run folder) or, with `--no-serve`, in this process."""
+    options = {"sampling": config.sampling, "concurrency": config.concurrency, "timeouts": config.timeouts,
+               "infra_retries": config.infra_retries}
+    if not config.serve and config.env_address is None:
+        async with ChatClient(endpoint) as client:
+            async for trace in evaluate_iter(work.taskset, client, pairs=work.todo, **options):
+                yield trace
+        return
+    with contextlib.ExitStack() as stack:
+        address = config.env_address or stack.enter_context(
+            local_server(config.taskset.id, config.taskset_options(), log_dir=folder.logs / "env"))
+        async with EnvClient(address) as client:
+            async for trace in client.evaluate_iter(work.todo, endpoint, **options):
+                yield trace
 
 
 def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None) -> Summary:
@@ -90,7 +109,7 @@ def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out:
                 print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
                       file=log, flush=True)
                 tally.restart_clock()
-                asyncio.run(run_rollouts(config, work, folder, ChatClient(endpoint), tally, boards))
+                asyncio.run(run_rollouts(config, work, folder, endpoint, tally, boards))
         except KeyboardInterrupt:
             finish(config, folder, tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)

@@ -1,0 +1,50 @@
+"""`tracegym eval` through an env server (the default), in process (`--no-serve`) and at `--env-address`."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracegym.cli.main import main
+from tracegym.serve import local_server
+from tracegym.testing import FakeOpenAIServer
+
+VOLATILE = {"id", "started_at", "spans"}
+
+
+def reverse(request) -> str:
+    return request.messages[-1].text[::-1]
+
+
+@pytest.fixture
+def fake():
+    with FakeOpenAIServer(rule=reverse) as server:
+        yield server
+
+
+def run_eval(fake, out: Path, *extra: str) -> Path:
+    args = ["eval", "reverse-text", "-n", "3", "-r", "2", "--base-url", fake.base_url, "--output-dir", str(out),
+            "--no-rich", "--sampling.temperature", "0", *extra]
+    assert main(args) == 0
+    [run] = list(out.glob("*/*"))
+    return run
+
+
+def contents(run: Path) -> list[dict]:
+    traces = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    return sorted(({k: v for k, v in t.items() if k not in VOLATILE} for t in traces),
+                  key=lambda t: (t["task_key"], t["rollout_index"]))
+
+
+def test_eval_through_the_env_server_matches_in_process(fake, tmp_path):
+    served = run_eval(fake, tmp_path / "served")
+    local = run_eval(fake, tmp_path / "local", "--no-serve")
+    assert contents(served) == contents(local) and len(contents(served)) == 6
+    assert (served / "logs" / "env" / "worker-w1.log").is_file()
+    assert not (local / "logs" / "env").exists()
+
+
+def test_eval_uses_a_running_env_server_at_env_address(fake, tmp_path):
+    with local_server("reverse-text", {}, workers=1) as address:
+        run = run_eval(fake, tmp_path, "--env-address", address)
+    assert [t["rewards"]["lcs"]["score"] for t in contents(run)] == [1.0] * 6
