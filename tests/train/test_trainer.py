@@ -84,7 +84,9 @@ def test_step_metrics_count_the_loss_tokens():
 
 
 def test_splitting_into_micro_batches_accumulates_the_same_gradient():
-    one, many = tiny_trainer(micro_batch_tokens=4096), tiny_trainer(micro_batch_tokens=12)
+    # in float32: bfloat16 rounding depends on the padded shapes, which the split changes
+    one = tiny_trainer(micro_batch_tokens=4096, compute_dtype="float32")
+    many = tiny_trainer(micro_batch_tokens=12, compute_dtype="float32")
     one.step(samples(3, n=6))
     metrics = many.step(samples(3, n=6))
     assert metrics["micro_batches"] > 1

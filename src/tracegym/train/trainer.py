@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -56,8 +56,12 @@ class TrainerConfig(BaseModel):
     """AdamW betas."""
     max_grad_norm: float = 1.0
     """Clip the gradient's global norm to this (0 disables clipping)."""
-    micro_batch_tokens: int = 2048
-    """Padded tokens per micro-batch; gradients accumulate over micro-batches (lower it to save memory)."""
+    micro_batch_tokens: int = 512
+    """Padded tokens per micro-batch; gradients accumulate over micro-batches. Small ones use less memory and,
+    on CPU, run faster (they stay in cache): 512 took 3.4 s for 16 samples of ~110 tokens where 2048 took 4."""
+    compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32.
+    bfloat16 is 2x faster on CPUs with AVX512-BF16/AMX and on GPUs, and is what vLLM serves on CPU."""
     min_ratio: float = 0.125
     """Tokens whose trainer/sampler probability ratio is below this carry no gradient."""
     max_ratio: float = 8.0
@@ -116,8 +120,10 @@ class Trainer:
 
     def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """[B, keep - 1] logprobs of the target columns at each row's temperature."""
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            position_ids=batch.position_ids, logits_to_keep=batch.keep, use_cache=False).logits
+        device = batch.input_ids.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.config.compute_dtype == "bfloat16"):
+            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                position_ids=batch.position_ids, logits_to_keep=batch.keep, use_cache=False).logits
         return token_logprobs(logits[:, :-1], batch.input_ids[:, batch.targets], batch.temperatures)
 
     def _clip(self) -> float:
