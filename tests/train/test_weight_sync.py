@@ -43,15 +43,29 @@ class FakeLoraServer:
 
 @pytest.fixture
 def adapter(tmp_path):
-    (tmp_path / "adapter_config.json").write_text("{}")
-    return tmp_path
+    path = tmp_path / "current"
+    path.mkdir()
+    (path / "adapter_config.json").write_text("{}")
+    return path
 
 
-def test_publish_loads_the_adapter_in_place_under_its_name(adapter):
+def test_publish_loads_a_snapshot_of_the_adapter_in_place_under_its_name(adapter):
     with FakeLoraServer() as fake:
         WeightSync(fake.base_url, adapter_name="policy").publish(adapter, version=3)
+    snapshot = adapter.resolve().with_name("current.v000003")
     assert fake.bodies == [("/v1/load_lora_adapter",
-                            {"lora_name": "policy", "lora_path": str(adapter.resolve()), "load_inplace": True})]
+                            {"lora_name": "policy", "lora_path": str(snapshot), "load_inplace": True})]
+    assert (snapshot / "adapter_config.json").is_file()
+
+
+def test_each_version_is_served_from_a_new_path_and_the_previous_snapshot_is_removed(adapter):
+    with FakeLoraServer() as fake:
+        sync = WeightSync(fake.base_url)
+        sync.publish(adapter, version=1)
+        sync.publish(adapter, version=2)
+    paths = [body["lora_path"] for _, body in fake.bodies]
+    assert paths[0] != paths[1]
+    assert sorted(p.name for p in adapter.parent.iterdir()) == ["current", "current.v000002"]
 
 
 def test_publish_records_the_served_version_and_requests_name_the_adapter(adapter):
@@ -64,6 +78,7 @@ def test_publish_records_the_served_version_and_requests_name_the_adapter(adapte
 
 
 def test_a_folder_without_an_adapter_is_a_usage_error(tmp_path):
+    # tmp_path holds no adapter_config.json
     with pytest.raises(UsageError, match=r"adapter_config\.json"):
         WeightSync("http://127.0.0.1:9/v1").publish(tmp_path, version=1)
 

@@ -3,7 +3,11 @@
 vLLM must run with LoRA enabled and runtime updating allowed (`VLLMServerConfig(enable_lora=True)` sets
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING`). `publish(adapter_dir, version)` posts `/v1/load_lora_adapter` with
 `load_inplace`, so the adapter keeps its name (`model_name`, what requests put in `model`) and requests that
-arrive after the call returns are served by the new weights. HTTP and network failures are translated into
+arrive after the call returns are served by the new weights. Each version is served from its own snapshot
+folder (`<adapter_dir>.v<version>`, the previous one removed once the new one is loaded): vLLM's prefix cache
+keys blocks by adapter name *and path*, so reloading one path in place would let new requests reuse prompt KV
+computed by the old adapter; a fresh path per version makes that impossible, and the caller may keep
+overwriting one folder. HTTP and network failures are translated into
 tracegym errors here, in one place: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
 files) is a UsageError, an unreachable or failing server (5xx) an InfrastructureError.
 
@@ -15,6 +19,7 @@ files) is a UsageError, an unreachable or failing server (5xx) an Infrastructure
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +41,8 @@ class WeightSync:
         """The policy version vLLM serves under `model_name` (None before the first publish)."""
         self.last_seconds = 0.0
         """How long the last publish took."""
+        self.served_path: Path | None = None
+        """The snapshot folder vLLM serves the current version from."""
 
     @property
     def model_name(self) -> str:
@@ -49,9 +56,15 @@ class WeightSync:
         if not (path / "adapter_config.json").is_file():
             raise UsageError(f"{path} is not a LoRA adapter directory (no adapter_config.json)")
         start = time.perf_counter()
-        body = {"lora_name": self.adapter_name, "lora_path": str(path), "load_inplace": True}
+        snapshot = path.with_name(f"{path.name}.v{version:06d}")
+        if snapshot != self.served_path:
+            shutil.rmtree(snapshot, ignore_errors=True)
+            shutil.copytree(path, snapshot)
+        body = {"lora_name": self.adapter_name, "lora_path": str(snapshot), "load_inplace": True}
         self._post("/load_lora_adapter", body)
-        self.version = version
+        previous, self.served_path, self.version = self.served_path, snapshot, version
+        if previous is not None and previous != snapshot:
+            shutil.rmtree(previous, ignore_errors=True)
         self.last_seconds = time.perf_counter() - start
         return self.model_name
 
