@@ -1,0 +1,111 @@
+"""Slow: the token client on real vLLM with the embedded model: multi-turn wordle and tool-calculator rollouts whose
+branches are exactly each call's prompt + completion, with real logprobs, and train as exact samples."""
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+import tracegym as tg
+from tracegym.core.token_check import check_turn, validate_tokens
+from tracegym.models.client import ModelRequest, ModelResponse
+from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.endpoint import Endpoint
+from tracegym.models.renderer import load_renderer
+from tracegym.models.token_client import TokenClient
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+from tracegym.train.samples import trace_samples, validate
+
+pytestmark = pytest.mark.slow
+
+
+TOOL_CALL = (r'<tool_call>\n\{"name": "(add|subtract|multiply|divide)", '
+             r'"arguments": \{"a": [0-9]{1,3}, "b": [0-9]{1,3}\}\}\n</tool_call>')
+ANSWER = r"The result is -?[0-9]{1,5}\."
+
+
+def call_then_answer(request: ModelRequest) -> dict:
+    """vLLM structured outputs that make the 135M model call a tool first (it never does unprompted), then answer;
+    the ids are still the model's own samples, with their logprobs."""
+    called = any(m.role == "tool" for m in request.messages)
+    return {"structured_outputs": {"regex": ANSWER if called else TOOL_CALL}}
+
+
+class Recording:
+    """A model client that remembers every response of the client it wraps (calls are sequential here), and
+    optionally adds endpoint fields to each request's sampling."""
+
+    def __init__(self, inner: TokenClient) -> None:
+        self.inner = inner
+        self.responses: list[ModelResponse] = []
+        self.steer: Callable[[ModelRequest], dict] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        if self.steer is not None:
+            extra = {**request.sampling.extra, **self.steer(request)}
+            request = replace(request, sampling=request.sampling.model_copy(update={"extra": extra}))
+        response = await self.inner.complete(request)
+        self.responses.append(response)
+        return response
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    model_dir = str(embedded_model_dir())
+    config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME,
+                              log_path=tmp_path_factory.mktemp("vllm") / "vllm.log")
+    with VLLMServer(config) as server:
+        yield server.base_url
+
+
+@pytest.fixture
+async def client(base_url):
+    endpoint = Endpoint(base_url=base_url, model=SERVED_MODEL_NAME, api_key_env=None, client="tokens")
+    async with TokenClient(endpoint, load_renderer(str(embedded_model_dir()))) as inner:
+        yield Recording(inner)
+
+
+async def run_one(taskset: str, client: Recording) -> tg.Trace:
+    [trace] = await tg.evaluate(taskset, client, num_tasks=1, rollouts=1,
+                                sampling=tg.Sampling(max_tokens=48, temperature=0.8, seed=1))
+    return trace
+
+
+def assert_exact(trace: tg.Trace, responses: list[ModelResponse]) -> None:
+    """Every model call's prompt + completion is its branch's tokens; real logprobs on every sampled token."""
+    turns = [n for n in trace.graph.nodes if n.sampled and n.token_ids]
+    assert len(turns) == len(responses) >= 1, trace.errors
+    for node, response in zip(turns, responses, strict=True):
+        assert check_turn(trace.graph, node.id, response.prompt_token_ids, response.completion_token_ids) == []
+        sampled = [lp for lp, m in zip(node.logprobs, node.mask, strict=True) if m]
+        assert sampled == response.completion_logprobs
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
+        assert node.temperature == 0.8
+    assert validate_tokens(trace) == [] and validate(trace) == []
+    assert len(trace.branches) == 1  # every later prompt extended the sampled tokens through the bridge
+    print(f"\n{trace.taskset}: {len(responses)} calls, {len(trace.graph.tokens())} tokens, "
+          f"finish {[r.finish_reason for r in responses]}, tool calls {trace.metrics.get('tool_calls')}, "
+          f"last reply {trace.last_reply[:60]!r}")
+    samples = trace_samples(trace)
+    assert len(samples) == len(trace.branches)
+    assert sum(s.num_trained for s in samples) == sum(len(r.completion_token_ids) for r in responses)
+
+
+async def test_a_multi_turn_wordle_rollout_is_token_exact(client):
+    trace = await run_one("wordle", client)
+    assert len(client.responses) >= 2 and not [e for e in trace.errors if e.kind != tg.ErrorKind.TOOL], trace.errors
+    assert_exact(trace, client.responses)
+
+
+async def test_a_tool_calculator_rollout_is_token_exact(client):
+    client.steer = call_then_answer
+    trace = await run_one("tool-calculator", client)
+    assert trace.metrics["tool_calls"] == 1 and trace.last_reply.startswith("The result is"), trace.messages
+    assert_exact(trace, client.responses)
+    system_prompt = client.inner.renderer.decode(client.responses[0].prompt_token_ids)
+    assert "<tools>" in system_prompt and '"name": "add"' in system_prompt
