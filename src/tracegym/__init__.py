@@ -18,6 +18,7 @@ from tracegym.core.errors import (
 )
 from tracegym.core.graph import MessageGraph, Node
 from tracegym.core.messages import ImagePart, Message, TextPart, ToolCall
+from tracegym.core.sample import Sample
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
@@ -33,7 +34,9 @@ from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.envs.tools import Tool
 from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
+from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.token_client import TokenClient
 
 __version__ = "0.1.0"
 
@@ -54,6 +57,7 @@ __all__ = [
     "ModelResponse",
     "Node",
     "RewardScore",
+    "Sample",
     "Sampling",
     "Span",
     "StageTimeout",
@@ -65,6 +69,7 @@ __all__ = [
     "TasksetConfig",
     "TextPart",
     "Timeouts",
+    "TokenClient",
     "Tool",
     "ToolCall",
     "ToolError",
@@ -78,6 +83,7 @@ __all__ = [
     "evaluate_iter",
     "known_tasksets",
     "load_taskset",
+    "make_client",
     "metric",
     "reward",
     "rollout",

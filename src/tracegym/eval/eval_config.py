@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
 from pydantic_config import BaseConfig, ConfigFileError, cli
@@ -53,6 +53,9 @@ class EvalConfig(BaseConfig):
     """Context length of a vLLM server started here."""
     vllm_args: list[str] = []
     """Extra flags for a vLLM server started here."""
+    client: Literal["chat", "tokens"] = "chat"
+    """`chat`: chat completions (any endpoint); `tokens`: render locally, send token ids to vLLM (exact
+    multi-turn tokens; the model's chat template must be covered by a renderer)."""
     num_tasks: Annotated[int | None, _short("num_tasks", "n")] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
     rollouts: Annotated[int, _short("rollouts", "r")] = 1
@@ -82,7 +85,7 @@ class EvalConfig(BaseConfig):
         """The model part of this config."""
         return ModelChoice(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
                            max_model_len=self.max_model_len, vllm_args=self.vllm_args,
-                           timeout=self.timeouts.model, max_retries=3)
+                           timeout=self.timeouts.model, max_retries=3, client=self.client)
 
     def taskset_options(self) -> dict[str, Any]:
         """The taskset's own options (its Config fields)."""

@@ -22,7 +22,7 @@ from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Ta
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.eval.run_folder import ERRORED, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
-from tracegym.models.chat_client import ChatClient
+from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
 from tracegym.serve.env_client import EnvClient
@@ -82,9 +82,12 @@ async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: 
     options = {"sampling": config.sampling, "concurrency": config.concurrency, "timeouts": config.timeouts,
                "infra_retries": config.infra_retries}
     if not config.serve and config.env_address is None:
-        async with ChatClient(endpoint) as client:
+        client = make_client(endpoint)
+        try:
             async for trace in evaluate_iter(work.taskset, client, pairs=work.todo, **options):
                 yield trace
+        finally:
+            await client.aclose()  # type: ignore[attr-defined] (both clients pool connections)
         return
     with contextlib.ExitStack() as stack:
         address = config.env_address or stack.enter_context(

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,11 @@ class ModelChoice(BaseModel):
     """Seconds one model call may take."""
     max_retries: int = 3
     """Retries of a model call after a connection error, 429 or 5xx."""
+    client: Literal["chat", "tokens"] = "chat"
+    """`chat`: chat completions (any endpoint); `tokens`: render locally and send token ids to vLLM, so
+    multi-turn prompts extend the exact sampled tokens."""
+    tokenizer: str | None = None
+    """Tokenizer directory or hub id for `client = "tokens"` with `base_url` (default: `model`)."""
 
     def display_name(self) -> str:
         """A short name for run folders and tables (the last path part of a model directory)."""
@@ -55,11 +60,12 @@ class ModelChoice(BaseModel):
 @contextlib.contextmanager
 def serve(choice: ModelChoice, *, log_path: Path | None = None) -> Iterator[Endpoint]:
     """The endpoint for `choice`, starting (and afterwards stopping) vLLM when no `base_url` is given."""
-    options: dict[str, Any] = {"timeout": choice.timeout, "max_retries": choice.max_retries}
+    options: dict[str, Any] = {"timeout": choice.timeout, "max_retries": choice.max_retries, "client": choice.client}
     if choice.base_url is not None:
         name = choice.model or only_served_model(choice.base_url)
         check_reachable(choice.base_url, name, choice.api_key_env)
-        yield Endpoint(base_url=choice.base_url, model=name, api_key_env=choice.api_key_env, **options)
+        yield Endpoint(base_url=choice.base_url, model=name, api_key_env=choice.api_key_env,
+                       tokenizer=choice.tokenizer or name, **options)
         return
     config = server_config(choice, log_path)
     with VLLMServer(config) as server:

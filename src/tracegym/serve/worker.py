@@ -27,8 +27,8 @@ from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import failed_trace, run_rollout
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
-from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelClient
+from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import error_reply, ok_header, pack, unpack
@@ -37,8 +37,8 @@ log = logging.getLogger("tracegym.serve.worker")
 
 
 def make_model(endpoint: Endpoint) -> ModelClient:
-    """The live model client a worker builds from an endpoint (the one place to switch client kinds)."""
-    return ChatClient(endpoint)
+    """The live model client a worker builds from an endpoint: chat, or token-in/token-out (`endpoint.client`)."""
+    return make_client(endpoint)
 
 
 class Worker:
