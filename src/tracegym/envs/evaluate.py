@@ -8,8 +8,8 @@ that ended on an infrastructure error (endpoint down) is rerun with a fresh Task
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 from tracegym.core.errors import ErrorKind, TraceError, TracegymError, UsageError
 from tracegym.core.sampling import Sampling
@@ -19,6 +19,9 @@ from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.taskset import Taskset
 from tracegym.models.client import ModelClient
+
+X = TypeVar("X")
+R = TypeVar("R")
 
 
 async def run_rollout(
@@ -92,21 +95,32 @@ async def evaluate_iter(
     rerun only what a resumed run is missing. Tasks are read lazily; at most `concurrency` run at once."""
     ts = bounded_taskset(taskset, num_tasks, need_bound=pairs is None)
     work = iter(pairs if pairs is not None else ((d, i) for d in ts for i in range(rollouts)))
-    done: asyncio.Queue[Trace] = asyncio.Queue()
+
+    async def one(item: tuple[TaskData, int]) -> Trace:
+        data, index = item
+        try:
+            return await run_rollout(ts, data, model, sampling, rollout_index=index, **options)
+        except Exception as exc:  # a bug below must still answer, or the consumer would wait forever
+            return failed_trace(data, ts.id, index, exc)
+
+    async for trace in as_finished(work, one, concurrency):
+        yield trace
+
+
+async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], concurrency: int) -> AsyncIterator[R]:
+    """`run(item)` for every item, at most `concurrency` at once, results yielded as they finish. Items are
+    drawn lazily; when the consumer stops early, the runs still going are cancelled. `run` must not raise."""
+    done: asyncio.Queue[R] = asyncio.Queue()
     running: set[asyncio.Task[None]] = set()
 
-    async def one(data: TaskData, index: int) -> None:
-        try:
-            trace = await run_rollout(ts, data, model, sampling, rollout_index=index, **options)
-        except Exception as exc:  # a bug below must still answer, or the consumer would wait forever
-            trace = failed_trace(data, ts.id, index, exc)
-        await done.put(trace)
+    async def one(item: X) -> None:
+        await done.put(await run(item))
 
     submitted = received = 0
     try:
         while True:
-            while submitted - received < concurrency and (item := next(work, None)) is not None:
-                job = asyncio.create_task(one(*item))
+            while submitted - received < concurrency and (item := next(items, None)) is not None:
+                job = asyncio.create_task(one(item))
                 running.add(job)
                 job.add_done_callback(running.discard)
                 submitted += 1

@@ -23,6 +23,7 @@ from tracegym.core.errors import ErrorKind, InfrastructureError, StageTimeout, T
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.evaluate import as_finished
 from tracegym.envs.rollout import Timeouts
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.wire import MAX_FRAME_BYTES, SECRET_ENV, RemoteError, decode_reply, encode_request
@@ -195,33 +196,17 @@ class EnvClient:
         """Yield traces as they finish, at most `concurrency` requests in flight; a failed request yields a
         failed trace (errors as data) and the iteration goes on."""
         taskset_id = await self._taskset_name()
-        work = iter(pairs)
-        done: asyncio.Queue[Trace] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
 
-        async def one(data: TaskData, index: int) -> None:
+        async def one(item: tuple[TaskData, int]) -> Trace:
+            data, index = item
             try:
-                trace = (await self.run(data, endpoint, sampling, rollout_indices=[index], timeouts=timeouts,
-                                        infra_retries=infra_retries))[0]
+                return (await self.run(data, endpoint, sampling, rollout_indices=[index], timeouts=timeouts,
+                                       infra_retries=infra_retries))[0]
             except Exception as exc:
-                trace = request_failed_trace(data, taskset_id, index, exc)
-            await done.put(trace)
+                return request_failed_trace(data, taskset_id, index, exc)
 
-        submitted = received = 0
-        try:
-            while True:
-                while submitted - received < concurrency and (item := next(work, None)) is not None:
-                    job = asyncio.create_task(one(*item))
-                    running.add(job)
-                    job.add_done_callback(running.discard)
-                    submitted += 1
-                if received == submitted:
-                    return
-                yield await done.get()
-                received += 1
-        finally:
-            for job in running:
-                job.cancel()
+        async for trace in as_finished(iter(pairs), one, concurrency):
+            yield trace
 
     async def _taskset_name(self) -> str:
         if self._taskset_id is None:
