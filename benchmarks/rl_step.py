@@ -1,0 +1,141 @@
+"""Benchmark: seconds per RL step (generation / training / weight sync) and peak memory, SmolLM2-135M with LoRA.
+
+One step: 16 completions of at most 48 tokens (4 reverse-text tasks x 4 rollouts, new tasks every step) from
+vLLM serving the current adapter through the ChatClient (exact token ids and logprobs returned); group-mean
+advantages; one trainer step (LoRA r=16, AdamW) in this process; the new adapter saved and loaded into vLLM in
+place. Steps run one after the other (on-policy): on 2 cores generation and training would only fight for
+them. Peak memory is this (trainer) process's max RSS; vLLM's RSS (its whole process group) is shown beside.
+Anchor (issue 7): TRL 1.16 GRPOTrainer 17.2 s/step at its best setting, 1.95 GB peak. Target: <= 8.6 s.
+
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--steps 5] [--warmup 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tracegym import ChatClient, Endpoint, Sampling, evaluate
+from tracegym.core.sample import Sample
+from tracegym.core.trace import Trace
+from tracegym.envs.registry import load_taskset
+from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+from tracegym.train.advantages import GroupAdvantages
+from tracegym.train.samples import trace_samples
+from tracegym.train.trainer import Trainer, TrainerConfig, build_trainer
+from tracegym.train.weight_sync import WeightSync
+
+TARGET_S = 8.6
+
+
+def samples_of(traces: list[Trace], advantages: GroupAdvantages, version: int) -> list[Sample]:
+    """Training samples of the traces, with group advantages (groups without signal dropped)."""
+    groups: dict[str, list[Trace]] = {}
+    for trace in traces:
+        groups.setdefault(trace.task_key, []).append(trace)
+    out = []
+    for key, group in groups.items():
+        adv = advantages([t.reward or 0.0 for t in group], key=key)
+        if adv is None:
+            continue
+        for trace, value in zip(group, adv, strict=True):
+            out += [s.model_copy(update={"advantage": value, "policy_version": version}) for s in trace_samples(trace)]
+    return out
+
+
+async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trainer: Trainer, sync: WeightSync,
+                   adapters: Path) -> dict[str, float]:
+    """Generate, train, publish; the seconds of each part and the step's numbers."""
+    taskset = load_taskset("reverse-text", {"seed": 1000 + step})
+    sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens)
+    t0 = time.perf_counter()
+    traces = await evaluate(taskset, client, num_tasks=args.tasks, rollouts=args.rollouts, sampling=sampling)
+    t1 = time.perf_counter()
+    batch = samples_of(traces, GroupAdvantages(), trainer.version)
+    metrics = trainer.step(batch) if batch else {}
+    t2 = time.perf_counter()
+    sync.publish(trainer.save_weights(adapters / "current"), trainer.version)
+    t3 = time.perf_counter()
+    return {"generation": t1 - t0, "training": t2 - t1, "weight_sync": t3 - t2, "total": t3 - t0,
+            "completion_tokens": float(sum(t.completion_length for t in traces)),
+            "reward": statistics.fmean(t.reward or 0.0 for t in traces), "samples": float(len(batch)),
+            "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
+
+
+def group_rss_mb(pid: int | None) -> float:
+    """Summed RSS (MB) of every process in the process group led by `pid`."""
+    if pid is None:
+        return float("nan")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pid:
+                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 2**20
+
+
+async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
+    """Warm-up and measured steps; returns the measured steps and vLLM's RSS at the end."""
+    model_dir = str(embedded_model_dir())
+    trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=args.rank, lora_alpha=2 * args.rank,
+                                          learning_rate=args.lr, num_threads=args.threads))
+    server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
+                                     enable_lora=True, max_lora_rank=args.rank, dtype=args.vllm_dtype)
+    with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
+        sync = WeightSync(server.base_url)
+        sync.publish(trainer.save_weights(Path(tmp) / "current"), trainer.version)
+        endpoint = Endpoint(base_url=server.base_url, model=sync.model_name, api_key_env=None, tokens="on")
+        rows = []
+        async with ChatClient(endpoint) as client:
+            for step in range(args.warmup + args.steps):
+                row = await one_step(step, args, client, trainer, sync, Path(tmp))
+                print(f"step {step}{' (warm-up)' if step < args.warmup else ''}: " +
+                      "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+                if step >= args.warmup:
+                    rows.append(row)
+        return rows, group_rss_mb(server.pid)
+
+
+def print_table(rows: list[dict[str, float]], vllm_mb: float) -> None:
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\nRL step, {len(rows)} measured steps (mean / min / max seconds)")
+    print(f"{'part':<14}{'mean':>8}{'min':>8}{'max':>8}")
+    for part in ("generation", "training", "weight_sync", "total"):
+        values = [r[part] for r in rows]
+        print(f"{part:<14}{statistics.fmean(values):>8.2f}{min(values):>8.2f}{max(values):>8.2f}")
+    tokens = statistics.fmean(r["completion_tokens"] for r in rows)
+    mismatch = statistics.fmean(r["abs_log_ratio"] for r in rows)
+    print(f"completion tokens per step: {tokens:.0f}; mean |trainer - sampler logprob| per token: {mismatch:.4f}")
+    print(f"peak RSS: trainer process {peak_mb:.0f} MB; vLLM process group {vllm_mb:.0f} MB (at the end)")
+    mean_total = statistics.fmean(r["total"] for r in rows)
+    print(f"target <= {TARGET_S} s per step: {'met' if mean_total <= TARGET_S else 'NOT met'} ({mean_total:.2f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per step")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task")
+    parser.add_argument("--max-tokens", type=int, default=48, help="completion tokens at most")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate")
+    parser.add_argument("--threads", type=int, default=2, help="trainer torch threads")
+    parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
+    args = parser.parse_args()
+    rows, vllm_mb = asyncio.run(run(args))
+    print_table(rows, vllm_mb)
+
+
+if __name__ == "__main__":
+    main()
