@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tracegym.core.errors import InfrastructureError
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.train import exchange
@@ -89,3 +90,11 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "step" in r] == [0, 1]
     assert [r["eval_step"] for r in records if "eval_step" in r] == [0, 2]
+
+
+def test_a_step_whose_every_rollout_failed_stops_the_run_with_the_reason(tmp_path, env_address):
+    with FakeOpenAIServer(rule=alternating, model="another-model") as server:
+        orchestrator = make(tmp_path, server, env_address)
+        orchestrator.base_model = "fake-model"  # a name the endpoint does not serve
+        with pytest.raises(InfrastructureError, match=r"all 8 rollouts failed.*does not exist"):
+            asyncio.run(collect(orchestrator))

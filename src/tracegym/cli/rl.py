@@ -29,6 +29,7 @@ def run(args: list[str]) -> int:
         run_dir = Path(resume)
         if not (run_dir / "config.toml").is_file():
             raise UsageError(f"--resume {resume}: not an RL run folder (no config.toml)")
+        (run_dir / "config.toml").rename(run_dir / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
     else:
         run_dir = config.output_dir / (config.run_id or time.strftime("%Y%m%d-%H%M%S"))
         if run_dir.exists():

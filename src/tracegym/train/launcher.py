@@ -19,6 +19,7 @@ from tracegym.core.errors import InfrastructureError
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
 from tracegym.serve.local_server import local_server
+from tracegym.train.exchange import POLICY
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.roles import ENDPOINTS
 
@@ -79,6 +80,7 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
         server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
         envs = start_env_servers(config, run_dir, stack, out)
         base_model = vllm_config(config, run_dir).name
+        (run_dir / POLICY).unlink(missing_ok=True)  # this vLLM serves no adapter yet; the trainer republishes
         (run_dir / ENDPOINTS).write_text(json.dumps({"base_url": server.base_url, "base_model": base_model,
                                                      "envs": envs}, indent=2))
         roles = [start_role("trainer", run_dir), start_role("orchestrator", run_dir)]

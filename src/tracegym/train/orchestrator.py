@@ -122,6 +122,7 @@ class Orchestrator:
                                                       rollout_indices=list(range(orch.group_size)))
 
         groups = await asyncio.gather(*(group(e) for e in envs))
+        check_not_all_failed(step, groups)
         samples = self.to_samples(groups, version, step)
         self.save_traces(step, groups)
         metrics = step_metrics(groups, samples, time.monotonic() - started)
@@ -205,6 +206,16 @@ class Orchestrator:
     def log(self, record: dict[str, Any]) -> None:
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:
+    """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint):
+    training on nothing would only hide it."""
+    traces = [t for g in groups for t in g]
+    if traces and all(t.stop_reason in ("error", "timeout") for t in traces):
+        first = next((e for t in traces for e in t.errors), None)
+        reason = f"{first.kind.value} error in {first.stage}: {first.message}" if first else "no error recorded"
+        raise InfrastructureError(f"step {step}: all {len(traces)} rollouts failed; the first: {reason}")
 
 
 def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: float) -> dict[str, Any]:
