@@ -12,6 +12,10 @@ def test_positional_taskset_and_short_flags():
     assert (config.taskset.id, config.num_tasks, config.rollouts, config.concurrency) == ("reverse-text", 50, 4, 8)
 
 
+def test_dash_m_names_the_model():
+    assert parse_eval_args(["reverse-text", "-m", "Qwen/Qwen3-8B"]).model == "Qwen/Qwen3-8B"
+
+
 def test_dotted_overrides_reach_nested_sections():
     config = parse_eval_args(["reverse-text", "--sampling.temperature", "0.7", "--timeouts.model", "5"])
     assert config.sampling.temperature == 0.7 and config.timeouts.model == 5.0

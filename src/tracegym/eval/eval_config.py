@@ -42,7 +42,7 @@ class EvalConfig(BaseConfig):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     taskset: TasksetSection
-    model: str | None = None
+    model: Annotated[str | None, _short("model", "m")] = None
     """Model name at `--base-url`, or a Hugging Face model directory to serve with vLLM; unset: the embedded
     SmolLM2-135M-Instruct on vLLM."""
     base_url: str | None = None
