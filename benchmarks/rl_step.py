@@ -1,13 +1,15 @@
 """Benchmark: seconds per RL step (generation / training / weight sync) and peak memory, SmolLM2-135M with LoRA.
 
 One step: 16 completions of at most 48 tokens (4 reverse-text tasks x 4 rollouts, new tasks every step) from
-vLLM serving the current adapter through the ChatClient (exact token ids and logprobs returned); group-mean
-advantages; one trainer step (LoRA r=16, AdamW) in this process; the new adapter saved and loaded into vLLM in
-place. Steps run one after the other (on-policy): on 2 cores generation and training would only fight for
-them. Peak memory is this (trainer) process's max RSS; vLLM's RSS (its whole process group) is shown beside.
+vLLM through the ChatClient (exact token ids and logprobs returned); group-mean advantages; one trainer step
+(LoRA r=16, AdamW) in this process; then the new weights reach vLLM: the adapter loaded in place
+(`--sync lora`), or merged into full weights that vLLM reloads in place (`--sync merged`, the default: on this
+CPU vLLM generates ~3x faster without an adapter). Steps run one after the other (on-policy): on 2 cores
+generation and training would only fight for them. Peak memory is this (trainer) process's max RSS; vLLM's RSS
+(its whole process group) is shown beside.
 Anchor (issue 7): TRL 1.16 GRPOTrainer 17.2 s/step at its best setting, 1.95 GB peak. Target: <= 8.6 s.
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--steps 5] [--warmup 1]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--sync merged|lora] [--steps 5]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 from tracegym.train.advantages import GroupAdvantages
 from tracegym.train.samples import trace_samples
 from tracegym.train.trainer import Trainer, TrainerConfig, build_trainer
-from tracegym.train.weight_sync import WeightSync
+from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
 TARGET_S = 8.6
 
@@ -61,12 +63,17 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
     batch = samples_of(traces, GroupAdvantages(), trainer.version)
     metrics = trainer.step(batch) if batch else {}
     t2 = time.perf_counter()
-    sync.publish(trainer.save_weights(adapters / "current"), trainer.version)
+    sync.publish(save_for(args, trainer, adapters), trainer.version)
     t3 = time.perf_counter()
     return {"generation": t1 - t0, "training": t2 - t1, "weight_sync": t3 - t2, "total": t3 - t0,
             "completion_tokens": float(sum(t.completion_length for t in traces)),
             "reward": statistics.fmean(t.reward or 0.0 for t in traces), "samples": float(len(batch)),
             "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
+
+
+def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
+    """What the sync publishes: the adapter (`--sync lora`) or the merged full weights (`--sync merged`)."""
+    return trainer.save_merged(folder / "merged") if args.sync == "merged" else trainer.save_weights(folder / "current")
 
 
 def group_rss_mb(pid: int | None) -> float:
@@ -89,11 +96,13 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=args.rank, lora_alpha=2 * args.rank,
                                           learning_rate=args.lr, num_threads=args.threads))
+    lora = args.sync == "lora"
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
-                                     enable_lora=True, max_lora_rank=args.rank, dtype=args.vllm_dtype)
+                                     enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
+                                     env={} if lora else {"VLLM_SERVER_DEV_MODE": "1"})
     with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
-        sync = WeightSync(server.base_url)
-        sync.publish(trainer.save_weights(Path(tmp) / "current"), trainer.version)
+        sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        sync.publish(save_for(args, trainer, Path(tmp)), trainer.version)
         endpoint = Endpoint(base_url=server.base_url, model=sync.model_name, api_key_env=None, tokens="on")
         rows = []
         async with ChatClient(endpoint) as client:
@@ -131,6 +140,8 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
     parser.add_argument("--lr", type=float, default=2e-4, help="learning rate")
     parser.add_argument("--threads", type=int, default=2, help="trainer torch threads")
+    parser.add_argument("--sync", choices=["lora", "merged"], default="merged",
+                        help="publish the LoRA adapter, or merged full weights reloaded in place")
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
     args = parser.parse_args()
     rows, vllm_mb = asyncio.run(run(args))

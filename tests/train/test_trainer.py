@@ -142,3 +142,19 @@ def test_loading_a_folder_that_is_not_a_checkpoint_is_a_usage_error(tmp_path):
 def test_an_empty_step_is_a_usage_error():
     with pytest.raises(UsageError):
         tiny_trainer().step([])
+
+
+def test_merged_weights_carry_the_adapter_under_base_model_names(tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = tiny_trainer()
+    trainer.step(samples(0))
+    before = trainable(trainer)
+    merged = load_file(str(trainer.save_merged(tmp_path, dtype=torch.float32) / "model.safetensors"))
+    assert not any("lora" in n or "base_layer" in n or n.startswith("base_model") for n in merged)
+    peft_model = trainer.model
+    peft_model.merge_adapter()
+    expected = dict(peft_model.named_parameters())["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
+    assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], expected.detach(), atol=1e-6)
+    peft_model.unmerge_adapter()
+    assert all(torch.equal(v, trainable(trainer)[k]) for k, v in before.items())  # the adapter is untouched

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tracegym.core.errors import InfrastructureError, UsageError
-from tracegym.train.weight_sync import WeightSync
+from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
 
 class FakeLoraServer:
@@ -21,7 +21,8 @@ class FakeLoraServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 fake.bodies.append((self.path, json.loads(self.rfile.read(length))))
-                status = fake.status if self.path == "/v1/load_lora_adapter" else 404
+                known = ("/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache")
+                status = fake.status if self.path in known else 404
                 self.send_response(status)
                 self.end_headers()
                 self.wfile.write(fake.reply.encode())
@@ -107,3 +108,19 @@ def test_an_unreachable_server_is_an_infrastructure_error(adapter):
         url = fake.base_url
     with pytest.raises(InfrastructureError, match="unreachable"):
         WeightSync(url, timeout_s=2).publish(adapter, version=1)
+
+
+def test_merged_weights_are_reloaded_in_place_and_the_prefix_cache_reset(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer() as fake:
+        name = MergedWeightSync(fake.base_url, "base").publish(tmp_path, version=2)
+    assert name == "base"
+    assert fake.bodies == [("/collective_rpc", {"method": "reload_weights",
+                                                "kwargs": {"weights_path": str(tmp_path.resolve())}}),
+                           ("/reset_prefix_cache", {})]
+
+
+def test_merged_sync_without_dev_mode_says_how_to_enable_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer(status=404) as fake, pytest.raises(UsageError, match="VLLM_SERVER_DEV_MODE=1"):
+        MergedWeightSync(fake.base_url, "base").publish(tmp_path, version=1)

@@ -58,9 +58,11 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     """vLLM serving the base model with runtime LoRA loading, for the policy adapter."""
     model = config.model or str(embedded_model_dir())
     name = SERVED_MODEL_NAME if config.model is None else Path(model).name
+    lora = config.trainer.lora and config.weight_sync == "lora"
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
     return VLLMServerConfig(model=model, served_model_name=name, max_model_len=config.max_model_len,
-                            enable_lora=config.trainer.lora, max_lora_rank=max(16, config.trainer.lora_rank),
-                            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, log_path=run_dir / "logs" / "vllm.log")
+                            enable_lora=lora, max_lora_rank=max(16, config.trainer.lora_rank), env=env,
+                            log_path=run_dir / "logs" / "vllm.log")
 
 
 def start_role(name: str, run_dir: Path) -> Role:

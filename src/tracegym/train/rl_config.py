@@ -116,6 +116,10 @@ class RLConfig(BaseConfig):
     """Where run folders are created."""
     run_id: str | None = None
     """Name of the run folder; unset: the start time."""
+    weight_sync: Literal["lora", "merged"] = "lora"
+    """How new weights reach vLLM: `lora` loads the adapter in place (requests name it); `merged` writes the
+    full weights with the adapter merged and vLLM reloads them in place (requests keep the base name; on CPU
+    generation is ~3x faster than through an adapter)."""
     checkpoint_every: int = 5
     """Save a resumable checkpoint every N steps (and after the last)."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()

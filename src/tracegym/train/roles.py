@@ -41,11 +41,14 @@ def run_orchestrator(run_dir: Path) -> None:
 def run_trainer(run_dir: Path) -> None:
     from tracegym.train.trainer import build_trainer
     from tracegym.train.trainer_loop import train
-    from tracegym.train.weight_sync import WeightSync
+    from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
     config, endpoints = load_run(run_dir)
     trainer = build_trainer(config.trainer)
-    sync = WeightSync(endpoints["base_url"], adapter_name="policy")
+    if config.weight_sync == "merged":
+        sync: WeightSync = MergedWeightSync(endpoints["base_url"], endpoints["base_model"])
+    else:
+        sync = WeightSync(endpoints["base_url"], adapter_name="policy")
     parent = os.getppid()
     train(config, run_dir, trainer, sync.publish, alive=lambda: os.getppid() == parent)
 

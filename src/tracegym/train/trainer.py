@@ -154,6 +154,25 @@ class Trainer:
         self.model.save_pretrained(path)
         return path
 
+    def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write the full weights with the adapter merged in (`model.safetensors`, checkpoint names), for a vLLM
+        that reloads its base weights in place; the adapter itself stays unmerged for training."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        merge = self.is_lora
+        if merge:
+            self.model.merge_adapter()
+        try:
+            weights = {_checkpoint_name(n): p.detach().to(dtype, copy=True).contiguous()  # unmerge mutates p
+                       for n, p in self.model.named_parameters() if "lora_" not in n}
+        finally:
+            if merge:
+                self.model.unmerge_adapter()
+        tmp = path / "model.safetensors.tmp"
+        save_file(weights, str(tmp))
+        tmp.replace(path / "model.safetensors")
+        return path
+
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state)."""
         path = Path(path)
@@ -205,6 +224,11 @@ def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: in
         "version": float(version),
         "seconds": seconds,
     }
+
+
+def _checkpoint_name(name: str) -> str:
+    """A peft parameter name as the base model's checkpoint names it."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module:

@@ -34,7 +34,7 @@ def checkpoint_step(path: Path) -> int:
 def train(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish,
           alive: Callable[[], bool] = lambda: True) -> None:
     """Run trainer steps until `config.steps`, starting after the newest checkpoint if there is one."""
-    start = resume(run_dir, trainer, publish)
+    start = resume(config, run_dir, trainer, publish)
     for step in range(start, config.steps):
         samples, meta = exchange.wait_for(lambda s=step: exchange.read_batch(run_dir, s), f"the batch of step {step}",
                                           BATCH_WAIT_S, alive)
@@ -43,7 +43,7 @@ def train(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish,
         if not samples:
             trainer.version += 1  # an empty batch (every group filtered) still advances the step
         trained = time.perf_counter()
-        model = publish(trainer.save_weights(run_dir / "weights" / "current"), trainer.version)
+        model = publish(save_for_vllm(config, trainer, run_dir), trainer.version)
         exchange.publish_policy(run_dir, trainer.version, model)
         synced = time.perf_counter()
         log(run_dir, {"step": step, **metrics, "train_s": trained - started, "weight_sync_s": synced - trained,
@@ -52,13 +52,20 @@ def train(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish,
             save_checkpoint(run_dir, trainer, step + 1)
 
 
-def resume(run_dir: Path, trainer: Trainer, publish: Publish) -> int:
+def save_for_vllm(config: RLConfig, trainer: Trainer, run_dir: Path) -> Path:
+    """The folder the weight sync publishes: the adapter, or the merged full weights."""
+    if config.weight_sync == "merged":
+        return trainer.save_merged(run_dir / "weights" / "merged")
+    return trainer.save_weights(run_dir / "weights" / "current")
+
+
+def resume(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish) -> int:
     """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
     path = latest_checkpoint(run_dir)
     if path is None:
         return 0
     trainer.load(path)
-    model = publish(trainer.save_weights(run_dir / "weights" / "current"), trainer.version)
+    model = publish(save_for_vllm(config, trainer, run_dir), trainer.version)
     exchange.publish_policy(run_dir, trainer.version, model)
     return checkpoint_step(path)
 
