@@ -106,14 +106,21 @@ class FakeOpenAIServer:
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
 
-    async def _chat(self, http: web.Request) -> web.Response:
+    async def _admit(self, http: web.Request) -> tuple[dict[str, Any], web.Response | None]:
+        """Record a request and apply the configured latency and first failures; (body, error reply or None)."""
         body = await http.json()
         self.requests.append(body)
         self.headers.append(dict(http.headers))
         if self.latency:
             await asyncio.sleep(self.latency)
         if len(self.requests) <= self.fail_first:
-            return _error(self.fail_status, "scripted failure")
+            return body, _error(self.fail_status, "scripted failure")
+        return body, None
+
+    async def _chat(self, http: web.Request) -> web.Response:
+        body, failed = await self._admit(http)
+        if failed is not None:
+            return failed
         if not self.token_fields and "return_token_ids" in body:
             return _error(400, "Unrecognized request argument supplied: return_token_ids")
         if body.get("model") != self.model:
@@ -152,15 +159,10 @@ class FakeOpenAIServer:
                                               for t in completion_ids]}
         return out
 
-
     async def _token_completion(self, http: web.Request) -> web.Response:
-        body = await http.json()
-        self.requests.append(body)
-        self.headers.append(dict(http.headers))
-        if self.latency:
-            await asyncio.sleep(self.latency)
-        if len(self.requests) <= self.fail_first:
-            return _error(self.fail_status, "scripted failure")
+        body, failed = await self._admit(http)
+        if failed is not None:
+            return failed
         prompt = body.get("prompt")
         if self.renderer is None or not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             return _error(400, "this fake answers completions only for a token-id prompt, given a renderer")
