@@ -40,7 +40,7 @@ async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> T
                 new.metrics[scorer.name] = None
         return new
     try:
-        await asyncio.wait_for(_replay(task, new, timeouts), timeouts.setup + timeouts.tool * 100)
+        await _replay(task, new, timeouts)  # setup and every tool call carry their own timeouts
         await score(task, new, timeouts.scoring)
     except Exception as exc:
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
