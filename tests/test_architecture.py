@@ -36,3 +36,9 @@ def test_packages_import_only_downward():
 def test_public_surface_is_pinned():
     assert "evaluate" in tracegym.__all__ and "Trace" in tracegym.__all__
     assert all(hasattr(tracegym, name) for name in tracegym.__all__)
+
+
+def test_test_module_names_are_unique_across_folders():
+    """Test folders have no __init__.py, so pytest refuses two test files with the same name."""
+    names = [p.name for p in Path(__file__).parent.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
