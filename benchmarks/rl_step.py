@@ -5,8 +5,9 @@ vLLM through the ChatClient (exact token ids and logprobs returned); group-mean 
 (LoRA r=16, AdamW) in this process; then the new weights reach vLLM: the adapter loaded in place
 (`--sync lora`), or merged into full weights that vLLM reloads in place (`--sync merged`, the default: on this
 CPU vLLM generates ~3x faster without an adapter). Steps run one after the other (on-policy): on 2 cores
-generation and training would only fight for them. Peak memory is this (trainer) process's max RSS; vLLM's RSS
-(its whole process group) is shown beside.
+generation and training would only fight for them. Peak memory: this (trainer) process's max RSS, and the
+peak PSS of the trainer, of vLLM's process group (API server + engine core) and of both together. vLLM's
+CPU KV cache is 0.5 GiB as in `tracegym rl` (`--kv-cache-gib`).
 Anchor (issue 7): TRL 1.16 GRPOTrainer 17.2 s/step at its best setting, 1.95 GB peak. Target: <= 8.6 s.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--sync merged|lora] [--steps 5]
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -76,8 +77,9 @@ def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
     return trainer.save_merged(folder / "merged") if args.sync == "merged" else trainer.save_weights(folder / "current")
 
 
-def group_rss_mb(pid: int | None) -> float:
-    """Summed RSS (MB) of every process in the process group led by `pid`."""
+def group_pss_mb(pid: int | None) -> float:
+    """Summed PSS (MB) of every process in the process group led by `pid` (PSS splits shared pages, so the sum
+    does not count the torch libraries each process maps more than once)."""
     if pid is None:
         return float("nan")
     total = 0
@@ -85,26 +87,55 @@ def group_rss_mb(pid: int | None) -> float:
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) == pid:
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+                total += _pss_kb(stat.parent / "smaps_rollup")
         except (OSError, ValueError, IndexError):
             continue
-    return total / 2**20
+    return total / 1024
 
 
-async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
-    """Warm-up and measured steps; returns the measured steps and vLLM's RSS at the end."""
+def _pss_kb(smaps_rollup: Path) -> int:
+    for line in smaps_rollup.read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+class PeakMemory:
+    """Peak of vLLM's group PSS, this process's PSS and their sum, sampled every 0.2 s in a thread."""
+
+    def __init__(self, vllm_pid: int | None) -> None:
+        self.vllm_pid, self.vllm, self.trainer, self.total = vllm_pid, 0.0, 0.0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            vllm, own = group_pss_mb(self.vllm_pid), _pss_kb(Path("/proc/self/smaps_rollup")) / 1024
+            self.vllm, self.trainer, self.total = max(self.vllm, vllm), max(self.trainer, own), max(self.total,
+                                                                                                  vllm + own)
+
+    def stop(self) -> PeakMemory:
+        self._stop.set()
+        self._thread.join()
+        return self
+
+
+async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMemory]:
+    """Warm-up and measured steps; returns the measured steps and the peak memory while they ran."""
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=args.rank, lora_alpha=2 * args.rank,
                                           learning_rate=args.lr, num_threads=args.threads))
     lora = args.sync == "lora"
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
+                                     cpu_kv_cache_gib=args.kv_cache_gib,
                                      env={} if lora else {"VLLM_SERVER_DEV_MODE": "1"})
     with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
         sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
         sync.publish(save_for(args, trainer, Path(tmp)), trainer.version)
         endpoint = Endpoint(base_url=server.base_url, model=sync.model_name, api_key_env=None, tokens="on")
-        rows = []
+        rows, memory = [], PeakMemory(server.pid)
         async with ChatClient(endpoint) as client:
             for step in range(args.warmup + args.steps):
                 row = await one_step(step, args, client, trainer, sync, Path(tmp))
@@ -112,10 +143,10 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], float]:
                       "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
                 if step >= args.warmup:
                     rows.append(row)
-        return rows, group_rss_mb(server.pid)
+        return rows, memory.stop()
 
 
-def print_table(rows: list[dict[str, float]], vllm_mb: float) -> None:
+def print_table(rows: list[dict[str, float]], memory: PeakMemory) -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nRL step, {len(rows)} measured steps (mean / min / max seconds)")
     print(f"{'part':<14}{'mean':>8}{'min':>8}{'max':>8}")
@@ -125,7 +156,8 @@ def print_table(rows: list[dict[str, float]], vllm_mb: float) -> None:
     tokens = statistics.fmean(r["completion_tokens"] for r in rows)
     mismatch = statistics.fmean(r["abs_log_ratio"] for r in rows)
     print(f"completion tokens per step: {tokens:.0f}; mean |trainer - sampler logprob| per token: {mismatch:.4f}")
-    print(f"peak RSS: trainer process {peak_mb:.0f} MB; vLLM process group {vllm_mb:.0f} MB (at the end)")
+    print(f"peak memory: trainer process {peak_mb:.0f} MB RSS ({memory.trainer:.0f} MB PSS); vLLM process group "
+          f"{memory.vllm:.0f} MB PSS; trainer + vLLM together {memory.total:.0f} MB PSS")
     mean_total = statistics.fmean(r["total"] for r in rows)
     print(f"target <= {TARGET_S} s per step: {'met' if mean_total <= TARGET_S else 'NOT met'} ({mean_total:.2f} s)")
 
@@ -142,10 +174,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="trainer torch threads")
     parser.add_argument("--sync", choices=["lora", "merged"], default="merged",
                         help="publish the LoRA adapter, or merged full weights reloaded in place")
+    parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="vLLM's CPU KV cache (as `tracegym rl`)")
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
     args = parser.parse_args()
-    rows, vllm_mb = asyncio.run(run(args))
-    print_table(rows, vllm_mb)
+    rows, memory = asyncio.run(run(args))
+    print_table(rows, memory)
 
 
 if __name__ == "__main__":

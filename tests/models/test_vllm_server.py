@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from tracegym.core.errors import InfrastructureError
+from tracegym.models import vllm_server
 from tracegym.models.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
@@ -117,10 +118,20 @@ def test_command_line_and_env() -> None:
     assert "--enable-lora --max-lora-rank 32" in joined
     assert cmd[-2:] == ["--seed", "1"]
     env = server_env(config)
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     plain = server_command(VLLMServerConfig(model="/m", tool_call_parser=None, enforce_eager=False), 1)
     assert not {"--enable-auto-tool-choice", "--enforce-eager", "--enable-lora"} & set(plain)
+
+
+def test_cpu_build_sizes_the_kv_cache_in_bytes_fractions_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
+    cmd = server_command(VLLMServerConfig(model="/m", cpu_kv_cache_gib=0.25), 1)
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2**28)
+
+
+def test_gpu_build_leaves_the_kv_cache_to_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: False)
+    assert "--kv-cache-memory-bytes" not in server_command(VLLMServerConfig(model="/m"), 1)
 
 
 def test_launch_key_ignores_where_but_not_what() -> None:

@@ -68,14 +68,18 @@ def as_scorer(fn: Callable[..., Any], kind: ScorerKind) -> Scorer:
 
 
 def scorers_of(cls: type) -> list[Scorer]:
-    """The scorers declared as methods on a class (and its bases), unbound."""
+    """The scorers declared as methods on a class (and its bases), unbound; found once per class."""
+    cached = cls.__dict__.get("_scorer_cache")
+    if cached is not None:
+        return cached
     found: dict[str, Scorer] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
             scorer = getattr(value, _MARK, None)
             if isinstance(scorer, Scorer):
                 found[attr] = scorer
-    return list(found.values())
+    cls._scorer_cache = list(found.values())  # type: ignore[attr-defined]
+    return cls._scorer_cache  # type: ignore[attr-defined]
 
 
 async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

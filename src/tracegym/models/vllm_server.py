@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import signal
@@ -94,8 +95,9 @@ class VLLMServerConfig(BaseModel):
     """Context length (prompt + completion) in tokens."""
     dtype: str = "auto"
     """Weight/activation dtype; `auto` serves bfloat16 on CPU and the checkpoint's dtype on GPU."""
-    cpu_kv_cache_gib: float | None = 2.0
-    """KV cache size in GiB on the CPU build (`VLLM_CPU_KVCACHE_SPACE`); ignored by the GPU build."""
+    cpu_kv_cache_gib: float | None = Field(default=2.0, gt=0)
+    """KV cache size in GiB on the CPU build (`--kv-cache-memory-bytes`, fractions allowed); the GPU build sizes
+    its cache from free GPU memory instead. SmolLM2-135M needs ~23 KB per token (0.25 GiB ~ 11k tokens)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: on CPU the server is healthy in ~30 s instead of ~80 s."""
     tool_call_parser: str | None = "hermes"
@@ -154,17 +156,26 @@ def server_command(config: VLLMServerConfig, port: int) -> list[str]:
         cmd.append("--enforce-eager")
     if config.tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    if config.cpu_kv_cache_gib is not None and is_cpu_build():
+        cmd += ["--kv-cache-memory-bytes", str(int(config.cpu_kv_cache_gib * 2**30))]
     if config.enable_lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
         cmd += ["--max-loras", str(config.max_loras)]
     return cmd + list(config.extra_args)
 
 
+def is_cpu_build() -> bool:
+    """True when the installed vLLM is the `vllm-cpu` build (its KV cache is sized in bytes, not from GPU memory)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def server_env(config: VLLMServerConfig) -> dict[str, str]:
-    """The server's environment: ours plus the CPU KV cache size, LoRA updating and `config.env`."""
+    """The server's environment: ours plus runtime LoRA updating and `config.env`."""
     env = dict(os.environ)
-    if config.cpu_kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.cpu_kv_cache_gib:g}"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.update(config.env)

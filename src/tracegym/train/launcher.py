@@ -62,6 +62,7 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
     return VLLMServerConfig(model=model, served_model_name=name, max_model_len=config.max_model_len,
                             enable_lora=lora, max_lora_rank=max(16, config.trainer.lora_rank), env=env,
+                            cpu_kv_cache_gib=config.kv_cache_gib,
                             log_path=run_dir / "logs" / "vllm.log")
 
 

@@ -112,6 +112,9 @@ class RLConfig(BaseConfig):
     """Hugging Face model directory; unset: the embedded SmolLM2-135M-Instruct."""
     max_model_len: int = 1024
     """Context length of the vLLM server."""
+    kv_cache_gib: float = Field(default=0.5, gt=0)
+    """vLLM's KV cache on the CPU build, in GiB (~23 KB per token for SmolLM2-135M: 0.5 GiB holds ~23k tokens,
+    plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
     output_dir: Path = Path("outputs/rl")
     """Where run folders are created."""
     run_id: str | None = None
