@@ -2,11 +2,14 @@
 
 The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts against the fake OpenAI server in its
 own process, answering at once, so the figures measure our plumbing. Every path is driven the same way:
-`concurrency` callers each run one rollout at a time until `rollouts` are done; latency is per rollout as the
-caller sees it. Peak RSS is the sum over the server process and its workers, sampled every 50 ms.
+`concurrency / per call` callers each run `per call` rollouts of one task at a time (one request through the
+server; `asyncio.gather` in process) until `rollouts` are done; latency is per rollout as the caller sees it.
+`per call` 1 is the worst case for the server (one request per rollout); 4 is what `tracegym eval -r 4` and
+the RL orchestrator send (the env client puts a task's rollouts in one request). Peak RSS is the sum over
+the server process and its workers, sampled every 50 ms.
 Targets (issue 5): >= 400 single-turn rollouts/s at 128; p50 added latency <= 1.5 ms at 1; server >= 0.8x.
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/env_server.py [--rollouts 2000] [--workers 2]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/env_server.py [--rollouts 5000] [--workers 2]
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from tracegym import ChatClient, Endpoint, Sampling, TaskData, Trace, run_rollou
 from tracegym.serve import EnvClient, local_server
 from tracegym.testing.echo import SPEC, Echo
 
-Call = Callable[[TaskData, int], Awaitable[Trace]]
+Call = Callable[[TaskData, list[int]], Awaitable[list[Trace]]]
 SAMPLING = Sampling(max_tokens=32)
+WARM_UP_S = 1.5
+"""Seconds of rollouts before each measurement (not counted)."""
 
 
 @dataclass
@@ -41,33 +46,36 @@ class Result:
     errors: int
 
 
-async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int) -> Result:
-    """`concurrency` callers run rollouts one at a time until `total` are done."""
+async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int, group: int = 1) -> Result:
+    """`concurrency / group` callers each run `group` rollouts of one task at a time until `total` are done;
+    a rollout's latency is its group's."""
     latencies: list[float] = []
     errors = 0
-    counter = iter(range(total))
+    counter = iter(range(0, total, group))
 
     async def caller() -> None:
         nonlocal errors
         for n in counter:
             start = time.perf_counter()
-            trace = await call(tasks[n % len(tasks)], n)
-            latencies.append(time.perf_counter() - start)
-            errors += 0 if trace.ok else 1
+            traces = await call(tasks[n // group % len(tasks)], list(range(n, n + group)))
+            latencies.extend([time.perf_counter() - start] * len(traces))
+            errors += sum(0 if trace.ok else 1 for trace in traces)
 
     start = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    await asyncio.gather(*(caller() for _ in range(max(1, concurrency // group))))
     elapsed = time.perf_counter() - start
     cuts = statistics.quantiles(latencies, n=100)
     return Result(total / elapsed, statistics.median(latencies) * 1e3, cuts[98] * 1e3, errors)
 
 
 async def measure(make: Callable[[], tuple[Call, Callable[[], Awaitable[None]]]], tasks: list[TaskData],
-                  concurrency: int, total: int) -> Result:
+                  concurrency: int, total: int, group: int = 1) -> Result:
     call, close = make()
     try:
-        await drive(call, tasks, concurrency, min(total, max(50, 2 * concurrency)))  # warm up
-        return await drive(call, tasks, concurrency, total)
+        warm_until = time.perf_counter() + WARM_UP_S  # long enough for an elastic pool to finish growing
+        while time.perf_counter() < warm_until:
+            await drive(call, tasks, concurrency, max(50, 2 * concurrency), group)
+        return await drive(call, tasks, concurrency, total, group)
     finally:
         await close()
 
@@ -76,8 +84,11 @@ def in_process(endpoint: Endpoint, turns: int) -> Callable[[], tuple[Call, Calla
     def make() -> tuple[Call, Callable[[], Awaitable[None]]]:
         taskset, model = Echo({"turns": turns}), ChatClient(endpoint)
 
-        async def call(data: TaskData, index: int) -> Trace:
-            return await run_rollout(taskset, data, model, SAMPLING, rollout_index=index)
+        async def call(data: TaskData, indices: list[int]) -> list[Trace]:
+            if len(indices) == 1:
+                return [await run_rollout(taskset, data, model, SAMPLING, rollout_index=indices[0])]
+            return list(await asyncio.gather(*(run_rollout(taskset, data, model, SAMPLING, rollout_index=i)
+                                              for i in indices)))
 
         return call, model.aclose
 
@@ -88,8 +99,8 @@ def through(address: str, endpoint: Endpoint) -> Callable[[], tuple[Call, Callab
     def make() -> tuple[Call, Callable[[], Awaitable[None]]]:
         client = EnvClient(address)
 
-        async def call(data: TaskData, index: int) -> Trace:
-            return (await client.run(data, endpoint, SAMPLING, rollout_indices=[index]))[0]
+        async def call(data: TaskData, indices: list[int]) -> list[Trace]:
+            return await client.run(data, endpoint, SAMPLING, rollout_indices=indices)
 
         return call, client.aclose
 
@@ -143,24 +154,28 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def row(turns: int, path: str, concurrency: int, result: Result, base: Result | None, rss: float | None) -> str:
+def row(turns: int, group: int, path: str, concurrency: int, result: Result, base: Result | None,
+        rss: float | None) -> str:
     ratio = f"{result.rate / base.rate:5.2f}x" if base else "     -"
     added = f"{result.p50_ms - base.p50_ms:+7.2f}" if base else "      -"
     memory = f"{rss:7.0f}" if rss is not None else "      -"
-    return (f"| {turns} | {path:<19} | {concurrency:>4} | {result.rate:8.0f} | {ratio} | {result.p50_ms:7.2f} | "
-            f"{added} | {result.p99_ms:8.2f} | {memory} | {result.errors} |")
+    return (f"| {turns} | {group} | {path:<19} | {concurrency:>4} | {result.rate:8.0f} | {ratio} | "
+            f"{result.p50_ms:7.2f} | {added} | {result.p99_ms:8.2f} | {memory} | {result.errors} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=2000, help="single-turn rollouts per measurement")
+    parser.add_argument("--rollouts", type=int, default=5000,
+                        help="single-turn rollouts per measurement (5-turn: a fifth; concurrency 1: a quarter)")
     parser.add_argument("--workers", type=int, default=2, help="workers of the static pool")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 128])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--groups", type=int, nargs="+", default=[1, 4],
+                        help="rollouts of one task per call (per request through the server), as `tracegym eval -r`")
     args = parser.parse_args()
-    print("| turns | path | conc. | rollouts/s | vs in-process | p50 ms | p50 added ms | p99 ms "
+    print("| turns | per call | path | conc. | rollouts/s | vs in-process | p50 ms | p50 added ms | p99 ms "
           "| peak RSS MiB (server+workers) | failed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with fake_endpoint() as base_url:
         endpoint = Endpoint(base_url=base_url, model="fake-model", api_key_env=None, max_retries=0)
         tasks = list(Echo({"num_tasks": 100}))
@@ -176,14 +191,15 @@ def run_turns(endpoint: Endpoint, tasks: list[TaskData], turns: int, args: argpa
             local_server(SPEC, options, elastic=True) as elastic:
         servers = {f"server static {args.workers}w": static, "server elastic": elastic}
         samplers = {name: RssSampler(address) for name, address in servers.items()}
-        for c in args.concurrency:
-            n = total if c > 1 else max(200, total // 4)
-            base = asyncio.run(measure(in_process(endpoint, turns), tasks, c, n))
-            print(row(turns, "in-process", c, base, None, None), flush=True)
-            for name, address in servers.items():
-                with samplers[name].sampling() as sampler:
-                    result = asyncio.run(measure(through(address, endpoint), tasks, c, n))
-                print(row(turns, name, c, result, base, sampler.peak), flush=True)
+        for group in args.groups:
+            for c in (c for c in args.concurrency if c >= group):
+                n = total if c > 1 else max(200, total // 4)
+                base = asyncio.run(measure(in_process(endpoint, turns), tasks, c, n, group))
+                print(row(turns, group, "in-process", c, base, None, None), flush=True)
+                for name, address in servers.items():
+                    with samplers[name].sampling() as sampler:
+                        result = asyncio.run(measure(through(address, endpoint), tasks, c, n, group))
+                    print(row(turns, group, name, c, result, base, sampler.peak), flush=True)
 
 if __name__ == "__main__":
     main()

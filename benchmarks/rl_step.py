@@ -67,6 +67,7 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
     sync.publish(save_for(args, trainer, adapters), trainer.version)
     t3 = time.perf_counter()
     return {"generation": t1 - t0, "training": t2 - t1, "weight_sync": t3 - t2, "total": t3 - t0,
+            "sync_save": t3 - t2 - sync.last_seconds, "sync_load": sync.last_seconds,
             "completion_tokens": float(sum(t.completion_length for t in traces)),
             "reward": statistics.fmean(t.reward or 0.0 for t in traces), "samples": float(len(batch)),
             "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
@@ -150,7 +151,7 @@ def print_table(rows: list[dict[str, float]], memory: PeakMemory) -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nRL step, {len(rows)} measured steps (mean / min / max seconds)")
     print(f"{'part':<14}{'mean':>8}{'min':>8}{'max':>8}")
-    for part in ("generation", "training", "weight_sync", "total"):
+    for part in ("generation", "training", "weight_sync", "sync_save", "sync_load", "total"):
         values = [r[part] for r in rows]
         print(f"{part:<14}{statistics.fmean(values):>8.2f}{min(values):>8.2f}{max(values):>8.2f}")
     tokens = statistics.fmean(r["completion_tokens"] for r in rows)

@@ -10,6 +10,7 @@ from serve_helpers import running_server, task, wait_for
 
 from tracegym import InfrastructureError, StageTimeout, TaskData, UsageError
 from tracegym.serve import EnvClient, RemoteError
+from tracegym.serve.env_client import same_task_runs
 from tracegym.serve.wire import decode_reply
 
 
@@ -46,6 +47,30 @@ async def test_evaluate_iter_yields_every_pair(server, endpoint):
         traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=4)]
     assert sorted((t.task_key, t.rollout_index) for t in traces) == sorted((d.key, r) for d, r in pairs)
     assert all(t.ok for t in traces)
+
+
+async def test_evaluate_iter_sends_the_rollouts_of_one_task_in_one_request(server, endpoint):
+    pairs = [(task(f"g{i}"), r) for i in range(3) for r in range(4)]
+    before = server.stats["run_requests"]
+    async with EnvClient(server.bound) as client:
+        traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=8, per_request=4)]
+    assert server.stats["run_requests"] - before == 3
+    assert sorted((t.task_key, t.rollout_index) for t in traces) == sorted((d.key, r) for d, r in pairs)
+
+
+async def test_evaluate_iter_splits_a_task_s_rollouts_beyond_per_request(server, endpoint):
+    pairs = [(task("many"), r) for r in range(5)]
+    before = server.stats["run_requests"]
+    async with EnvClient(server.bound) as client:
+        traces = [t async for t in client.evaluate_iter(pairs, endpoint, per_request=2)]
+    assert server.stats["run_requests"] - before == 3 and len(traces) == 5
+
+
+async def test_a_failed_group_request_is_a_failed_trace_per_rollout(server, endpoint):
+    async with EnvClient(server.bound, request_timeout=0.3) as client:
+        traces = [t async for t in client.evaluate_iter([(task("sleep-2"), 0), (task("sleep-2"), 1)], endpoint)]
+    assert sorted(t.rollout_index for t in traces) == [0, 1]
+    assert all(t.errors[0].kind == "timeout" for t in traces)
 
 
 async def test_cancel_answers_the_cancelled_request(server, endpoint):
@@ -126,3 +151,10 @@ async def test_a_server_that_is_not_there_fails_fast():
     async with EnvClient(f"tcp://127.0.0.1:{port}", liveness_timeout=0.5) as client:
         with pytest.raises(InfrastructureError, match="did not answer"):
             await client.health()
+
+
+def test_same_task_runs_group_consecutive_pairs_of_one_task():
+    a, b = task("a"), task("b")
+    pairs = [(a, 0), (a, 1), (a, 2), (b, 0), (a, 3)]
+    runs = [[i for _, i in run] for run in same_task_runs(pairs, 2)]
+    assert runs == [[0, 1], [2], [0], [3]]

@@ -158,3 +158,12 @@ def test_merged_weights_carry_the_adapter_under_base_model_names(tmp_path):
     assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], expected.detach(), atol=1e-6)
     peft_model.unmerge_adapter()
     assert all(torch.equal(v, trainable(trainer)[k]) for k, v in before.items())  # the adapter is untouched
+
+
+def test_saving_merged_weights_leaves_the_base_weights_bit_identical(tmp_path):
+    trainer = tiny_trainer()
+    trainer.step(samples(0))
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "base_layer" in n}
+    trainer.save_merged(tmp_path)
+    after = dict(trainer.model.named_parameters())
+    assert base and all(torch.equal(after[n], value) for n, value in base.items())

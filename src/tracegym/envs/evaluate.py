@@ -107,27 +107,36 @@ async def evaluate_iter(
         yield trace
 
 
-async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], concurrency: int) -> AsyncIterator[R]:
-    """`run(item)` for every item, at most `concurrency` at once, results yielded as they finish. Items are
-    drawn lazily; when the consumer stops early, the runs still going are cancelled. `run` must not raise."""
-    done: asyncio.Queue[R] = asyncio.Queue()
+async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], concurrency: int,
+                      size: Callable[[X], int] | None = None) -> AsyncIterator[R]:
+    """`run(item)` for every item, results yielded as they finish, the items running at once taking at most
+    `concurrency` in all: each takes `size(item)` (default 1; a group of rollouts takes its length), and one
+    item always runs even if it is bigger. Items are drawn lazily (one ahead); when the consumer stops early,
+    the runs still going are cancelled. `run` must not raise."""
+    done: asyncio.Queue[tuple[R, int]] = asyncio.Queue()
     running: set[asyncio.Task[None]] = set()
 
-    async def one(item: X) -> None:
-        await done.put(await run(item))
+    async def one(item: X, n: int) -> None:
+        await done.put((await run(item), n))
 
-    submitted = received = 0
+    in_flight = 0
+    upcoming = next(items, None)
     try:
         while True:
-            while submitted - received < concurrency and (item := next(items, None)) is not None:
-                job = asyncio.create_task(one(item))
+            while upcoming is not None:
+                n = size(upcoming) if size is not None else 1
+                if in_flight and in_flight + n > concurrency:
+                    break
+                job = asyncio.create_task(one(upcoming, n))
                 running.add(job)
                 job.add_done_callback(running.discard)
-                submitted += 1
-            if received == submitted:
+                in_flight += n
+                upcoming = next(items, None)
+            if not in_flight:
                 return
-            yield await done.get()
-            received += 1
+            result, n = await done.get()
+            in_flight -= n
+            yield result
     finally:
         for job in running:
             job.cancel()

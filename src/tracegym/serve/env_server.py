@@ -187,6 +187,7 @@ class EnvServer:
         if self.pool.failing and not self.pool.counts()["ready"]:
             self._send(client, error_reply(request.id, "WorkersFailing", self._failing_message()))
             return
+        self.stats["run_requests"] += 1
         self._keys += 1
         key = self._keys.to_bytes(8, "big")
         self.inflight[key] = InFlight(client, request.id, request.payload)

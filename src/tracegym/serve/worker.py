@@ -113,7 +113,11 @@ class Worker:
         model = self.models.get(request.endpoint)
         if model is None:
             model = self.models[request.endpoint] = make_model(request.endpoint)
-        traces = await asyncio.gather(*(self._one(request, model, i) for i in request.rollout_indices))
+        indices = request.rollout_indices
+        if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
+            traces = [await self._one(request, model, indices[0])]
+        else:
+            traces = await asyncio.gather(*(self._one(request, model, i) for i in indices))
         return [t.model_dump(mode="json") for t in traces]
 
     async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:

@@ -158,18 +158,14 @@ class Trainer:
 
     def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
         """Write the full weights with the adapter merged in (`model.safetensors`, checkpoint names), for a vLLM
-        that reloads its base weights in place; the adapter itself stays unmerged for training."""
+        that reloads its base weights in place. Each LoRA delta is added to a copy, so the base weights stay
+        bit-identical (peft's merge then unmerge would round them a little every step)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        merge = self.is_lora
-        if merge:
-            self.model.merge_adapter()
-        try:
-            weights = {_checkpoint_name(n): p.detach().to(dtype, copy=True).contiguous()  # unmerge mutates p
+        with torch.no_grad():
+            deltas = _lora_deltas(self.model) if self.is_lora else {}
+            weights = {_checkpoint_name(n): _plus(p.detach(), deltas.get(n)).to(dtype).contiguous()
                        for n, p in self.model.named_parameters() if "lora_" not in n}
-        finally:
-            if merge:
-                self.model.unmerge_adapter()
         tmp = path / "model.safetensors.tmp"
         save_file(weights, str(tmp))
         tmp.replace(path / "model.safetensors")
@@ -226,6 +222,24 @@ def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: in
         "version": float(version),
         "seconds": seconds,
     }
+
+
+def _lora_deltas(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`<layer>.base_layer.weight` parameter name -> the summed delta of the layer's active LoRA adapters."""
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if getattr(module, "base_layer", None) is None or not hasattr(module, "get_delta_weight"):
+            continue
+        for adapter in module.active_adapters:
+            if adapter in getattr(module, "lora_A", {}):
+                key = f"{name}.base_layer.weight"
+                delta = module.get_delta_weight(adapter)
+                deltas[key] = delta if key not in deltas else deltas[key] + delta
+    return deltas
+
+
+def _plus(weight: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    return weight if delta is None else weight + delta.to(weight.dtype)
 
 
 def _checkpoint_name(name: str) -> str:
