@@ -98,6 +98,10 @@ class VLLMServerConfig(BaseModel):
     cpu_kv_cache_gib: float | None = Field(default=2.0, gt=0)
     """KV cache size in GiB on the CPU build (`--kv-cache-memory-bytes`, fractions allowed); the GPU build sizes
     its cache from free GPU memory instead. SmolLM2-135M needs ~23 KB per token (0.25 GiB ~ 11k tokens)."""
+    cpu_one_process: bool = True
+    """On the CPU build, run the model worker inside the engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+    instead of a process of its own. Measured here on SmolLM2-135M: 566 vs 430 tokens/s at 32 concurrent
+    requests, healthy in 20 s instead of 30, ~450 MB less memory. Ignored by the GPU build."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: on CPU the server is healthy in ~30 s instead of ~80 s."""
     tool_call_parser: str | None = "hermes"
@@ -135,7 +139,7 @@ class VLLMServerConfig(BaseModel):
 
 
 _LAUNCH_FIELDS = {
-    "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "enforce_eager",
+    "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "cpu_one_process", "enforce_eager",
     "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "extra_args", "env",
 }  # fmt: skip
 
@@ -174,8 +178,11 @@ def is_cpu_build() -> bool:
 
 
 def server_env(config: VLLMServerConfig) -> dict[str, str]:
-    """The server's environment: ours plus runtime LoRA updating and `config.env`."""
+    """The server's environment: ours plus the CPU build's one-process engine, runtime LoRA updating and
+    `config.env`."""
     env = dict(os.environ)
+    if config.cpu_one_process and is_cpu_build():
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.update(config.env)

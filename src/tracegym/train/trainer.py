@@ -163,8 +163,8 @@ class Trainer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with torch.no_grad():
-            deltas = _lora_deltas(self.model) if self.is_lora else {}
-            weights = {_checkpoint_name(n): _plus(p.detach(), deltas.get(n)).to(dtype).contiguous()
+            layers = _lora_layers(self.model) if self.is_lora else {}
+            weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous()
                        for n, p in self.model.named_parameters() if "lora_" not in n}
         tmp = path / "model.safetensors.tmp"
         save_file(weights, str(tmp))
@@ -224,22 +224,22 @@ def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: in
     }
 
 
-def _lora_deltas(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """`<layer>.base_layer.weight` parameter name -> the summed delta of the layer's active LoRA adapters."""
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in model.named_modules():
-        if getattr(module, "base_layer", None) is None or not hasattr(module, "get_delta_weight"):
-            continue
-        for adapter in module.active_adapters:
-            if adapter in getattr(module, "lora_A", {}):
-                key = f"{name}.base_layer.weight"
-                delta = module.get_delta_weight(adapter)
-                deltas[key] = delta if key not in deltas else deltas[key] + delta
-    return deltas
+def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """`<layer>.base_layer.weight` parameter name -> its peft LoRA layer."""
+    return {f"{name}.base_layer.weight": module for name, module in model.named_modules()
+            if getattr(module, "base_layer", None) is not None and hasattr(module, "get_delta_weight")}
 
 
-def _plus(weight: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-    return weight if delta is None else weight + delta.to(weight.dtype)
+def _merged(weight: torch.Tensor, layer: torch.nn.Module | None) -> torch.Tensor:
+    """`weight` plus the deltas of the layer's active adapters, in a new tensor (one layer at a time, so the
+    extra memory is one layer's, not the model's)."""
+    if layer is None:
+        return weight
+    out = weight.clone()
+    for adapter in layer.active_adapters:
+        if adapter in getattr(layer, "lora_A", {}):
+            out += layer.get_delta_weight(adapter).to(weight.dtype)
+    return out
 
 
 def _checkpoint_name(name: str) -> str:
