@@ -158,3 +158,14 @@ def test_same_task_runs_group_consecutive_pairs_of_one_task():
     pairs = [(a, 0), (a, 1), (a, 2), (b, 0), (a, 3)]
     runs = [[i for _, i in run] for run in same_task_runs(pairs, 2)]
     assert runs == [[0, 1], [2], [0], [3]]
+
+
+async def test_a_cancel_right_behind_its_run_is_still_answered(server, endpoint):
+    async with EnvClient(server.bound) as client:
+        for n in range(5):  # run and cancel reach the worker together: the job is cancelled before it starts
+            job = asyncio.create_task(client.run(task("sleep-2"), endpoint, request_id=f"quick-{n}"))
+            await asyncio.sleep(0)
+            await client.cancel(f"quick-{n}")
+            with pytest.raises(RemoteError) as caught:
+                await asyncio.wait_for(job, 5)
+            assert caught.value.type == "Cancelled"

@@ -84,14 +84,22 @@ class Worker:
     def _handle(self, frames: list[bytes]) -> None:
         kind = frames[0]
         if kind == b"run" and len(frames) == 4:
-            key = frames[1]
-            job = asyncio.create_task(self._run(key, frames[2].decode(), frames[3]))
+            key, request_id = frames[1], frames[2].decode()
+            job = asyncio.create_task(self._run(key, request_id, frames[3]))
             self.jobs[key] = job
-            job.add_done_callback(lambda _, k=key: self.jobs.pop(k, None))
+            job.add_done_callback(lambda done, k=key, r=request_id: self._finished(k, r, done))
         elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
             job.cancel()
         elif kind == b"stop":
             self.stopped.set()
+
+    def _finished(self, key: bytes, request_id: str, job: asyncio.Task[None]) -> None:
+        """Forget a job; one cancelled before its first step (its `cancel` came in the same batch as its `run`)
+        never ran `_run`'s handler, so it is answered here: every request gets exactly one reply."""
+        self.jobs.pop(key, None)
+        if job.cancelled() and not self.stopped.is_set() and self.socket is not None:
+            reply = error_reply(request_id, "Cancelled", "the request was cancelled")
+            self.socket.send_multipart([b"reply", key, *reply]).add_done_callback(_quiet)
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
@@ -132,6 +140,12 @@ class Worker:
             await asyncio.sleep(0.5)
         log.warning("server process %d is gone; stopping", parent)
         self.stopped.set()
+
+
+def _quiet(future: asyncio.Future[object]) -> None:
+    """Retrieve a send's outcome so a failed send (the socket closing) is not reported as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _die_with_parent() -> None:
