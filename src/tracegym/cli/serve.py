@@ -39,6 +39,9 @@ class ServeConfig(BaseConfig):
     """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
     idle_seconds: float = 10.0
     """Seconds an elastic pool's worker stays idle before it is retired."""
+    worker_timeout: float = 60.0
+    """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered before it is taken as
+    hung (its event loop blocked), killed and replaced, and its requests re-dispatched."""
     log_dir: Path | None = None
     """Folder for one log file per worker; unset: workers log to this command's stderr."""
     exit_with_parent: bool = False
@@ -67,7 +70,7 @@ def run(args: list[str]) -> int:
         args = ["--taskset.id", args[0], *args[1:]]
     cfg = cli(ServeConfig, args=args, prog="tracegym serve")
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
-                         exit_with_parent=cfg.exit_with_parent)
+                       worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent)
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())

@@ -37,6 +37,9 @@ from tracegym.serve.wire import (
 
 SUPERVISE_EVERY = 0.1
 """Seconds between checks for dead workers and pool size."""
+AUDIT_EVERY = 2.0
+"""Most seconds between asking each busy worker which requests it still runs (a lost one is re-dispatched; a
+worker that does not answer within `worker_timeout` is taken as hung and killed)."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -58,7 +61,7 @@ class EnvServer:
     def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
                  address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
                  log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
-                 exit_with_parent: bool = False) -> None:
+                 worker_timeout: float = 60.0, exit_with_parent: bool = False) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
@@ -66,6 +69,9 @@ class EnvServer:
         if not is_loopback(address) and not self.secret:
             raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
         self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
+        if worker_timeout <= 0:
+            raise UsageError(f"worker_timeout must be positive, got {worker_timeout}")
+        self.worker_timeout = worker_timeout
         self.stats = collections.Counter[str]()
         self.inflight: dict[bytes, InFlight] = {}
         self.index: dict[tuple[bytes, str], bytes] = {}
@@ -111,7 +117,7 @@ class EnvServer:
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
-        next_check = 0.0
+        next_check = next_audit = 0.0
         try:
             while not self._stopping:
                 events = dict(poller.poll(int(SUPERVISE_EVERY * 1000)))
@@ -122,6 +128,9 @@ class EnvServer:
                 if time.monotonic() >= next_check:
                     self._supervise()
                     next_check = time.monotonic() + SUPERVISE_EVERY
+                if time.monotonic() >= next_audit:
+                    self._audit()
+                    next_audit = time.monotonic() + min(AUDIT_EVERY, self.worker_timeout / 4)
         finally:
             self._shutdown()
 
@@ -216,14 +225,17 @@ class EnvServer:
         self._send(record.client, frames)
 
     # --- workers -----------------------------------------------------------------------------------------
-    def _dispatch(self, key: bytes) -> None:
+    def _dispatch(self, key: bytes, *, first: bool = False) -> bool:
+        """Send a request to the least-loaded worker; False when none took it (queued again, at the front when
+        `first`)."""
         handle = self.pool.pick()
         record = self.inflight[key]
         if handle is None or not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
-            self.pending.append(key)
-            return
+            self.pending.appendleft(key) if first else self.pending.append(key)
+            return False
         record.worker = handle.name
         self.pool.assign(handle, key)
+        return True
 
     def _to_worker(self, name: bytes, frames: list[bytes]) -> bool:
         try:
@@ -233,8 +245,11 @@ class EnvServer:
             return False
 
     def _flush_pending(self) -> None:
+        """Dispatch queued requests in order; stop at the first refusal (a dead worker not reaped yet would
+        otherwise be picked again and again)."""
         while self.pending and self.pool.pick() is not None:
-            self._dispatch(self.pending.popleft())
+            if not self._dispatch(self.pending.popleft(), first=True):
+                return
 
     def _on_worker(self, frames: list[bytes]) -> None:
         name, kind = frames[0], frames[1] if len(frames) > 1 else b""
@@ -246,6 +261,8 @@ class EnvServer:
                 self._to_worker(record.worker, [b"cancel", frames[2]])
             self.pool.release(name, frames[2])
             self._answer(frames[2], frames[3:])
+        elif kind == b"jobs":
+            self._audited(name, set(frames[2:]))
         elif kind == b"ready":
             if not self.pool.mark_ready(name):
                 self._to_worker(name, [b"stop"])
@@ -267,20 +284,50 @@ class EnvServer:
             self.pending.clear()
         self._flush_pending()
 
+    def _audit(self) -> None:
+        """Ask each busy worker which of its requests it still runs (the answer comes back as `jobs`); kill one
+        that left the last question unanswered for `worker_timeout` (its event loop is stuck): supervision then
+        re-dispatches its requests like a crashed worker's."""
+        now = time.monotonic()
+        for handle in self.pool.workers.values():
+            if handle.audit is not None and now - handle.asked_at > self.worker_timeout and not handle.retiring:
+                self.stats["workers_hung"] += 1
+                handle.retiring = True  # retired, not replaced twice; reap() then frees its requests
+                handle.proc.kill()
+            elif handle.ready and handle.jobs and handle.audit is None and self._to_worker(handle.name, [b"jobs?"]):
+                handle.audit, handle.asked_at = set(handle.jobs), now
+
+    def _audited(self, name: bytes, held: set[bytes]) -> None:
+        """A request the worker had when asked, has not answered and does not hold is lost: frames on one
+        connection keep their order, so its reply cannot still be on the way. It is re-dispatched."""
+        handle = self.pool.workers.get(name)
+        if handle is None or handle.audit is None:
+            return
+        asked, handle.audit = handle.audit, None
+        for key in sorted(asked - held):
+            record = self.inflight.get(key)
+            if record is not None and record.worker == name:
+                self.stats["lost_by_worker"] += 1
+                self.pool.release(name, key)
+                self._retry(key, record, f"worker {name.decode()} lost the request")
+        self._flush_pending()
+
+    def _retry(self, key: bytes, record: InFlight, why: str) -> None:
+        """Queue a request whose worker failed it again, or answer `WorkerDied` after `max_redispatch` tries."""
+        record.worker, record.attempts = None, record.attempts + 1
+        if record.attempts > self.max_redispatch:
+            self._answer(key, error_reply(record.id, "WorkerDied", f"{why}, {record.attempts} times"))
+        else:
+            self.stats["redispatched"] += 1
+            self.pending.appendleft(key)
+
     def _worker_exited(self, handle: WorkerHandle) -> None:
         self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
         code = handle.proc.returncode
         for key in sorted(handle.jobs):
             record = self.inflight.get(key)
-            if record is None or record.worker != handle.name:
-                continue
-            record.worker, record.attempts = None, record.attempts + 1
-            if record.attempts > self.max_redispatch:
-                message = f"a worker died (exit {code}) running this request, {record.attempts} times"
-                self._answer(key, error_reply(record.id, "WorkerDied", message))
-            else:
-                self.stats["redispatched"] += 1
-                self.pending.appendleft(key)
+            if record is not None and record.worker == handle.name:
+                self._retry(key, record, f"a worker died (exit {code}) running this request")
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"

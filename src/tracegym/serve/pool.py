@@ -67,6 +67,10 @@ class WorkerHandle:
     retiring: bool = False
     jobs: set[bytes] = field(default_factory=set)
     idle_since: float = field(default_factory=time.monotonic)
+    audit: set[bytes] | None = None
+    """The jobs it had when last asked which it still runs (None: no question outstanding)."""
+    asked_at: float = 0.0
+    """When that question went out (monotonic seconds)."""
 
 
 class WorkerPool:

@@ -90,6 +90,8 @@ class Worker:
             job.add_done_callback(lambda done, k=key, r=request_id: self._finished(k, r, done))
         elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
             job.cancel()
+        elif kind == b"jobs?":  # the server checks that no request it gave us was lost
+            self.socket.send_multipart([b"jobs", *self.jobs]).add_done_callback(_quiet)  # type: ignore[union-attr]
         elif kind == b"stop":
             self.stopped.set()
 
