@@ -169,3 +169,18 @@ async def test_a_cancel_right_behind_its_run_is_still_answered(server, endpoint)
             with pytest.raises(RemoteError) as caught:
                 await asyncio.wait_for(job, 5)
             assert caught.value.type == "Cancelled"
+
+
+async def test_a_request_lost_to_a_server_restart_fails_at_the_next_ping(endpoint):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    client = EnvClient(address, liveness_timeout=30)
+    try:
+        with running_server(address=address) as first:
+            job = asyncio.create_task(client.run(task("sleep-5"), endpoint))
+            await asyncio.to_thread(wait_for, lambda: first.inflight, 5)
+        with running_server(address=address), pytest.raises(InfrastructureError, match="no record"):
+            await asyncio.wait_for(job, 10)  # the new server answers pings but never saw the request
+    finally:
+        await client.aclose()

@@ -111,7 +111,24 @@ class EnvClient:
                 self._fail_all(InfrastructureError(
                     f"env server at {self.address} did not answer for {quiet:.0f}s (is it running?)"))
             elif quiet >= PING_AFTER and not any(k.startswith("ping") for k in self._waiting):
-                self._send_nowait("health", None, f"ping{next(self._ids)}").add_done_callback(_ignore)
+                self._ping()
+
+    def _ping(self) -> None:
+        """Ask the server whether it is alive and which of our pending requests it has no record of (lost, e.g.
+        to a server restart): those fail now instead of at their timeout. The server read them before the ping and
+        answers in order, so a pending id it does not know has no reply on the way."""
+        pending = [k for k in self._waiting if not k.startswith("ping")]
+        ping = self._send_nowait("health", {"pending": pending}, f"ping{next(self._ids)}")
+        ping.add_done_callback(lambda done: self._fail_unknown(done, set(pending)))
+
+    def _fail_unknown(self, ping: asyncio.Future[Any], asked: set[str]) -> None:
+        if ping.cancelled() or ping.exception() is not None or not isinstance(ping.result(), dict):
+            return
+        for request_id in ping.result().get("unknown") or []:
+            future = self._waiting.pop(request_id, None) if request_id in asked else None
+            if future is not None and not future.done():
+                future.set_exception(InfrastructureError(
+                    f"env server at {self.address} has no record of request {request_id} (lost; was it restarted?)"))
 
     def _fail_all(self, error: Exception) -> None:
         waiting, self._waiting = self._waiting, {}

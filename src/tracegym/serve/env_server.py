@@ -40,6 +40,8 @@ SUPERVISE_EVERY = 0.1
 AUDIT_EVERY = 2.0
 """Most seconds between asking each busy worker which requests it still runs (a lost one is re-dispatched; a
 worker that does not answer within `worker_timeout` is taken as hung and killed)."""
+MAX_PENDING_CHECK = 10_000
+"""Most request ids one health ping may ask about."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -166,7 +168,7 @@ class EnvServer:
         elif request.method == "cancel":
             self._cancel(client, request)
         elif request.method == "health":
-            self._send(client, ok_reply(request.id, self.health()))
+            self._send(client, ok_reply(request.id, {**self.health(), **self._unknown(client, request.payload)}))
         else:
             self._send(client, ok_reply(request.id, self.info()))
 
@@ -180,6 +182,16 @@ class EnvServer:
         """Liveness and load: workers by state, requests in flight and queued, counters."""
         return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
                 "in_flight": len(self.inflight), "queued": len(self.pending), "stats": dict(self.stats)}
+
+    def _unknown(self, client: bytes, payload: bytes) -> dict[str, Any]:
+        """For a health ping listing the client's pending request ids: those this server has no record of."""
+        try:
+            pending = unpack(payload).get("pending")
+        except Exception:
+            return {}
+        if not isinstance(pending, list):
+            return {}
+        return {"unknown": [i for i in pending[:MAX_PENDING_CHECK] if (client, i) not in self.index]}
 
     def info(self) -> dict[str, Any]:
         """What this server runs: taskset id, task type, whether it is finite, the pool."""
