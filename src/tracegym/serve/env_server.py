@@ -3,7 +3,9 @@
 The server process only routes and supervises. `run` payloads go unread to the least-loaded worker over a
 backend ROUTER (ipc), and the worker's packed reply goes back to the client unread. Every request gets exactly
 one reply. A worker that dies is noticed on the next supervision tick (0.1 s); its requests are re-dispatched
-up to `max_redispatch` times, then answered with a `WorkerDied` error, and a replacement starts.
+up to `max_redispatch` times, then answered with a `WorkerDied` error, and a replacement starts. Busy workers
+are asked every few seconds which requests they hold: one they lost is re-dispatched the same way, and a worker
+that leaves the question unanswered for `worker_timeout` is killed as hung.
 """
 
 from __future__ import annotations
