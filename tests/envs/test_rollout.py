@@ -127,3 +127,10 @@ async def test_infinite_taskset_refuses_unbounded_shuffle():
     assert [d.prompt for d in Counting().shuffle(1, bound=3)] != []
     assert len(Counting().head(5)) == 5
     await asyncio.sleep(0)
+
+
+async def test_a_sampling_seed_gives_each_rollout_of_a_task_its_own_seed():
+    model = ScriptedModel(rule=lambda request: "3")
+    traces = await tg.evaluate(_taskset(), model, rollouts=3, sampling=tg.Sampling(seed=7))
+    assert sorted(r.sampling.seed for r in model.requests) == [7, 8, 9]
+    assert [t.sampling["seed"] for t in traces] == [7, 8, 9]

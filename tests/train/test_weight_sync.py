@@ -59,14 +59,23 @@ def test_publish_loads_a_snapshot_of_the_adapter_in_place_under_its_name(adapter
     assert (snapshot / "adapter_config.json").is_file()
 
 
-def test_each_version_is_served_from_a_new_path_and_the_previous_snapshot_is_removed(adapter):
+def test_each_version_is_served_from_a_new_path_and_only_the_last_snapshots_are_kept(adapter):
+    with FakeLoraServer() as fake:
+        sync = WeightSync(fake.base_url, keep=2)
+        for version in (1, 2, 3):
+            sync.publish(adapter, version=version)
+    paths = [body["lora_path"] for _, body in fake.bodies]
+    assert len(set(paths)) == 3
+    assert sorted(p.name for p in adapter.parent.iterdir()) == ["current", "current.v000002", "current.v000003"]
+
+
+def test_the_snapshot_before_the_current_one_survives_a_publish(adapter):
+    """Requests sent before a publish still name it, and vLLM may reload it from disk to serve them."""
     with FakeLoraServer() as fake:
         sync = WeightSync(fake.base_url)
         sync.publish(adapter, version=1)
         sync.publish(adapter, version=2)
-    paths = [body["lora_path"] for _, body in fake.bodies]
-    assert paths[0] != paths[1]
-    assert sorted(p.name for p in adapter.parent.iterdir()) == ["current", "current.v000002"]
+    assert (adapter.parent / "current.v000001" / "adapter_config.json").is_file()
 
 
 def test_publish_records_the_served_version_and_requests_name_the_adapter(adapter):

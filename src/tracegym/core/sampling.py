@@ -18,7 +18,8 @@ class Sampling(BaseModel):
     max_tokens: int | None = 256
     """Most tokens to generate per model call."""
     seed: int | None = None
-    """Seed for the endpoint's sampler, when it honours one."""
+    """Seed for the endpoint's sampler, when it honours one; rollout i of a task uses seed + i (the trace records
+    the seed it used), so the rollouts of a group differ and each one can be reproduced."""
     stop: list[str] = Field(default_factory=list)
     """Strings that end generation."""
     extra: dict[str, Any] = Field(default_factory=dict)

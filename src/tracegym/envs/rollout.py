@@ -287,8 +287,11 @@ async def rollout(
     timeouts: Timeouts | None = None,
     **trace_fields: Any,
 ) -> Trace:
-    """Run one rollout of `task` against `model` and return its trace (never raises for task/model failures)."""
+    """Run one rollout of `task` against `model` and return its trace (never raises for task/model failures).
+    With a sampling seed, rollout i uses seed + i: a group's rollouts differ, and each is reproducible."""
     sampling = sampling or Sampling()
+    if sampling.seed is not None and rollout_index:
+        sampling = sampling.model_copy(update={"seed": sampling.seed + rollout_index})
     trace = Trace(
         task=task.data,
         taskset=task.taskset_id,

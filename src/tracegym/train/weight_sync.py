@@ -4,11 +4,12 @@ vLLM must run with LoRA enabled and runtime updating allowed (`VLLMServerConfig(
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING`). `publish(adapter_dir, version)` posts `/v1/load_lora_adapter` with
 `load_inplace`, so the adapter keeps its name (`model_name`, what requests put in `model`) and requests that
 arrive after the call returns are served by the new weights. Each version is served from its own snapshot
-folder (`<adapter_dir>.v<version>`, the previous one removed once the new one is loaded): vLLM's prefix cache
-keys blocks by adapter name *and path*, so reloading one path in place would let new requests reuse prompt KV
-computed by the old adapter; a fresh path per version makes that impossible, and the caller may keep
-overwriting one folder. HTTP and network failures are translated into
-tracegym errors here, in one place: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
+folder (`<adapter_dir>.v<version>`): vLLM's prefix cache keys blocks by adapter name *and path*, so reloading
+one path in place would let new requests reuse prompt KV computed by the old adapter; a fresh path per version
+makes that impossible, and the caller may keep overwriting one folder. The last `keep` snapshots stay on disk:
+a request sent before a publish still names the older path, and vLLM reloads an adapter from its path when it
+schedules such a request again; a missing folder there kills vLLM's engine. HTTP and network failures are
+translated into tracegym errors here, in one place: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
 files) is a UsageError, an unreachable or failing server (5xx) an InfrastructureError.
 
 >>> sync = WeightSync(server.base_url, adapter_name="policy")  # doctest: +SKIP
@@ -33,10 +34,14 @@ DEFAULT_ADAPTER_NAME = "policy"
 class WeightSync:
     """Publishes adapters to one vLLM server under one name; `version` is the policy version it serves."""
 
-    def __init__(self, base_url: str, adapter_name: str = DEFAULT_ADAPTER_NAME, timeout_s: float = 120.0) -> None:
+    def __init__(self, base_url: str, adapter_name: str = DEFAULT_ADAPTER_NAME, timeout_s: float = 120.0,
+                 keep: int = 4) -> None:
+        if keep < 1:
+            raise UsageError(f"keep must be at least 1 snapshot, got {keep}")
         self.base_url = base_url.rstrip("/")
         self.adapter_name = adapter_name
-        self.timeout_s = timeout_s
+        self.timeout_s, self.keep = timeout_s, keep
+        self._snapshots: list[Path] = []
         self.version: int | None = None
         """The policy version vLLM serves under `model_name` (None before the first publish)."""
         self.last_seconds = 0.0
@@ -62,9 +67,11 @@ class WeightSync:
             shutil.copytree(path, snapshot)
         body = {"lora_name": self.adapter_name, "lora_path": str(snapshot), "load_inplace": True}
         self._post("/load_lora_adapter", body)
-        previous, self.served_path, self.version = self.served_path, snapshot, version
-        if previous is not None and previous != snapshot:
-            shutil.rmtree(previous, ignore_errors=True)
+        self.served_path, self.version = snapshot, version
+        self._snapshots = [p for p in self._snapshots if p != snapshot] + [snapshot]
+        for old in self._snapshots[:-self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._snapshots = self._snapshots[-self.keep:]
         self.last_seconds = time.perf_counter() - start
         return self.model_name
 
