@@ -7,7 +7,9 @@ vLLM through the ChatClient (exact token ids and logprobs returned); group-mean 
 CPU vLLM generates ~3x faster without an adapter). Steps run one after the other (on-policy): on 2 cores
 generation and training would only fight for them. Peak memory: this (trainer) process's max RSS, and the
 peak PSS of the trainer, of vLLM's process group (API server + engine core) and of both together. vLLM's
-CPU KV cache is 0.5 GiB as in `tracegym rl` (`--kv-cache-gib`).
+CPU KV cache is 0.5 GiB as in `tracegym rl` (`--kv-cache-gib`). Steps never overlap here, so vLLM runs its
+model worker inside its engine process (`cpu_one_process`, faster when it has the cores to itself; not
+`tracegym rl`'s default, where generation overlaps training: `--vllm-worker-process` measures that setting).
 Anchor (issue 7): TRL 1.16 GRPOTrainer 17.2 s/step at its best setting, 1.95 GB peak. Target: <= 8.6 s.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--sync merged|lora] [--steps 5]
@@ -130,7 +132,7 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
     lora = args.sync == "lora"
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
-                                     cpu_kv_cache_gib=args.kv_cache_gib,
+                                     cpu_kv_cache_gib=args.kv_cache_gib, cpu_one_process=not args.vllm_worker_process,
                                      env={} if lora else {"VLLM_SERVER_DEV_MODE": "1"})
     with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
         sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
@@ -176,6 +178,8 @@ def main() -> None:
     parser.add_argument("--sync", choices=["lora", "merged"], default="merged",
                         help="publish the LoRA adapter, or merged full weights reloaded in place")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="vLLM's CPU KV cache (as `tracegym rl`)")
+    parser.add_argument("--vllm-worker-process", action="store_true",
+                        help="vLLM's model worker in a process of its own (the default elsewhere; slower here)")
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
     args = parser.parse_args()
     rows, memory = asyncio.run(run(args))

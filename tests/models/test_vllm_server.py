@@ -134,11 +134,11 @@ def test_gpu_build_leaves_the_kv_cache_to_vllm(monkeypatch: pytest.MonkeyPatch) 
     assert "--kv-cache-memory-bytes" not in server_command(VLLMServerConfig(model="/m"), 1)
 
 
-def test_cpu_build_runs_the_model_worker_in_the_engine_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_one_process_runs_the_model_worker_in_the_engine_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    assert server_env(VLLMServerConfig(model="/m"))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(VLLMServerConfig(model="/m", cpu_one_process=False))
+    assert server_env(VLLMServerConfig(model="/m", cpu_one_process=True))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(VLLMServerConfig(model="/m"))
 
 
 def test_launch_key_ignores_where_but_not_what() -> None:

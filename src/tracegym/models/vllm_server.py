@@ -98,10 +98,12 @@ class VLLMServerConfig(BaseModel):
     cpu_kv_cache_gib: float | None = Field(default=2.0, gt=0)
     """KV cache size in GiB on the CPU build (`--kv-cache-memory-bytes`, fractions allowed); the GPU build sizes
     its cache from free GPU memory instead. SmolLM2-135M needs ~23 KB per token (0.25 GiB ~ 11k tokens)."""
-    cpu_one_process: bool = True
+    cpu_one_process: bool = False
     """On the CPU build, run the model worker inside the engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
-    instead of a process of its own. Measured here on SmolLM2-135M: 566 vs 430 tokens/s at 32 concurrent
-    requests, healthy in 20 s instead of 30, ~450 MB less memory. Ignored by the GPU build."""
+    instead of a process of its own. When vLLM has the cores to itself this is faster (SmolLM2-135M here: 566 vs
+    430 tokens/s at 32 concurrent requests, healthy in 20 s instead of 30, ~450 MB less memory); when another
+    process keeps the cores busy (a trainer beside it) its generation collapses (2-6 tokens/s measured), so it is
+    off by default. Ignored by the GPU build."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: on CPU the server is healthy in ~30 s instead of ~80 s."""
     tool_call_parser: str | None = "hermes"
