@@ -245,7 +245,10 @@ class EnvServer:
         handle = self.pool.pick()
         record = self.inflight[key]
         if handle is None or not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
-            self.pending.appendleft(key) if first else self.pending.append(key)
+            if first:
+                self.pending.appendleft(key)
+            else:
+                self.pending.append(key)
             return False
         record.worker = handle.name
         self.pool.assign(handle, key)
