@@ -22,6 +22,15 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+TRAIN_COLOR = "tab:blue"
+HELD_OUT_COLORS = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
+
+
+def held_out_colors(envs: list[str]) -> dict[str, str]:
+    """A colour per held-out env, never the train curve's (cycling when there are more envs than colours)."""
+    return {env: HELD_OUT_COLORS[i % len(HELD_OUT_COLORS)] for i, env in enumerate(sorted(envs))}
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     """Write `plots/*.png` for the run; returns the files written."""
     import matplotlib
@@ -47,12 +56,13 @@ def _reward(out: Path, steps: list[dict[str, Any]], evals: list[dict[str, Any]])
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([m["step"] for m in steps], [m["reward"] for m in steps], label="train reward", color="tab:blue")
-    for env in sorted({m["env"] for m in evals}):
+    ax.plot([m["step"] for m in steps], [m["reward"] for m in steps], label="train reward", color=TRAIN_COLOR,
+            alpha=0.6, linewidth=1)
+    for env, color in held_out_colors(list({m["env"] for m in evals})).items():
         points = [m for m in evals if m["env"] == env]
         ax.errorbar([m["eval_step"] for m in points], [m["eval_reward"] for m in points],
-                    yerr=[m.get("eval_reward_ci95", 0.0) for m in points], fmt="o-", capsize=3,
-                    label=f"held-out {env} (95% CI)")
+                    yerr=[m.get("eval_reward_ci95", 0.0) for m in points], fmt="o-", capsize=3, color=color,
+                    linewidth=2, label=f"held-out {env} (95% CI)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.legend()

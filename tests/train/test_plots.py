@@ -1,0 +1,40 @@
+"""RL run plots: files written from metrics, held-out curves distinguishable from the train curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracegym.core.errors import UsageError
+from tracegym.train.plots import TRAIN_COLOR, held_out_colors, plot_run
+
+
+def _write_metrics(run_dir: Path) -> None:
+    lines = [{"step": s, "reward": 0.1 + s / 100, "completion_tokens_mean": 40.0, "staleness": 1} for s in range(5)]
+    lines += [{"env": env, "eval_step": s, "eval_reward": 0.2, "eval_reward_ci95": 0.02}
+              for env in ("reverse-text", "wordle") for s in (0, 4)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines) + '{"step": 5, "rew')
+
+
+def test_held_out_colors_never_reuse_the_train_colour() -> None:
+    colors = held_out_colors([f"env-{i}" for i in range(20)])
+    assert TRAIN_COLOR not in colors.values()
+
+
+def test_held_out_colors_differ_between_envs() -> None:
+    colors = held_out_colors(["a", "b", "c"])
+    assert len(set(colors.values())) == 3
+
+
+def test_plot_run_writes_reward_lengths_and_staleness_pngs(tmp_path: Path) -> None:
+    _write_metrics(tmp_path)
+    written = plot_run(tmp_path)
+    assert sorted(p.name for p in written) == ["lengths.png", "reward.png", "staleness.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+
+
+def test_plot_run_without_metrics_names_the_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"metrics\.jsonl"):
+        plot_run(tmp_path)
