@@ -1,16 +1,20 @@
 """Chat client against the fake OpenAI server: replies, tokens, tool calls, retries, errors, timeouts."""
 
+import asyncio
 import socket
+from collections.abc import Callable
 
 import pytest
+from aiohttp import web
 
 import tracegym as tg
-from tracegym.core.messages import user
-from tracegym.models.chat_client import ChatClient
+from tracegym.core.messages import assistant, user
+from tracegym.models.chat_client import ChatClient, parse_response
 from tracegym.models.client import ModelRequest
 from tracegym.models.endpoint import Endpoint
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.script import Fail, Stall, reply, tool_call
+from tracegym.testing.scripted_model import encode, render, render_body
 
 HELLO = ModelRequest(messages=[user("hello")])
 
@@ -31,7 +35,8 @@ async def test_reply_text_usage_and_finish_reason(server):
         response = await client.complete(HELLO)
     assert response.message.text == "hi there"
     assert response.finish_reason == "stop"
-    assert response.prompt_tokens > 0 and response.completion_tokens > 0
+    fake_usage = (len(encode(render(HELLO.messages))), len(encode(render_body(assistant("hi there")))))
+    assert (response.prompt_tokens, response.completion_tokens) == fake_usage
 
 
 async def test_token_ids_and_logprobs_come_back_from_a_vllm_shaped_server(server):
@@ -166,3 +171,97 @@ async def test_a_truncating_context_limit_ends_the_rollout_as_truncated():
         async with client_for(fake) as client:
             [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, rollouts=1)
     assert trace.stop_reason == tg.StopReason.TRUNCATED and trace.is_truncated
+
+
+# --- tool calls the server's parser gave up on -------------------------------------------------------------
+BAD_CALL = "<tool_call>{bad</tool_call>"
+
+
+async def test_tool_call_blocks_left_in_the_content_become_tool_calls_when_tools_were_offered():
+    spec = tg.Tool.from_function(_add).spec
+    with FakeOpenAIServer([BAD_CALL]) as fake:
+        async with client_for(fake) as client:
+            response = await client.complete(ModelRequest(messages=[user("x")], tools=[spec]))
+    [call] = response.message.tool_calls
+    assert call.arguments == "{bad" and response.message.content is None
+
+
+async def test_tool_call_text_stays_text_when_no_tools_were_offered():
+    with FakeOpenAIServer([BAD_CALL]) as fake:
+        async with client_for(fake) as client:
+            response = await client.complete(HELLO)
+    assert response.message.text == BAD_CALL and not response.message.tool_calls
+
+
+async def test_a_malformed_tool_call_in_the_content_is_a_tool_error_the_model_sees():
+    with FakeOpenAIServer([BAD_CALL, "The answer is 3"]) as fake:
+        async with client_for(fake) as client:
+            [trace] = await tg.evaluate("tool-calculator", client, num_tasks=1, rollouts=1)
+    tool_messages = [m for m in trace.graph.messages() if m.role == "tool"]
+    assert len(tool_messages) == 1 and tool_messages[0].text.startswith("Error:")
+    assert trace.metrics["tool_errors"] == 1 and trace.errors[0].kind == tg.ErrorKind.TOOL
+    assert any(m.get("role") == "tool" and "Error" in m["content"] for m in fake.requests[1]["messages"])
+
+
+def test_a_tool_call_without_a_function_name_is_one_bad_call_not_a_malformed_reply():
+    calls = [{"id": "a", "function": {"name": "add", "arguments": "{}"}}, {"id": "b", "function": {"arguments": "{}"}}]
+    data = {"choices": [{"message": {"content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}]}
+    response = parse_response(data, tools_offered=True)
+    assert [c.name for c in response.message.tool_calls] == ["add", ""]
+
+
+# --- finish reasons and replies that are not JSON --------------------------------------------------------
+async def test_a_length_finish_reason_ends_the_rollout_as_truncated():
+    tiny = TinyServer(lambda: web.json_response(_completion("partial", finish_reason="length")))
+    async with tiny as base_url, ChatClient(Endpoint(base_url=base_url, model="m", backoff=0)) as client:
+        [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, rollouts=1)
+    assert trace.stop_reason == tg.StopReason.TRUNCATED and trace.is_truncated
+
+
+async def test_a_200_reply_that_is_not_json_is_retried():
+    answers = iter([web.Response(text="<html>proxy hiccup</html>"), web.json_response(_completion("ok"))])
+    tiny = TinyServer(lambda: next(answers))
+    async with tiny as base_url, ChatClient(Endpoint(base_url=base_url, model="m", backoff=0)) as client:
+        response = await client.complete(HELLO)
+    assert response.message.text == "ok" and tiny.calls == 2
+
+
+class TinyServer:
+    """A chat-completions route on 127.0.0.1 in the test's own loop, answering `answer()`; it records the client
+    port of every call (one port per TCP connection)."""
+
+    def __init__(self, answer: Callable[[], web.Response], latency: float = 0.0) -> None:
+        self.answer = answer
+        self.latency = latency
+        self.ports: list[int] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def calls(self) -> int:
+        return len(self.ports)
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.ports.append(request.transport.get_extra_info("peername")[1])
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        return self.answer()
+
+    async def __aenter__(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+def _completion(text: str, finish_reason: str = "stop") -> dict:
+    message = {"role": "assistant", "content": text}
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2}}

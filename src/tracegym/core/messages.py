@@ -71,9 +71,9 @@ class Message(BaseModel):
     @classmethod
     def from_openai(cls, data: dict[str, Any]) -> Message:
         """A message from an OpenAI chat-completions message (request or response shape)."""
-        calls = [
-            ToolCall(id=c.get("id") or f"call_{i}", name=c["function"]["name"],
-                     arguments=c["function"].get("arguments") or "{}")
+        calls = [  # a call without a function name is kept (named "") so that running it fails as one bad call
+            ToolCall(id=c.get("id") or f"call_{i}", name=(c.get("function") or {}).get("name") or "",
+                     arguments=(c.get("function") or {}).get("arguments") or "{}")
             for i, c in enumerate(data.get("tool_calls") or [])
         ]
         return cls(

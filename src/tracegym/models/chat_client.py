@@ -4,7 +4,9 @@ One aiohttp session per client and event loop is shared by every concurrent call
 timeouts, HTTP 429 and 5xx are retried with exponential backoff; other 4xx are not (a context-length 400
 becomes ContextLengthError so the rollout ends as truncated). When the endpoint returns them (vLLM with
 `return_token_ids` and `logprobs`), the exact prompt and completion token ids and logprobs come back on the
-response. Tool calls are kept with their raw argument text: malformed JSON is surfaced when the call runs.
+response. Tool calls are kept with their raw argument text: malformed JSON is surfaced when the call runs. When
+the endpoint's tool parser fails (vLLM's hermes parser then returns the `<tool_call>` blocks as plain content),
+the blocks are parsed here instead, so a malformed call still reaches the rollout as a (failing) tool call.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tracegym.core.errors import ContextLengthError, InfrastructureError, ModelE
 from tracegym.core.messages import Message
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.renderer import parse_hermes
 
 _CONTEXT_LENGTH = re.compile(
     r"maximum context length|max_model_len|longer than the maximum model length|context length exceeded|"
@@ -29,6 +32,7 @@ _CONTEXT_LENGTH = re.compile(
     re.IGNORECASE,
 )
 _TOKEN_FIELDS = ("return_token_ids", "logprobs")
+_TOOL_CALL_TAG = "<tool_call>"
 
 
 class _Retryable(Exception):
@@ -80,7 +84,7 @@ class ChatClient:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One chat completion, retried on transient failures; raises tracegym errors."""
         data = await self._retrying(lambda: self._post(request))
-        return parse_response(data, require_tokens=self.endpoint.tokens == "on")
+        return parse_response(data, require_tokens=self.endpoint.tokens == "on", tools_offered=bool(request.tools))
 
     async def _retrying(self, call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """Await `call()` until it succeeds, retrying transient failures with jittered exponential backoff."""
@@ -148,13 +152,19 @@ def request_body(model: str, request: ModelRequest, *, tokens: bool) -> dict[str
     return body
 
 
-def parse_response(data: dict[str, Any], *, require_tokens: bool = False) -> ModelResponse:
-    """A ModelResponse from a chat-completions response body (vLLM's token fields read when present)."""
+def parse_response(data: dict[str, Any], *, require_tokens: bool = False, tools_offered: bool = False) -> ModelResponse:
+    """A ModelResponse from a chat-completions response body (vLLM's token fields read when present).
+
+    With `tools_offered`, `<tool_call>` blocks left in the content (the server's tool parser failed on them)
+    become tool calls carrying their raw text, so the rollout reports them to the model as tool errors.
+    """
     try:
         choice = data["choices"][0]
         message = Message.from_openai({**choice["message"], "role": "assistant"})
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ModelError(f"malformed chat completion ({type(exc).__name__}: {exc}): {str(data)[:300]}") from None
+    if tools_offered and not message.tool_calls and _TOOL_CALL_TAG in message.text:
+        message = _unparsed_tool_calls(message)
     usage = data.get("usage") or {}
     completion_ids = choice.get("token_ids")
     prompt_ids = data.get("prompt_token_ids")
@@ -169,6 +179,13 @@ def parse_response(data: dict[str, Any], *, require_tokens: bool = False) -> Mod
         completion_token_ids=list(completion_ids) if completion_ids is not None else None,
         completion_logprobs=_logprobs(choice.get("logprobs")),
     )
+
+
+def _unparsed_tool_calls(message: Message) -> Message:
+    """`message` with the `<tool_call>` blocks of its text turned into tool calls (raw text kept as arguments
+    when a block is not valid JSON)."""
+    parsed = parse_hermes(message.text)
+    return message.model_copy(update={"content": parsed.content, "tool_calls": parsed.tool_calls})
 
 
 def _logprobs(block: dict[str, Any] | None) -> list[float] | None:
