@@ -31,7 +31,8 @@ def run(args: list[str]) -> int:
     load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
     if config.base_url is not None:  # fail before any folder is made; record which model answered
         check_reachable(config.base_url, config.model, config.api_key_env)
-        config = config.model_copy(update={"model": config.model or only_served_model(config.base_url)})
+        model = config.model or only_served_model(config.base_url, config.api_key_env)
+        config = config.model_copy(update={"model": model})
     if resume_dir is None:
         choice = config.model_choice()
         folder = RunFolder.create(config.output_dir, config.taskset.id, choice.display_name(), config.run_id)

@@ -62,7 +62,7 @@ def serve(choice: ModelChoice, *, log_path: Path | None = None) -> Iterator[Endp
     """The endpoint for `choice`, starting (and afterwards stopping) vLLM when no `base_url` is given."""
     options: dict[str, Any] = {"timeout": choice.timeout, "max_retries": choice.max_retries, "client": choice.client}
     if choice.base_url is not None:
-        name = choice.model or only_served_model(choice.base_url)
+        name = choice.model or only_served_model(choice.base_url, choice.api_key_env)
         check_reachable(choice.base_url, name, choice.api_key_env)
         yield Endpoint(base_url=choice.base_url, model=name, api_key_env=choice.api_key_env,
                        tokenizer=choice.tokenizer or name, **options)
@@ -85,9 +85,9 @@ def server_config(choice: ModelChoice, log_path: Path | None = None) -> VLLMServ
                             extra_args=list(choice.vllm_args), log_path=log_path)
 
 
-def only_served_model(base_url: str) -> str:
+def only_served_model(base_url: str, api_key_env: str | None = None) -> str:
     """The single model an endpoint serves; a UsageError when it serves several (pass `--model`)."""
-    models = [m["id"] for m in _get_json(base_url.rstrip("/") + "/models", None).get("data", [])]
+    models = [m["id"] for m in _get_json(base_url.rstrip("/") + "/models", api_key_env).get("data", [])]
     if len(models) != 1:
         raise UsageError(f"{base_url} serves {len(models)} models ({', '.join(models)}); choose one with --model")
     return models[0]
