@@ -102,6 +102,35 @@ async def test_5xx_is_retried_until_it_succeeds():
     assert response.message.text == "ok" and len(fake.requests) == 3
 
 
+async def test_retries_back_off_exponentially_with_bounded_jitter():
+    delays: list[float] = []
+
+    async def record(seconds: float) -> None:
+        delays.append(seconds)
+
+    with FakeOpenAIServer(["ok"], fail_first=4, fail_status=503) as fake:
+        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=4, backoff=0.1)
+        async with ChatClient(endpoint, sleep=record) as client:
+            assert (await client.complete(HELLO)).message.text == "ok"
+    assert len(delays) == 4  # one wait before each retry, none before the first call or after success
+    for attempt, delay in enumerate(delays):
+        assert 0.05 * 2**attempt <= delay <= 0.15 * 2**attempt  # 0.1 s doubling, jittered by 0.5x-1.5x
+
+
+async def test_no_backoff_follows_the_last_failed_attempt():
+    delays: list[float] = []
+
+    async def record(seconds: float) -> None:
+        delays.append(seconds)
+
+    with FakeOpenAIServer(["ok"], fail_first=10, fail_status=503) as fake:
+        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=2, backoff=1.0)
+        async with ChatClient(endpoint, sleep=record) as client:
+            with pytest.raises(tg.InfrastructureError):
+                await client.complete(HELLO)
+    assert len(delays) == 2 and len(fake.requests) == 3
+
+
 async def test_429_is_retried():
     with FakeOpenAIServer(["ok"], fail_first=1, fail_status=429) as fake:
         async with client_for(fake, max_retries=1) as client:
@@ -265,3 +294,28 @@ def _completion(text: str, finish_reason: str = "stop") -> dict:
     message = {"role": "assistant", "content": text}
     return {"choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+
+
+# --- the connection pool ---------------------------------------------------------------------------------
+async def test_sequential_calls_share_one_connection():
+    tiny = TinyServer(lambda: web.json_response(_completion("ok")))
+    async with tiny as base_url, ChatClient(Endpoint(base_url=base_url, model="m")) as client:
+        for _ in range(20):
+            await client.complete(HELLO)
+    assert tiny.calls == 20 and len(set(tiny.ports)) == 1
+
+
+async def test_concurrent_calls_open_no_more_connections_than_the_concurrency():
+    tiny = TinyServer(lambda: web.json_response(_completion("ok")), latency=0.02)
+    async with tiny as base_url, ChatClient(Endpoint(base_url=base_url, model="m")) as client:
+        for _ in range(5):
+            await asyncio.gather(*(client.complete(HELLO) for _ in range(4)))
+    assert tiny.calls == 20 and len(set(tiny.ports)) <= 4
+
+
+async def test_max_connections_caps_the_pool():
+    tiny = TinyServer(lambda: web.json_response(_completion("ok")), latency=0.02)
+    endpoint = Endpoint(base_url="http://unused/v1", model="m", max_connections=2)
+    async with tiny as base_url, ChatClient(endpoint.model_copy(update={"base_url": base_url})) as client:
+        await asyncio.gather(*(client.complete(HELLO) for _ in range(10)))
+    assert tiny.calls == 10 and len(set(tiny.ports)) <= 2

@@ -42,8 +42,10 @@ class _Retryable(Exception):
 class ChatClient:
     """`ChatClient(Endpoint(base_url=..., model=...))`; close with `await client.aclose()` or `async with`."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+        """`sleep` waits out each retry's backoff (tests pass one that records the delays)."""
         self.endpoint = endpoint
+        self._sleep = sleep
         self._url = endpoint.base_url.rstrip("/") + "/chat/completions"
         self._headers = {"Content-Type": "application/json"}
         if key := endpoint.api_key():
@@ -96,7 +98,7 @@ class ChatClient:
                 if attempt == attempts - 1:
                     raise InfrastructureError(f"{self.endpoint.base_url}: {exc} (after {attempts} attempts)") from None
                 delay = self.endpoint.backoff * 2**attempt
-                await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+                await self._sleep(delay * random.uniform(0.5, 1.5))
         raise AssertionError("unreachable")
 
     async def _post(self, request: ModelRequest) -> dict[str, Any]:
