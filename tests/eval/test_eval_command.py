@@ -175,3 +175,52 @@ def test_resume_after_kill_9_completes_the_run_without_duplicates(tmp_path):
         assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
     records = lines(run / "traces.jsonl")
     assert len({(r["task_key"], r["rollout_index"]) for r in records}) == len(records) == 40
+
+
+def snapshot(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def finished_run_with_config(server, tmp_path, old: str, new: str) -> tuple[Path, dict[str, bytes]]:
+    """A finished run whose config.toml has `old` replaced by `new`, and a snapshot of its files."""
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    config = (run / "config.toml").read_text()
+    assert old in config
+    (run / "config.toml").write_text(config.replace(old, new))
+    return run, snapshot(run)
+
+
+def test_resume_with_another_taskset_id_is_a_mismatch_with_the_saved_run(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    before = snapshot(run)
+    assert main(["eval", "--resume", str(run), "--taskset.id", "wordle"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "does not match the saved run" in err and "'reverse-text'" in err
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("command", [["eval", "--resume"], ["rescore"]])
+def test_an_unknown_key_in_the_saved_config_is_named_with_a_suggestion(server, tmp_path, capsys, command):
+    run, before = finished_run_with_config(server, tmp_path, "rollouts = 2", "rolouts = 2")
+    assert main([*command, str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "config.toml: 'rolouts': unknown key; did you mean 'rollouts'?" in err
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("command", [["eval", "--resume"], ["rescore"]])
+def test_a_wrongly_typed_saved_value_names_the_file_and_key(server, tmp_path, capsys, command):
+    run, before = finished_run_with_config(server, tmp_path, "rollouts = 2", 'rollouts = "two"')
+    assert main([*command, str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "config.toml: 'rollouts': Input should be a valid integer" in err
+    assert snapshot(run) == before
+
+
+def test_show_names_a_bad_pass_threshold_in_the_saved_config(server, tmp_path, capsys):
+    run, _ = finished_run_with_config(server, tmp_path, "pass_threshold = 1.0", 'pass_threshold = "x"')
+    assert main(["show", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "config.toml: 'pass_threshold'" in err

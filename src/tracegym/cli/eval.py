@@ -9,7 +9,7 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
-from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, config_class, parse_eval_args
+from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
 from tracegym.eval.eval_run import execute
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import check_reachable, only_served_model
@@ -21,14 +21,14 @@ def run(args: list[str]) -> int:
     if resume_dir is not None:
         folder = RunFolder.open(Path(resume_dir))
         saved = folder.read_config()
-        config = parse_eval_args(rest, defaults=saved)
+        config = parse_eval_args(rest, defaults=saved, source=str(folder.config_path))
         check_same_run(saved, config, folder)
     else:
         config = parse_eval_args(rest)
+    load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
-    load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
     if config.base_url is not None:  # fail before any folder is made; record which model answered
         check_reachable(config.base_url, config.model, config.api_key_env)
         model = config.model or only_served_model(config.base_url, config.api_key_env)
@@ -43,17 +43,21 @@ def run(args: list[str]) -> int:
 
 def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:
     """A resume may change how the run goes (concurrency, dashboard) but not what it computes."""
-    before = config_class(saved.get("taskset", {}).get("id")).model_validate(saved)
+    before = validate_saved(type(config), saved, str(folder.config_path))
     for name in RUN_DEFINING:
-        old, new = _plain(getattr(before, name)), _plain(getattr(config, name))
-        if old != new:
-            raise UsageError(f"--resume {folder.path}: the run was made with {name} = {_show(old)}, "
-                             f"not {_show(new)}; drop the option or start a new run")
+        changed = differences(name, _plain(getattr(before, name)), _plain(getattr(config, name)))
+        if changed:
+            shown = ", ".join(f"{key} = {old!r}, not {new!r}" for key, old, new in changed)
+            raise UsageError(f"--resume {folder.path}: the run was made with {shown}; "
+                             "drop the option or start a new run")
+
+
+def differences(key: str, old: object, new: object) -> list[tuple[str, object, object]]:
+    """The dotted keys (under `key`) whose values differ, with the old and new value of each."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in dict.fromkeys([*old, *new]) for d in differences(f"{key}.{k}", old.get(k), new.get(k))]
+    return [] if old == new else [(key, old, new)]
 
 
 def _plain(value: object) -> object:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-
-
-def _show(value: object) -> str:
-    return repr(value)

@@ -1,11 +1,12 @@
 """`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of stored traces; no model calls.
 
-Writes `traces.rescored-<time>.jsonl` and `summary.rescored-<time>.json` beside the originals, which stay.
+Writes `traces.rescored-<time>-<hex>.jsonl` and `summary.rescored-<time>-<hex>.json` beside the originals, which stay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from pathlib import Path
 
@@ -24,13 +25,13 @@ def run(args: list[str]) -> int:
     if not args or args[0].startswith("-"):
         raise UsageError("usage: tracegym rescore RUN_DIR [--taskset.FIELD VALUE ...]")
     folder = RunFolder.open(Path(args[0]))
-    config = parse_eval_args(args[1:], defaults=folder.read_config())
+    config = parse_eval_args(args[1:], defaults=folder.read_config(), source=str(folder.config_path))
     taskset = load_taskset(config.taskset.id, config.taskset_options())
     stored = folder.read_traces()
     if not stored.traces:
         raise UsageError(f"{folder.path} has no traces to rescore")
     traces = asyncio.run(rescore(taskset, stored.traces, config.timeouts, config.concurrency))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)  # two rescores in one second stay apart
     folder.rewrite(traces, f"traces.rescored-{stamp}.jsonl")
     before = summarize(stored.traces, pass_threshold=config.pass_threshold)
     after = summarize(traces, pass_threshold=config.pass_threshold)

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import Trace
+from tracegym.eval.eval_config import EvalConfig, validate_saved
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.summary import summarize, summary_table
 
@@ -23,12 +24,15 @@ def run(args: list[str]) -> int:
     folder = RunFolder.open(Path(args[0]))
     count = _count(args[1:])
     stored = folder.read_traces()
-    config = folder.read_config()
-    summary = summarize(stored.traces, pass_threshold=float(config.get("pass_threshold", 1.0)))
+    config = validate_saved(EvalConfig, folder.read_config(), str(folder.config_path))  # no taskset import
+    summary = summarize(stored.traces, pass_threshold=config.pass_threshold)
     console = Console()
     console.print(summary_table(summary, title=str(folder.path)))
     if stored.truncated_tail:
         console.print("[yellow]the last line of traces.jsonl is cut off (killed mid-write); --resume redoes it[/]")
+    if stored.bad_lines:
+        console.print(f"[yellow]{stored.bad_lines} line(s) of traces.jsonl are not traces (corrupt) and were "
+                      "skipped; --resume reruns their rollouts[/]")
     picked = sorted(stored.traces, key=lambda t: (t.ok, t.task_key, t.rollout_index))[:count]
     for trace in picked:
         console.print(trace_panel(trace))

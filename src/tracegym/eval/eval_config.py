@@ -7,21 +7,23 @@ first positional argument, `--taskset.id`, or the `[taskset]` table of an `@` fi
 
 from __future__ import annotations
 
+import inspect
 import tomllib
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_config import BaseConfig, ConfigFileError, cli
 
-from tracegym.config.error_report import one_line
+from tracegym.config.error_report import known_keys, one_line, validation_line
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
-from tracegym.envs.taskset import Taskset
+from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.models.launch import ModelChoice
 
 
@@ -100,38 +102,68 @@ RUN_DEFINING = ("taskset", "model", "num_tasks", "rollouts", "sampling", "pass_t
 """Fields a resumed run must share with the saved one (the others only change how it runs)."""
 
 
-def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None) -> EvalConfig:
-    """Parse `tracegym eval` arguments (a positional taskset id is allowed first) into a validated config."""
+def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None,
+                    source: str = "the saved config") -> EvalConfig:
+    """Parse `tracegym eval` arguments (a positional taskset id is allowed first) into a validated config;
+    `defaults` (a saved run's config, read from `source`) are validated first and the arguments override them."""
     args = list(args)
     if args and not args[0].startswith("-") and args[0] != "@":
         args = ["--taskset.id", args[0], *args[1:]]
-    taskset_id = find_taskset_id(args) or (defaults or {}).get("taskset", {}).get("id")
-    cls = config_class(taskset_id)
-    default = cls.model_validate(defaults) if defaults else None
+    saved_id = (defaults or {}).get("taskset", {}).get("id")
+    taskset_id = find_taskset_id(args)
+    if defaults and taskset_id is not None and taskset_id != saved_id:
+        raise UsageError(f"--taskset.id {taskset_id!r} does not match the saved run: {source} has "
+                         f"taskset.id = {saved_id!r}; drop it or start a new run")
+    cls = config_class(taskset_id or saved_id)
     try:
-        if default is not None:
-            return cli(cls, args=args, default=default, prog="tracegym eval")
+        if defaults:
+            return cli(cls, args=args, default=validate_saved(cls, defaults, source), prog="tracegym eval")
         return cli(cls, args=args, prog="tracegym eval")
     except ConfigFileError as exc:
+        if isinstance(exc.__cause__, ValidationError):
+            raise UsageError(validation_line(exc.__cause__, known_keys(cls), as_flags=True)) from None
         raise UsageError(one_line(str(exc))) from None
+
+
+def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> EvalConfig:
+    """A saved config (a run folder's `config.toml`) validated; a bad key is a UsageError naming `source`."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"{source}: {validation_line(exc, known_keys(cls), as_flags=False)}") from None
 
 
 def config_class(taskset_id: str | None) -> type[EvalConfig]:
     """EvalConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
     if taskset_id is None:
         return EvalConfig
-    target = resolve(taskset_id)
-    if isinstance(target, type) and issubclass(target, Taskset):
-        options = target.Config
-    elif isinstance(target, Taskset):
-        options = type(target).Config
-    else:
-        return EvalConfig  # a factory: it validates its options when it builds the taskset
+    options = taskset_config(resolve(taskset_id))
+    if options is None:
+        return EvalConfig  # the factory does not say: it validates its options when it builds the taskset
     section = create_model(
         f"{options.__name__}Section", __base__=options, __doc__=f"Options of the taskset {taskset_id!r}.",
         id=(str, Field(default=taskset_id, description="Taskset id.")),
     )
     return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))  # type: ignore[call-overload]
+
+
+def taskset_config(target: Any) -> type[TasksetConfig] | None:
+    """The Config class of a Taskset class or instance, or the one a factory's first parameter is annotated
+    with (`def counter_env(config: CounterEnvConfig | None = None)`); None when there is none."""
+    if isinstance(target, type) and issubclass(target, Taskset):
+        return target.Config
+    if isinstance(target, Taskset):
+        return type(target).Config
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an unresolvable annotation: leave the options to the factory
+        return None
+    first = next(iter(inspect.signature(target).parameters), None)
+    annotation = hints.get(first) if first else None
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, TasksetConfig):
+            return candidate
+    return None
 
 
 def find_taskset_id(args: Sequence[str]) -> str | None:
