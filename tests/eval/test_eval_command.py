@@ -224,3 +224,16 @@ def test_show_names_a_bad_pass_threshold_in_the_saved_config(server, tmp_path, c
     assert main(["show", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "config.toml: 'pass_threshold'" in err
+
+
+def test_wall_time_after_a_resume_adds_up_every_session(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "wall_time": 1000.0}))  # a long first session
+    records = lines(run / "traces.jsonl")[:-2]  # killed before the last two
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert 1000.0 < summary["wall_time"] < 1060.0
+    assert summary["rollouts_per_second"] == pytest.approx(8 / summary["wall_time"])

@@ -99,8 +99,10 @@ async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: 
 
 def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None) -> Summary:
     """Run an eval into `folder`; return its summary (also written to `summary.json` and printed).
-    Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume."""
+    Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
+    that of every session of the run (a resume adds its own to the earlier ones)."""
     out = out or sys.stdout
+    earlier = folder.earlier_wall_time() if resume else 0.0
     work = plan(config, folder, resume)
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
     title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
@@ -114,12 +116,12 @@ def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out:
                 tally.restart_clock()
                 asyncio.run(run_rollouts(config, work, folder, endpoint, tally, boards))
         except KeyboardInterrupt:
-            finish(config, folder, tally.elapsed, out, title)
+            finish(config, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
             folder.close()
-    return finish(config, folder, tally.elapsed, out, title)
+    return finish(config, folder, earlier + tally.elapsed, out, title)
 
 
 def finish(config: EvalConfig, folder: RunFolder, wall_time: float, out: IO[str], title: str) -> Summary:

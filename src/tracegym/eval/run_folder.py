@@ -81,6 +81,15 @@ class RunFolder:
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{str(self.config_path)!r} is not valid TOML: {exc}") from None
 
+    def earlier_wall_time(self) -> float:
+        """Seconds the earlier sessions of this run took, as their last summary recorded (0 when none did; a
+        session killed before writing its summary is not counted)."""
+        try:
+            value = json.loads(self.summary_path.read_text()).get("wall_time")
+        except (OSError, ValueError, AttributeError):
+            return 0.0
+        return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+
     def write_summary(self, summary: dict[str, Any], name: str = SUMMARY) -> Path:
         path = self.path / name
         _write_atomic(path, json.dumps(summary, indent=2) + "\n")

@@ -73,7 +73,7 @@ class Summary(BaseModel):
     mean_completion_tokens: float = 0.0
     """Completion tokens per trace."""
     wall_time: float | None = None
-    """Seconds the run took, when the caller measured it."""
+    """Seconds the run took (all its sessions, for a resumed run), when the caller measured it."""
     rollouts_per_second: float | None = None
     """Traces per second of wall time, when wall time is known and positive."""
 
