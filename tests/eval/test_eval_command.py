@@ -45,9 +45,23 @@ def test_eval_writes_config_traces_summary_and_logs(server, tmp_path):
     assert (run / "config.toml").is_file() and (run / "logs" / "eval.log").is_file()
 
 
-def test_the_live_dashboard_runs_without_a_terminal(server, tmp_path, capsys):
+def test_the_live_dashboard_runs_without_a_terminal_and_shows_its_final_figures(server, tmp_path, capsys):
     assert main(eval_args(server, tmp_path)[:-1]) == 0
-    assert "rollouts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mean reward 1.000" in out and "8/8" in out and "ETA" in out
+
+
+def test_no_rich_streams_plain_status_lines(server, tmp_path, capsys):
+    assert main(eval_args(server, tmp_path)) == 0
+    out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eval: ")]
+    assert out[0] == "eval: 8 rollouts to run"
+    assert out[1].startswith("eval: 8/8 rollouts  reward 1.000  errors none  truncated 0") and len(out) == 2
+
+
+def test_the_eval_log_has_one_status_line_per_trace(server, tmp_path):
+    assert main(eval_args(server, tmp_path)) == 0
+    log = (only_run(tmp_path) / "logs" / "eval.log").read_text().splitlines()
+    assert [line.split()[1] for line in log if " rollouts  reward " in line] == [f"{i}/8" for i in range(1, 9)]
 
 
 def test_dry_run_prints_the_resolved_config_and_writes_nothing(server, tmp_path, capsys):

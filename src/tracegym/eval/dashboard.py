@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import IO, Protocol
 
 from rich.console import Console, Group
@@ -24,7 +25,8 @@ from tracegym.core.trace import Trace
 class Tally:
     """Running figures of an eval, updated per finished trace."""
 
-    def __init__(self, total: int, done_before: int = 0) -> None:
+    def __init__(self, total: int, done_before: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # seconds from a fixed point; injectable so tests run the dashboard on a fake clock
         self.total = total
         self.done = done_before
         self.new = 0
@@ -34,7 +36,7 @@ class Tally:
         self.truncated = 0
         self.completion_tokens = 0
         self.latest: deque[Trace] = deque(maxlen=4)
-        self.started = time.monotonic()
+        self.started = clock()
 
     def add(self, trace: Trace) -> None:
         self.done += 1
@@ -50,7 +52,7 @@ class Tally:
 
     def restart_clock(self) -> None:
         """Measure rates from now (the model is up and rollouts start)."""
-        self.started = time.monotonic()
+        self.started = self.clock()
 
     @property
     def mean_reward(self) -> float:
@@ -58,7 +60,7 @@ class Tally:
 
     @property
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def rates(self) -> tuple[float, float]:
         """(rollouts/s, completion tokens/s) of this session."""
@@ -82,17 +84,20 @@ class Dashboard(Protocol):
 
 
 class PlainDashboard:
-    """A status line every `every` traces (and at the end), plus one line per errored trace."""
+    """A status line every `every` traces and at the end (once, if the last trace already printed one), plus one
+    line per errored trace."""
 
     def __init__(self, tally: Tally, out: IO[str], every: int = 10) -> None:
         self.tally, self.out, self.every = tally, out, every
+        self._status_at: int | None = None
 
     def __enter__(self) -> PlainDashboard:
         print(f"eval: {self.tally.total - self.tally.done} rollouts to run", file=self.out, flush=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        print(f"eval: {self.tally.line()}", file=self.out, flush=True)
+        if self._status_at != self.tally.new:
+            self._status()
 
     def update(self, trace: Trace) -> None:
         if trace.stop_reason in ("error", "timeout"):
@@ -100,7 +105,11 @@ class PlainDashboard:
                 print(f"eval: {trace.task_key}#{trace.rollout_index} {error.kind.value} error in {error.stage}: "
                       f"{error.message[:200]}", file=self.out, flush=True)
         if self.tally.new % self.every == 0:
-            print(f"eval: {self.tally.line()}", file=self.out, flush=True)
+            self._status()
+
+    def _status(self) -> None:
+        print(f"eval: {self.tally.line()}", file=self.out, flush=True)
+        self._status_at = self.tally.new
 
 
 class RichDashboard:
@@ -109,7 +118,7 @@ class RichDashboard:
     def __init__(self, tally: Tally, title: str, console: Console | None = None) -> None:
         self.tally, self.title = tally, title
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), get_time=tally.clock)
         self._bar = self.progress.add_task("rollouts", total=tally.total, completed=tally.done)
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
