@@ -251,3 +251,14 @@ def test_wall_time_after_a_resume_adds_up_every_session(server, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert 1000.0 < summary["wall_time"] < 1060.0
     assert summary["rollouts_per_second"] == pytest.approx(8 / summary["wall_time"])
+
+
+def test_resume_samples_with_the_saved_config(server, tmp_path):
+    main(eval_args(server, tmp_path, "--sampling.temperature", "0.3"))
+    run = only_run(tmp_path)
+    records = lines(run / "traces.jsonl")[:5]  # killed after five traces
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = len(server.requests)
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    resumed = server.requests[before:]
+    assert len(resumed) == 3 and {r["temperature"] for r in resumed} == {0.3}
