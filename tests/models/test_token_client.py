@@ -13,6 +13,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import ChatMLRenderer
 from tracegym.models.token_client import TokenClient
 from tracegym.testing import FakeOpenAIServer, reply, tool_call
+from tracegym.train.samples import validate
 
 HELLO = ModelRequest(messages=[user("hello")])
 
@@ -186,3 +187,53 @@ def test_make_client_builds_the_client_the_endpoint_names(smol):
     tokens = Endpoint(base_url="http://x/v1", model="m", client="tokens", tokenizer=str(embedded_model_dir()))
     assert isinstance(make_client(tokens), TokenClient)
     assert type(make_client(Endpoint(base_url="http://x/v1", model="m"))) is ChatClient
+
+
+STOP_AT_END = tg.Sampling(stop=["END"])
+
+
+async def test_a_stop_string_is_cut_from_the_message_but_kept_in_the_sampled_ids(smol):
+    with FakeOpenAIServer(["one END two"], renderer=smol) as server:
+        async with client_for(server, smol) as client:
+            response = await client.complete(ModelRequest(messages=[user("hi")], sampling=STOP_AT_END))
+    assert server.requests[0]["stop"] == ["END"]
+    assert response.message.content == "one " and response.finish_reason == "stop"
+    assert smol.decode(response.completion_token_ids) == "one END"
+    assert len(response.completion_logprobs) == len(response.completion_token_ids)
+
+
+async def test_the_turn_after_a_stop_string_bridges_on_one_clean_branch(smol):
+    with FakeOpenAIServer(["one END two", "three"], renderer=smol) as server:
+        async with client_for(server, smol) as client:
+            [trace] = await tg.evaluate(chatter(2), client, sampling=STOP_AT_END)
+    first = next(n for n in trace.graph.nodes if n.sampled)
+    stopped = first.token_ids[len(first.token_ids) - sum(first.mask):]
+    assert first.message.content == "one " and smol.decode(stopped) == "one END"
+    assert server.requests[1]["prompt"][: len(server.requests[0]["prompt"]) + len(stopped)] == \
+        server.requests[0]["prompt"] + stopped
+    assert len(trace.branches) == 1 and validate_tokens(trace) == [] and validate(trace) == []
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string_in_the_message(smol):
+    sampling = tg.Sampling(stop=["END"], extra={"include_stop_str_in_output": True})
+    with FakeOpenAIServer(["one END two"], renderer=smol) as server:
+        async with client_for(server, smol) as client:
+            response = await client.complete(ModelRequest(messages=[user("hi")], sampling=sampling))
+    assert response.message.content == "one END"
+
+
+def completion_body_with(token_ids: list[int], token_logprobs: list) -> dict:
+    return {"choices": [{"token_ids": token_ids, "finish_reason": "stop",
+                         "logprobs": {"token_logprobs": token_logprobs}}]}
+
+
+async def test_a_null_logprob_is_a_model_error(smol):
+    async with TokenClient(Endpoint(base_url="http://unused/v1", model="m"), smol) as client:
+        with pytest.raises(tg.ModelError, match="no logprob for sampled token 1"):
+            client.parse_completion(completion_body_with([5, 6], [-0.1, None]), [1])
+
+
+async def test_fewer_logprobs_than_sampled_tokens_is_a_model_error(smol):
+    async with TokenClient(Endpoint(base_url="http://unused/v1", model="m"), smol) as client:
+        with pytest.raises(tg.ModelError, match="1 logprobs for 2 sampled tokens"):
+            client.parse_completion(completion_body_with([5, 6], [-0.1]), [1])

@@ -23,3 +23,42 @@ async def test_fails_the_first_calls_when_asked():
             body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
             async with http.post(server.base_url + "/chat/completions", json=body) as resp:
                 assert resp.status == 503
+
+
+class CharRenderer:
+    """One token per character (its code point); token 0 closes a turn."""
+
+    stop_token_ids = [0]
+
+    def completion_ids(self, message) -> list[int]:
+        return [*map(ord, message.text), 0]
+
+    def decode(self, token_ids) -> str:
+        return "".join(chr(t) for t in token_ids if t)
+
+
+async def token_completion(server: FakeOpenAIServer, **fields) -> dict:
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "fake-model", "prompt": [104, 105], "logprobs": 1, "return_token_ids": True, **fields}
+        async with http.post(server.base_url + "/completions", json=body) as resp:
+            return (await resp.json())["choices"][0]
+
+
+async def test_a_stop_string_keeps_the_ids_through_it_and_cuts_the_text_before_it():
+    with FakeOpenAIServer(["one END two"], renderer=CharRenderer()) as server:
+        choice = await token_completion(server, stop=["END", "two"])
+    assert choice["token_ids"] == [*map(ord, "one END")]
+    assert choice["text"] == "one " and choice["stop_reason"] == "END" and choice["finish_reason"] == "stop"
+    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+
+
+async def test_without_a_matching_stop_string_the_turn_ends_on_its_stop_token():
+    with FakeOpenAIServer(["one two"], renderer=CharRenderer()) as server:
+        choice = await token_completion(server, stop=["END"])
+    assert choice["token_ids"] == [*map(ord, "one two"), 0] and choice["stop_reason"] is None
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string_in_the_text():
+    with FakeOpenAIServer(["one END two"], renderer=CharRenderer()) as server:
+        choice = await token_completion(server, stop=["END"], include_stop_str_in_output=True)
+    assert choice["text"] == "one END" and choice["token_ids"] == [*map(ord, "one END")]

@@ -44,8 +44,9 @@ class Renderer(Protocol):
         prompt; None when that cannot be proven equivalent to a render of the conversation."""
         ...
 
-    def parse(self, completion_ids: list[int]) -> Message:
-        """The assistant message in sampled ids: content and tool calls (malformed calls keep their raw text)."""
+    def parse(self, completion_ids: list[int], *, stop: str | None = None) -> Message:
+        """The assistant message in sampled ids: content and tool calls (malformed calls keep their raw text);
+        with `stop`, the matched stop string the ids end with, the text is cut where it starts."""
         ...
 
     def completion_ids(self, message: Message) -> list[int]:
@@ -124,11 +125,11 @@ class ChatMLRenderer:
         text = "\n" + "".join(self._turn_text(m) for m in new_messages) + "<|im_start|>assistant\n"
         return [*prompt_ids, *completion_ids, *close, *self.encode(text)]
 
-    def parse(self, completion_ids: list[int]) -> Message:
+    def parse(self, completion_ids: list[int], *, stop: str | None = None) -> Message:
         ids = list(completion_ids)
         while ids and ids[-1] in self._stops:
             ids.pop()
-        return parse_hermes(self.decode(ids))
+        return parse_hermes(_cut(self.decode(ids), stop))
 
     def completion_ids(self, message: Message) -> list[int]:
         return [*self.encode(_assistant_body(message)), self.im_end]
@@ -157,6 +158,12 @@ def _assistant_body(message: Message) -> str:
     blocks = [f'<tool_call>\n{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}\n</tool_call>'
               for c in message.tool_calls]
     return "\n".join(([message.text] if message.text else []) + blocks)
+
+
+def _cut(text: str, stop: str | None) -> str:
+    """`text` up to the first `stop` (where vLLM's stop-string check ended the sampling)."""
+    at = text.find(stop) if stop else -1
+    return text[:at] if at >= 0 else text
 
 
 def parse_hermes(text: str) -> Message:
@@ -219,11 +226,13 @@ class LibraryRenderer:
         previous = len(prompt_ids) + len(completion_ids)
         return ids if ids[:previous] == [*prompt_ids, *completion_ids] else None
 
-    def parse(self, completion_ids: list[int]) -> Message:
+    def parse(self, completion_ids: list[int], *, stop: str | None = None) -> Message:
+        """The package's parse; a stop string is cut from the content it parsed (its parser reads ids)."""
         parsed = self.renderer.parse_response(list(completion_ids))
         calls = [ToolCall(id=call.id or f"call_{uuid.uuid4().hex[:12]}", name=call.name or "",
                           arguments=_raw_arguments(call)) for call in parsed.tool_calls]
-        return Message(role="assistant", content=parsed.content or (None if calls else ""), tool_calls=calls,
+        content = _cut(parsed.content, stop) if parsed.content else parsed.content
+        return Message(role="assistant", content=content or (None if calls else ""), tool_calls=calls,
                        reasoning_content=parsed.reasoning_content)
 
     def completion_ids(self, message: Message) -> list[int]:

@@ -4,8 +4,9 @@ Each turn's prompt extends the branch's exact tokens through the renderer's brid
 sampled completion ids + the new messages); when the bridge cannot prove that safe, the whole conversation is
 rendered and the message graph forks if the render does not extend the branch. vLLM answers `/v1/completions`
 with a token-id prompt, returning the sampled ids (`return_token_ids`) and their logprobs; the assistant
-message (content, tool calls) is parsed from those ids, never from re-tokenized text. HTTP, retries and error
-mapping are the chat client's.
+message (content, tool calls) is parsed from those ids, never from re-tokenized text. A matched stop string
+stays in the ids (they are what was sampled) but not in the message, as with vLLM's chat endpoint. HTTP,
+retries and error mapping are the chat client's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class TokenClient(ChatClient):
         if body["max_tokens"] is None:  # vLLM's completions would stop at 16; ask for the rest of the context
             body["max_tokens"] = await self._context_length()
         data = await self._retrying(lambda: self._send(self._url, body))
-        return self.parse_completion(data, prompt_ids)
+        return self.parse_completion(data, prompt_ids, include_stop_str=bool(body.get("include_stop_str_in_output")))
 
     async def _context_length(self) -> int | None:
         """The served model's `max_model_len` from `/v1/models` (fetched once; None when not listed)."""
@@ -63,19 +64,19 @@ class TokenClient(ChatClient):
                 return bridged
         return self.renderer.render(request.messages, request.tools)
 
-    def parse_completion(self, data: dict[str, Any], prompt_ids: list[int]) -> ModelResponse:
-        """A ModelResponse from vLLM's completions body: sampled ids, their logprobs, the parsed message."""
-        try:
-            choice = data["choices"][0]
-            completion_ids = [int(t) for t in choice["token_ids"]]
-            logprobs = [float(lp or 0.0) for lp in (choice.get("logprobs") or {})["token_logprobs"]]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ModelError(f"malformed completion, no token ids or logprobs ({type(exc).__name__}: {exc}); "
-                             f"is the endpoint vLLM? {str(data)[:300]}") from None
-        if len(logprobs) != len(completion_ids):
-            raise ModelError(f"{len(logprobs)} logprobs for {len(completion_ids)} sampled tokens")
-        message = self.renderer.parse(completion_ids)
+    def parse_completion(self, data: dict[str, Any], prompt_ids: list[int], *,
+                         include_stop_str: bool = False) -> ModelResponse:
+        """A ModelResponse from vLLM's completions body: sampled ids, their logprobs, the parsed message.
+
+        vLLM keeps the ids through a matched stop string but cuts it from the text; the message is cut the
+        same way (as its chat endpoint would, unless `include_stop_str`), the ids and logprobs never are."""
+        choice, completion_ids, logprobs = _sampled(data)
         finish = choice.get("finish_reason")
+        stop = choice.get("stop_reason") if finish == "stop" and not include_stop_str else None
+        if isinstance(stop, str) and stop:  # a stop string matched (an int is a stop token id)
+            message = self.renderer.parse(completion_ids, stop=stop)
+        else:
+            message = self.renderer.parse(completion_ids)
         if finish == "stop" and message.tool_calls:
             finish = "tool_calls"
         return ModelResponse(
@@ -87,6 +88,25 @@ class TokenClient(ChatClient):
             completion_token_ids=completion_ids,
             completion_logprobs=logprobs,
         )
+
+
+def _sampled(data: dict[str, Any]) -> tuple[dict[str, Any], list[int], list[float]]:
+    """The first choice, its sampled ids and their logprobs (one each; a missing one is a ModelError)."""
+    try:
+        choice = data["choices"][0]
+        completion_ids = [int(t) for t in choice["token_ids"]]
+        raw = (choice.get("logprobs") or {})["token_logprobs"]
+        logprobs = [float(lp) if lp is not None else None for lp in raw]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ModelError(f"malformed completion, no token ids or logprobs ({type(exc).__name__}: {exc}); "
+                         f"is the endpoint vLLM? {str(data)[:300]}") from None
+    if len(logprobs) != len(completion_ids):
+        raise ModelError(f"{len(logprobs)} logprobs for {len(completion_ids)} sampled tokens")
+    missing = [i for i, lp in enumerate(logprobs) if lp is None]
+    if missing:
+        raise ModelError(f"the completion has no logprob for sampled token {missing[0]} "
+                         f"({len(missing)} of {len(logprobs)} missing); training needs every one")
+    return choice, completion_ids, [lp for lp in logprobs if lp is not None]
 
 
 def completion_body(model: str, request: ModelRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:

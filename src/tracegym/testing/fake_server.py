@@ -5,13 +5,15 @@ It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token
 context limit (answered with vLLM's 400) are configurable. Given a renderer, it also answers vLLM's
 `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
 empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
-renderer's completion ids (or `completion_ids(message)`'s), cut at `max_tokens`. It runs its own event loop
-in a thread, so sync and async tests can both use it.
+renderer's completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept
+through the stop string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event
+loop in a thread, so sync and async tests can both use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -185,17 +187,39 @@ class FakeOpenAIServer:
     def _token_choice(self, body: dict[str, Any], message: Message, prompt: list[int]) -> dict[str, Any]:
         assert self.renderer is not None
         ids = (self.completion_ids or self.renderer.completion_ids)(message)
+        text, stop_reason = self.renderer.decode(ids), None
+        matched = _stop_string(self.renderer, ids, body.get("stop"), bool(body.get("include_stop_str_in_output")))
+        if matched is not None:
+            kept, text, stop_reason = matched
+            ids = ids[:kept]
         budget = body.get("max_tokens")
         finish = "stop"
         if budget is not None and len(ids) > budget:
-            ids, finish = ids[:budget], "length"
-        choice = {"index": 0, "text": self.renderer.decode(ids), "token_ids": ids, "finish_reason": finish,
+            ids, finish, stop_reason = ids[:budget], "length", None
+            text = self.renderer.decode(ids)
+        choice = {"index": 0, "text": text, "token_ids": ids, "finish_reason": finish, "stop_reason": stop_reason,
                   "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids),
                                "top_logprobs": [], "text_offset": []}}
         return {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model, "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                           "total_tokens": len(prompt) + len(ids)}}
+
+
+def _stop_string(renderer: Renderer, ids: list[int], stop: Any, include: bool) -> tuple[int, str, str] | None:
+    """As vLLM's detokenizer: the earliest-ending stop string in the text (a final stop token excluded) ends
+    the sampling; the ids are kept through the token completing it, the text is cut before it (or after it,
+    with `include_stop_str_in_output`). (ids kept, text, the stop string), or None when none matched."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    body = ids[:-1] if ids and ids[-1] in renderer.stop_token_ids else ids
+    text = renderer.decode(body)
+    found = [(text.find(s) + len(s), text.find(s), s) for s in stops if s and s in text]
+    if not found:
+        return None
+    end, start, matched = min(found)
+    offsets = [len(renderer.decode(body[:k])) for k in range(len(body) + 1)]
+    kept = bisect.bisect_left(offsets, end, lo=1)
+    return kept, text[: end if include else start], matched
 
 
 def _count(ids: list[int], pattern: list[int]) -> int:
