@@ -9,11 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from vllm_fakes import FAKE_VLLM, group_members, running, wait_until
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.models import vllm_server
@@ -21,65 +22,10 @@ from tracegym.models.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
     free_port,
+    recorded_server,
     server_command,
     server_env,
 )
-
-# A stand-in for vLLM: answers /health and /v1/models, and starts a child that, like vLLM's engine core,
-# ignores SIGTERM and outlives its parent; so only the supervisor's group sweep and SIGKILL can end it.
-FAKE_VLLM = r"""
-import http.server, json, subprocess, sys
-port, name, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-engine = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-child = subprocess.Popen([sys.executable, "-c", engine])
-with open(pid_file, "w") as f:
-    f.write(str(child.pid))
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = {"/health": b"", "/v1/models": json.dumps({"data": [{"id": name}]}).encode()}.get(self.path)
-        self.send_response(404 if body is None else 200)
-        self.end_headers()
-        self.wfile.write(body or b"")
-
-    def log_message(self, *args):
-        pass
-
-http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
-"""
-
-
-def running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def fake_server(tmp_path: Path, name: str = "fake-model", **fields: object) -> VLLMServer:
@@ -198,6 +144,36 @@ def test_state_file_lets_a_second_server_reuse_the_first(tmp_path: Path) -> None
         second = fake_server(tmp_path, state_path=state)
         assert second.start() == first.base_url and not second.owned
     assert not state.exists()
+
+
+def _record(path: Path, config: VLLMServerConfig, base_url: str, pid: int) -> VLLMServerConfig:
+    path.write_text(json.dumps({"base_url": base_url, "pid": pid, "launch_key": config.launch_key()}))
+    return config.model_copy(update={"state_path": path})
+
+
+def test_a_record_of_a_live_healthy_server_is_found(server: VLLMServer, tmp_path: Path) -> None:
+    assert server.pid is not None
+    config = _record(tmp_path / "r.json", server.config, server.base_url, server.pid)
+    assert recorded_server(config) == server.base_url
+
+
+def test_a_record_whose_process_is_gone_is_ignored(server: VLLMServer, tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    config = _record(tmp_path / "r.json", server.config, server.base_url, gone.pid)  # the URL still answers
+    assert recorded_server(config) is None
+
+
+def test_a_record_of_a_server_that_does_not_answer_is_ignored(server: VLLMServer, tmp_path: Path) -> None:
+    assert server.pid is not None
+    silent = f"http://127.0.0.1:{free_port()}/v1"
+    assert recorded_server(_record(tmp_path / "r.json", server.config, silent, server.pid)) is None
+
+
+def test_a_record_made_with_other_settings_is_ignored(server: VLLMServer, tmp_path: Path) -> None:
+    assert server.pid is not None
+    config = _record(tmp_path / "r.json", server.config, server.base_url, server.pid)
+    assert recorded_server(config.model_copy(update={"max_model_len": 4096})) is None
 
 
 async def test_async_context_manager(tmp_path: Path) -> None:

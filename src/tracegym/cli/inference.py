@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
+from types import FrameType
 
 from pydantic_config import BaseConfig, cli
 
-from tracegym.models.launch import ModelChoice, server_config
-from tracegym.models.vllm_server import VLLMServer
+from tracegym.models.launch import ModelChoice, server_config, server_record_path
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 
 
 class InferenceConfig(BaseConfig):
@@ -28,22 +28,48 @@ class InferenceConfig(BaseConfig):
 
 
 def run(args: list[str]) -> int:
-    """Start the server, print its endpoint, and wait for Ctrl-C or SIGTERM; then stop it and its children."""
+    """Start the server, print its endpoint, and wait for Ctrl-C or SIGTERM; then stop it and its children.
+
+    The server is recorded (see `server_record_path`) so that `tracegym eval` with the same model and settings
+    uses it instead of starting its own. Ctrl-C or SIGTERM also stop a server that is still starting.
+    """
     cfg = cli(InferenceConfig, args=args, prog="tracegym inference")
     choice = ModelChoice(model=cfg.model, max_model_len=cfg.max_model_len, vllm_args=cfg.vllm_args)
-    config = server_config(choice).model_copy(update={"host": cfg.host, "port": cfg.port})
+    config = server_config(choice)
+    config = config.model_copy(update={"host": cfg.host, "port": cfg.port, "state_path": server_record_path(config)})
     print(f"starting vLLM on {config.model} (log: see below if it fails) ...", flush=True)
     started = time.monotonic()
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    with VLLMServer(config) as server:
-        print(f"ready in {time.monotonic() - started:.1f}s", flush=True)
-        print(f"endpoint: {server.base_url}\nmodel:    {config.name}\nlog:      {server.log_path}", flush=True)
-        print("Ctrl-C to stop", flush=True)
-        try:
-            while not done.wait(1.0):
-                pass
-        except KeyboardInterrupt:
-            pass
-        print("stopping vLLM ...", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        with VLLMServer(config) as server:
+            try:
+                _announce(server, config, time.monotonic() - started)
+                while True:
+                    signal.pause()
+            except KeyboardInterrupt:
+                print("stopping vLLM ...", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted before vLLM was ready; stopped it", flush=True)
+        return 130
     return 0
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM or SIGINT, at any point (startup included): unwind, stopping the server; later ones are ignored so
+    that they cannot cut the stop short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _announce(server: VLLMServer, config: VLLMServerConfig, seconds: float) -> None:
+    """Print where the server answers (the `endpoint:` line is what scripts read)."""
+    if server.owned:
+        print(f"ready in {seconds:.1f}s", flush=True)
+    else:
+        print("reusing the server another `tracegym inference` runs with the same settings", flush=True)
+    print(f"endpoint: {server.base_url}\nmodel:    {config.name}", flush=True)
+    if server.owned:
+        print(f"log:      {server.log_path}", flush=True)
+    print("Ctrl-C to stop", flush=True)

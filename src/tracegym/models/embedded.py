@@ -22,11 +22,15 @@ COMPLETE_MARKER = ".tracegym-complete"
 """Written last inside the build folder; a directory without it is never used."""
 
 
-def default_cache_dir() -> Path:
-    """Where the converted model lives: `$TRACEGYM_CACHE/models/...`, else `~/.cache/tracegym/models/...`."""
+def cache_root() -> Path:
+    """tracegym's cache folder: `$TRACEGYM_CACHE`, else `~/.cache/tracegym`."""
     root = os.environ.get("TRACEGYM_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "tracegym"
-    return base / "models" / "smollm2-135m-instruct"
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "tracegym"
+
+
+def default_cache_dir() -> Path:
+    """Where the converted model lives: `cache_root()/models/smollm2-135m-instruct`."""
+    return cache_root() / "models" / "smollm2-135m-instruct"
 
 
 def embedded_gguf_path(distribution: str = GGUF_DISTRIBUTION) -> Path:

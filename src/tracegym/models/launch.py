@@ -3,7 +3,8 @@
 Three choices, checked in this order: `base_url` set -> use that endpoint (fail fast if it does not answer);
 `model` names a Hugging Face directory or hub id -> start vLLM on it; neither -> start vLLM on the embedded
 SmolLM2-135M-Instruct (converted once into the cache). A started server is stopped, with every process it
-spawned, when the context exits.
+spawned, when the context exits. A server that `tracegym inference` runs with the same model and settings is
+reused instead of starting another (it records itself in `server_record_path`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError, UsageError
-from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.embedded import SERVED_MODEL_NAME, cache_root, embedded_model_dir
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, recorded_server
 
 
 class ModelChoice(BaseModel):
@@ -68,7 +69,8 @@ def serve(choice: ModelChoice, *, log_path: Path | None = None) -> Iterator[Endp
                        tokenizer=choice.tokenizer or name, **options)
         return
     config = server_config(choice, log_path)
-    with VLLMServer(config) as server:
+    running = recorded_server(config.model_copy(update={"state_path": server_record_path(config)}))
+    with VLLMServer(config.model_copy(update={"reuse_url": running})) as server:
         yield Endpoint(base_url=server.base_url, model=config.name, api_key_env=None, tokenizer=config.model,
                        **options)
 
@@ -83,6 +85,12 @@ def server_config(choice: ModelChoice, log_path: Path | None = None) -> VLLMServ
         name = choice.display_name()
     return VLLMServerConfig(model=path, served_model_name=name, max_model_len=choice.max_model_len,
                             extra_args=list(choice.vllm_args), log_path=log_path)
+
+
+def server_record_path(config: VLLMServerConfig) -> Path:
+    """Where `tracegym inference` records the server it runs for `config`'s launch settings (model, context
+    length, flags; not host or port), so that commands wanting the same server reuse it."""
+    return cache_root() / "servers" / f"{config.launch_key()}.json"
 
 
 def only_served_model(base_url: str, api_key_env: str | None = None) -> str:

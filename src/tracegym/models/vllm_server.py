@@ -223,6 +223,38 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def read_record(path: Path | None) -> dict[str, Any] | None:
+    """The server record at `path` (see `VLLMServerConfig.state_path`), or None when absent or unreadable."""
+    if path is None:
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def recorded_server(config: VLLMServerConfig) -> str | None:
+    """The base URL of the live server recorded at `config.state_path` when it was started with the same launch
+    settings; None for a stale record (another config, its process gone, not healthy, not serving our model)."""
+    record = read_record(config.state_path)
+    if record is None or record.get("launch_key") != config.launch_key():
+        return None
+    url, pid = str(record.get("base_url") or ""), record.get("pid")
+    if not url or not isinstance(pid, int) or not _process_alive(pid):
+        return None
+    return url if is_healthy(url) and serves_model(url, config.name) else None
+
+
+def _process_alive(pid: int) -> bool:
+    """True while `pid` exists and has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 class VLLMServer:
     """One vLLM server: started (or reused) by `start()`, stopped with its whole process group by `stop()`.
 
@@ -292,12 +324,7 @@ class VLLMServer:
         name = self.config.name
         if self.config.reuse_url and serves_model(self.config.reuse_url, name):
             return self.config.reuse_url.rstrip("/")
-        state = self._read_state()
-        if state and state.get("launch_key") == self.config.launch_key():
-            url = str(state.get("base_url", ""))
-            if url and is_healthy(url) and serves_model(url, name):
-                return url
-        return None
+        return recorded_server(self.config)
 
     def _spawn(self, port: int) -> None:
         """Start the supervisor (new session and process group), which starts vLLM as its child."""
@@ -350,17 +377,6 @@ class VLLMServer:
                 proc.wait()
         self._remove_state(proc.pid)
 
-    def _read_state(self) -> dict[str, Any] | None:
-        """The state file's record, or None when there is none (or it is unreadable)."""
-        path = self.config.state_path
-        if path is None:
-            return None
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
-
     def _write_state(self) -> None:
         """Record the server we started, atomically, so another process with the same config can reuse it."""
         path, proc = self.config.state_path, self._proc
@@ -374,7 +390,7 @@ class VLLMServer:
 
     def _remove_state(self, pid: int) -> None:
         """Delete the state file if it still records our server."""
-        record = self._read_state()
+        record = read_record(self.config.state_path)
         if record is not None and record.get("pid") == pid and self.config.state_path is not None:
             with contextlib.suppress(OSError):
                 self.config.state_path.unlink()
