@@ -44,7 +44,8 @@ class Timeouts(BaseModel):
     model: float = 300.0
     """One model call."""
     tool: float = 60.0
-    """One tool call."""
+    """One tool call. A sync tool still running then is abandoned, not killed (Python cannot kill a thread):
+    the rollout moves on and its daemon thread runs on without holding a slot (see `envs.thread_lane`)."""
     env_response: float = 60.0
     """One environment response."""
     scoring: float = 60.0

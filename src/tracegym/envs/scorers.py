@@ -6,13 +6,12 @@ a weight (the trace's reward is the weighted sum) and all scorers an order (lowe
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.thread_lane import TASK_CODE
 
 ScorerKind = Literal["reward", "metric", "stop"]
 _MARK = "__tracegym_scorer__"
@@ -82,11 +81,7 @@ def scorers_of(cls: type) -> list[Scorer]:
     return cls._scorer_cache  # type: ignore[attr-defined]
 
 
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call `fn`: awaited when async, in a worker thread when sync (so a stage timeout can cut it)."""
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (async __call__)
-        return await fn(*args, **kwargs)
-    result = await asyncio.to_thread(fn, *args, **kwargs)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Call task code `fn`: awaited when async, on a daemon thread of the task-code lane when sync (so a stage
+    timeout can cut it; a sync call past its timeout is abandoned, see `thread_lane`)."""
+    return await TASK_CODE.call(fn, *args, **kwargs)

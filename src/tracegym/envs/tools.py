@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 
 from tracegym.core.errors import UsageError
 from tracegym.core.tool_spec import ToolSpec
-from tracegym.envs.scorers import call_maybe_async
+from tracegym.envs.thread_lane import TOOLS
 
 _SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
@@ -41,8 +41,10 @@ class Tool:
         return Tool(fn, self.spec)
 
     async def call(self, arguments: dict[str, Any]) -> str:
-        """Run the tool; its return value becomes text (strings as they are, anything else as JSON)."""
-        result = await call_maybe_async(self.fn, **arguments)
+        """Run the tool; its return value becomes text (strings as they are, anything else as JSON). A sync tool
+        runs on a daemon thread of the tool lane: one that hangs past its timeout is abandoned (Python cannot
+        kill a thread) and neither holds a slot nor blocks exit, see `thread_lane`."""
+        result = await TOOLS.call(self.fn, **arguments)
         if isinstance(result, str):
             return result
         return json.dumps(result, default=str)

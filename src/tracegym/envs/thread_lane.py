@@ -1,0 +1,95 @@
+"""Thread lane: where sync tools and scorers run, one daemon thread per call and at most `limit` calls at once.
+
+Python cannot kill a thread. A sync call that runs past its stage timeout is therefore *abandoned*, not
+stopped: the rollout moves on at the timeout, the call's thread runs on until the function returns (forever,
+if it never does), and its slot goes back to the lane at once, so hung calls never shrink the room healthy
+calls have. The threads are daemons: an abandoned one never blocks the event loop's or the interpreter's
+exit. Tools and scorers have separate lanes, so tools that hang or crowd in never delay scoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+LANE_LIMIT = 32
+"""Sync calls of one lane running at once (per event loop); abandoned calls do not count."""
+
+
+class ThreadLane:
+    """Runs sync callables on fresh daemon threads, at most `limit` at a time per event loop."""
+
+    def __init__(self, name: str, limit: int = LANE_LIMIT) -> None:
+        self.name, self.limit = name, limit
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary())
+        self._lock = threading.Lock()
+        self._abandoned = 0
+
+    @property
+    def abandoned(self) -> int:
+        """Threads whose caller gave up (timeout or cancel) and that are still running."""
+        return self._abandoned
+
+    async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)`: awaited when async, on a lane thread when sync (an awaitable result is
+        awaited too). Cancelling the caller abandons the thread and frees its slot."""
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (async __call__)
+            return await fn(*args, **kwargs)
+        result = await self._in_thread(fn, args, kwargs)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def _in_thread(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.limit))
+        async with slots:
+            future: asyncio.Future[Any] = loop.create_future()
+            state = {"abandoned": False, "finished": False}
+            context = contextvars.copy_context()
+
+            def work() -> None:
+                try:
+                    outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
+                except BaseException as exc:  # handed to the caller, who decides
+                    outcome = (False, exc)
+                with self._lock:
+                    state["finished"] = True
+                    if state["abandoned"]:
+                        self._abandoned -= 1
+                        return
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                    loop.call_soon_threadsafe(_settle, future, outcome)
+
+            threading.Thread(target=work, name=f"tracegym-{self.name}", daemon=True).start()
+            try:
+                return await future
+            except asyncio.CancelledError:
+                with self._lock:
+                    if not state["finished"]:
+                        state["abandoned"] = True
+                        self._abandoned += 1
+                raise
+
+
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():  # the caller gave up in the meantime
+        return
+    ok, value = outcome
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+TOOLS = ThreadLane("tool")
+"""The lane of sync tool calls."""
+TASK_CODE = ThreadLane("task")
+"""The lane of every other sync call into task code: rewards, metrics, stops, an environment's `reset`."""
