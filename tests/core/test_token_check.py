@@ -65,3 +65,23 @@ def test_prefix_split_of_an_untokenized_graph_is_empty():
     graph = MessageGraph()
     graph.add(user("p"))
     assert graph.prefix_split() == (0, 0)
+
+
+def test_a_sampled_turn_without_logprobs_is_reported():
+    trace = Trace(task=TaskData(prompt="p"))
+    trace.graph.add(user("p"))
+    trace.graph.add_model_turn(assistant("a"), [1, 2], [3, 4], None, temperature=1.0)
+    assert validate_tokens(trace) == ["node 1: sampled turn without logprobs"]
+
+
+def test_logprobs_not_aligned_with_the_ids_are_reported():
+    trace = two_turns()
+    node = trace.graph.nodes[1]
+    trace.graph.nodes[1] = node.model_copy(update={"logprobs": node.logprobs[:-1]})
+    assert validate_tokens(trace) == ["node 1: 4 token ids, 4 mask entries, 3 logprobs"]
+
+
+def test_check_turn_reports_a_branch_that_is_not_the_calls_prompt():
+    trace = two_turns()
+    wrong = check_turn(trace.graph, 3, [1, 2, 3, 4, 7], [6])
+    assert wrong == ["node 3: branch tokens differ from the call's prompt + completion"]

@@ -1,10 +1,13 @@
 """Trace -> training samples: one per branch, shared nodes trained once, truncation, validation."""
 
+import pytest
+
 import tracegym as tg
+from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import assistant, user
 from tracegym.core.trace import StopReason, Trace
 from tracegym.testing import ScriptedModel, make_trace, reply, tool_call
-from tracegym.train.samples import trace_samples, validate
+from tracegym.train.samples import checked_samples, trace_samples, validate
 
 
 def add(a: int, b: int) -> int:
@@ -112,3 +115,46 @@ def test_validation_reports_mixed_temperatures_on_a_branch():
     node = trace.graph.nodes[3]
     trace.graph.nodes[3] = node.model_copy(update={"temperature": 1.0})
     assert any("different temperatures" in p for p in validate(trace))
+
+
+def one_turn(logprobs: list[float] | None = (-1.0,), temperature: float = 1.0) -> Trace:
+    trace = Trace(task=tg.TaskData(prompt="p"))
+    trace.graph.add(user("p"))
+    trace.graph.add_model_turn(assistant("a"), [1, 2], [3], None if logprobs is None else list(logprobs),
+                               temperature=temperature)
+    return trace
+
+
+def test_a_sampled_turn_without_logprobs_fails_validation():
+    assert validate(trace := one_turn(logprobs=None)) == [f"trace {trace.id}: node 1: sampled turn without logprobs"]
+
+
+def test_a_sampled_turn_without_logprobs_is_refused_not_trained_with_zeros():
+    with pytest.raises(ValueError, match="node 1: sampled turn without logprobs"):
+        trace_samples(one_turn(logprobs=None))
+
+
+def test_a_greedy_turn_fails_validation():
+    [problem] = validate(one_turn(temperature=0.0))
+    assert "node 1: sampled at temperature 0.0 (greedy)" in problem
+
+
+def test_a_greedy_turn_is_refused_for_training():
+    with pytest.raises(ValueError, match=r"temperature 0\.0 \(greedy\)"):
+        trace_samples(one_turn(temperature=0.0))
+
+
+def test_checked_samples_drops_an_invalid_trace_and_says_why():
+    samples, problems = checked_samples(one_turn(logprobs=None))
+    assert samples == [] and len(problems) == 1 and "without logprobs" in problems[0]
+
+
+def test_checked_samples_of_a_valid_trace_are_its_samples():
+    trace = one_turn()
+    assert checked_samples(trace) == (trace_samples(trace), [])
+
+
+def test_a_rollout_that_failed_before_any_tokens_has_no_samples_and_no_token_problems():
+    trace = make_trace()
+    trace.errors.append(TraceError(kind=ErrorKind.INFRASTRUCTURE, stage="model", message="endpoint down"))
+    assert checked_samples(trace) == ([], [])

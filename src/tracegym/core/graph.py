@@ -5,11 +5,13 @@ appeared since the previous tokenized node (mask 0) followed by its sampled comp
 along a branch concatenate to exactly what the model saw and sampled on that branch's last turn. When a new
 prompt does not extend the branch's tokens (the template re-rendered an earlier turn differently), the graph
 forks: the conversation is copied into a new branch whose first model node carries the whole new prompt.
+Building is linear in turns: the current branch's tokens are cached, so a turn costs its new tokens plus one
+C-level comparison of the prompt with that cache (the check that it extends the branch).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tracegym.core.messages import Message
 
@@ -27,7 +29,8 @@ class Node(BaseModel):
     mask: list[int] | None = None
     """1 for each sampled token, 0 for prompt tokens; aligned with token_ids."""
     logprobs: list[float] | None = None
-    """Sampling logprob per token (0.0 where not sampled); aligned with token_ids."""
+    """Sampling logprob per token (0.0 where not sampled); aligned with token_ids. None on a model turn whose
+    client returned no logprobs (`validate` reports it: such a turn cannot be trained on)."""
     temperature: float | None = None
     """The sampling temperature of the call that produced this node."""
 
@@ -36,6 +39,17 @@ class MessageGraph(BaseModel):
     """The nodes of one rollout, appended in order; the newest node ends the current branch."""
 
     nodes: list[Node] = Field(default_factory=list)
+    _branch: tuple[Node, list[int], int] | None = PrivateAttr(default=None)
+    """Cache: the newest tokenized node of the current branch, its path's tokens (grown in place) and their
+    count when cached (a copy of the graph sharing the list sees a different length and rebuilds)."""
+
+    def __eq__(self, other: object) -> bool:
+        """Graphs are equal when their nodes are (the token cache is not part of the value)."""
+        if not isinstance(other, MessageGraph):
+            return NotImplemented
+        return self.nodes == other.nodes
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the pydantic model it overrides
 
     @property
     def head(self) -> int | None:
@@ -75,6 +89,11 @@ class MessageGraph(BaseModel):
 
     def tokens(self, node_id: int | None = None) -> list[int]:
         """The token ids along the path to `node_id`, concatenated (nodes without tokens add none)."""
+        if node_id is None or node_id == self.head:
+            return list(self._branch_tokens())
+        return self._path_tokens(node_id)
+
+    def _path_tokens(self, node_id: int | None) -> list[int]:
         out: list[int] = []
         for node in self.path(node_id):
             if node.token_ids:
@@ -106,21 +125,43 @@ class MessageGraph(BaseModel):
         """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
         if prompt_ids is None or completion_ids is None:
             return self.add(message, sampled=True, temperature=temperature)
-        prefix = self.tokens()
-        parent = self.head
-        if prompt_ids[: len(prefix)] != prefix:
-            parent, prefix = self._fork(), []
-        delta = prompt_ids[len(prefix) :]
-        logprobs = completion_logprobs if completion_logprobs is not None else [0.0] * len(completion_ids)
-        return self.add(
+        prefix = self._branch_tokens()
+        parent, known = self.head, len(prefix)
+        prefix += prompt_ids[known:]  # so one C-level comparison, without copying the prompt, checks the prefix
+        if prefix != prompt_ids:  # the prompt does not extend the branch (a full render may differ anywhere)
+            del prefix[known:]
+            parent, prefix, known = self._fork(), list(prompt_ids), 0
+        delta = prompt_ids[known:]
+        logprobs = None if completion_logprobs is None else [0.0] * len(delta) + list(completion_logprobs)
+        node = self.add(
             message,
             parent=parent,
             sampled=True,
             token_ids=delta + completion_ids,
             mask=[0] * len(delta) + [1] * len(completion_ids),
-            logprobs=[0.0] * len(delta) + list(logprobs),
+            logprobs=logprobs,
             temperature=temperature,
         )
+        prefix += completion_ids
+        self._branch = (node, prefix, len(prefix))
+        return node
+
+    def _branch_tokens(self) -> list[int]:
+        """The head's branch tokens: the cache when it is for the newest tokenized node on the head's path,
+        else rebuilt (and cached). Callers must not mutate the result (add_model_turn grows it in place)."""
+        cached, node_id = self._branch, self.head
+        while node_id is not None:
+            node = self.nodes[node_id]
+            if cached is not None and cached[0] is node and len(cached[1]) == cached[2]:
+                return cached[1]
+            if node.token_ids:
+                break
+            node_id = node.parent
+        if node_id is None:
+            return []
+        tokens = self._path_tokens(node_id)
+        self._branch = (self.nodes[node_id], tokens, len(tokens))
+        return tokens
 
     def _fork(self) -> int | None:
         """Copy the current conversation, without tokens, into a new branch; returns its last node id."""

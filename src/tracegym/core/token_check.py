@@ -1,11 +1,11 @@
 """Token check: the problems that make a trace's tokens unusable for training, found without any I/O.
 
 A good trace either has no tokens at all or has them on every model turn (a fork's copies of earlier turns
-excepted: their tokens are in the next prompt); each tokenized node has a mask and
-logprobs aligned with its ids; a model node's ids are the new prompt tokens (mask 0, logprob 0.0) followed by
-its sampled completion (mask 1, finite logprob <= 0); and each branch ends its tokens with a model turn's
-completion, so the branch concatenates to that turn's prompt + completion (which `check_turn` confirms
-against the ids a model call actually reported).
+excepted: their tokens are in the next prompt); each tokenized node has a mask and logprobs aligned with its
+ids (a model turn whose client returned no logprobs is reported, never read as 0.0); a model node's ids are
+the new prompt tokens (mask 0, logprob 0.0) followed by its sampled completion (mask 1, finite logprob <= 0);
+and each branch ends its tokens with a model turn's completion, so the branch concatenates to that turn's
+prompt + completion (which `check_turn` confirms against the ids a model call actually reported).
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def validate_tokens(trace: Trace) -> list[str]:
 def _node_problems(node: Node) -> list[str]:
     ids, mask, logprobs = node.token_ids or [], node.mask, node.logprobs
     where = f"node {node.id}"
-    if mask is None or logprobs is None:
-        return [f"{where}: token ids without a mask or logprobs"]
+    if mask is None:
+        return [f"{where}: token ids without a mask"]
+    if logprobs is None:
+        return [f"{where}: sampled turn without logprobs" if node.sampled else f"{where}: token ids without logprobs"]
     if len(mask) != len(ids) or len(logprobs) != len(ids):
         return [f"{where}: {len(ids)} token ids, {len(mask)} mask entries, {len(logprobs)} logprobs"]
     if any(m not in (0, 1) for m in mask):

@@ -31,7 +31,7 @@ from tracegym.serve.env_client import EnvClient
 from tracegym.train import exchange
 from tracegym.train.advantages import GroupAdvantages, load_advantage_fn
 from tracegym.train.rl_config import EnvChoice, RLConfig
-from tracegym.train.samples import trace_samples
+from tracegym.train.samples import checked_samples
 from tracegym.train.staleness import StalenessControl
 
 POLICY_WAIT_S = 3600.0
@@ -68,6 +68,8 @@ class Orchestrator:
         fn = load_advantage_fn(orch.advantage, **({"std": True} if orch.std_normalize else {}))
         self.advantages = GroupAdvantages(fn, filter_no_signal=orch.filter_no_signal)
         self.staleness = StalenessControl(orch.max_async_steps)
+        self.traces_invalid = 0
+        """Traces dropped so far because `validate` found their tokens unfit for training."""
         self.start_step = start_step
         self.clients: dict[str, EnvClient] = {}
 
@@ -127,7 +129,8 @@ class Orchestrator:
         self.save_traces(step, groups)
         metrics = step_metrics(groups, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
-                        "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped})
+                        "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
+                        "traces_invalid": self.traces_invalid})
         return samples, metrics
 
     def to_samples(self, groups: list[list[Trace]], version: int, step: int) -> list[Sample]:
@@ -139,7 +142,11 @@ class Orchestrator:
             if advantages is None:
                 continue
             for trace, advantage in zip(traces, advantages, strict=True):
-                for sample in trace_samples(trace):
+                samples, problems = checked_samples(trace)
+                if problems:  # not exactly trainable (e.g. no logprobs, greedy): dropped and counted
+                    self.traces_invalid += 1
+                    self.log({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
+                for sample in samples:
                     if sample.num_trained:
                         out.append(sample.model_copy(update={"advantage": advantage, "policy_version": version,
                                                              "reward": trace.reward}))
