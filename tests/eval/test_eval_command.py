@@ -262,3 +262,17 @@ def test_resume_samples_with_the_saved_config(server, tmp_path):
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
     resumed = server.requests[before:]
     assert len(resumed) == 3 and {r["temperature"] for r in resumed} == {0.3}
+
+
+def test_dry_run_refuses_an_unknown_option_of_a_factory_built_taskset(tmp_path, capsys):
+    assert main(["eval", "counter-env", "--dry-run", "--taskset.bogus", "3", "--output-dir", str(tmp_path)]) == 2
+    assert "--taskset.bogus: unknown option" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_dry_run_builds_the_taskset_so_an_unannotated_factory_checks_its_options(tmp_path, capsys):
+    factory = tmp_path / "my_counter.py"
+    factory.write_text("from tracegym.tasksets.counter_env import counter_env\n\n\n"
+                       "def make(config=None):\n    return counter_env(config)\n")
+    assert main(["eval", f"{factory}:make", "--dry-run", "--taskset.bogus", "3"]) == 2
+    assert "'bogus'" in capsys.readouterr().err

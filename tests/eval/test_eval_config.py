@@ -1,7 +1,13 @@
 """`tracegym eval` config: positional taskset, short flags, TOML files merged left to right, typed taskset
 options, errors that name the key and suggest the closest one."""
 
+import ast
+import inspect
+import itertools
+import textwrap
+
 import pytest
+from pydantic import BaseModel
 
 import tracegym as tg
 from tracegym.eval.eval_config import find_taskset_id, parse_eval_args
@@ -74,3 +80,65 @@ def test_the_resolved_config_round_trips_through_toml(tmp_path):
     config = parse_eval_args(["reverse-text", "-n", "3", "--sampling.stop", "a", "b"])
     again = parse_eval_args([], defaults=tomllib.loads(tomli_w.dumps(config.to_toml_dict())))
     assert again.model_dump(mode="json") == config.model_dump(mode="json")
+
+
+def help_text(capsys, *args: str) -> str:
+    """`tracegym eval ARGS --help` with the panel borders dropped and whitespace collapsed (docstrings wrap)."""
+    from tracegym.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", *args, "--help", "--plain"])
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.replace("│", " ").split())
+
+
+def attribute_docstrings(cls) -> dict[str, str]:
+    """`{field: docstring}` read from the source of `cls` and its bases (the string under each annotated field)."""
+    found: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if not base.__module__.startswith("tracegym"):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(base))).body[0].body
+        for stmt, after in itertools.pairwise(body):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                found[stmt.target.id] = " ".join(after.value.value.split())
+    return found
+
+
+def documented_fields(model, prefix: str = ""):
+    """(flag, docstring) of every documented leaf field of a config model, sections included."""
+    docs = attribute_docstrings(model)
+    for name, field in model.model_fields.items():
+        flag = f"--{prefix}{name.replace('_', '-')}"
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from documented_fields(field.annotation, f"{prefix}{name}.")
+        elif name in docs:
+            yield flag, docs[name]
+
+
+def test_help_lists_every_eval_field_with_its_docstring(capsys):
+    from tracegym.eval.eval_config import EvalConfig
+
+    text = help_text(capsys, "reverse-text")
+    fields = [f for f in documented_fields(EvalConfig) if not f[0].startswith("--taskset.")]
+    assert len(fields) > 20
+    missing = [flag for flag, doc in fields if flag not in text or doc not in text]
+    assert missing == []
+
+
+def test_help_lists_the_chosen_tasksets_own_options(capsys):
+    from tracegym.tasksets.reverse_text import ReverseTextConfig
+
+    text = help_text(capsys, "reverse-text")
+    fields = list(documented_fields(ReverseTextConfig, "taskset."))
+    assert {"--taskset.max-words", "--taskset.min-words"} <= {flag for flag, _ in fields}
+    assert [flag for flag, doc in fields if flag not in text or doc not in text] == []
+
+
+def test_help_lists_the_options_of_a_factory_built_taskset(capsys):
+    assert "--taskset.max-step INT" in help_text(capsys, "counter-env")
+
+
+def test_help_names_the_resume_flag(capsys):
+    assert "tracegym eval --resume RUN_DIR" in help_text(capsys)

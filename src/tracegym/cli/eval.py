@@ -14,6 +14,11 @@ from tracegym.eval.eval_run import execute
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import check_reachable, only_served_model
 
+USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
+  tracegym eval TASKSET [OPTIONS]           a new run (or --taskset.id, or [taskset] in an @ file)
+  tracegym eval --resume RUN_DIR [OPTIONS]  finish an interrupted run with its saved config: reruns
+                                            the missing and errored rollouts"""
+
 
 def run(args: list[str]) -> int:
     """Parse, validate, then run (new run folder) or resume (existing one)."""
@@ -21,10 +26,10 @@ def run(args: list[str]) -> int:
     if resume_dir is not None:
         folder = RunFolder.open(Path(resume_dir))
         saved = folder.read_config()
-        config = parse_eval_args(rest, defaults=saved, source=str(folder.config_path))
+        config = parse_eval_args(rest, defaults=saved, source=str(folder.config_path), description=USAGE)
         check_same_run(saved, config, folder)
     else:
-        config = parse_eval_args(rest)
+        config = parse_eval_args(rest, description=USAGE)
     load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")

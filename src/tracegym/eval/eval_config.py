@@ -103,9 +103,10 @@ RUN_DEFINING = ("taskset", "model", "num_tasks", "rollouts", "sampling", "pass_t
 
 
 def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None,
-                    source: str = "the saved config") -> EvalConfig:
+                    source: str = "the saved config", description: str | None = None) -> EvalConfig:
     """Parse `tracegym eval` arguments (a positional taskset id is allowed first) into a validated config;
-    `defaults` (a saved run's config, read from `source`) are validated first and the arguments override them."""
+    `defaults` (a saved run's config, read from `source`) are validated first and the arguments override them.
+    `description` heads the `--help` text."""
     args = list(args)
     if args and not args[0].startswith("-") and args[0] != "@":
         args = ["--taskset.id", args[0], *args[1:]]
@@ -117,8 +118,9 @@ def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = No
     cls = config_class(taskset_id or saved_id)
     try:
         if defaults:
-            return cli(cls, args=args, default=validate_saved(cls, defaults, source), prog="tracegym eval")
-        return cli(cls, args=args, prog="tracegym eval")
+            default = validate_saved(cls, defaults, source)
+            return cli(cls, args=args, default=default, prog="tracegym eval", description=description)
+        return cli(cls, args=args, prog="tracegym eval", description=description)
     except ConfigFileError as exc:
         if isinstance(exc.__cause__, ValidationError):
             raise UsageError(validation_line(exc.__cause__, known_keys(cls), as_flags=True)) from None
