@@ -5,6 +5,7 @@ import pytest
 
 from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import assistant, user
+from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.testing import make_trace
 
@@ -81,3 +82,11 @@ def test_msgpack_round_trip_keeps_tokens_masks_logprobs_and_forks():
     packed = msgpack.packb(trace.model_dump(mode="json"))
     back = Trace.model_validate(msgpack.unpackb(packed))
     assert back == trace and back.graph.tokens() == [9, 2, 6] and len(back.branches) == 2
+
+
+def test_duration_sums_a_stage_and_its_named_sub_stages_only():
+    trace = make_trace()
+    trace.spans = [Span(name="tool:a", start=0.0, end=1.0), Span(name="tool:b", start=1.0, end=1.5),
+                   Span(name="toolbox", start=2.0, end=9.0), Span(name="total", start=0.0, end=10.0)]
+    assert trace.duration("tool") == 1.5 and trace.duration("tool:b") == 0.5
+    assert trace.duration() == 10.0 and trace.duration("model") == 0.0

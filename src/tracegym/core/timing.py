@@ -6,7 +6,8 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Span(BaseModel):
-    """One timed stage: `setup`, `model`, `tool:<name>`, `env_response`, `scoring` or `total`."""
+    """One timed stage: `setup`, then per turn `model`, `tool:<name>` or `env_response`, and `stop:<name>`;
+    then `scoring` (all rewards and metrics) and `total`. `turn` is set on the per-turn stages."""
 
     model_config = ConfigDict(frozen=True)
     name: str

@@ -49,7 +49,7 @@ class Timeouts(BaseModel):
     env_response: float = 60.0
     """One environment response."""
     scoring: float = 60.0
-    """Each reward, metric or stop function."""
+    """Each reward, metric or stop function (a stop after every turn)."""
     rollout: float = 1800.0
     """The whole rollout, scoring included."""
 
@@ -182,8 +182,12 @@ class Rollout:
         self._error(kind, stage, message)
 
     async def _check_stops(self) -> None:
+        """Each stop, in order, under the scoring timeout. One that raises or times out ends the rollout with
+        the error at stage `stop:<name>` and leaves it unscored, like any failure of task code mid-rollout:
+        where a healthy stop would have ended it is unknown, so no reward would be honest (re-score later)."""
         for scorer in self.task.scorers_of_kind("stop"):
-            fired = await self._timed("scoring", self.task.call_scorer(scorer, self.trace), self.timeouts.scoring)
+            fired = await self._timed(f"stop:{scorer.name}", self.task.call_scorer(scorer, self.trace),
+                                      self.timeouts.scoring)
             if fired:
                 raise _Ended(StopReason.STOP_CONDITION, scorer.name)
 
