@@ -276,3 +276,20 @@ def test_dry_run_builds_the_taskset_so_an_unannotated_factory_checks_its_options
                        "def make(config=None):\n    return counter_env(config)\n")
     assert main(["eval", f"{factory}:make", "--dry-run", "--taskset.bogus", "3"]) == 2
     assert "'bogus'" in capsys.readouterr().err
+
+
+def test_a_resume_mismatch_names_only_the_field_that_differs(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    assert main(["eval", "--resume", str(only_run(tmp_path)), "--sampling.temperature", "0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "sampling.temperature = 1.0, not 0.9" in err and "top_p" not in err
+
+
+def test_show_warns_about_corrupt_middle_lines(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    text = (run / "traces.jsonl").read_text().splitlines(keepends=True)
+    (run / "traces.jsonl").write_text("".join([text[0], "not json\n", *text[1:]]))
+    capsys.readouterr()
+    assert main(["show", str(run)]) == 0
+    assert "1 line(s) of traces.jsonl are not traces" in " ".join(capsys.readouterr().out.split())

@@ -1,0 +1,117 @@
+"""Re-scoring stored traces: class-based environments rebuilt by replay, errored traces left unscored, the loop's
+own metrics kept, taskset options applied, and rescore outputs that never overwrite each other."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import tracegym as tg
+from tracegym.cli.main import main
+from tracegym.core.trace import RewardScore
+from tracegym.envs.rollout import Timeouts
+from tracegym.eval.rescore import rescore_trace
+from tracegym.testing import FakeOpenAIServer, ScriptedModel, reply, tool_call
+from tracegym.testing.script import Fail
+
+RULES = re.compile(r"starts at (\d+) and the target is (\d+)\. Each call moves it by 1 to (\d+)")
+COUNT = re.compile(r"The counter is (?:now|at) (-?\d+)")
+
+
+def stepper(request):
+    """A first call too big for the rules (a tool error), then steps toward the target, then `done`."""
+    start, target, step = map(int, RULES.search(request.messages[0].text).groups())
+    if not any(m.role == "tool" for m in request.messages):
+        return reply(None, tool_call("increment", {"amount": 99}))
+    counts = [int(n) for m in request.messages if m.role == "tool" for n in COUNT.findall(m.text)]
+    count = counts[-1] if counts else start
+    if count == target:
+        return "done"
+    name = "increment" if target > count else "decrement"
+    return reply(None, tool_call(name, {"amount": min(step, abs(target - count))}))
+
+
+def zeroed(trace):
+    """The trace as if an old reward function had scored it 0 and an old metric had said 99."""
+    old = trace.model_copy(deep=True)
+    old.rewards = {name: RewardScore(score=0.0, weight=r.weight) for name, r in old.rewards.items()}
+    old.metrics = {**old.metrics, "distance": 99.0}
+    return old
+
+
+async def counter_traces():
+    taskset = tg.load_taskset("counter-env")
+    return taskset, await tg.evaluate(taskset, ScriptedModel(rule=stepper), num_tasks=2)
+
+
+async def test_replay_rebuilds_a_class_based_environment_so_the_reward_is_right_again():
+    taskset, traces = await counter_traces()
+    assert [t.reward for t in traces] == [1.0, 1.0] and all(t.metrics["tool_errors"] == 1 for t in traces)
+    rescored = [await rescore_trace(taskset, zeroed(t), Timeouts()) for t in traces]
+    assert [t.reward for t in rescored] == [1.0, 1.0]
+    assert [t.metrics["distance"] for t in rescored] == [0.0, 0.0]
+
+
+async def test_rescore_keeps_the_loops_own_metrics():
+    taskset, traces = await counter_traces()
+    rescored = [await rescore_trace(taskset, zeroed(t), Timeouts()) for t in traces]
+    assert [t.metrics["tool_calls"] for t in rescored] == [t.metrics["tool_calls"] for t in traces]
+    assert [t.metrics["tool_errors"] for t in rescored] == [t.metrics["tool_errors"] for t in traces]
+
+
+async def test_a_trace_that_stopped_on_an_error_stays_unscored():
+    taskset = tg.load_taskset("reverse-text")
+    [trace] = await tg.evaluate(taskset, ScriptedModel([Fail(status=400)]), num_tasks=1)
+    assert trace.stop_reason == "error" and trace.reward is None
+    rescored = await rescore_trace(taskset, trace, Timeouts())
+    assert rescored.reward is None and rescored.stop_reason == "error"
+    assert [r.score for r in rescored.rewards.values()] == [None] and rescored.errors == trace.errors
+
+
+SAY_HELLO = '''
+from tracegym.envs.taskset import Taskset, TasksetConfig
+
+
+class SayConfig(TasksetConfig):
+    ignore_case: bool = False
+    """Accept HELLO and Hello too."""
+
+
+class Say(Taskset):
+    Config = SayConfig
+
+    def __init__(self, config=None):
+        super().__init__(config, id="say", data=[{"prompt": "Say hello."}], rewards=[self.said_hello])
+
+    def said_hello(self, task, trace):
+        reply = trace.last_reply.lower() if self.config.ignore_case else trace.last_reply
+        return float(reply == "hello")
+'''
+
+
+@pytest.fixture
+def say_run(tmp_path) -> Path:
+    """A finished run of a taskset whose reward depends on its `ignore_case` option (answered `Hello`)."""
+    module = tmp_path / "say.py"
+    module.write_text(SAY_HELLO)
+    with FakeOpenAIServer(rule=lambda request: "Hello") as server:
+        assert main(["eval", f"{module}:Say", "-r", "2", "--base-url", server.base_url, "--no-serve",
+                     "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
+    [run] = list((tmp_path / "out").glob("*/*"))
+    assert json.loads((run / "summary.json").read_text())["reward"] == 0.0
+    return run
+
+
+def test_a_taskset_option_given_to_rescore_changes_the_rewards(say_run):
+    assert main(["rescore", str(say_run), "--taskset.ignore-case", "true"]) == 0
+    [summary] = list(say_run.glob("summary.rescored-*.json"))
+    assert json.loads(summary.read_text())["reward"] == 1.0
+
+
+def test_two_rescores_in_the_same_second_write_separate_files(say_run, monkeypatch):
+    monkeypatch.setattr("time.strftime", lambda *args: "20260101-000000-")
+    assert main(["rescore", str(say_run)]) == 0
+    assert main(["rescore", str(say_run), "--taskset.ignore-case", "true"]) == 0
+    assert len(list(say_run.glob("traces.rescored-*.jsonl"))) == 2
+    assert sorted(json.loads(p.read_text())["reward"] for p in say_run.glob("summary.rescored-*.json")) == [0.0, 1.0]
