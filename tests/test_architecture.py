@@ -1,4 +1,4 @@
-"""Dependency direction between packages, and the pinned public surface."""
+"""Dependency direction between packages (DESIGN.md section 3), and the pinned public surface."""
 
 import ast
 from pathlib import Path
@@ -6,36 +6,107 @@ from pathlib import Path
 import tracegym
 
 SRC = Path(tracegym.__file__).parent
+PACKAGES = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+ROOT = "tracegym"
+"""Stands for the top-level `tracegym` module (its __init__), which imports core, envs and models."""
+
 FORBIDDEN = {
-    "core": {"envs", "tasksets", "models", "serve", "eval", "train", "cli", "testing"},
-    "models": {"envs", "tasksets", "serve", "eval", "train", "cli", "testing"},
-    "envs": {"tasksets", "serve", "eval", "train", "cli", "testing"},
-    "eval": {"train"},
-    "train": {"eval"},
+    "core": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
+    "config": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "cli", "testing"},
+    "models": {ROOT, "envs", "tasksets", "serve", "eval", "train", "config", "cli", "testing"},
+    "envs": {ROOT, "tasksets", "serve", "eval", "train", "config", "cli", "testing"},
+    "tasksets": {ROOT, "models", "serve", "eval", "train", "config", "cli", "testing"},
+    "testing": {ROOT, "tasksets", "serve", "eval", "train", "config", "cli"},
+    "serve": {ROOT, "tasksets", "eval", "train", "cli", "testing"},
+    "eval": {ROOT, "tasksets", "train", "cli", "testing"},
+    "train": {ROOT, "tasksets", "eval", "cli", "testing"},
 }
+"""Packages each package must not import. `cli` sits on top and may import anything."""
+
+IO_MODULES = {
+    "asyncio", "aiohttp", "httpx", "requests", "urllib", "http", "socket", "ssl", "select", "selectors",
+    "subprocess", "multiprocessing", "threading", "concurrent", "os", "shutil", "tempfile", "pathlib", "io",
+    "sqlite3", "logging", "signal", "zmq", "torch", "transformers", "vllm",
+}
+"""Third-party and standard modules that do I/O (or start processes and threads): `core` imports none."""
 
 
-def _imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tracegym."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("tracegym.")}
+def _imports(path: Path, source: str | None = None) -> set[str]:
+    """Top-level modules a file imports: tracegym's packages by name (ROOT for `tracegym` itself), others
+    by their first dotted part. Absolute, `from tracegym import X` and relative forms all count."""
+    here = ["tracegym", *path.relative_to(SRC).parts[:-1]] if path.is_relative_to(SRC) else ["tracegym"]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source if source is not None else path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {_package(a.name.split(".")) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            parts = base + (node.module.split(".") if node.module else [])
+            if parts == ["tracegym"]:
+                found |= {a.name if a.name in PACKAGES else ROOT for a in node.names}
+            else:
+                found.add(_package(parts))
     return found
+
+
+def _package(parts: list[str]) -> str:
+    if parts[0] != "tracegym":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def test_every_package_has_a_dependency_rule():
+    assert PACKAGES - set(FORBIDDEN) == {"cli"}
 
 
 def test_packages_import_only_downward():
     bad = []
     for package, forbidden in FORBIDDEN.items():
         for file in (SRC / package).rglob("*.py"):
-            bad += [f"{file.name} -> {m}" for m in _imports(file) & forbidden]
+            bad += [f"{file.relative_to(SRC)} -> {m}" for m in _imports(file) & forbidden]
     assert bad == []
 
 
+def test_core_imports_nothing_that_does_io():
+    bad = [f"{f.relative_to(SRC)} -> {m}" for f in (SRC / "core").rglob("*.py") for m in _imports(f) & IO_MODULES]
+    assert bad == []
+
+
+def test_only_serve_imports_zmq():
+    users = {f.relative_to(SRC).parts[0] for f in SRC.rglob("*.py") if "zmq" in _imports(f)}
+    assert users <= {"serve"}
+
+
+def test_imports_sees_absolute_root_and_relative_forms():
+    file = SRC / "core" / "trace.py"
+    assert _imports(file, "import tracegym.envs.task") == {"envs"}
+    assert _imports(file, "from tracegym.models import client") == {"models"}
+    assert _imports(file, "from tracegym import evaluate, serve") == {ROOT, "serve"}
+    assert _imports(file, "import tracegym") == {ROOT}
+    assert _imports(file, "from . import graph\nfrom ..envs import task\nfrom .. import eval") == {
+        "core", "envs", "eval"}
+    assert _imports(file, "import zmq.asyncio\nfrom os import path") == {"zmq", "os"}
+
+
+PUBLIC_SURFACE = [
+    "ChatClient", "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "ErrorKind",
+    "ImagePart", "InfrastructureError", "Message", "MessageGraph", "ModelClient", "ModelError", "ModelRequest",
+    "ModelResponse", "Node", "RewardScore", "Sample", "Sampling", "Span", "StageTimeout", "StopReason", "Task",
+    "TaskData", "TaskError", "Taskset", "TasksetConfig", "TextPart", "Timeouts", "TokenClient", "Tool",
+    "ToolCall", "ToolError", "ToolSpec", "Trace", "TraceError", "TracegymError", "Usage", "UsageError",
+    "evaluate", "evaluate_iter", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "rollout",
+    "run_group", "run_rollout", "stop",
+]
+"""Every name `tracegym` exports. Changing it is an API change: update this list on purpose."""
+
+
 def test_public_surface_is_pinned():
-    assert "evaluate" in tracegym.__all__ and "Trace" in tracegym.__all__
-    assert all(hasattr(tracegym, name) for name in tracegym.__all__)
+    assert sorted(tracegym.__all__) == sorted(PUBLIC_SURFACE)
+    assert len(tracegym.__all__) == len(set(tracegym.__all__))
+
+
+def test_every_public_name_exists():
+    assert [name for name in tracegym.__all__ if not hasattr(tracegym, name)] == []
 
 
 def test_test_module_names_are_unique_across_folders():
