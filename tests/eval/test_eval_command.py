@@ -293,3 +293,9 @@ def test_show_warns_about_corrupt_middle_lines(server, tmp_path, capsys):
     capsys.readouterr()
     assert main(["show", str(run)]) == 0
     assert "1 line(s) of traces.jsonl are not traces" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_taskset_option_flag_reaches_the_resolved_config(capsys):
+    assert main(["eval", "arithmetic", "-n", "5", "--taskset.difficulty", "hard", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert 'difficulty = "hard"' in out and "max_digits = 3" in out and "num_ops = 3" in out

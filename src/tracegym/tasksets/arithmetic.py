@@ -1,11 +1,11 @@
 """Arithmetic: an endless stream of generated integer expressions; reward is an exact match on the final number.
 
 Each task is `num_ops` operations (`+`, `-`, `*`, usual precedence, no parentheses) over operands of 1 to
-`max_digits` digits, seeded by `seed`; the stream never ends, so bound it with `head(n)` (or `num_tasks` in an
-eval). The reply's answer is the last integer in it: an optional minus sign (not one between two digits, so
-`7-3` reads as 3), digits with optional thousands commas (`1,234`), and a fraction of zeros is allowed (`12.0`);
-`12.5` is no integer and scores 0. The reward `exact` is 1.0 when that integer equals the value, else 0.0; the
-metric `has_number` says whether the reply held a number at all.
+`max_digits` digits (or a `difficulty` preset of both), seeded by `seed`; the stream never ends, so bound it with
+`head(n)` (or `num_tasks` in an eval). The reply's answer is the last integer in it: an optional minus sign (not
+one between two digits, so `7-3` reads as 3), digits with optional thousands commas (`1,234`), and a fraction of
+zeros is allowed (`12.0`); `12.5` is no integer and scores 0. The reward `exact` is 1.0 when that integer equals
+the value, else 0.0; the metric `has_number` says whether the reply held a number at all.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import itertools
 import random
 import re
 from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import model_validator
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -26,6 +29,10 @@ SYSTEM = "Compute the value of the expression. End your reply with the final ans
 _NUMBER = re.compile(r"(?<![\d.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
+DIFFICULTY = {"easy": (1, 1), "medium": (2, 2), "hard": (3, 3)}
+"""(max_digits, num_ops) of each difficulty preset."""
+
+
 class ArithmeticConfig(TasksetConfig):
     """Options of arithmetic."""
 
@@ -33,6 +40,17 @@ class ArithmeticConfig(TasksetConfig):
     """Most digits in an operand (each operand has 1 to this many)."""
     num_ops: int = 2
     """Operations in each expression."""
+    difficulty: Literal["easy", "medium", "hard"] | None = None
+    """A preset of `max_digits` and `num_ops`: easy 1 and 1, medium 2 and 2, hard 3 and 3 (either option given
+    as well wins over the preset)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("difficulty") in DIFFICULTY:
+            digits, ops = DIFFICULTY[data["difficulty"]]
+            data = {"max_digits": digits, "num_ops": ops, **data}
+        return data
 
 
 def value_of(operands: list[int], ops: list[str]) -> int:
