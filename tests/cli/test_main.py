@@ -20,3 +20,8 @@ def test_inference_help_lists_its_options(capsys):
         main(["inference", "--help", "--plain"])
     assert exit_.value.code == 0
     assert "--max-model-len" in capsys.readouterr().out
+
+
+def test_resume_without_a_folder_says_it_needs_one(capsys):
+    assert main(["eval", "--resume", "--help"]) == 2
+    assert "--resume needs a value" in capsys.readouterr().err

@@ -9,7 +9,7 @@ def pop_flag(args: list[str], flag: str) -> tuple[str | None, list[str]]:
     """The value of `flag` (`--flag V` or `--flag=V`) and the other arguments."""
     for i, arg in enumerate(args):
         if arg == flag:
-            if i + 1 >= len(args):
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
                 raise UsageError(f"{flag} needs a value")
             return args[i + 1], args[:i] + args[i + 2:]
         if arg.startswith(flag + "="):

@@ -158,9 +158,9 @@ def taskset_config(target: Any) -> type[TasksetConfig] | None:
         return type(target).Config
     try:
         hints = typing.get_type_hints(target)
-    except Exception:  # an unresolvable annotation: leave the options to the factory
+        first = next(iter(inspect.signature(target).parameters), None)
+    except Exception:  # an unresolvable annotation or no signature: leave the options to the factory
         return None
-    first = next(iter(inspect.signature(target).parameters), None)
     annotation = hints.get(first) if first else None
     for candidate in (annotation, *typing.get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, TasksetConfig):
