@@ -81,3 +81,10 @@ async def test_rewards_recompute_from_a_trace_read_back_from_json():
     task = tg.load_taskset("alphabet-sort").task(again.task)
     [score] = task.scorers_of_kind("reward")
     assert await task.call_scorer(score, again) == 1.0
+
+
+async def test_a_trace_round_trips_through_json_with_its_sort_data():
+    [trace] = await tg.evaluate(AlphabetSort({"follow_up_turns": 1}).head(1), ScriptedModel(rule=sorts_correctly))
+    back = tg.Trace.model_validate_json(trace.model_dump_json())
+    assert back.task.batches == trace.task.batches and back.task_key == trace.task_key
+    assert back.model_dump(mode="json") == trace.model_dump(mode="json") and back == trace

@@ -35,6 +35,15 @@ class TaskData(BaseModel):
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    def __eq__(self, other: object) -> bool:
+        """Rows are equal when their JSON is: a subclass's row equals the plain TaskData it reads back as."""
+        if not isinstance(other, TaskData):
+            return NotImplemented
+        return self.model_dump(mode="json") == other.model_dump(mode="json")
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
     def fields(self) -> dict[str, Any]:
         """Every field of the row (declared and extra) as plain values."""
         return self.model_dump()
