@@ -1,5 +1,6 @@
 """Slow: `tracegym inference` serves the embedded model on real vLLM; rollouts through the chat client carry its
-exact tokens and logprobs; SIGTERM to the command leaves no process behind."""
+exact tokens and logprobs; a tool-call turn and its result render; SIGTERM to the command leaves no process
+behind."""
 
 import signal
 import subprocess
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import tracegym as tg
+from tracegym.core.messages import ToolCall, assistant, tool, user
+from tracegym.models.client import ModelRequest
 from tracegym.models.embedded import SERVED_MODEL_NAME
 
 pytestmark = pytest.mark.slow
@@ -90,6 +93,25 @@ async def test_branch_tokens_are_the_prompt_then_the_sampled_completion(client):
     reply = trace.graph.nodes[-1]
     assert tokens[-len(reply.token_ids):] == reply.token_ids
     assert len(tokens) == trace.usage.prompt_tokens + trace.usage.completion_tokens
+
+
+def add(a: int, b: int) -> int:
+    """Add two numbers.
+
+    Args:
+        a: first.
+        b: second.
+    """
+    return a + b
+
+
+async def test_a_tool_call_turn_and_its_result_are_accepted_by_the_chat_template(client):
+    call = ToolCall(id="call_1", name="add", arguments='{"a": 2, "b": 3}')
+    messages = [user("What is 2 + 3? Use the add tool."), assistant(None, [call]), tool("5", "call_1", "add")]
+    request = ModelRequest(messages=messages, tools=[tg.Tool.from_function(add).spec],
+                           sampling=tg.Sampling(max_tokens=32, temperature=0.0))
+    response = await client.complete(request)  # a template that cannot render content None answers HTTP 400
+    assert response.message.text.strip() or response.message.tool_calls
 
 
 def test_sigterm_to_the_inference_command_leaves_no_process_behind(inference):
