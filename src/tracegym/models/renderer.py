@@ -251,9 +251,13 @@ def _tool_dicts(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
 
 
 def _raw_arguments(call: Any) -> str:
+    """A parsed call's arguments as JSON text; a call the package could not parse keeps its raw text, so
+    running it fails as a tool error the model is told about (as `ChatMLRenderer` does)."""
     if isinstance(call.arguments, str):
         return call.arguments
-    return json.dumps(call.arguments if call.arguments is not None else {}, ensure_ascii=False)
+    if call.arguments is None:
+        return "{}" if str(getattr(call, "status", "ok")) == "ok" else str(call.raw)
+    return json.dumps(call.arguments, ensure_ascii=False)
 
 
 # --- choosing one ----------------------------------------------------------------------------------------
