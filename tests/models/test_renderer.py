@@ -145,3 +145,21 @@ def test_the_renderers_generic_fallback_never_bridges(smol_tokenizer):
 
 def test_a_chatml_template_gets_our_renderer(smol_tokenizer):
     assert isinstance(renderer_for(smol_tokenizer), ChatMLRenderer)
+
+
+def test_bridging_turn_after_turn_equals_the_full_render_every_time(smol):
+    first, second, third = (tool_call("add", {"a": 1, "b": 2}), tool_call("add", {"a": 3, "b": 4}),
+                            tool_call("add", {"a": 5, "b": 6}))
+    turns = [  # (what the model sampled, the messages that followed it)
+        (reply("Let me add.", first), [tool("3", first.id, name="add")]),
+        (assistant("It is 3."), [user("Now 3+4 and 5+6, both.")]),
+        (reply(None, second, third), [tool("7", second.id, name="add"), tool("11", third.id, name="add")]),
+        (assistant("7 and 11."), [user("Thanks! Résumé?\n\n- ok")]),
+        (assistant("Done: 3, 7, 11."), [user("bye")]),
+    ]
+    conversation = [system("Use tools."), user("1+2?")]
+    prompt = smol.render(conversation, [ADD])
+    for sampled, new in turns:
+        prompt = smol.bridge(prompt, smol.completion_ids(sampled), new, [ADD])
+        conversation += [sampled, *new]
+        assert prompt == smol.render(conversation, [ADD]), f"after {len(conversation)} messages"

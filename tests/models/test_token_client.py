@@ -1,6 +1,8 @@
 """Token client against the fake server's token completions: exact ids, the bridge across turns, forks on drift,
 truncation, errors and retries."""
 
+import json
+
 import pytest
 
 import tracegym as tg
@@ -237,3 +239,40 @@ async def test_fewer_logprobs_than_sampled_tokens_is_a_model_error(smol):
     async with TokenClient(Endpoint(base_url="http://unused/v1", model="m"), smol) as client:
         with pytest.raises(tg.ModelError, match="1 logprobs for 2 sampled tokens"):
             client.parse_completion(completion_body_with([5, 6], [-0.1]), [1])
+
+
+def compact_tool_json(renderer: ChatMLRenderer):
+    """Sampled ids whose tool calls are compact JSON (`{"a":1}`): a re-render of the parsed call differs."""
+    def ids(message: Message) -> list[int]:
+        if not message.tool_calls:
+            return renderer.completion_ids(message)
+        blocks = [json.dumps({"name": c.name, "arguments": c.parsed_arguments()}, separators=(",", ":"))
+                  for c in message.tool_calls]
+        return [*renderer.encode("\n".join(f"<tool_call>\n{b}\n</tool_call>" for b in blocks)), renderer.im_end]
+    return ids
+
+
+ADD_CALL = reply(None, tool_call("add", {"a": 1, "b": 2}))
+
+
+async def test_compact_tool_call_json_is_kept_verbatim_on_one_branch(smol):
+    compact = compact_tool_json(smol)
+    with FakeOpenAIServer([ADD_CALL, "3"], renderer=smol, completion_ids=compact) as server:
+        async with client_for(server, smol) as client:
+            [trace] = await tg.evaluate(adder(), client)
+    sampled = compact(ADD_CALL)
+    call = trace.graph.messages()[1]
+    assert call.tool_calls and sampled != smol.completion_ids(call)  # its re-render would differ
+    first, second = server.requests
+    assert second["prompt"][: len(first["prompt"]) + len(sampled)] == first["prompt"] + sampled
+    assert len(trace.branches) == 1 and validate_tokens(trace) == [] and trace.last_reply == "3"
+
+
+async def test_compact_tool_call_json_forks_when_the_turn_must_be_rendered_in_full(smol):
+    full_only = FullRenderOnly(smol.tokenizer, default_system=smol.default_system)
+    with FakeOpenAIServer([ADD_CALL, "3"], renderer=smol, completion_ids=compact_tool_json(smol)) as server:
+        async with client_for(server, full_only) as client:
+            [trace] = await tg.evaluate(adder(), client)
+    node = last_turn(trace)
+    assert len(trace.branches) == 2 and validate_tokens(trace) == []
+    assert trace.graph.tokens(node.id) == server.requests[-1]["prompt"] + node.token_ids[-sum(node.mask):]
