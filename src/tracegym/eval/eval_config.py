@@ -110,7 +110,8 @@ def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = No
     args = list(args)
     if args and not args[0].startswith("-") and args[0] != "@":
         args = ["--taskset.id", args[0], *args[1:]]
-    saved_id = (defaults or {}).get("taskset", {}).get("id")
+    section = (defaults or {}).get("taskset")
+    saved_id = section.get("id") if isinstance(section, dict) else None  # a bad section: validate_saved says so
     taskset_id = find_taskset_id(args)
     if defaults and taskset_id is not None and taskset_id != saved_id:
         raise UsageError(f"--taskset.id {taskset_id!r} does not match the saved run: {source} has "
