@@ -73,3 +73,9 @@ def test_graphs_with_the_same_nodes_are_equal_whatever_their_cache():
     graph, _ = chain(3)
     rebuilt = MessageGraph(nodes=list(graph.nodes))
     assert rebuilt == graph
+
+
+def test_a_prompt_given_as_a_tuple_extends_the_branch_like_a_list():
+    graph, prefix = chain(2)
+    graph.add_model_turn(assistant("t"), (*prefix, 5), [6], [-0.5], temperature=1.0)
+    assert len(graph.branches()) == 1 and graph.tokens() == [*prefix, 5, 6]

@@ -5,8 +5,8 @@ appeared since the previous tokenized node (mask 0) followed by its sampled comp
 along a branch concatenate to exactly what the model saw and sampled on that branch's last turn. When a new
 prompt does not extend the branch's tokens (the template re-rendered an earlier turn differently), the graph
 forks: the conversation is copied into a new branch whose first model node carries the whole new prompt.
-Building is linear in turns: the current branch's tokens are cached, so a turn costs its new tokens plus one
-C-level comparison of the prompt with that cache (the check that it extends the branch).
+The current branch's tokens are cached, so a turn's Python work is in its new tokens only; checking that its
+prompt extends the branch is one C-level list comparison (~1 ns a token), exact wherever a full render differs.
 """
 
 from __future__ import annotations
@@ -125,6 +125,7 @@ class MessageGraph(BaseModel):
         """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
         if prompt_ids is None or completion_ids is None:
             return self.add(message, sampled=True, temperature=temperature)
+        prompt_ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)  # a list compares to lists
         prefix = self._branch_tokens()
         parent, known = self.head, len(prefix)
         prefix += prompt_ids[known:]  # so one C-level comparison, without copying the prompt, checks the prefix
