@@ -1,5 +1,9 @@
 """Slow: the token client on real vLLM with the embedded model: multi-turn wordle and tool-calculator rollouts whose
-branches are exactly each call's prompt + completion, with real logprobs, and train as exact samples."""
+branches are exactly each call's prompt + completion, with real logprobs, and train as exact samples; the logprobs
+are those of the sampled tokens (recomputed with the model in transformers, fp32).
+
+vLLM 0.32 reports raw logprobs by default (`logprobs_mode="raw_logprobs"`: before temperature, top-p and any
+structured-output mask), so the recomputation uses the logits unscaled."""
 
 import math
 from collections.abc import Callable
@@ -63,6 +67,34 @@ def base_url(tmp_path_factory):
         yield server.base_url
 
 
+@pytest.fixture(scope="module")
+def reference_model():
+    """The embedded model in transformers, fp32 on CPU."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    return transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
+
+
+def recomputed_logprobs(model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0,
+                        shift: int = 0) -> list[float]:
+    """Each completion token's logprob under `model` (logits / temperature) given everything before it; with
+    `shift`, read at positions moved by that many tokens (a misaligned reading, for contrast)."""
+    import torch
+
+    ids = torch.tensor([[*prompt_ids, *completion_ids]])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float() / temperature
+    start = len(prompt_ids) - 1 + shift
+    rows = torch.log_softmax(logits[start : start + len(completion_ids)], dim=-1)
+    targets = torch.tensor(completion_ids[: len(rows)])[:, None]
+    return rows[: len(targets)].gather(-1, targets)[:, 0].tolist()
+
+
+def mean_abs_difference(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=False)) / min(len(a), len(b))
+
+
 @pytest.fixture
 async def client(base_url):
     endpoint = Endpoint(base_url=base_url, model=SERVED_MODEL_NAME, api_key_env=None, client="tokens")
@@ -109,3 +141,22 @@ async def test_a_tool_calculator_rollout_is_token_exact(client):
     assert_exact(trace, client.responses)
     system_prompt = client.inner.renderer.decode(client.responses[0].prompt_token_ids)
     assert "<tools>" in system_prompt and '"name": "add"' in system_prompt
+
+
+async def test_the_reported_logprobs_are_the_sampled_tokens_logprobs(client, reference_model):
+    """On every turn of a multi-turn rollout the reported logprobs match a recomputation over the turn's exact
+    prompt + completion (dtype/kernels differ: a small mean gap), and clearly not a reading shifted by one token."""
+    await run_one("wordle", client)
+    aligned, shifted, scaled = [], [], []
+    for r in client.responses:
+        reported = r.completion_logprobs
+        aligned.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
+                                                                         r.completion_token_ids)))
+        shifted.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
+                                                                         r.completion_token_ids, shift=-1)))
+        scaled.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
+                                                                        r.completion_token_ids, temperature=0.8)))
+    print(f"\nmean |reported - recomputed| per turn: aligned {[f'{d:.3f}' for d in aligned]}, shifted by one "
+          f"{[f'{d:.3f}' for d in shifted]}, at temperature 0.8 {[f'{d:.3f}' for d in scaled]}")
+    assert len(aligned) >= 2 and max(aligned) < 0.15
+    assert min(shifted) > 1.0
