@@ -108,7 +108,7 @@ async def test_reward_past_the_scoring_timeout_is_none_with_a_timeout_error_and_
         return 1.0
 
     ts = taskset(tg.Task, stops=(), rewards=(slow, said_three))
-    [trace] = await tg.evaluate(ts, ScriptedModel(["3"]), timeouts=tg.Timeouts(scoring=0.05))
+    [trace] = await tg.evaluate(ts, ScriptedModel(["3"]), timeouts=tg.Timeouts(scoring=0.5))  # said_three's too
     assert trace.rewards["slow"].score is None and trace.rewards["said_three"].score == 1.0
     assert [(e.kind, e.stage) for e in trace.errors] == [(tg.ErrorKind.TIMEOUT, "scoring:slow")]
     assert trace.stop_reason == tg.StopReason.COMPLETED and trace.reward is None

@@ -71,6 +71,19 @@ async def test_healthy_sync_tools_still_run_after_hung_ones_filled_the_lane(gate
     assert trace.errors == [] and trace.messages[2].text == "7"
 
 
+async def test_more_hung_sync_rewards_than_the_lane_holds_leave_every_other_reward_scored(gate):
+    @tg.reward
+    def hung(task, trace):
+        GATE.wait()
+        return 1.0
+
+    n = LANE_LIMIT + 8
+    ts = tg.Taskset(id="hung", data=[{"prompt": "go"}], rewards=[hung, trivial])
+    traces = await tg.evaluate(ts, ScriptedModel(["done"]), rollouts=n, concurrency=n,
+                               timeouts=tg.Timeouts(scoring=0.5))  # both rewards' timeout: room for a loaded CI
+    assert [(t.rewards["hung"].score, t.rewards["trivial"].score) for t in traces] == [(None, 1.0)] * n
+
+
 async def test_a_call_abandoned_at_its_timeout_frees_its_slot_at_once(gate):
     lane = ThreadLane("test", limit=1)
     with pytest.raises(TimeoutError):
