@@ -118,6 +118,29 @@ async def test_a_lane_never_runs_more_than_limit_sync_calls_at_once():
     assert most[0] == 2
 
 
+async def test_an_idle_thread_is_reused_by_the_next_call():
+    lane = ThreadLane("test")
+    first = await lane.call(threading.get_ident)
+    assert await lane.call(threading.get_ident) == first
+
+
+def lane_threads(name):
+    return [t for t in threading.enumerate() if t.name == f"tracegym-{name}"]
+
+
+async def test_threads_freed_by_returning_hung_calls_beyond_the_limit_end(gate):
+    lane = ThreadLane("capped", limit=2)
+    for _ in range(3):
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(lane.call(GATE.wait), 0.05)
+    assert len(lane_threads("capped")) == 3
+    gate.set()
+    deadline = time.monotonic() + 2
+    while len(lane_threads("capped")) > 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert len(lane_threads("capped")) == 2
+
+
 async def test_a_sync_call_returns_its_value_and_raises_its_exception():
     lane = ThreadLane("test")
     assert await lane.call(lambda a, b=0: a + b, 1, b=2) == 3
