@@ -2,8 +2,9 @@
 branches are exactly each call's prompt + completion, with real logprobs, and train as exact samples; the logprobs
 are those of the sampled tokens (recomputed with the model in transformers, fp32).
 
-vLLM 0.32 reports raw logprobs by default (`logprobs_mode="raw_logprobs"`: before temperature, top-p and any
-structured-output mask), so the recomputation uses the logits unscaled."""
+Our vLLM runs with `--logprobs-mode processed_logprobs` (vLLM's default reports raw logprobs, before temperature),
+so the reported logprobs are those of the distribution sampled from: the recomputation scales the logits by the
+sampling temperature, as the trainer does."""
 
 import math
 from collections.abc import Callable
@@ -147,16 +148,15 @@ async def test_the_reported_logprobs_are_the_sampled_tokens_logprobs(client, ref
     """On every turn of a multi-turn rollout the reported logprobs match a recomputation over the turn's exact
     prompt + completion (dtype/kernels differ: a small mean gap), and clearly not a reading shifted by one token."""
     await run_one("wordle", client)
-    aligned, shifted, scaled = [], [], []
+    aligned, shifted, unscaled = [], [], []
     for r in client.responses:
-        reported = r.completion_logprobs
-        aligned.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
-                                                                         r.completion_token_ids)))
-        shifted.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
-                                                                         r.completion_token_ids, shift=-1)))
-        scaled.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, r.prompt_token_ids,
-                                                                        r.completion_token_ids, temperature=0.8)))
-    print(f"\nmean |reported - recomputed| per turn: aligned {[f'{d:.3f}' for d in aligned]}, shifted by one "
-          f"{[f'{d:.3f}' for d in shifted]}, at temperature 0.8 {[f'{d:.3f}' for d in scaled]}")
+        reported, prompt, completion = r.completion_logprobs, r.prompt_token_ids, r.completion_token_ids
+        aligned.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, prompt, completion,
+                                                                         temperature=0.8)))
+        shifted.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, prompt, completion,
+                                                                         temperature=0.8, shift=-1)))
+        unscaled.append(mean_abs_difference(reported, recomputed_logprobs(reference_model, prompt, completion)))
+    print(f"\nmean |reported - recomputed| per turn: at temperature 0.8 {[f'{d:.3f}' for d in aligned]}, "
+          f"shifted by one {[f'{d:.3f}' for d in shifted]}, unscaled {[f'{d:.3f}' for d in unscaled]}")
     assert len(aligned) >= 2 and max(aligned) < 0.15
     assert min(shifted) > 1.0

@@ -69,6 +69,11 @@ def test_command_line_and_env() -> None:
     assert not {"--enable-auto-tool-choice", "--enforce-eager", "--enable-lora"} & set(plain)
 
 
+def test_logprobs_are_those_of_the_distribution_sampled_from() -> None:
+    cmd = server_command(VLLMServerConfig(model="/m"), 1)
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+
+
 def test_cpu_build_sizes_the_kv_cache_in_bytes_fractions_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
     cmd = server_command(VLLMServerConfig(model="/m", cpu_kv_cache_gib=0.25), 1)
