@@ -25,3 +25,9 @@ def test_inference_help_lists_its_options(capsys):
 def test_resume_without_a_folder_says_it_needs_one(capsys):
     assert main(["eval", "--resume", "--help"]) == 2
     assert "--resume needs a value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["show", "rescore", "plot", "list"])
+def test_help_of_a_positional_command_prints_its_usage_and_exits_0(command, capsys):
+    assert main([command, "--help"]) == 0
+    assert f"tracegym {command}" in capsys.readouterr().out

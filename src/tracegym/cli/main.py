@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
     "serve": ("tracegym.cli.serve", "serve a taskset to env clients (ZMQ) and print the bound address"),
 }
+OWN_HELP = {"eval", "rl", "inference", "serve"}
+"""Commands whose config parser answers `--help` with every option; the others print their module docstring."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tracegym: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
+    if name not in OWN_HELP and ("-h" in rest or "--help" in rest):
+        print(f"{module.__doc__}".strip())
+        return 0
     try:
         return int(module.run(rest) or 0)
     except UsageError as exc:
