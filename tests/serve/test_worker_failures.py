@@ -56,6 +56,7 @@ async def test_a_hung_worker_is_killed_and_its_request_answered_by_a_replacement
             [trace] = await asyncio.wait_for(job, 20)
         assert trace.ok and not alive(hung)
         assert server.stats["workers_hung"] == 1 and server.stats["redispatched"] == 1
+        assert server.stats["workers_retired"] == 0 and server.stats["workers_died"] == 0  # counted once, as hung
 
 
 def test_a_request_the_worker_no_longer_holds_is_redispatched():

@@ -309,7 +309,7 @@ class EnvServer:
         for handle in self.pool.workers.values():
             if handle.audit is not None and now - handle.asked_at > self.worker_timeout and not handle.retiring:
                 self.stats["workers_hung"] += 1
-                handle.retiring = True  # retired, not replaced twice; reap() then frees its requests
+                handle.retiring = handle.hung = True  # not replaced twice; reap() then frees its requests
                 handle.proc.kill()
             elif handle.ready and handle.jobs and handle.audit is None and self._to_worker(handle.name, [b"jobs?"]):
                 handle.audit, handle.asked_at = set(handle.jobs), now
@@ -339,12 +339,15 @@ class EnvServer:
             self.pending.appendleft(key)
 
     def _worker_exited(self, handle: WorkerHandle) -> None:
-        self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
-        code = handle.proc.returncode
+        if handle.hung:  # counted in workers_hung when it was killed
+            why = f"a worker hung (no answer for {self.worker_timeout:g} s, killed) running this request"
+        else:
+            self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
+            why = f"a worker died (exit {handle.proc.returncode}) running this request"
         for key in sorted(handle.jobs):
             record = self.inflight.get(key)
             if record is not None and record.worker == handle.name:
-                self._retry(key, record, f"a worker died (exit {code}) running this request")
+                self._retry(key, record, why)
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"

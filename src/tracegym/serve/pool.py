@@ -71,6 +71,8 @@ class WorkerHandle:
     """The jobs it had when last asked which it still runs (None: no question outstanding)."""
     asked_at: float = 0.0
     """When that question went out (monotonic seconds)."""
+    hung: bool = False
+    """Killed by the server for leaving a question unanswered (counted as hung, not as retired or died)."""
 
 
 class WorkerPool:
