@@ -22,6 +22,12 @@ def test_dash_m_names_the_model():
     assert parse_eval_args(["reverse-text", "-m", "Qwen/Qwen3-8B"]).model == "Qwen/Qwen3-8B"
 
 
+def test_tokenizer_and_renderer_reach_the_model_choice():
+    config = parse_eval_args(["wordle", "--client", "tokens", "--tokenizer", "/tok", "--renderer", "qwen3"])
+    choice = config.model_choice()
+    assert (choice.client, choice.tokenizer, choice.renderer) == ("tokens", "/tok", "qwen3")
+
+
 def test_dotted_overrides_reach_nested_sections():
     config = parse_eval_args(["reverse-text", "--sampling.temperature", "0.7", "--timeouts.model", "5"])
     assert config.sampling.temperature == 0.7 and config.timeouts.model == 5.0

@@ -20,6 +20,12 @@ def test_an_existing_endpoint_is_used_with_its_only_model():
         assert (endpoint.base_url, endpoint.model) == (fake.base_url, "served-one")
 
 
+def test_the_tokens_client_settings_reach_the_endpoint():
+    choice = ModelChoice(client="tokens", tokenizer="/tok", renderer="qwen3")
+    with FakeOpenAIServer(["hi"], model="m") as fake, serve(choice.model_copy(update={"base_url": fake.base_url})) as e:
+        assert (e.client, e.tokenizer, e.renderer) == ("tokens", "/tok", "qwen3")
+
+
 def test_a_model_the_endpoint_does_not_serve_is_a_usage_error():
     with FakeOpenAIServer(["hi"], model="served-one") as fake:
         choice = ModelChoice(base_url=fake.base_url, model="other")

@@ -152,3 +152,20 @@ def test_renderer_for_picks_the_packages_specific_renderer(monkeypatch):
     monkeypatch.setattr(renderers, "create_renderer", lambda tokenizer: Qwen3Renderer())
     chosen = renderer_for(Tokenizer())
     assert isinstance(chosen, LibraryRenderer) and isinstance(chosen.renderer, Qwen3Renderer)
+
+
+def test_a_named_package_renderer_is_used_whatever_the_model_is_called(monkeypatch):
+    import renderers
+
+    made = []
+    monkeypatch.setattr(renderers, "create_renderer", lambda tokenizer, config=None: made.append(config)
+                        or FakePackageRenderer())
+    chosen = renderer_for(Tokenizer(), "qwen3")
+    assert isinstance(chosen, LibraryRenderer) and type(made[0]).__name__ == "Qwen3RendererConfig"
+
+
+def test_an_unknown_renderer_name_is_a_usage_error_listing_the_known_ones():
+    from tracegym.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"renderer 'qwen-nine'.*qwen3"):
+        renderer_for(Tokenizer(), "qwen-nine")

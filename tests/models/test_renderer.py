@@ -163,3 +163,9 @@ def test_bridging_turn_after_turn_equals_the_full_render_every_time(smol):
         prompt = smol.bridge(prompt, smol.completion_ids(sampled), new, [ADD])
         conversation += [sampled, *new]
         assert prompt == smol.render(conversation, [ADD]), f"after {len(conversation)} messages"
+
+
+def test_chatml_named_explicitly_gets_our_renderer_with_the_templates_default_system(smol_tokenizer):
+    chosen = renderer_for(smol_tokenizer, "chatml")
+    assert isinstance(chosen, ChatMLRenderer)
+    assert chosen.render([user("hi")]) == template_ids(smol_tokenizer, [user("hi")])

@@ -58,6 +58,12 @@ class EvalConfig(BaseConfig):
     client: Literal["chat", "tokens"] = "chat"
     """`chat`: chat completions (any endpoint); `tokens`: render locally, send token ids to vLLM (exact
     multi-turn tokens; the model's chat template must be covered by a renderer)."""
+    tokenizer: str | None = None
+    """Tokenizer directory or hub id for `--client tokens` with `--base-url` (default: the model name)."""
+    renderer: str = "auto"
+    """Chat template renderer for `--client tokens`: `auto` (the `renderers` package by hub id, else ours for
+    ChatML templates), `chatml`, or a `renderers` package name such as `qwen3` (a local copy or fine-tune of a
+    known model needs it named)."""
     num_tasks: Annotated[int | None, _short("num_tasks", "n")] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
     rollouts: Annotated[int, _short("rollouts", "r")] = 1
@@ -87,7 +93,8 @@ class EvalConfig(BaseConfig):
         """The model part of this config."""
         return ModelChoice(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
                            max_model_len=self.max_model_len, vllm_args=self.vllm_args,
-                           timeout=self.timeouts.model, max_retries=3, client=self.client)
+                           timeout=self.timeouts.model, max_retries=3, client=self.client,
+                           tokenizer=self.tokenizer, renderer=self.renderer)
 
     def taskset_options(self) -> dict[str, Any]:
         """The taskset's own options (its Config fields)."""

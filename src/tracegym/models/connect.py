@@ -12,5 +12,5 @@ from tracegym.models.token_client import TokenClient
 def make_client(endpoint: Endpoint) -> ModelClient:
     """A ChatClient, or a TokenClient with the renderer for `endpoint.tokenizer` (else `endpoint.model`)."""
     if endpoint.client == "tokens":
-        return TokenClient(endpoint, load_renderer(endpoint.tokenizer or endpoint.model))
+        return TokenClient(endpoint, load_renderer(endpoint.tokenizer or endpoint.model, endpoint.renderer))
     return ChatClient(endpoint)

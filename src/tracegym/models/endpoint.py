@@ -38,6 +38,9 @@ class Endpoint(BaseModel):
     completions endpoint, so multi-turn prompts extend the exact sampled tokens (needs `tokenizer`)."""
     tokenizer: str | None = None
     """Hugging Face directory or hub id of the model's tokenizer, for `client="tokens"` (default: `model`)."""
+    renderer: str = "auto"
+    """Chat template renderer for `client="tokens"`: `auto` (by hub id, else ours for ChatML), `chatml`, or a
+    `renderers` package name such as `qwen3` (needed for a local copy or fine-tune of a known model)."""
 
     def api_key(self) -> str | None:
         """The key from the environment, if the variable is named and set."""

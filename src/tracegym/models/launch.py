@@ -50,6 +50,8 @@ class ModelChoice(BaseModel):
     multi-turn prompts extend the exact sampled tokens."""
     tokenizer: str | None = None
     """Tokenizer directory or hub id for `client = "tokens"` with `base_url` (default: `model`)."""
+    renderer: str = "auto"
+    """Renderer for `client = "tokens"`: `auto`, `chatml`, or a `renderers` package name (e.g. `qwen3`)."""
 
     def display_name(self) -> str:
         """A short name for run folders and tables (the last path part of a model directory)."""
@@ -61,7 +63,8 @@ class ModelChoice(BaseModel):
 @contextlib.contextmanager
 def serve(choice: ModelChoice, *, log_path: Path | None = None) -> Iterator[Endpoint]:
     """The endpoint for `choice`, starting (and afterwards stopping) vLLM when no `base_url` is given."""
-    options: dict[str, Any] = {"timeout": choice.timeout, "max_retries": choice.max_retries, "client": choice.client}
+    options: dict[str, Any] = {"timeout": choice.timeout, "max_retries": choice.max_retries, "client": choice.client,
+                               "renderer": choice.renderer}
     if choice.base_url is not None:
         name = choice.model or only_served_model(choice.base_url, choice.api_key_env)
         check_reachable(choice.base_url, name, choice.api_key_env)

@@ -261,25 +261,43 @@ def _raw_arguments(call: Any) -> str:
 
 
 # --- choosing one ----------------------------------------------------------------------------------------
-def renderer_for(tokenizer: Any) -> Renderer:
-    """The `renderers` package's hand-coded renderer when it knows the model; else ours for a ChatML
-    template; else the package's generic renderer (no bridge: every turn is rendered in full)."""
-    from renderers import create_renderer
+def renderer_for(tokenizer: Any, name: str = "auto") -> Renderer:
+    """The renderer `name` chooses: `chatml` (ours), a `renderers` package name (`qwen3`, `llama-3`, ...), or
+    `auto`: the package's hand-coded renderer when it knows the model by its hub id; else ours for a ChatML
+    template; else the package's generic renderer (no bridge: every turn is rendered in full). A local copy or
+    fine-tune of a known model is not matched by `auto` (the package matches hub ids only): name its renderer."""
+    from renderers import config_from_name, create_renderer
 
+    if name == "chatml":
+        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer))
+    if name != "auto":
+        try:
+            config = config_from_name(name)
+        except ValueError as exc:
+            raise UsageError(f"renderer {name!r}: {exc} (or `chatml`, `auto`)") from None
+        return LibraryRenderer(create_renderer(tokenizer, config), tokenizer)
     library = create_renderer(tokenizer)
     if type(library).__name__ != "DefaultRenderer":
         return LibraryRenderer(library, tokenizer)
-    template = str(getattr(tokenizer, "chat_template", None) or "")
-    if "<|im_start|>" in template:
-        found = _DEFAULT_SYSTEM.search(template)
-        return ChatMLRenderer(tokenizer, default_system=found.group(1) if found else None)
+    if "<|im_start|>" in _template(tokenizer):
+        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer))
     return LibraryRenderer(library, tokenizer)
 
 
-def load_renderer(name_or_path: str) -> Renderer:
-    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer)."""
+def _template(tokenizer: Any) -> str:
+    return str(getattr(tokenizer, "chat_template", None) or "")
+
+
+def _default_system(tokenizer: Any) -> str | None:
+    """The system prompt a ChatML template inserts when the conversation has none."""
+    found = _DEFAULT_SYSTEM.search(_template(tokenizer))
+    return found.group(1) if found else None
+
+
+def load_renderer(name_or_path: str, renderer: str = "auto") -> Renderer:
+    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer); see `renderer_for`."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise UsageError(f"rendering locally needs `transformers` for the tokenizer: {exc}") from exc
-    return renderer_for(AutoTokenizer.from_pretrained(name_or_path))
+    return renderer_for(AutoTokenizer.from_pretrained(name_or_path), renderer)

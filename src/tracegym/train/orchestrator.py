@@ -200,8 +200,9 @@ class Orchestrator:
 
     # --- helpers -----------------------------------------------------------------------------------------
     def endpoint(self, model: str) -> Endpoint:
-        return Endpoint(base_url=self.base_url, model=model, api_key_env=None, client=self.config.orchestrator.client,
-                        tokenizer=self.config.trainer.model)
+        orch = self.config.orchestrator
+        return Endpoint(base_url=self.base_url, model=model, api_key_env=None, client=orch.client,
+                        tokenizer=self.config.trainer.model, renderer=orch.renderer)
 
     def save_traces(self, step: int, groups: list[list[Trace]]) -> None:
         folder = self.run_dir / "traces"

@@ -96,6 +96,8 @@ class OrchestratorConfig(BaseModel):
     """Drop groups whose rewards are all equal (they carry no gradient)."""
     client: Literal["chat", "tokens"] = "tokens"
     """`tokens`: render locally and send token ids (exact multi-turn tokens); `chat`: chat completions."""
+    renderer: str = "auto"
+    """Renderer for `client = "tokens"`: `auto`, `chatml`, or a `renderers` package name (e.g. `qwen3`)."""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
