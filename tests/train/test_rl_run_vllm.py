@@ -22,7 +22,7 @@ def _two_steps(tmp_path: Path, *flags: str) -> Path:
 
 
 def test_two_rl_steps_train_the_adapter_and_vllm_serves_it(tmp_path):
-    run = _two_steps(tmp_path)
+    run = _two_steps(tmp_path, "--weight-sync", "lora")
     assert json.loads((run / "policy.json").read_text()) == {"version": 2, "model": "policy"}
     adapter = load_file(str(run / "weights" / "current" / "adapter_model.safetensors"))
     assert any(name.endswith("lora_B.weight") and value.abs().sum() > 0 for name, value in adapter.items())
@@ -33,7 +33,7 @@ def test_two_rl_steps_train_the_adapter_and_vllm_serves_it(tmp_path):
 
 
 def test_two_rl_steps_with_merged_sync_reload_vllm_weights_in_place(tmp_path):
-    run = _two_steps(tmp_path, "--weight-sync", "merged")
+    run = _two_steps(tmp_path)  # the shipped config syncs merged weights
     policy = json.loads((run / "policy.json").read_text())
     assert policy["version"] == 2 and policy["model"] != "policy"  # requests keep naming the base model
     assert (run / "weights" / "merged" / "model.safetensors").is_file()
