@@ -48,3 +48,20 @@ def test_eval_uses_a_running_env_server_at_env_address(fake, tmp_path):
     with local_server("reverse-text", {}, workers=1) as address:
         run = run_eval(fake, tmp_path, "--env-address", address)
     assert [t["rewards"]["lcs"]["score"] for t in contents(run)] == [1.0] * 6
+
+
+def eval_exit(fake, out: Path, *extra: str) -> int:
+    return main(["eval", "reverse-text", "-n", "3", "--base-url", fake.base_url, "--output-dir", str(out),
+                 "--no-rich", *extra])
+
+
+def test_an_env_server_of_another_taskset_is_refused_by_name(fake, tmp_path, capsys):
+    with local_server("arithmetic", {}, workers=1) as address:
+        assert eval_exit(fake, tmp_path, "--env-address", address) == 2
+    assert "serves taskset 'arithmetic', not 'reverse-text'" in capsys.readouterr().err
+
+
+def test_an_env_server_with_other_taskset_options_is_refused_naming_the_option(fake, tmp_path, capsys):
+    with local_server("reverse-text", {"seed": 7}, workers=1) as address:
+        assert eval_exit(fake, tmp_path, "--env-address", address) == 2
+    assert "seed = 7, not 0" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.evaluate import as_finished
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.wire import MAX_FRAME_BYTES, SECRET_ENV, RemoteError, decode_reply, encode_request
 
@@ -188,6 +189,20 @@ class EnvClient:
         info = await self.request("info")
         self._taskset_id = info.get("taskset")
         return info
+
+    async def check_serves(self, taskset: Taskset) -> None:
+        """A UsageError unless the server runs `taskset` with the same resolved config: tasks made here from
+        one config and run there under another would be scored against the wrong rules, silently."""
+        info = await self.info()
+        if info.get("taskset") != taskset.id:
+            raise UsageError(f"the env server at {self.address} serves taskset {info.get('taskset')!r}, "
+                             f"not {taskset.id!r}")
+        ours = taskset.config.model_dump(mode="json")
+        differ = sorted(k for k in ours.keys() | info.get("config", {}).keys() if ours.get(k) != info["config"].get(k))
+        if differ:
+            shown = ", ".join(f"{k} = {info['config'].get(k)!r}, not {ours.get(k)!r}" for k in differ)
+            raise UsageError(f"the env server at {self.address} runs {taskset.id!r} with {shown}; start it with "
+                             "the same taskset options")
 
     async def cancel(self, request_id: str) -> bool:
         """Cancel a request by id; True when the server still had it."""

@@ -196,9 +196,10 @@ class EnvServer:
         return {"unknown": [i for i in pending[:MAX_PENDING_CHECK] if (client, i) not in self.index]}
 
     def info(self) -> dict[str, Any]:
-        """What this server runs: taskset id, task type, whether it is finite, the pool."""
+        """What this server runs: taskset id and resolved config, task type, whether it is finite, the pool."""
         ts = self.taskset
-        return {"protocol": PROTOCOL, "taskset": ts.id, "task_type": _qualname(ts.task_class),
+        return {"protocol": PROTOCOL, "taskset": ts.id, "config": ts.config.model_dump(mode="json"),
+                "task_type": _qualname(ts.task_class),
                 "data_type": _qualname(ts.data_class), "finite": ts.bounded, "description": ts.description,
                 "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
                 "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic}

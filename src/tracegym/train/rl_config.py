@@ -37,6 +37,9 @@ class EnvChoice(BaseModel):
     """Share of each step's tasks drawn from this environment (relative to the others)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The taskset's own options (its Config fields)."""
+    address: str | None = None
+    """A running env server for this environment (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`),
+    checked at launch to serve this taskset with these options; unset: the launcher starts one here."""
 
 
 class RLSampling(BaseModel):
