@@ -2,7 +2,8 @@
 
 `python -m tracegym.train.roles {orchestrator|trainer} RUN_DIR` reads the run's `config.toml` and the
 `endpoints.json` the launcher wrote (vLLM's URL, the served base model, each env server's address).
-A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log.
+A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log. A role
+whose launcher is gone (killed with -9, it could stop nothing) exits within a second rather than linger.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import json
 import os
 import sys
+import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from tracegym.core.errors import TracegymError
 from tracegym.train.rl_config import RLConfig
 
 ENDPOINTS = "endpoints.json"
+ORPHANED_EXIT = 3
+"""Exit code of a role whose launcher died."""
 
 
 def load_run(run_dir: Path) -> tuple[RLConfig, dict[str, Any]]:
@@ -56,10 +61,27 @@ def run_trainer(run_dir: Path) -> None:
 ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}
 
 
+def exit_with_parent(parent: int, every_s: float = 0.5) -> threading.Thread:
+    """Watch, on a daemon thread, that `parent` is still this process's parent; end the process when not.
+    `os._exit`, since the main thread may be deep in a training step: what a resume needs is on disk already
+    (a checkpoint counts only once its DONE marker is written)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        print(f"the launcher (pid {parent}) is gone; exiting", file=sys.stderr, flush=True)
+        os._exit(ORPHANED_EXIT)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ROLES:
         print(f"usage: python -m tracegym.train.roles {{{'|'.join(ROLES)}}} RUN_DIR", file=sys.stderr)
         return 2
+    exit_with_parent(os.getppid())
     try:
         ROLES[argv[0]](Path(argv[1]))
     except TracegymError as exc:
