@@ -55,10 +55,11 @@ def eval_exit(fake, out: Path, *extra: str) -> int:
                  "--no-rich", *extra])
 
 
-def test_an_env_server_of_another_taskset_is_refused_by_name(fake, tmp_path, capsys):
+def test_an_env_server_of_another_taskset_is_refused_by_name_before_any_run_folder(fake, tmp_path, capsys):
     with local_server("arithmetic", {}, workers=1) as address:
-        assert eval_exit(fake, tmp_path, "--env-address", address) == 2
+        assert eval_exit(fake, tmp_path / "out", "--env-address", address) == 2
     assert "serves taskset 'arithmetic', not 'reverse-text'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_env_server_with_other_taskset_options_is_refused_naming_the_option(fake, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import tomli_w
@@ -13,6 +14,7 @@ from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args,
 from tracegym.eval.eval_run import execute
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import check_reachable, only_served_model
+from tracegym.serve.env_client import check_env_server
 
 USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
   tracegym eval TASKSET [OPTIONS]           a new run (or --taskset.id, or [taskset] in an @ file)
@@ -30,10 +32,12 @@ def run(args: list[str]) -> int:
         check_same_run(saved, config, folder)
     else:
         config = parse_eval_args(rest, description=USAGE)
-    load_taskset(config.taskset.id, config.taskset_options())  # a bad taskset option fails before any folder
+    taskset = load_taskset(config.taskset.id, config.taskset_options())  # a bad option fails before any folder
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
+    if config.env_address is not None:  # a server of another taskset or config fails before any folder too
+        asyncio.run(check_env_server(config.env_address, taskset))
     if config.base_url is not None:  # fail before any folder is made; record which model answered
         check_reachable(config.base_url, config.model, config.api_key_env)
         model = config.model or only_served_model(config.base_url, config.api_key_env)

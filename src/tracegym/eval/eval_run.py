@@ -93,8 +93,6 @@ async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: 
         address = config.env_address or stack.enter_context(
             local_server(config.taskset.id, config.taskset_options(), log_dir=folder.logs / "env"))
         async with EnvClient(address) as client:
-            if config.env_address is not None:
-                await client.check_serves(work.taskset)
             async for trace in client.evaluate_iter(work.todo, endpoint, **options):
                 yield trace
 

@@ -253,6 +253,13 @@ class EnvClient:
         return self._taskset_id or ""
 
 
+async def check_env_server(address: str, taskset: Taskset, timeout_s: float = 30.0) -> None:
+    """A UsageError unless the server at `address` runs `taskset` with its resolved config; an
+    InfrastructureError when it does not answer within `timeout_s`."""
+    async with EnvClient(address, request_timeout=timeout_s) as client:
+        await client.check_serves(taskset)
+
+
 def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int) -> Iterator[list[tuple[TaskData, int]]]:
     """Consecutive (task, rollout index) pairs of the same task, in runs of at most `most`, drawn lazily."""
     run: list[tuple[TaskData, int]] = []

@@ -20,10 +20,10 @@ from tracegym.core.errors import InfrastructureError
 from tracegym.envs.registry import load_taskset
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
-from tracegym.serve.env_client import EnvClient
+from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
 from tracegym.train.exchange import POLICY
-from tracegym.train.rl_config import EnvChoice, RLConfig
+from tracegym.train.rl_config import RLConfig
 from tracegym.train.roles import ENDPOINTS
 
 STOP_GRACE_S = 20.0
@@ -106,7 +106,7 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
     addresses = {}
     for key, env in wanted:
         if env.address is not None:
-            asyncio.run(check_env_server(env.address, env))
+            asyncio.run(check_env_server(env.address, load_taskset(env.id, env.options)))
             addresses[key] = env.address
             say(out, f"env server {key}: {env.address} (running elsewhere)")
             continue
@@ -114,13 +114,6 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
         addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir))
         say(out, f"env server {key}: {addresses[key]}")
     return addresses
-
-
-async def check_env_server(address: str, env: EnvChoice, timeout_s: float = 30.0) -> None:
-    """A UsageError unless the server at `address` runs `env`'s taskset with its options; an
-    InfrastructureError when it does not answer within `timeout_s`."""
-    async with EnvClient(address, request_timeout=timeout_s) as client:
-        await client.check_serves(load_taskset(env.id, env.options))
 
 
 def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
