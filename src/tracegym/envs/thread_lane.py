@@ -84,7 +84,6 @@ class ThreadLane:
                         self._abandoned += 1
                 raise
 
-
     def _submit(self, job: Callable[[], None]) -> None:
         """Queue `job` for an idle thread, or start a thread for it when none is idle."""
         with self._lock:
