@@ -38,20 +38,10 @@ async def test_one_failed_rollout_leaves_the_others_of_its_group_scored():
 
 
 async def test_the_rollouts_of_a_group_run_at_the_same_time():
-    active = {"now": 0, "most": 0}
-
-    def leave(request):
-        active["now"] -= 1
-        return "yes"
-
-    def rule(request):
-        active["now"] += 1
-        active["most"] = max(active["most"], active["now"])
-        return Stall(0.02, leave)
-
+    model = ScriptedModel(rule=lambda request: Stall(0.02, "yes"))
     [data] = list(TASKSET)
-    await tg.run_group(TASKSET, data, ScriptedModel(rule=rule), rollouts=4)
-    assert active["most"] == 4
+    await tg.run_group(TASKSET, data, model, rollouts=4)
+    assert model.most_in_flight == 4
 
 
 async def test_options_reach_every_rollout_of_the_group():

@@ -34,7 +34,8 @@ def encode(text: str) -> list[int]:
 
 
 class ScriptedModel:
-    """A ModelClient following a script; records every request in `requests`."""
+    """A ModelClient following a script; records every request in `requests`, and the most calls it had in
+    flight at once in `most_in_flight` (for tests of concurrency bounds)."""
 
     def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
                  *, name: str = "scripted", tokens: bool = False, finish_reason: str | None = None) -> None:
@@ -43,6 +44,8 @@ class ScriptedModel:
         self.tokens = tokens
         self.finish_reason = finish_reason
         self.requests: list[ModelRequest] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
 
     @property
     def name(self) -> str:
@@ -50,7 +53,12 @@ class ScriptedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
-        message = await self.script.resolve(request)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            message = await self.script.resolve(request)
+        finally:
+            self.in_flight -= 1
         if isinstance(message, Fail):
             raise message.error
         prompt = render(request.messages)
