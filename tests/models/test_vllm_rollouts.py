@@ -14,6 +14,7 @@ import tracegym as tg
 from tracegym.core.messages import ToolCall, assistant, tool, user
 from tracegym.models.client import ModelRequest
 from tracegym.models.embedded import SERVED_MODEL_NAME
+from tracegym.models.vllm_server import process_alive
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +34,6 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +114,7 @@ def test_sigterm_to_the_inference_command_leaves_no_process_behind(inference):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(90) == 0
     deadline = time.monotonic() + 30
-    while any(alive(p) for p in family) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert [p for p in family if alive(p)] == []
+    assert [p for p in family if process_alive(p)] == []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from vllm_fakes import FAKE_VLLM, group_members, running, wait_until
+from vllm_fakes import FAKE_VLLM, group_members, wait_until
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.models import vllm_server
@@ -22,6 +22,7 @@ from tracegym.models.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
     free_port,
+    process_alive,
     recorded_server,
     server_command,
     server_env,
@@ -121,10 +122,10 @@ def test_start_answers_and_stop_kills_the_whole_group(server: VLLMServer, tmp_pa
     pgid = server.pid
     assert pgid is not None
     engine_pid = int(next(tmp_path.glob("engine-*.pid")).read_text())
-    assert running(engine_pid) and os.getpgid(engine_pid) == pgid
+    assert process_alive(engine_pid) and os.getpgid(engine_pid) == pgid
     server.stop()
     assert wait_until(lambda: not group_members(pgid), 5)
-    assert not running(engine_pid)  # ignored SIGTERM, got SIGKILL
+    assert not process_alive(engine_pid)  # ignored SIGTERM, got SIGKILL
     with pytest.raises(InfrastructureError):
         server.base_url  # noqa: B018
 
@@ -134,7 +135,7 @@ def test_reuse_url_uses_the_running_server(server: VLLMServer, tmp_path: Path) -
     assert other.start() == server.base_url
     assert not other.owned
     other.stop()  # not ours: nothing happens
-    assert server.pid is not None and running(server.pid)
+    assert server.pid is not None and process_alive(server.pid)
     wrong_model = VLLMServerConfig(
         model="x", served_model_name="other", reuse_url=server.base_url, log_path=tmp_path / "other.log"
     )
@@ -227,7 +228,7 @@ def test_killing_the_owner_leaves_no_process_behind(tmp_path: Path) -> None:
     )
     command = [sys.executable, "-c", FAKE_VLLM, str(port), "m", str(tmp_path / "engine.pid")]
     kill_parent_and_check_no_orphans(config, command, timeout_s=10)
-    assert not running(int((tmp_path / "engine.pid").read_text()))
+    assert not process_alive(int((tmp_path / "engine.pid").read_text()))
 
 
 # --- the real vLLM with the embedded model ---------------------------------------------------------------

@@ -50,15 +50,6 @@ sys.exit(main(["inference", *sys.argv[3:]]))
 """
 
 
-def running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`."""
     members = []

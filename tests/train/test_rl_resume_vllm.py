@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tracegym.models.vllm_server import process_alive
+
 pytestmark = pytest.mark.slow
 CONFIG = Path(__file__).parents[2] / "configs" / "rl" / "reverse_text.toml"
 
@@ -37,13 +39,6 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def wait_until(condition, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
@@ -61,7 +56,7 @@ def test_a_run_killed_after_a_checkpoint_leaves_nothing_running_and_resumes_to_t
     finally:
         launcher.send_signal(signal.SIGKILL)
         launcher.wait()
-    assert wait_until(lambda: not any(alive(p) for p in children), 60), [p for p in children if alive(p)]
+    assert wait_until(lambda: not any(map(process_alive, children)), 60), list(filter(process_alive, children))
 
     done = subprocess.run(rl(tmp_path, "--resume", str(run)), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -1,10 +1,11 @@
 """RL roles exit when their launcher dies without stopping them (kill -9)."""
 
-import os
 import signal
 import subprocess
 import sys
 import time
+
+from tracegym.models.vllm_server import process_alive
 
 CHILD = """
 import os, time
@@ -20,21 +21,13 @@ time.sleep(60)
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_a_role_exits_soon_after_its_launcher_is_killed():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    assert alive(child)
+    assert process_alive(child)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 10
-    while alive(child) and time.monotonic() < deadline:
+    while process_alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(child)
+    assert not process_alive(child)

@@ -246,12 +246,12 @@ def recorded_server(config: VLLMServerConfig) -> str | None:
     if record is None or record.get("launch_key") != config.launch_key():
         return None
     url, pid = str(record.get("base_url") or ""), record.get("pid")
-    if not url or not isinstance(pid, int) or not _process_alive(pid):
+    if not url or not isinstance(pid, int) or not process_alive(pid):
         return None
     return url if is_healthy(url) and serves_model(url, config.name) else None
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True while `pid` exists and has not exited (a zombie has)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
