@@ -102,15 +102,18 @@ async def test_5xx_is_retried_until_it_succeeds():
     assert response.message.text == "ok" and len(fake.requests) == 3
 
 
+class Delays(list):
+    """A stand-in for `asyncio.sleep` that records each backoff instead of waiting it out."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
 async def test_retries_back_off_exponentially_with_bounded_jitter():
-    delays: list[float] = []
-
-    async def record(seconds: float) -> None:
-        delays.append(seconds)
-
+    delays = Delays()
     with FakeOpenAIServer(["ok"], fail_first=4, fail_status=503) as fake:
         endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=4, backoff=0.1)
-        async with ChatClient(endpoint, sleep=record) as client:
+        async with ChatClient(endpoint, sleep=delays) as client:
             assert (await client.complete(HELLO)).message.text == "ok"
     assert len(delays) == 4  # one wait before each retry, none before the first call or after success
     for attempt, delay in enumerate(delays):
@@ -118,14 +121,10 @@ async def test_retries_back_off_exponentially_with_bounded_jitter():
 
 
 async def test_no_backoff_follows_the_last_failed_attempt():
-    delays: list[float] = []
-
-    async def record(seconds: float) -> None:
-        delays.append(seconds)
-
+    delays = Delays()
     with FakeOpenAIServer(["ok"], fail_first=10, fail_status=503) as fake:
         endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=2, backoff=1.0)
-        async with ChatClient(endpoint, sleep=record) as client:
+        async with ChatClient(endpoint, sleep=delays) as client:
             with pytest.raises(tg.InfrastructureError):
                 await client.complete(HELLO)
     assert len(delays) == 2 and len(fake.requests) == 3
