@@ -147,6 +147,27 @@ class Trace(BaseModel):
         ended_badly = self.stop_reason in (None, StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED)
         return not ended_badly and all(r.score is not None for r in self.rewards.values())
 
+    @property
+    def failure(self) -> str | None:
+        """Why this rollout failed outside the model's own output, or None when it ended on that output
+        (completed, stop condition, max turns, truncated) with every reward scored. Training leaves a failed
+        rollout out of its group's advantage statistics and out of the batch, and counts it by this reason:
+        `unfinished`, `cancelled`, `timeout` (the rollout, or any tool, environment response or scorer ran past
+        its timeout, even one the model recovered from: its score then measures our infrastructure), or the
+        kind of the error that ended it or left a reward unscored (`infrastructure`, `task`, `model`)."""
+        if self.stop_reason is None:
+            return "unfinished"
+        if self.stop_reason == StopReason.CANCELLED:
+            return "cancelled"
+        if self.stop_reason == StopReason.TIMEOUT or self.has_error(ErrorKind.TIMEOUT):
+            return "timeout"
+        if self.stop_reason == StopReason.ERROR or not self.ok:
+            ending = [e.kind for e in self.errors if e.kind != ErrorKind.TOOL and e.stage != "cleanup"]
+            return ending[-1].value if ending else "error"
+        if self.has_error(ErrorKind.INFRASTRUCTURE):
+            return "infrastructure"
+        return None
+
     def has_error(self, kind: ErrorKind) -> bool:
         """True when an error of this kind is recorded."""
         return any(e.kind == kind for e in self.errors)
