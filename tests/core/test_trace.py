@@ -3,10 +3,11 @@
 import msgpack
 import pytest
 
+from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import assistant, user
 from tracegym.core.timing import Span
-from tracegym.core.trace import RewardScore, Trace
+from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.testing import make_trace
 
 
@@ -90,3 +91,44 @@ def test_duration_sums_a_stage_and_its_named_sub_stages_only():
                    Span(name="toolbox", start=2.0, end=9.0), Span(name="total", start=0.0, end=10.0)]
     assert trace.duration("tool") == 1.5 and trace.duration("tool:b") == 0.5
     assert trace.duration() == 10.0 and trace.duration("model") == 0.0
+
+
+def test_a_rollout_that_ended_on_the_models_output_has_no_failure():
+    for stop in (StopReason.COMPLETED, StopReason.STOP_CONDITION, StopReason.MAX_TURNS, StopReason.TRUNCATED):
+        assert make_trace(stop_reason=stop).failure is None
+
+
+def test_a_truncation_by_the_context_window_is_not_a_failure():
+    trace = make_trace(stop_reason=StopReason.TRUNCATED)
+    trace.errors.append(TraceError(kind=ErrorKind.MODEL, stage="model", message="maximum context length"))
+    assert trace.failure is None
+
+
+def test_a_recovered_tool_error_is_not_a_failure_but_a_tool_timeout_is():
+    trace = make_trace()
+    trace.errors.append(TraceError(kind=ErrorKind.TOOL, stage="tool:add", message="ValueError: bad"))
+    assert trace.failure is None
+    trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage="tool:add", message="timed out after 60s"))
+    assert trace.failure == "timeout"
+
+
+def test_failures_outside_the_model_are_named_by_reason():
+    assert make_trace(error=ErrorKind.INFRASTRUCTURE).failure == "infrastructure"
+    assert make_trace(error=ErrorKind.TASK).failure == "task"
+    assert make_trace(stop_reason=StopReason.TIMEOUT, reward=None).failure == "timeout"
+    assert make_trace(stop_reason=StopReason.CANCELLED, reward=None).failure == "cancelled"
+    assert make_trace(stop_reason=None).failure == "unfinished"
+
+
+def test_a_reward_that_failed_is_a_task_failure():
+    trace = make_trace(reward=None)
+    trace.errors.append(TraceError(kind=ErrorKind.TASK, stage="scoring:reward", message="KeyError: 'x'"))
+    assert trace.failure == "task"
+
+
+def test_the_trace_policy_version_is_the_oldest_of_its_sampled_nodes():
+    trace = make_trace()
+    assert trace.policy_version is None
+    trace.graph.add_model_turn(assistant("more"), policy_version=4)
+    trace.graph.add_model_turn(assistant("again"), policy_version=2)
+    assert trace.policy_version == 2

@@ -2,27 +2,36 @@
 version-stamped samples; no-signal groups are dropped; it never runs ahead of the trainer."""
 
 import asyncio
-import itertools
 import json
 import threading
 import time
+from collections import Counter
 
 import pytest
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
+from tracegym.testing.script import Fail
 from tracegym.train import exchange
 from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 
-CALLS = itertools.count()
 
+def alternating_per_prompt():
+    """A rule under which every other request for the same prompt gets the exact reversal: each group of four
+    has two right and two wrong, however the concurrent requests interleave."""
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
 
-def alternating(request):
-    """Every other reply is the exact reversal: groups have reward signal."""
-    text = request.messages[-1].text
-    return text[::-1] if next(CALLS) % 2 else "no idea"
+    def rule(request):
+        text = request.messages[-1].text
+        with lock:
+            seen[text] += 1
+            right = seen[text] % 2 == 0
+        return text[::-1] if right else "no idea"
+
+    return rule
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +61,7 @@ async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
 
 
 def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_address):
-    with FakeOpenAIServer(rule=alternating) as server:
+    with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
         samples, metrics = asyncio.run(collect(make(tmp_path, server, env_address), version=0))
     assert len(samples) == 8 and metrics["rollouts"] == 8
     assert {s.policy_version for s in samples} == {0}
@@ -79,7 +88,7 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
             exchange.publish_policy(tmp_path, step + 1, "fake-model")
             published.append(step + 1)
 
-    with FakeOpenAIServer(rule=alternating) as server:
+    with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
         orchestrator = make(tmp_path, server, env_address, steps=2)
         orchestrator.env_addresses["eval:reverse-text"] = env_address
         thread = threading.Thread(target=fake_trainer)
@@ -93,8 +102,37 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
 
 
 def test_a_step_whose_every_rollout_failed_stops_the_run_with_the_reason(tmp_path, env_address):
-    with FakeOpenAIServer(rule=alternating, model="another-model") as server:
+    with FakeOpenAIServer(rule=alternating_per_prompt(), model="another-model") as server:
         orchestrator = make(tmp_path, server, env_address)
         orchestrator.base_model = "fake-model"  # a name the endpoint does not serve
         with pytest.raises(InfrastructureError, match=r"all 8 rollouts failed.*does not exist"):
             asyncio.run(collect(orchestrator))
+
+
+def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp_path, env_address):
+    """One held-out rollout fails at the endpoint: the mean is over the two that scored (it was 0.0 before)."""
+    prompts: list[str] = []
+
+    def right_but_one_fails(request):
+        text = request.messages[-1].text
+        prompts.append(text)
+        return Fail(400, "scripted refusal") if len(set(prompts)) == 1 else text[::-1]
+
+    with FakeOpenAIServer(rule=right_but_one_fails) as server:
+        orchestrator = make(tmp_path, server, env_address)
+        orchestrator.env_addresses["eval:reverse-text"] = env_address
+
+        async def held_out():
+            from tracegym.serve.env_client import EnvClient
+
+            orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
+            try:
+                await orchestrator.evaluate(0)
+            finally:
+                for client in orchestrator.clients.values():
+                    await client.aclose()
+
+        asyncio.run(held_out())
+    [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (record["eval_n"], record["eval_unscored"]) == (2, 1)
+    assert record["eval_reward"] == 1.0

@@ -29,7 +29,7 @@ async def tool_trace(**sampling) -> Trace:
 
 def tree_trace() -> Trace:
     """Two branches sharing a tokenized model turn: u -> a1 -> (u2 -> a2 | u3 -> a3)."""
-    trace = Trace(task=tg.TaskData(prompt="p"), policy_version=7)
+    trace = Trace(task=tg.TaskData(prompt="p"))
     g = trace.graph
     g.add(user("p"))
     a1 = g.add_model_turn(assistant("a"), prompt_ids=[1, 2], completion_ids=[3, 4], completion_logprobs=[-1, -2],
@@ -58,12 +58,40 @@ async def test_the_loss_mask_covers_exactly_the_sampled_tokens():
     assert all((lp != 0.0) == m for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True))
 
 
-async def test_temperature_reward_and_policy_version_come_from_the_trace():
+async def test_temperature_and_reward_come_from_the_trace():
     trace = await tool_trace(temperature=0.7)
-    trace.policy_version = 3
     [sample] = trace_samples(trace)
-    assert sample.temperature == 0.7 and sample.policy_version == 3
+    assert sample.temperature == 0.7 and sample.reward == trace.reward
     assert sample.trace_id == trace.id and sample.task_key == trace.task_key and sample.branch == 0
+
+
+async def test_a_sample_carries_the_oldest_policy_version_that_sampled_its_branch():
+    """The policy moves on mid-rollout: the first turn was sampled by version 3, the second by version 4."""
+    model = ScriptedModel([reply(None, tool_call("add", {"a": 1, "b": 2})), "3"], tokens=True)
+    model.policy_version = 3
+    real_complete = model.complete
+
+    async def moving_on(request):
+        response = await real_complete(request)
+        model.policy_version = 4  # the trainer published between this turn and the next
+        return response
+
+    model.complete = moving_on
+    taskset = tg.Taskset(id="adder", data=[{"prompt": "1+2?"}], tools=[add])
+    [trace] = await tg.evaluate(taskset, model)
+    assert [n.policy_version for n in trace.graph.nodes if n.sampled] == [3, 4]
+    assert trace.policy_version == 3
+    [sample] = trace_samples(trace)
+    assert sample.policy_version == 3
+
+
+def test_each_branch_takes_the_oldest_version_on_its_own_path():
+    trace = tree_trace()
+    versions = {1: 6, 3: 5, 5: 7}  # a1 (shared), then b on the first branch and c on the second
+    trace.graph.nodes = [n.model_copy(update={"policy_version": versions.get(n.id)})
+                         for n in trace.graph.nodes]
+    first, second = trace_samples(trace)
+    assert (first.policy_version, second.policy_version) == (5, 6)
 
 
 def test_a_node_shared_by_two_branches_is_trained_once():

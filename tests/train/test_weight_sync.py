@@ -7,13 +7,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.models import policy_version
 from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
 
 class FakeLoraServer:
     """An HTTP server answering `POST /v1/load_lora_adapter` with `status` and recording each body."""
 
-    def __init__(self, status: int = 200, reply: str = "Success") -> None:
+    def __init__(self, status: int = 200, reply: str = "Success", middleware: bool = True) -> None:
+        """`middleware`: also answer tracegym's policy-version route, as vLLM with `report_policy_version`."""
         self.status, self.reply, self.bodies = status, reply, []
         fake = self
 
@@ -22,6 +24,7 @@ class FakeLoraServer:
                 length = int(self.headers.get("Content-Length", 0))
                 fake.bodies.append((self.path, json.loads(self.rfile.read(length))))
                 known = ("/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache")
+                known += (policy_version.ROUTE,) if middleware else ()
                 status = fake.status if self.path in known else 404
                 self.send_response(status)
                 self.end_headers()
@@ -133,3 +136,18 @@ def test_merged_sync_without_dev_mode_says_how_to_enable_it(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with FakeLoraServer(status=404) as fake, pytest.raises(UsageError, match="VLLM_SERVER_DEV_MODE=1"):
         MergedWeightSync(fake.base_url, "base").publish(tmp_path, version=1)
+
+
+def test_an_announcing_sync_tells_the_server_each_version_after_loading_it(adapter, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer() as fake:
+        WeightSync(fake.base_url, announce=True).publish(adapter, version=1)
+        MergedWeightSync(fake.base_url, "base", announce=True).publish(tmp_path, version=2)
+    announced = [(path, body) for path, body in fake.bodies if path == policy_version.ROUTE]
+    assert announced == [(policy_version.ROUTE, {"version": 1}), (policy_version.ROUTE, {"version": 2})]
+    assert fake.bodies.index(announced[0]) == 1  # after the adapter was loaded, before the next publish
+
+
+def test_announcing_to_a_server_without_the_middleware_says_how_to_start_it(adapter):
+    with FakeLoraServer(middleware=False) as fake, pytest.raises(UsageError, match="report_policy_version"):
+        WeightSync(fake.base_url, announce=True).publish(adapter, version=1)

@@ -33,6 +33,8 @@ class Node(BaseModel):
     client returned no logprobs (`validate` reports it: such a turn cannot be trained on)."""
     temperature: float | None = None
     """The sampling temperature of the call that produced this node."""
+    policy_version: int | None = None
+    """The policy version that sampled this node, when the endpoint reported it."""
 
 
 class MessageGraph(BaseModel):
@@ -121,10 +123,11 @@ class MessageGraph(BaseModel):
         completion_ids: list[int] | None = None,
         completion_logprobs: list[float] | None = None,
         temperature: float | None = None,
+        policy_version: int | None = None,
     ) -> Node:
         """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
         if prompt_ids is None or completion_ids is None:
-            return self.add(message, sampled=True, temperature=temperature)
+            return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version)
         prompt_ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)  # a list compares to lists
         prefix = self._branch_tokens()
         parent, known = self.head, len(prefix)
@@ -142,6 +145,7 @@ class MessageGraph(BaseModel):
             mask=[0] * len(delta) + [1] * len(completion_ids),
             logprobs=logprobs,
             temperature=temperature,
+            policy_version=policy_version,
         )
         prefix += completion_ids
         self._branch = (node, prefix, len(prefix))
@@ -164,9 +168,16 @@ class MessageGraph(BaseModel):
         self._branch = (self.nodes[node_id], tokens, len(tokens))
         return tokens
 
+    def oldest_version(self, node_ids: list[int]) -> int | None:
+        """The oldest policy version among these nodes' sampled turns (None when none reported one)."""
+        versions = [self.nodes[i].policy_version for i in node_ids if self.nodes[i].sampled]
+        known = [v for v in versions if v is not None]
+        return min(known) if known else None
+
     def _fork(self) -> int | None:
         """Copy the current conversation, without tokens, into a new branch; returns its last node id."""
         parent: int | None = None
         for node in self.path():
-            parent = self.add(node.message, parent=parent, sampled=node.sampled).id
+            parent = self.add(node.message, parent=parent, sampled=node.sampled,
+                              policy_version=node.policy_version).id
         return parent

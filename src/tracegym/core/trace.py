@@ -77,7 +77,6 @@ class Trace(BaseModel):
     stop_reason: StopReason | None = None
     stopped_by: str | None = None
     started_at: float = Field(default_factory=time.time)
-    policy_version: int | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -124,6 +123,11 @@ class Trace(BaseModel):
     def branches(self) -> list[list[int]]:
         """Every root-to-leaf path of the message graph, as node ids."""
         return self.graph.branches()
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest policy version that sampled any of this rollout's turns (None when none was reported)."""
+        return self.graph.oldest_version([n.id for n in self.graph.nodes])
 
     @property
     def num_turns(self) -> int:

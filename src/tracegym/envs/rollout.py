@@ -143,6 +143,7 @@ class Rollout:
             response.completion_token_ids,
             response.completion_logprobs,
             temperature=self.sampling.temperature,
+            policy_version=response.policy_version,
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens

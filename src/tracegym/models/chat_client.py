@@ -22,6 +22,7 @@ import aiohttp
 
 from tracegym.core.errors import ContextLengthError, InfrastructureError, ModelError
 from tracegym.core.messages import Message
+from tracegym.models import policy_version
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import parse_hermes
@@ -117,11 +118,14 @@ class ChatClient:
         try:
             async with self._session().post(url, json=body) as http:
                 text = await http.text()
-                status = http.status
+                status, version = http.status, policy_version.read(http.headers)
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
         if status == 200:
-            return _json(text)
+            data = _json(text)
+            if version is not None:
+                data[policy_version.BODY_KEY] = version
+            return data
         message = _error_message(text)
         if status == 429 or status >= 500:
             raise _Retryable(f"HTTP {status}: {message}")
@@ -180,6 +184,7 @@ def parse_response(data: dict[str, Any], *, require_tokens: bool = False, tools_
         prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,
         completion_token_ids=list(completion_ids) if completion_ids is not None else None,
         completion_logprobs=_logprobs(choice.get("logprobs")),
+        policy_version=data.get(policy_version.BODY_KEY),
     )
 
 

@@ -37,6 +37,8 @@ class ModelResponse:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
+    policy_version: int | None = None
+    """The policy version that served this reply, when the endpoint reports it (`models.policy_version`)."""
 
 
 @runtime_checkable

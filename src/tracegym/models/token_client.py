@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from tracegym.core.errors import ModelError
+from tracegym.models import policy_version
 from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
@@ -87,6 +88,7 @@ class TokenClient(ChatClient):
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
             completion_logprobs=logprobs,
+            policy_version=data.get(policy_version.BODY_KEY),
         )
 
 

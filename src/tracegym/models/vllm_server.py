@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError
+from tracegym.models import policy_version
 
 LOG_TAIL_LINES = 40
 
@@ -118,6 +119,9 @@ class VLLMServerConfig(BaseModel):
     """Largest adapter rank accepted when `enable_lora` is on."""
     max_loras: int = 1
     """Adapters held at once when `enable_lora` is on."""
+    report_policy_version: bool = False
+    """Stamp every response with the policy version that served it (`models.policy_version`), which weight
+    sync sets after each publish; RL turns it on so every sampled node records its version."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` flags, passed as given."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -146,7 +150,8 @@ class VLLMServerConfig(BaseModel):
 
 _LAUNCH_FIELDS = {
     "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "cpu_one_process", "enforce_eager",
-    "logprobs_mode", "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "extra_args", "env",
+    "logprobs_mode", "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "report_policy_version",
+    "extra_args", "env",
 }  # fmt: skip
 
 
@@ -172,6 +177,8 @@ def server_command(config: VLLMServerConfig, port: int) -> list[str]:
     if config.enable_lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
         cmd += ["--max-loras", str(config.max_loras)]
+    if config.report_policy_version:
+        cmd += ["--middleware", policy_version.MIDDLEWARE]
     return cmd + list(config.extra_args)
 
 

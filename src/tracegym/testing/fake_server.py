@@ -23,6 +23,7 @@ from aiohttp import web
 
 from tracegym.core.messages import Message, assistant, user
 from tracegym.core.tool_spec import ToolSpec
+from tracegym.models import policy_version
 from tracegym.models.client import ModelRequest
 from tracegym.models.renderer import Renderer
 from tracegym.testing.script import Entry, Fail, Script
@@ -50,6 +51,9 @@ class FakeOpenAIServer:
         """Answers token-prompt `/v1/completions` when set."""
         self.completion_ids = completion_ids
         """The sampled ids for a scripted reply; default: the renderer's canonical ones."""
+        self.policy_version: int | None = None
+        """When set, every reply carries it in vLLM's policy-version header (read when the request arrives, as
+        `models.policy_version`'s middleware does); set it mid-test to move the policy on."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,6 +124,7 @@ class FakeOpenAIServer:
         return body, None
 
     async def _chat(self, http: web.Request) -> web.Response:
+        version = self.policy_version
         body, failed = await self._admit(http)
         if failed is not None:
             return failed
@@ -135,7 +140,7 @@ class FakeOpenAIServer:
         message = await self.script.resolve(request)
         if isinstance(message, Fail):
             return _error(message.status, message.message)
-        return web.json_response(self._completion(body, message, prompt_ids))
+        return web.json_response(self._completion(body, message, prompt_ids), headers=_version_header(version))
 
     def _completion(self, body: dict[str, Any], message: Message, prompt_ids: list[int]) -> dict[str, Any]:
         completion_ids = encode(render_body(message))
@@ -162,6 +167,7 @@ class FakeOpenAIServer:
         return out
 
     async def _token_completion(self, http: web.Request) -> web.Response:
+        version = self.policy_version
         body, failed = await self._admit(http)
         if failed is not None:
             return failed
@@ -174,7 +180,7 @@ class FakeOpenAIServer:
         message = await self.script.resolve(self._token_request(prompt))
         if isinstance(message, Fail):
             return _error(message.status, message.message)
-        return web.json_response(self._token_choice(body, message, prompt))
+        return web.json_response(self._token_choice(body, message, prompt), headers=_version_header(version))
 
     def _token_request(self, prompt: list[int]) -> ModelRequest:
         """The request a script sees: one empty assistant message per earlier turn (counted by the renderer's
@@ -231,6 +237,10 @@ def _count(ids: list[int], pattern: list[int]) -> int:
 def _to_request(body: dict[str, Any]) -> ModelRequest:
     tools = [ToolSpec(**t["function"]) for t in body.get("tools") or []]
     return ModelRequest(messages=[Message.from_openai(m) for m in body["messages"]], tools=tools)
+
+
+def _version_header(version: int | None) -> dict[str, str]:
+    return {} if version is None else {policy_version.HEADER: str(version)}
 
 
 def _error(status: int, message: str) -> web.Response:

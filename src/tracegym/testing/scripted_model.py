@@ -43,6 +43,8 @@ class ScriptedModel:
         self._name = name
         self.tokens = tokens
         self.finish_reason = finish_reason
+        self.policy_version: int | None = None
+        """Reported on every reply when set (read when the call starts); set it mid-test to move the policy on."""
         self.requests: list[ModelRequest] = []
         self.in_flight = 0
         self.most_in_flight = 0
@@ -53,6 +55,7 @@ class ScriptedModel:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
+        version = self.policy_version
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -65,7 +68,8 @@ class ScriptedModel:
         completion = render_body(message)
         finish = self.finish_reason or ("tool_calls" if message.tool_calls else "stop")
         if not self.tokens:
-            return ModelResponse(message, finish, len(encode(prompt)), len(encode(completion)))
+            return ModelResponse(message, finish, len(encode(prompt)), len(encode(completion)),
+                                 policy_version=version)
         prompt_ids, completion_ids = encode(prompt), encode(completion)
         return ModelResponse(
             message,
@@ -75,4 +79,5 @@ class ScriptedModel:
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
             completion_logprobs=[-0.5] * len(completion_ids),
+            policy_version=version,
         )

@@ -58,14 +58,15 @@ def with_model_paths(config: RLConfig) -> RLConfig:
 
 
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
-    """vLLM serving the base model with runtime LoRA loading, for the policy adapter."""
+    """vLLM serving the base model (with runtime LoRA loading for the policy adapter, or in-place reloads of
+    merged weights), stamping every response with the policy version that served it."""
     model = config.model or str(embedded_model_dir())
     name = SERVED_MODEL_NAME if config.model is None else Path(model).name
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
     return VLLMServerConfig(model=model, served_model_name=name, max_model_len=config.max_model_len,
                             enable_lora=lora, max_lora_rank=max(16, config.trainer.lora_rank), env=env,
-                            cpu_kv_cache_gib=config.kv_cache_gib,
+                            cpu_kv_cache_gib=config.kv_cache_gib, report_policy_version=True,
                             log_path=run_dir / "logs" / "vllm.log")
 
 

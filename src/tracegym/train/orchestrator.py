@@ -2,8 +2,11 @@
 
 Per step: wait until the trainer's policy is recent enough (`max_async_steps`), draw `tasks_per_step` tasks from
 the environments by weight, run a group of `group_size` rollouts per task through the env servers against the
-currently served policy, compute advantages per group (dropping groups with no signal), turn every branch into
-training samples stamped with the policy version, and hand the batch to the trainer. Held-out environments are
+currently served policy, compute advantages per group over the rollouts that ended on the model's own output
+(a rollout that failed outside the model, `Trace.failure`, is left out of its group's statistics and of training,
+and counted by reason), drop groups with no signal, turn every branch into training samples stamped with the
+oldest policy version that sampled them, drop samples older than `max_async_steps`, and hand the batch to the
+trainer. Held-out environments are
 evaluated before the first step, every `eval.every` steps and after the last. Metrics go to `metrics.jsonl`, the
 step's traces to `traces/step-N.jsonl`.
 """
@@ -13,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import InfrastructureError
+from tracegym.core.interval import mean_ci
 from tracegym.core.sample import Sample
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -134,23 +138,28 @@ class Orchestrator:
         return samples, metrics
 
     def to_samples(self, groups: list[list[Trace]], version: int, step: int) -> list[Sample]:
-        """Advantages per group, then every branch of every trace as a sample stamped with the policy version."""
+        """Advantages per group over its trainable rollouts, then every branch of each of those as a sample,
+        stamped with the oldest policy version that sampled it (`version`, the one served when the step
+        started, where the endpoint reported none); samples too old for `step` are dropped and counted."""
         out: list[Sample] = []
         for traces in groups:
-            rewards = [t.reward if t.reward is not None else 0.0 for t in traces]
-            advantages = self.advantages(rewards, key=traces[0].task_key if traces else "")
+            kept = [t for t in traces if trainable(t)]
+            advantages = self.advantages([t.reward for t in kept], key=traces[0].task_key if traces else "")
             if advantages is None:
                 continue
-            for trace, advantage in zip(traces, advantages, strict=True):
-                samples, problems = checked_samples(trace)
-                if problems:  # not exactly trainable (e.g. no logprobs, greedy): dropped and counted
-                    self.traces_invalid += 1
-                    self.log({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
-                for sample in samples:
-                    if sample.num_trained:
-                        out.append(sample.model_copy(update={"advantage": advantage, "policy_version": version,
-                                                             "reward": trace.reward}))
+            for trace, advantage in zip(kept, advantages, strict=True):
+                out += self.trace_samples(trace, advantage, version, step)
         return self.staleness.admit(out, step)
+
+    def trace_samples(self, trace: Trace, advantage: float, version: int, step: int) -> list[Sample]:
+        """The trace's samples with loss, carrying its advantage and reward; an untrainable trace is counted."""
+        samples, problems = checked_samples(trace)
+        if problems:  # not exactly trainable (e.g. no logprobs, greedy): dropped and counted
+            self.traces_invalid += 1
+            self.log({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
+        stamp = {"advantage": advantage, "reward": trace.reward}
+        return [s.model_copy(update={**stamp, "policy_version": _version(s.policy_version, version)})
+                for s in samples if s.num_trained]
 
     # --- state across a resume --------------------------------------------------------------------------
     def save_state(self, next_step: int) -> None:
@@ -186,10 +195,10 @@ class Orchestrator:
             traces = [t async for t in client.evaluate_iter(((d, 0) for d in rows), self.endpoint(model),
                                                             sampling=phase.sampling.to_sampling(),
                                                             concurrency=self.config.orchestrator.concurrency)]
-            rewards = [t.reward if t.reward is not None else 0.0 for t in traces]
-            mean, half = mean_ci(rewards)
-            self.log({"eval_step": step, "env": env.id, "policy_version": version, "eval_reward": mean,
-                      "eval_reward_ci95": half, "eval_n": len(rewards)})
+            estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
+            self.log({"eval_step": step, "env": env.id, "policy_version": version, "eval_reward": estimate.mean,
+                      "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
+                      "eval_unscored": len(traces) - estimate.n})
 
     async def wait_version(self, version: int) -> None:
         deadline = time.monotonic() + POLICY_WAIT_S
@@ -220,16 +229,27 @@ def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:
     """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint):
     training on nothing would only hide it."""
     traces = [t for g in groups for t in g]
-    if traces and all(t.stop_reason in ("error", "timeout") for t in traces):
+    if traces and not any(t.ok for t in traces):
         first = next((e for t in traces for e in t.errors), None)
         reason = f"{first.kind.value} error in {first.stage}: {first.message}" if first else "no error recorded"
         raise InfrastructureError(f"step {step}: all {len(traces)} rollouts failed; the first: {reason}")
 
 
+def trainable(trace: Trace) -> bool:
+    """True when the rollout ended on the model's own output and has a reward to learn from."""
+    return trace.failure is None and trace.reward is not None
+
+
+def _version(sampled: int | None, served_at_start: int) -> int:
+    return served_at_start if sampled is None else sampled
+
+
 def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: float) -> dict[str, Any]:
-    """Reward, advantage, length, truncation, error and throughput figures of one step."""
+    """Reward, advantage, length, truncation, failure, error and throughput figures of one step. `reward` is over
+    the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
     traces = [t for g in groups for t in g]
-    rewards = [t.reward for t in traces if t.reward is not None]
+    failed = Counter(t.failure or "no_reward" for t in traces if not trainable(t))
+    rewards = [t.reward for t in traces if trainable(t)]
     advantages = [s.advantage for s in samples]
     lengths = [t.usage.completion_tokens for t in traces]
     return {
@@ -240,6 +260,8 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
         "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "truncation_rate": sum(t.is_truncated for t in traces) / len(traces) if traces else 0.0,
         "errors": sum(bool(t.errors) for t in traces),
+        "rollouts_failed": sum(failed.values()),
+        **{f"failed/{reason}": n for reason, n in sorted(failed.items())},
         "rollouts": len(traces),
         "samples": len(samples),
         "trained_tokens": sum(s.num_trained for s in samples),
@@ -247,11 +269,3 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
         "rollouts_per_s": len(traces) / seconds if seconds else None,
     }
 
-
-def mean_ci(values: list[float]) -> tuple[float | None, float]:
-    """Mean and 95% half-width (normal approximation)."""
-    if not values:
-        return None, 0.0
-    if len(values) < 2:
-        return values[0], 0.0
-    return statistics.fmean(values), 1.96 * statistics.stdev(values) / math.sqrt(len(values))

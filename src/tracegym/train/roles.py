@@ -51,9 +51,9 @@ def run_trainer(run_dir: Path) -> None:
     config, endpoints = load_run(run_dir)
     trainer = build_trainer(config.trainer)
     if config.weight_sync == "merged":
-        sync: WeightSync = MergedWeightSync(endpoints["base_url"], endpoints["base_model"])
+        sync: WeightSync = MergedWeightSync(endpoints["base_url"], endpoints["base_model"], announce=True)
     else:
-        sync = WeightSync(endpoints["base_url"], adapter_name="policy")
+        sync = WeightSync(endpoints["base_url"], adapter_name="policy", announce=True)
     parent = os.getppid()
     train(config, run_dir, trainer, sync.publish, alive=lambda: os.getppid() == parent)
 

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.models import policy_version
 
 DEFAULT_ADAPTER_NAME = "policy"
 
@@ -35,10 +36,14 @@ class WeightSync:
     """Publishes adapters to one vLLM server under one name; `version` is the policy version it serves."""
 
     def __init__(self, base_url: str, adapter_name: str = DEFAULT_ADAPTER_NAME, timeout_s: float = 120.0,
-                 keep: int = 4) -> None:
+                 keep: int = 4, announce: bool = False) -> None:
+        """`announce`: after each publish, tell the server which version it now serves (a vLLM started with
+        `report_policy_version`), so every response says which policy served it."""
         if keep < 1:
             raise UsageError(f"keep must be at least 1 snapshot, got {keep}")
         self.base_url = base_url.rstrip("/")
+        self.root = self.base_url.removesuffix("/v1")
+        self.announce = announce
         self.adapter_name = adapter_name
         self.timeout_s, self.keep = timeout_s, keep
         self._snapshots: list[Path] = []
@@ -67,6 +72,7 @@ class WeightSync:
             shutil.copytree(path, snapshot)
         body = {"lora_name": self.adapter_name, "lora_path": str(snapshot), "load_inplace": True}
         self._post("/load_lora_adapter", body)
+        self._announce(version)
         self.served_path, self.version = snapshot, version
         self._snapshots = [p for p in self._snapshots if p != snapshot] + [snapshot]
         for old in self._snapshots[:-self.keep]:
@@ -74,6 +80,15 @@ class WeightSync:
         self._snapshots = self._snapshots[-self.keep:]
         self.last_seconds = time.perf_counter() - start
         return self.model_name
+
+    def _announce(self, version: int) -> None:
+        if not self.announce:
+            return
+        try:
+            self._post(policy_version.ROUTE, {"version": version}, base=self.root)
+        except UsageError as exc:
+            raise UsageError(f"{exc} (announcing policy versions needs vLLM started with report_policy_version, "
+                             f"i.e. --middleware {policy_version.MIDDLEWARE})") from None
 
     def _post(self, route: str, body: dict[str, object], base: str | None = None) -> str:
         """POST JSON to `base_url + route` (or `base + route`); the edge where HTTP and network errors become
@@ -103,9 +118,8 @@ class MergedWeightSync(WeightSync):
     started with `VLLM_SERVER_DEV_MODE=1` (its `/collective_rpc` and `/reset_prefix_cache` routes). On a CPU,
     generating through plain weights is ~3x faster than through a LoRA adapter, which pays for the reload."""
 
-    def __init__(self, base_url: str, model_name: str, timeout_s: float = 120.0) -> None:
-        super().__init__(base_url, adapter_name=model_name, timeout_s=timeout_s)
-        self.root = self.base_url.removesuffix("/v1")
+    def __init__(self, base_url: str, model_name: str, timeout_s: float = 120.0, announce: bool = False) -> None:
+        super().__init__(base_url, adapter_name=model_name, timeout_s=timeout_s, announce=announce)
 
     def publish(self, weights_dir: str | Path, version: int) -> str:
         path = Path(weights_dir).resolve()
@@ -114,6 +128,7 @@ class MergedWeightSync(WeightSync):
         start = time.perf_counter()
         self._post_root("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
         self._post_root("/reset_prefix_cache", {})
+        self._announce(version)
         self.served_path, self.version = path, version
         self.last_seconds = time.perf_counter() - start
         return self.model_name
