@@ -220,3 +220,93 @@ def test_reward_given_as_a_stop_is_a_usage_error():
 
     with pytest.raises(tg.UsageError, match=r"exact is marked as a reward, but was given as a stop"):
         tg.Taskset(id="t", data=[ROW], stops=[exact])
+
+
+class Graded(Game):
+    """A base whose reward, metric and stop are all decorated; the overrides below replace them."""
+
+    @tg.reward(weight=2.0)
+    def exact(self, trace):
+        return 0.0
+
+    @tg.metric
+    def length(self, trace):
+        return 0.0
+
+    @tg.stop
+    def said_yes(self, trace):
+        return False
+
+
+def taskset_of(task_class):
+    class Of(tg.Taskset):
+        id = "overrides"
+
+    Of.task_class = task_class
+    return Of(data=[ROW])
+
+
+async def test_an_undecorated_reward_override_runs_its_own_body_with_the_bases_weight():
+    class Derived(Graded):
+        def exact(self, trace):
+            return 1.0
+
+    trace = await run(taskset_of(Derived))
+    assert trace.rewards["exact"] == tg.RewardScore(score=1.0, weight=2.0)
+
+
+async def test_a_decorated_reward_override_uses_its_own_weight():
+    class Derived(Graded):
+        @tg.reward(weight=0.5)
+        def exact(self, trace):
+            return 1.0
+
+    trace = await run(taskset_of(Derived))
+    assert trace.rewards["exact"] == tg.RewardScore(score=1.0, weight=0.5)
+
+
+async def test_an_undecorated_metric_override_runs_its_own_body():
+    class Derived(Graded):
+        def length(self, trace):
+            return 3.0
+
+    trace = await run(taskset_of(Derived))
+    assert trace.metrics["length"] == 3.0
+
+
+async def test_a_decorated_metric_override_can_rename_the_metric():
+    class Derived(Graded):
+        @tg.metric(name="size")
+        def length(self, trace):
+            return 3.0
+
+    trace = await run(taskset_of(Derived))
+    assert trace.metrics["size"] == 3.0 and "length" not in trace.metrics
+
+
+async def test_an_undecorated_stop_override_runs_its_own_body():
+    class Derived(Graded):
+        def said_yes(self, trace):
+            return trace.last_reply == "yes"
+
+    trace = await run(taskset_of(Derived), replies=("no", "yes", "no"))
+    assert trace.stopped_by == "said_yes" and trace.num_turns == 2
+
+
+async def test_a_decorated_stop_override_uses_its_own_name():
+    class Derived(Graded):
+        @tg.stop(name="first_turn")
+        def said_yes(self, trace):
+            return True
+
+    trace = await run(taskset_of(Derived))
+    assert trace.stopped_by == "first_turn" and trace.num_turns == 1
+
+
+async def test_an_override_set_to_none_is_no_longer_a_scorer():
+    class Derived(Graded):
+        exact = None
+        length = None
+
+    trace = await run(taskset_of(Derived))
+    assert not trace.rewards and "length" not in trace.metrics

@@ -7,7 +7,7 @@ a weight (the trace's reward is the weighted sum) and all scorers an order (lowe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tracegym.core.errors import UsageError
@@ -67,7 +67,10 @@ def as_scorer(fn: Callable[..., Any], kind: ScorerKind) -> Scorer:
 
 
 def scorers_of(cls: type) -> list[Scorer]:
-    """The scorers declared as methods on a class (and its bases), unbound; found once per class."""
+    """The scorers declared as methods on a class (and its bases), unbound; found once per class.
+
+    The most-derived definition of a name runs. An override with its own decorator takes that decorator's
+    settings; one without keeps the base's (kind, weight, order, name); one set to None is no scorer at all."""
     cached = cls.__dict__.get("_scorer_cache")
     if cached is not None:
         return cached
@@ -76,7 +79,11 @@ def scorers_of(cls: type) -> list[Scorer]:
         for attr, value in vars(klass).items():
             scorer = getattr(value, _MARK, None)
             if isinstance(scorer, Scorer):
-                found[attr] = scorer
+                found[attr] = replace(scorer, fn=value)
+            elif attr in found and value is None:
+                del found[attr]
+            elif attr in found:
+                found[attr] = replace(found[attr], fn=value)
     cls._scorer_cache = list(found.values())  # type: ignore[attr-defined]
     return cls._scorer_cache  # type: ignore[attr-defined]
 

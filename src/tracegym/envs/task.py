@@ -3,6 +3,10 @@
 Subclass Task to give behaviour as methods: decorate rewards, metrics and stops, list tools in `tools`,
 and override `setup`, `prompt` or `env_response`. Tasksets build a fresh Task for every rollout, so instance
 state (a game board, a sandbox handle) is never shared between concurrent rollouts.
+
+Overriding a decorated reward, metric or stop in a subclass: the most-derived method runs. Without a
+decorator it keeps the base's settings (kind, weight, order, name); with one, its own decorator's settings
+replace them; `exact = None` in the subclass makes `exact` no scorer at all.
 """
 
 from __future__ import annotations
