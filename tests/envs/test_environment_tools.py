@@ -1,9 +1,14 @@
-"""Class-based environments: which methods become tools, and a bad tool method fails when the taskset is built."""
+"""Class-based environments: which methods become tools, a bad tool method fails when the taskset is built, and
+tool methods get arguments converted by their hints and send data results as JSON."""
 
+import json
+
+import pydantic
 import pytest
 
 import tracegym as tg
 from tracegym.envs.environment import environment_tools
+from tracegym.testing import ScriptedModel, reply, tool_call
 
 ROW = {"prompt": "walk"}
 
@@ -103,3 +108,42 @@ def test_a_tool_method_without_a_docstring_fails_when_the_taskset_is_built():
 
     with pytest.raises(tg.UsageError, match=r"tool 'jump' has no docstring"):
         tg.EnvironmentTaskset(with_method(jump), id="walker", data=[ROW])
+
+
+class Point(pydantic.BaseModel):
+    x: int
+    y: int
+
+
+class Plane:
+    """A TRL-shaped environment whose tool takes and returns a pydantic model."""
+
+    def reset(self, **fields) -> None:
+        self.at = Point(x=0, y=0)
+
+    def move(self, by: Point, times: int) -> Point:
+        """Move the marker.
+
+        Args:
+            by: The step.
+            times: How many steps.
+        """
+        self.at = Point(x=self.at.x + by.x * times, y=self.at.y + by.y * times)
+        return self.at
+
+
+async def plane_tool_texts(*calls):
+    taskset = tg.EnvironmentTaskset(Plane, id="plane", data=[ROW])
+    [trace] = await tg.evaluate(taskset, ScriptedModel([reply(None, *calls), "done"]))
+    return [m.text for m in trace.messages if m.role == "tool"], trace
+
+
+async def test_a_tool_method_gets_a_model_argument_and_its_model_result_is_sent_as_json():
+    [text], trace = await plane_tool_texts(tool_call("move", {"by": {"x": 1, "y": 2}, "times": "3"}))
+    assert json.loads(text) == {"x": 3, "y": 6} and trace.errors == []
+
+
+async def test_a_tool_method_argument_that_does_not_fit_its_hint_is_a_tool_error_naming_it():
+    [text], trace = await plane_tool_texts(tool_call("move", {"by": {"x": 1, "y": 2}, "times": "notanint"}))
+    assert text.startswith("Error: ToolError: invalid arguments for tool 'move'") and "times" in text
+    assert trace.metrics["tool_errors"] == 1

@@ -1,8 +1,11 @@
 """Tools: JSON schema from hints and Google docstrings, async tools, concurrent and ordered calls, bad tools."""
 
 import asyncio
+import dataclasses
+import json
 from typing import Literal
 
+import pydantic
 import pytest
 
 import tracegym as tg
@@ -96,7 +99,7 @@ def test_spec_has_the_openai_tools_shape():
             "name": "shout",
             "description": "Say it loudly.",
             "parameters": {"type": "object", "properties": {"text": {"type": "string", "description": "What to say."}},
-                           "required": ["text"]},
+                           "required": ["text"], "additionalProperties": False},
         },
     }
 
@@ -240,4 +243,98 @@ async def test_unknown_tool_becomes_an_error_message_the_model_sees():
 
 async def test_wrong_argument_name_becomes_an_error_message():
     trace, _ = await run([shout], [tool_call("shout", {"txt": "hi"})])
-    assert trace.messages[2].text.startswith("Error: TypeError") and trace.metrics["tool_errors"] == 1
+    assert trace.messages[2].text.startswith("Error: ToolError") and trace.metrics["tool_errors"] == 1
+
+
+# --- arguments are validated and converted by their hints; results that are data reach the model as JSON -----
+class Point(pydantic.BaseModel):
+    x: int
+    y: int
+
+
+@dataclasses.dataclass
+class Size:
+    width: int
+    height: int
+
+
+def place(p: Point, size: Size, times: int = 1) -> str:
+    """Place a box.
+
+    Args:
+        p: Where its corner goes.
+        size: How big it is.
+        times: How many copies.
+    """
+    return f"{type(p).__name__}({p.x},{p.y}) {type(size).__name__}({size.width}x{size.height}) x{times}"
+
+
+def origin() -> Point:
+    """The origin.
+
+    Args:
+    """
+    return Point(x=0, y=0)
+
+
+def corners() -> list[Size]:
+    """Two sizes.
+
+    Args:
+    """
+    return [Size(1, 2), Size(3, 4)]
+
+
+def nothing() -> None:
+    """Nothing.
+
+    Args:
+    """
+
+
+async def test_a_model_and_a_dataclass_argument_arrive_as_instances():
+    call = tool_call("place", {"p": {"x": 1, "y": 2}, "size": {"width": 3, "height": 4}})
+    trace, _ = await run([place], [call])
+    assert trace.messages[2].text == "Point(1,2) Size(3x4) x1" and trace.errors == []
+
+
+async def test_an_argument_that_does_not_fit_its_hint_is_a_tool_error_naming_it():
+    call = tool_call("place", {"p": {"x": 1, "y": 2}, "size": {"width": 3, "height": 4}, "times": "notanint"})
+    trace, _ = await run([place], [call])
+    text = trace.messages[2].text
+    assert text.startswith("Error: ToolError: invalid arguments for tool 'place'") and "times" in text
+    assert "valid integer" in text and "notanint" in text
+    assert trace.metrics["tool_errors"] == 1 and trace.errors[0].kind == tg.ErrorKind.TOOL
+
+
+async def test_a_nested_field_error_names_its_path():
+    trace, _ = await run([place], [tool_call("place", {"p": {"x": 1}, "size": {"width": 3, "height": 4}})])
+    assert "p.y: Field required" in trace.messages[2].text
+
+
+async def test_a_missing_and_an_unknown_argument_are_named():
+    trace, _ = await run([shout], [tool_call("shout", {"txt": "hi"})])
+    text = trace.messages[2].text
+    assert "text: Field required" in text and "txt: unexpected argument" in text
+
+
+async def test_a_pydantic_model_result_is_sent_as_json():
+    trace, _ = await run([origin], [tool_call("origin")])
+    assert json.loads(trace.messages[2].text) == {"x": 0, "y": 0}
+
+
+async def test_a_list_of_dataclasses_result_is_sent_as_json():
+    trace, _ = await run([corners], [tool_call("corners")])
+    assert json.loads(trace.messages[2].text) == [{"width": 1, "height": 2}, {"width": 3, "height": 4}]
+
+
+async def test_a_none_result_is_sent_as_json_null():
+    trace, _ = await run([nothing], [tool_call("nothing")])
+    assert trace.messages[2].text == "null"
+
+
+def test_a_model_argument_schema_is_the_one_validation_uses():
+    params = spec_of(place).parameters
+    point = params["$defs"]["Point"] if "$ref" in params["properties"]["p"] else params["properties"]["p"]
+    assert point["properties"].keys() == {"x", "y"} and point["required"] == ["x", "y"]
+    assert params["required"] == ["p", "size"] and params["properties"]["times"]["type"] == "integer"

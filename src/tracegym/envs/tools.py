@@ -1,4 +1,5 @@
-"""Tool: a Python callable offered to the model, with the JSON schema derived from its hints and docstring."""
+"""Tool: a Python callable offered to the model, with the JSON schema derived from its hints and docstring, and
+its arguments validated and converted by those same hints."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, NotRequired
 
-from pydantic import TypeAdapter
+from pydantic import ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
+from typing_extensions import TypedDict  # pydantic reads a typing.TypedDict only from Python 3.12
 
-from tracegym.core.errors import UsageError
+from tracegym.core.errors import ToolError, UsageError
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.envs.thread_lane import TOOLS
 
@@ -22,10 +25,12 @@ _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
 @dataclass(frozen=True)
 class Tool:
-    """A callable and its spec; `call` runs it with JSON arguments and returns its result as text."""
+    """A callable, its spec, and the adapter that checks the model's arguments against the callable's hints (the
+    spec's parameter schema is that adapter's schema, so what the model is told and what is accepted agree)."""
 
     fn: Callable[..., Any]
     spec: ToolSpec
+    arguments: TypeAdapter[dict[str, Any]]
 
     @property
     def name(self) -> str:
@@ -33,50 +38,103 @@ class Tool:
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any], name: str | None = None, skip_self: bool = False) -> Tool:
-        """Derive the spec; raises UsageError naming the tool and the missing hint or docstring entry."""
-        return cls(fn, tool_spec(fn, name=name, skip_self=skip_self))
+        """Derive the spec and the argument adapter once; raises UsageError naming the tool and the missing hint
+        or docstring entry."""
+        tool_name = name or fn.__name__
+        doc = inspect.getdoc(fn)
+        if not doc:
+            raise UsageError(f"tool {tool_name!r} has no docstring; describe it and its arguments under 'Args:'")
+        summary, arg_docs = parse_docstring(doc)
+        adapter = arguments_adapter(fn, tool_name, arg_docs, skip_self)
+        return cls(fn, ToolSpec(name=tool_name, description=summary, parameters=_schema(adapter)), adapter)
 
     def bound_to(self, fn: Callable[..., Any]) -> Tool:
         """The same spec over another callable (a class tool bound to one environment instance)."""
-        return Tool(fn, self.spec)
+        return Tool(fn, self.spec, self.arguments)
 
     async def call(self, arguments: dict[str, Any]) -> str:
-        """Run the tool; its return value becomes text (strings as they are, anything else as JSON). A sync tool
-        runs on a daemon thread of the tool lane: one that hangs past its timeout is abandoned (Python cannot
-        kill a thread) and neither holds a slot nor blocks exit, see `thread_lane`."""
-        result = await TOOLS.call(self.fn, **arguments)
-        if isinstance(result, str):
-            return result
-        return json.dumps(result, default=str)
+        """Run the tool on its arguments, validated and converted by its hints (ToolError naming each argument
+        at fault otherwise); the result becomes text, see `as_text`. A sync tool runs on a daemon thread of the
+        tool lane: one that hangs past its timeout is abandoned (Python cannot kill a thread) and neither holds
+        a slot nor blocks exit, see `thread_lane`."""
+        try:
+            kwargs = self.arguments.validate_python(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(_problem(e) for e in exc.errors(include_url=False))
+            raise ToolError(f"invalid arguments for tool {self.name!r}: {problems}") from None
+        return as_text(await TOOLS.call(self.fn, **kwargs))
 
 
-def tool_spec(fn: Callable[..., Any], name: str | None = None, skip_self: bool = False) -> ToolSpec:
-    """The ToolSpec of a function with type hints and a Google-style docstring."""
-    tool_name = name or fn.__name__
-    doc = inspect.getdoc(fn)
-    if not doc:
-        raise UsageError(f"tool {tool_name!r} has no docstring; describe it and its arguments under 'Args:'")
-    summary, arg_docs = parse_docstring(doc)
-    hints = typing.get_type_hints(fn)
+def as_text(result: Any) -> str:
+    """A tool's result as the model reads it: a string as it is; data (pydantic models, dataclasses, dicts, lists,
+    numbers, bools, None) as JSON; anything else as its `str` inside JSON."""
+    if isinstance(result, str):
+        return result
+    return json.dumps(to_jsonable_python(result, fallback=str))
+
+
+def arguments_adapter(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str],
+                      skip_self: bool = False) -> TypeAdapter[dict[str, Any]]:
+    """A TypeAdapter of the tool's keyword arguments, a TypedDict of its hinted parameters (those with a default
+    not required; unknown arguments refused unless the function takes `**kwargs`)."""
+    hints = typing.get_type_hints(fn, include_extras=True)
     params = list(inspect.signature(fn).parameters.values())
     if skip_self and params:
         params = params[1:]
-    properties: dict[str, Any] = {}
-    required: list[str] = []
+    fields: dict[str, Any] = {}
+    extra = "forbid"
     for param in params:
+        if param.kind == param.VAR_KEYWORD:
+            extra = "allow"
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if param.name not in hints:
             raise UsageError(f"tool {tool_name!r}: argument {param.name!r} has no type hint")
         if param.name not in arg_docs:
             raise UsageError(f"tool {tool_name!r}: argument {param.name!r} is not described under 'Args:'")
-        schema = TypeAdapter(hints[param.name]).json_schema()
-        schema.pop("title", None)
-        properties[param.name] = {**schema, "description": arg_docs[param.name]}
-        if param.default is param.empty:
-            required.append(param.name)
-    parameters = {"type": "object", "properties": properties, "required": required}
-    return ToolSpec(name=tool_name, description=summary, parameters=parameters)
+        hint = Annotated[hints[param.name], Field(description=arg_docs[param.name])]
+        fields[param.name] = hint if param.default is param.empty else NotRequired[hint]
+    arguments = TypedDict(f"{tool_name}_arguments", fields)  # type: ignore[operator]
+    arguments.__pydantic_config__ = ConfigDict(extra=extra)  # type: ignore[attr-defined]
+    try:
+        adapter = TypeAdapter(arguments)
+        adapter.json_schema()
+    except PydanticUserError as exc:  # a hint pydantic cannot validate or describe: name the argument
+        bad = next((n for n, h in fields.items() if not _describable(h)), None)
+        what = f"argument {bad!r}" if bad else "an argument"
+        raise UsageError(f"tool {tool_name!r}: {what} has a type hint that cannot be validated or described "
+                         f"as JSON: {str(exc).splitlines()[0]}") from None
+    return adapter
+
+
+def _describable(hint: Any) -> bool:
+    try:
+        TypeAdapter(hint).json_schema()
+    except PydanticUserError:
+        return False
+    return True
+
+
+def _schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
+    """The adapter's JSON schema as a tool's `parameters`, without the titles pydantic adds to it and to each
+    argument (nested models' schemas under `$defs` keep theirs); `properties` and `required` always present."""
+    schema = {"type": "object", "properties": {}, "required": [], **adapter.json_schema()}
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def _problem(error: Any) -> str:
+    """One validation error as `path: what` (with the value given, shortened, where there was one)."""
+    where = ".".join(str(part) for part in error["loc"]) or "arguments"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unexpected argument"
+    if error["type"] == "missing":
+        return f"{where}: {error['msg']}"
+    given = repr(error["input"])
+    given = given if len(given) <= 60 else given[:57] + "..."
+    return f"{where}: {error['msg']} (got {given})"
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
