@@ -1,5 +1,6 @@
-"""Re-scoring stored traces: class-based environments rebuilt by replay, errored traces left unscored, the loop's
-own metrics kept, taskset options applied, and rescore outputs that never overwrite each other."""
+"""Re-scoring stored traces: class-based environments rebuilt by replay, a replay whose tools answer differently
+reported as diverged and left unscored, errored traces left unscored, the loop's own metrics kept, taskset options
+applied, and rescore outputs that never overwrite each other."""
 
 import json
 import re
@@ -11,7 +12,7 @@ import tracegym as tg
 from tracegym.cli.main import main
 from tracegym.core.trace import RewardScore
 from tracegym.envs.rollout import Timeouts
-from tracegym.eval.rescore import rescore_trace
+from tracegym.eval.rescore import rescore, rescore_trace
 from tracegym.testing import FakeOpenAIServer, ScriptedModel, reply, tool_call
 from tracegym.testing.script import Fail
 
@@ -115,3 +116,92 @@ def test_two_rescores_in_the_same_second_write_separate_files(say_run, monkeypat
     assert main(["rescore", str(say_run), "--taskset.ignore-case", "true"]) == 0
     assert len(list(say_run.glob("traces.rescored-*.jsonl"))) == 2
     assert sorted(json.loads(p.read_text())["reward"] for p in say_run.glob("summary.rescored-*.json")) == [0.0, 1.0]
+
+
+DICE = '''
+import itertools
+
+import tracegym as tg
+
+
+class Dice:
+    \"\"\"A die that rolls differently in every instance (a game seeded afresh each time it is built).\"\"\"
+
+    instances = itertools.count(1)
+
+    def reset(self, **fields):
+        self.seed = next(Dice.instances)
+        self.rolled = []
+
+    def roll(self) -> int:
+        \"\"\"Roll the die.
+
+        Args:
+        \"\"\"
+        self.rolled.append(self.seed % 6 + 1)
+        return self.rolled[-1]
+
+
+def even(task, trace):
+    return float(sum(task.env.rolled) % 2 == 0)
+
+
+class DiceGame(tg.EnvironmentTaskset):
+    def __init__(self, config=None):
+        super().__init__(Dice, config=config, id="dice", data=[{"prompt": "Roll twice."}], rewards=[even])
+'''
+
+
+def roll_twice(request):
+    answered = sum(1 for m in request.messages if m.role == "tool")
+    return reply(None, tool_call("roll", id=f"r{answered}")) if answered < 2 else "done"
+
+
+@pytest.fixture
+def dice_module(tmp_path):
+    module = tmp_path / "dice.py"
+    module.write_text(DICE)
+    return module
+
+
+async def dice_traces(dice_module, rollouts=2):
+    taskset = tg.load_taskset(f"{dice_module}:DiceGame")
+    return taskset, await tg.evaluate(taskset, ScriptedModel(rule=roll_twice), rollouts=rollouts)
+
+
+async def test_a_replay_whose_tool_answers_differ_is_reported_as_diverged(dice_module):
+    taskset, traces = await dice_traces(dice_module)
+    result = await rescore(taskset, traces, Timeouts())
+    assert [(d.task_key, d.rollout_index, d.call, d.tool) for d in result.diverged] == [
+        (traces[0].task_key, 0, 1, "roll"), (traces[1].task_key, 1, 1, "roll")]
+    assert [d.stored for d in result.diverged] == [t.messages[2].text for t in traces]
+    assert all(d.replayed.isdigit() and d.replayed != d.stored for d in result.diverged)
+
+
+async def test_a_diverged_trace_is_left_unscored_with_the_reason_on_it(dice_module):
+    taskset, traces = await dice_traces(dice_module, rollouts=1)
+    assert traces[0].reward is not None
+    [rescored] = (await rescore(taskset, traces, Timeouts())).traces
+    assert rescored.reward is None and [r.score for r in rescored.rewards.values()] == [None]
+    [error] = [e for e in rescored.errors if e.stage == "rescore"]
+    assert "diverged at tool call 1 (roll)" in error.message
+
+
+async def test_a_deterministic_environment_replays_without_divergence():
+    taskset, traces = await counter_traces()
+    result = await rescore(taskset, [zeroed(t) for t in traces], Timeouts())
+    assert result.diverged == [] and [t.reward for t in result.traces] == [1.0, 1.0]
+
+
+def test_rescore_command_lists_diverged_traces_and_writes_them_to_its_summary(dice_module, tmp_path, capsys):
+    with FakeOpenAIServer(rule=roll_twice) as server:
+        assert main(["eval", f"{dice_module}:DiceGame", "-r", "2", "--base-url", server.base_url, "--no-serve",
+                     "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
+    [run] = list((tmp_path / "out").glob("*/*"))
+    capsys.readouterr()
+    assert main(["rescore", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 traces diverged on replay" in out and "#1: tool call 1 (roll): stored" in out
+    [summary] = list(run.glob("summary.rescored-*.json"))
+    diverged = json.loads(summary.read_text())["diverged"]
+    assert [(d["rollout_index"], d["call"], d["tool"]) for d in diverged] == [(0, 1, "roll"), (1, 1, "roll")]

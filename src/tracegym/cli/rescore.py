@@ -1,6 +1,7 @@
 """`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of stored traces; no model calls.
 
 Writes `traces.rescored-<time>-<hex>.jsonl` and `summary.rescored-<time>-<hex>.json` beside the originals, which stay.
+Traces whose replay diverged (see `eval.rescore`) are counted and listed, here and under `diverged` in that summary.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from rich.console import Console
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import parse_eval_args
-from tracegym.eval.rescore import rescore
+from tracegym.eval.rescore import Divergence, rescore
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.summary import summarize, summary_table
+
+SHOWN = 20
+"""Diverged traces listed on the terminal (the summary file lists them all)."""
 
 
 def run(args: list[str]) -> int:
@@ -30,16 +34,31 @@ def run(args: list[str]) -> int:
     stored = folder.read_traces()
     if not stored.traces:
         raise UsageError(f"{folder.path} has no traces to rescore")
-    traces = asyncio.run(rescore(taskset, stored.traces, config.timeouts, config.concurrency))
+    result = asyncio.run(rescore(taskset, stored.traces, config.timeouts, config.concurrency))
+    traces = result.traces
     stamp = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)  # two rescores in one second stay apart
     folder.rewrite(traces, f"traces.rescored-{stamp}.jsonl")
     before = summarize(stored.traces, pass_threshold=config.pass_threshold)
     after = summarize(traces, pass_threshold=config.pass_threshold)
-    path = folder.write_summary(after.model_dump(mode="json"), f"summary.rescored-{stamp}.json")
+    record = {**after.model_dump(mode="json"), "diverged": [d.model_dump(mode="json") for d in result.diverged]}
+    path = folder.write_summary(record, f"summary.rescored-{stamp}.json")
     Console().print(summary_table(after, title=f"rescored: {folder.path}"))
     print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
+    _report_diverged(result.diverged, len(traces))
     print(f"wrote {folder.path / f'traces.rescored-{stamp}.jsonl'} and {path}")
     return 0
+
+
+def _report_diverged(diverged: list[Divergence], total: int) -> None:
+    """Name the traces whose replay answered differently; they were left unscored, not rescored."""
+    if not diverged:
+        return
+    print(f"{len(diverged)} of {total} traces diverged on replay (a tool answered differently than in the "
+          "rollout, so the environment state could not be rebuilt): left unscored, first differing call:")
+    for divergence in diverged[:SHOWN]:
+        print(f"  {divergence.describe()}")
+    if len(diverged) > SHOWN:
+        print(f"  ... and {len(diverged) - SHOWN} more (all under 'diverged' in the summary file)")
 
 
 def _num(value: float | None) -> str:

@@ -154,14 +154,15 @@ class Rollout:
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         self._count(LOOP_METRICS[0], len(calls))
         if self.task.parallel_tools:
-            results = await asyncio.gather(*(self._run_tool(c) for c in calls))
+            results = await asyncio.gather(*(self.run_tool(c) for c in calls))
         else:
-            results = [await self._run_tool(c) for c in calls]
+            results = [await self.run_tool(c) for c in calls]
         for call, text in zip(calls, results, strict=True):
             self.trace.graph.add(tool(text, tool_call_id=call.id, name=call.name))
 
-    async def _run_tool(self, call: ToolCall) -> str:
-        """One tool call; any failure is returned as the text the model sees, and recorded."""
+    async def run_tool(self, call: ToolCall) -> str:
+        """One tool call; any failure is returned as the text the model sees, and recorded (rescore replays
+        stored calls through this too, so its answers compare with the stored ones)."""
         stage = f"tool:{call.name}"
         impl = self.task.tool(call.name)
         try:

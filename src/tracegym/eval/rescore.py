@@ -1,8 +1,11 @@
 """Rescore: recompute rewards and metrics of stored traces with the current taskset code, without the model.
 
 Each trace gets a fresh Task. Tasks that keep state in an environment instance (class-based environments)
-have it rebuilt by replay: `setup` (reset with the task's fields), then every tool call of the trace's
-main branch again, in order; the tools' outputs are not compared. Rewards and metrics computed by scorers are
+have it rebuilt by replay: `setup` (reset with the task's fields), then every answered tool call of the trace's
+main branch again, in order, each through the rollout loop's own tool step; each answer is compared with the
+one the model saw. A replay that answers differently (a random game, a clock, a tool whose code changed) rebuilt
+some other state: the trace is reported as diverged and left unscored, with the first differing call recorded
+as an error at stage `rescore`, never scored on that other state. Rewards and metrics computed by scorers are
 replaced; the loop's own counts (tool calls, tool errors) and the trace's other errors are kept. A trace that
 ended on an error or timeout stays unscored, as it was.
 """
@@ -10,19 +13,72 @@ ended on an error or timeout stays unscored, as it was.
 from __future__ import annotations
 
 import asyncio
+import itertools
+
+from pydantic import BaseModel
 
 from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.messages import ToolCall
+from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.envs.environment import EnvironmentTask
-from tracegym.envs.rollout import LOOP_METRICS, Timeouts, score
+from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
 
 UNSCORED = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
+SHOWN = 80
+"""Characters of a stored or replayed answer kept in a divergence record."""
+
+
+class Divergence(BaseModel):
+    """A trace whose replay answered a tool call differently from the stored trace: where it first differed."""
+
+    task_key: str
+    rollout_index: int
+    call: int
+    """Position of the differing call among the trace's answered tool calls, from 1."""
+    tool: str
+    stored: str
+    """The answer the model saw in the rollout (shortened to `SHOWN` characters)."""
+    replayed: str
+    """The answer the replay got (shortened the same way)."""
+
+    def describe(self) -> str:
+        """One line: the trace and the call that differed, with both answers."""
+        return f"{self.task_key} #{self.rollout_index}: {self.call_differed()}"
+
+    def call_differed(self) -> str:
+        """The call that differed, with both answers."""
+        return f"tool call {self.call} ({self.tool}): stored {self.stored!r}, replayed {self.replayed!r}"
+
+
+class Rescored(BaseModel):
+    """Every trace rescored, in the order given, and the ones whose replay diverged (left unscored)."""
+
+    traces: list[Trace]
+    diverged: list[Divergence]
 
 
 async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> Trace:
-    """A copy of `trace` scored by the taskset's current scorers."""
+    """A copy of `trace` scored by the taskset's current scorers (unscored when its replay diverged)."""
+    new, _ = await _rescore(taskset, trace, timeouts)
+    return new
+
+
+async def rescore(taskset: Taskset, traces: list[Trace], timeouts: Timeouts, concurrency: int = 32) -> Rescored:
+    """Every trace rescored, in the same order, `concurrency` at a time, with the divergences found."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(trace: Trace) -> tuple[Trace, Divergence | None]:
+        async with gate:
+            return await _rescore(taskset, trace, timeouts)
+
+    done = await asyncio.gather(*(one(t) for t in traces))
+    return Rescored(traces=[t for t, _ in done], diverged=[d for _, d in done if d is not None])
+
+
+async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[Trace, Divergence | None]:
     new = trace.model_copy(deep=True)
     new.rewards = {}
     new.metrics = {k: v for k, v in trace.metrics.items() if k in LOOP_METRICS}
@@ -31,47 +87,61 @@ async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> T
         task = taskset.task(new.task)
     except Exception as exc:
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
-        return new
+        return new, None
     if trace.stop_reason in UNSCORED:
-        for scorer in task.scorers:
-            if scorer.kind == "reward":
-                new.rewards[scorer.name] = RewardScore(score=None, weight=scorer.weight)
-            elif scorer.kind == "metric":
-                new.metrics[scorer.name] = None
-        return new
+        _mark_unscored(task, new)
+        return new, None
+    divergence = None
     try:
-        await _replay(task, new, timeouts)  # setup and every tool call carry their own timeouts
-        await score(task, new, timeouts.scoring)
+        divergence = await _replay(task, new, timeouts)  # setup and every tool call carry their own timeouts
+        if divergence is None:
+            await score(task, new, timeouts.scoring)
+        else:
+            new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=(
+                f"replay diverged at {divergence.call_differed()}; left unscored")))
+            _mark_unscored(task, new)
     except Exception as exc:
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
     finally:
         await task.cleanup()
-    return new
+    return new, divergence
 
 
-async def rescore(taskset: Taskset, traces: list[Trace], timeouts: Timeouts, concurrency: int = 32) -> list[Trace]:
-    """Every trace rescored, in the same order, `concurrency` at a time."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(trace: Trace) -> Trace:
-        async with gate:
-            return await rescore_trace(taskset, trace, timeouts)
-
-    return list(await asyncio.gather(*(one(t) for t in traces)))
-
-
-async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> None:
-    """Rebuild an environment's state: setup, then the trace's tool calls in order (others need nothing)."""
+async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | None:
+    """Rebuild an environment's state (others need nothing): setup, then the trace's answered tool calls in order
+    through the loop's own tool step (same argument checks, error texts and timeouts as the rollout), stopping at
+    the first answer that differs from the stored one."""
     if not isinstance(task, EnvironmentTask):
-        return
+        return None
     await asyncio.wait_for(task.setup(), timeouts.setup)
-    for message in trace.messages:
-        for call in message.tool_calls:
-            tool = task.tool(call.name)
-            if tool is None:
-                continue
-            try:
-                await asyncio.wait_for(tool.call(call.parsed_arguments()), timeouts.tool)
-            except Exception:  # it failed in the rollout too (the model saw an error); replay goes on the same way
-                continue
+    # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
+    steps = Rollout(task, None, Sampling(), timeouts, Trace(task=task.data))  # type: ignore[arg-type]
+    for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
+        replayed = await steps.run_tool(call)
+        if replayed != stored:
+            return Divergence(task_key=trace.task_key, rollout_index=trace.rollout_index, call=position,
+                              tool=call.name, stored=_short(stored), replayed=_short(replayed))
+    return None
 
+
+def _answered_calls(trace: Trace) -> list[tuple[ToolCall, str]]:
+    """Each tool call on the trace's main branch with the answer the model saw: the tool messages right after its
+    assistant message, in call order. A call with no answer never ran in the rollout, so it is not replayed."""
+    messages = trace.messages
+    pairs: list[tuple[ToolCall, str]] = []
+    for i, message in enumerate(messages):
+        answers = itertools.takewhile(lambda m: m.role == "tool", messages[i + 1:])
+        pairs.extend(zip(message.tool_calls, (m.text for m in answers), strict=False))
+    return pairs
+
+
+def _mark_unscored(task: Task, trace: Trace) -> None:
+    for scorer in task.scorers:
+        if scorer.kind == "reward":
+            trace.rewards[scorer.name] = RewardScore(score=None, weight=scorer.weight)
+        elif scorer.kind == "metric":
+            trace.metrics[scorer.name] = None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
