@@ -1,14 +1,21 @@
 """Taskset: loads TaskData rows (a list or a lazy, possibly infinite generator) and builds a Task for each.
 
 Either subclass it (set `id`, `Config`, `task_class`, override `load`) or build one from rows and functions:
-`Taskset(id="qa", data=[...], rewards=[exact_match])`. `head(n)` and `shuffle(seed)` return new views.
+`Taskset(id="qa", data=[...], rewards=[exact_match])`. `head(n)` and `shuffle(seed)` return new views;
+`taskset[i]` and `taskset.row(key)` look one row up, reading no further than it.
+
+Every row has a key (its TaskData `id`): the one the taskset gives, else its position in `load()` order, set
+as the row is loaded. Views keep it (a shuffled row is still task "3"), traces record it, and a resumed run
+matches on it, so identical rows stay separate tasks and the key is the same on every run of the same data.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import difflib
 import itertools
+import operator
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -73,10 +80,45 @@ class Taskset:
         return self._data
 
     def __iter__(self) -> Iterator[TaskData]:
-        rows: Iterable[TaskData] = (self.as_data(r) for r in self.load())
+        rows: Iterable[TaskData] = (self.keyed(row, position) for position, row in enumerate(self.load()))
         for view in self._views:
             rows = view(rows)
         return iter(rows)
+
+    def keyed(self, row: Row, position: int) -> TaskData:
+        """Row `position` of `load()` as this taskset's TaskData with its key: its own id, else its position."""
+        data = self.as_data(row)
+        return data if data.id is not None else data.model_copy(update={"id": str(position)})
+
+    def __getitem__(self, index: int) -> TaskData:
+        """The row at `index` of this view, reading at most `index + 1` rows; a negative index counts from
+        the end, so it reads them all (and needs a bounded taskset)."""
+        if isinstance(index, str):
+            raise TypeError(f"taskset indices are positions; look a key up with taskset.row({index!r})")
+        index = operator.index(index)
+        if index < 0:
+            if not self._bounded:
+                raise UsageError(f"taskset {self.id!r} is infinite; bound it with head(n) before a negative index")
+            rows = list(self)
+            if -index > len(rows):
+                raise IndexError(f"taskset {self.id!r} has {len(rows)} tasks; no index {index}")
+            return rows[index]
+        read = collections.deque(enumerate(itertools.islice(self, index + 1)), maxlen=1)  # keeps only the last
+        if not read or read[0][0] < index:
+            raise IndexError(f"taskset {self.id!r} has {read[0][0] + 1 if read else 0} tasks; no index {index}")
+        return read[0][1]
+
+    def row(self, key: str, *, within: int | None = None) -> TaskData:
+        """The row whose key is `key`, searched in this view's order and read only as far as it; `within`
+        bounds the search to the first rows (an infinite taskset needs it). A KeyError when it is not there."""
+        if within is None and not self._bounded:
+            raise UsageError(f"taskset {self.id!r} is infinite; look a key up with row(key, within=N)")
+        rows = iter(self) if within is None else itertools.islice(self, within)
+        found = next((data for data in rows if data.key == key), None)
+        if found is None:
+            where = "" if within is None else f" in its first {within}"
+            raise KeyError(f"taskset {self.id!r} has no task with key {key!r}{where}")
+        return found
 
     @property
     def bounded(self) -> bool:
