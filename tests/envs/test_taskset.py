@@ -25,6 +25,21 @@ class Counting(tg.Taskset):
             yield {"prompt": f"q{i}", "answer": i}
 
 
+class Lazy(tg.Taskset):
+    """A finite generator taskset of ten rows that records how many it produced."""
+
+    id = "lazy"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.produced = 0
+
+    def load(self):
+        for i in range(10):
+            self.produced += 1
+            yield {"prompt": f"q{i}", "answer": i}
+
+
 class Target(tg.TaskData):
     target: int
     """A task-specific field."""
@@ -162,6 +177,43 @@ def test_task_data_is_immutable():
         data.prompt = "q"
 
 
+def test_identical_rows_are_distinct_tasks_keyed_by_position():
+    taskset = tg.Taskset(id="t", data=[{"prompt": "same"}] * 4)
+    assert [d.key for d in taskset] == ["0", "1", "2", "3"]
+
+
+def test_a_key_given_by_the_taskset_wins_over_the_position():
+    taskset = tg.Taskset(id="t", data=[{"prompt": "a", "id": "first"}, {"prompt": "a"}])
+    assert [d.key for d in taskset] == ["first", "1"]
+
+
+def test_shuffle_keeps_each_rows_key():
+    for data in tg.Taskset(id="t", data=ROWS).shuffle(seed=3):
+        assert data.key == str(data.answer)
+
+
+def test_a_lazy_taskset_keys_rows_by_their_position_in_load_order():
+    assert [d.key for d in Counting().shuffle(seed=1, bound=5)] == [str(d.answer) for d in
+                                                                    Counting().shuffle(seed=1, bound=5)]
+    assert [d.key for d in Counting().head(3)] == ["0", "1", "2"]
+
+
+def test_keys_are_the_same_on_every_pass():
+    taskset = tg.Taskset(id="t", data=[{"prompt": "same"}] * 3)
+    assert [d.key for d in taskset] == [d.key for d in taskset]
+
+
+def test_a_keyed_row_keeps_its_key_through_a_trace_on_disk():
+    data = list(tg.Taskset(id="t", data=[{"prompt": "same"}] * 3))[2]
+    back = tg.Trace.model_validate_json(tg.Trace(task=data).model_dump_json())
+    assert back.task_key == "2" and back.task.key == "2"
+
+
+def test_a_copy_with_another_id_has_that_key():
+    data = tg.TaskData(prompt="p")
+    assert data.key and data.model_copy(update={"id": "7"}).key == "7"
+
+
 def test_rows_become_the_tasksets_data_class_with_its_fields():
     [data] = Targets(data=[{"prompt": "p", "target": 3}])
     assert isinstance(data, Target) and data.target == 3
@@ -190,6 +242,67 @@ def test_row_with_a_wrong_type_is_named():
 def test_row_without_a_prompt_is_named():
     with pytest.raises(tg.UsageError, match=r"field 'prompt'"):
         list(tg.Taskset(id="t", data=[{"answer": 1}]))
+
+
+# --- lookup by index and key ----------------------------------------------------------------------------
+def test_index_gives_the_row_at_that_position():
+    assert tg.Taskset(id="t", data=ROWS)[3] == tg.TaskData(prompt="q3", answer=3, id="3")
+
+
+def test_index_of_a_lazy_taskset_reads_only_the_rows_up_to_it():
+    taskset = Lazy()
+    assert taskset[4].prompt == "q4" and taskset.produced == 5
+
+
+def test_index_of_an_infinite_taskset_reads_only_the_rows_up_to_it():
+    taskset = Counting()
+    assert taskset[6].key == "6" and taskset.produced == 7
+
+
+def test_index_of_a_view_follows_the_views_order():
+    shuffled = tg.Taskset(id="t", data=ROWS).shuffle(seed=2)
+    assert shuffled[5] == list(shuffled)[5]
+
+
+def test_negative_index_counts_from_the_end_of_a_bounded_taskset():
+    assert tg.Taskset(id="t", data=ROWS)[-1].prompt == "q19"
+
+
+def test_negative_index_of_an_infinite_taskset_is_a_usage_error():
+    with pytest.raises(tg.UsageError, match=r"'counting' is infinite.*head\(n\)"):
+        Counting()[-1]
+
+
+def test_index_past_the_end_is_an_index_error_naming_the_size():
+    with pytest.raises(IndexError, match=r"taskset 't' has 20 tasks; no index 20"):
+        tg.Taskset(id="t", data=ROWS)[20]
+
+
+def test_lookup_by_key_reads_only_the_rows_up_to_the_match():
+    taskset = Lazy()
+    assert taskset.row("3").prompt == "q3" and taskset.produced == 4
+
+
+def test_lookup_by_a_given_id():
+    taskset = tg.Taskset(id="t", data=[{"prompt": "a", "id": "alpha"}, {"prompt": "b", "id": "beta"}])
+    assert taskset.row("beta").prompt == "b"
+
+
+def test_lookup_of_a_missing_key_is_a_key_error_naming_it():
+    with pytest.raises(KeyError, match=r"taskset 't' has no task with key 'nope'"):
+        tg.Taskset(id="t", data=ROWS).row("nope")
+
+
+def test_lookup_by_key_in_an_infinite_taskset_needs_a_bound():
+    with pytest.raises(tg.UsageError, match=r"'counting' is infinite.*within="):
+        Counting().row("3")
+
+
+def test_lookup_by_key_in_an_infinite_taskset_searches_within_the_bound():
+    taskset = Counting()
+    assert taskset.row("3", within=10).prompt == "q3" and taskset.produced == 4
+    with pytest.raises(KeyError, match=r"no task with key '30' in its first 10"):
+        Counting().row("30", within=10)
 
 
 # --- config ----------------------------------------------------------------------------------------------

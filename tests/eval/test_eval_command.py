@@ -299,3 +299,73 @@ def test_a_taskset_option_flag_reaches_the_resolved_config(capsys):
     assert main(["eval", "arithmetic", "-n", "5", "--taskset.difficulty", "hard", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert 'difficulty = "hard"' in out and "max_digits = 3" in out and "num_ops = 3" in out
+
+
+SAME_ROWS = '''import tracegym as tg
+
+
+def reversed_answer(task, trace):
+    return trace.last_reply == task.data.answer
+
+
+def make(config=None):
+    return tg.Taskset(config, id="same", data=[{"prompt": "abc", "answer": "cba"}] * 4, rewards=[reversed_answer])
+'''
+
+
+def same_rows_args(server, tmp_path, *extra: str) -> list[str]:
+    """Eval args of a taskset of four identical rows, two rollouts each."""
+    path = tmp_path / "same_rows.py"
+    path.write_text(SAME_ROWS)
+    return ["eval", f"{path}:make", "-r", "2", "--base-url", server.base_url,
+            "--output-dir", str(tmp_path / "out"), "--no-rich", *extra]
+
+
+@pytest.mark.parametrize("where", [[], ["--no-serve"]], ids=["env-server", "in-process"])
+def test_identical_rows_are_separate_tasks_in_the_traces_and_the_summary(server, tmp_path, where):
+    assert main(same_rows_args(server, tmp_path, *where)) == 0
+    run = only_run(tmp_path / "out")
+    pairs = sorted((r["task_key"], r["rollout_index"]) for r in lines(run / "traces.jsonl"))
+    assert pairs == [(key, i) for key in "0123" for i in range(2)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_tasks"] == 4 and summary["rollouts_per_task"] == 2
+
+
+def test_resume_of_identical_rows_runs_exactly_the_missing_pairs(server, tmp_path, capsys):
+    assert main(same_rows_args(server, tmp_path)) == 0
+    run = only_run(tmp_path / "out")
+    records = lines(run / "traces.jsonl")[:2]  # killed after two traces
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = len(server.requests)
+    capsys.readouterr()
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    assert "eval: 6 rollouts to run" in capsys.readouterr().out
+    assert len(server.requests) - before == 6
+    pairs = sorted((r["task_key"], r["rollout_index"]) for r in lines(run / "traces.jsonl"))
+    assert pairs == [(key, i) for key in "0123" for i in range(2)]
+
+
+def test_resume_of_a_run_keyed_by_content_hash_is_refused_and_leaves_the_folder_alone(server, tmp_path, capsys):
+    assert main(same_rows_args(server, tmp_path)) == 0
+    run = only_run(tmp_path / "out")
+    old = []  # as tracegym wrote them before rows were keyed by position: no id, the key a hash of the row
+    for record in lines(run / "traces.jsonl")[:2]:
+        del record["task"]["id"]
+        record["task_key"] = "816892289a832bf3"
+        old.append(record)
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    before = snapshot(run)
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "2 trace(s) of task keys this taskset does not have ('816892289a832bf3')" in err
+    assert snapshot(run) == before
+
+
+def test_resume_refuses_a_stored_trace_whose_row_differs_from_the_tasksets(server, tmp_path, capsys):
+    assert main(same_rows_args(server, tmp_path)) == 0
+    run = only_run(tmp_path / "out")
+    records = lines(run / "traces.jsonl")[:2]
+    records[1]["task"]["prompt"] = "xyz"  # the dataset changed under the run
+    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 2
+    assert f"task {records[1]['task_key']!r} of traces.jsonl is not the taskset's row" in capsys.readouterr().err

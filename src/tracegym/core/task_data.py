@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -25,11 +24,12 @@ class TaskData(BaseModel):
     answer: Any = None
     """The reference answer, when the task has one."""
     id: str | None = None
-    """A stable id given by the taskset; when absent the key is a hash of the row."""
+    """The task's key: given by the taskset, or set to the row's position when the taskset loads it."""
 
-    @cached_property
+    @property
     def key(self) -> str:
-        """The stable task key: the taskset's id, or a hash of the row's canonical JSON."""
+        """The stable task key: the row's id (a taskset always sets one: given, or the row's position); a row
+        built by hand without an id falls back to a hash of its content (identical rows then share it)."""
         if self.id is not None:
             return self.id
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

@@ -13,6 +13,7 @@ from typing import IO
 
 from rich.console import Console
 
+from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
@@ -20,7 +21,7 @@ from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.eval_config import EvalConfig
-from tracegym.eval.run_folder import ERRORED, RunFolder
+from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
@@ -46,11 +47,13 @@ def plan(config: EvalConfig, folder: RunFolder, resume: bool) -> Plan:
     """What to run; on resume, keep the good traces, set the errored ones aside, and run the rest."""
     taskset = load_taskset(config.taskset.id, config.taskset_options())
     tasks = list(bounded_taskset(taskset, config.num_tasks))
+    check_unique_keys(taskset.id, tasks)
     expected = [(d, i) for d in tasks for i in range(config.rollouts)]
     if not resume:
         return Plan(taskset, expected, expected)
     folder.repair()
     stored = folder.read_traces().traces
+    check_same_tasks(stored, tasks, folder)
     wanted = {(d.key, i) for d, i in expected}
     good = {(t.task_key, t.rollout_index): t for t in stored
             if t.stop_reason not in RERUN and (t.task_key, t.rollout_index) in wanted}
@@ -61,6 +64,44 @@ def plan(config: EvalConfig, folder: RunFolder, resume: bool) -> Plan:
     folder.rewrite(good.values())
     todo = [(d, i) for d, i in expected if (d.key, i) not in good]
     return Plan(taskset, expected, todo, kept=list(good.values()))
+
+
+def check_unique_keys(taskset_id: str, tasks: list[TaskData]) -> None:
+    """A UsageError when the taskset gives two rows one key: their traces could not be told apart."""
+    seen: dict[str, int] = {}
+    for position, data in enumerate(tasks):
+        if data.key in seen:
+            raise UsageError(f"taskset {taskset_id!r} gives key {data.key!r} to tasks {seen[data.key]} and "
+                             f"{position}; task keys (TaskData.id) must be unique")
+        seen[data.key] = position
+
+
+def check_same_tasks(stored: list[Trace], tasks: list[TaskData], folder: RunFolder) -> None:
+    """A UsageError unless every stored trace is of a task the taskset still has, with the same row: a key is
+    a position or a given id, which names the same task only while the data is the same."""
+    rows = {d.key: d for d in tasks}
+    strangers = list(dict.fromkeys(t.task_key for t in stored if t.task_key not in rows))
+    if strangers:
+        count = sum(1 for t in stored if t.task_key not in rows)
+        shown = ", ".join(repr(k) for k in strangers[:3]) + (", ..." if len(strangers) > 3 else "")
+        raise UsageError(f"--resume {folder.path}: {TRACES} holds {count} trace(s) of task keys this taskset does "
+                         f"not have ({shown}): the taskset changed since the run started, or a tracegym that "
+                         "keyed rows by a hash of their content wrote them; start a new run")
+    changed = next((t for t in stored if t.task != rows[t.task_key]), None)
+    if changed is not None:
+        raise UsageError(f"--resume {folder.path}: task {changed.task_key!r} of {TRACES} is not the taskset's row "
+                         "with that key now (the taskset changed since the run started); start a new run")
+
+
+def check_complete(work: Plan, folder: RunFolder) -> None:
+    """An error unless the folder now holds a trace for every planned (task key, rollout index) pair."""
+    held = {(t.task_key, t.rollout_index) for t in folder.read_traces().traces}
+    missing = [(d.key, i) for d, i in work.expected if (d.key, i) not in held]
+    if missing:
+        key, index = missing[0]
+        raise InfrastructureError(f"{folder.path}: {len(missing)} of {len(work.expected)} rollouts have no trace "
+                                  f"after the run (first: task {key!r} #{index}); the traces that came back were "
+                                  f"of other task keys; --resume {folder.path} reruns them")
 
 
 async def run_rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: Endpoint, tally: Tally,
@@ -121,7 +162,9 @@ def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out:
             raise
         finally:
             folder.close()
-    return finish(config, folder, earlier + tally.elapsed, out, title)
+    summary = finish(config, folder, earlier + tally.elapsed, out, title)
+    check_complete(work, folder)
+    return summary
 
 
 def finish(config: EvalConfig, folder: RunFolder, wall_time: float, out: IO[str], title: str) -> Summary:
