@@ -104,9 +104,45 @@ def test_num_tasks_and_rollouts_per_task_count_every_trace():
     assert summary.num_tasks == 2 and summary.rollouts_per_task == 3
 
 
-def test_avg_at_k_uses_the_first_k_rollouts_by_index():
+def test_avg_at_k_is_the_mean_of_every_scored_rollout_of_each_task():
     traces = [_trace("a", 0.0, 2), _trace("a", 1.0, 0), _trace("a", 0.5, 1)]
-    assert summarize(traces).avg_at_k == {1: 1.0, 2: 0.75, 3: 0.5}
+    assert summarize(traces).avg_at_k == {1: 0.5, 2: 0.5, 3: 0.5}
+
+
+def test_avg_at_k_averages_per_task_means_over_the_tasks_with_k_scored_rollouts():
+    traces = [_trace("a", 1.0, 0), _trace("a", 0.0, 1), _trace("a", 0.0, 2), _trace("b", 1.0, 0),
+              _trace("b", None, 1), _trace("b", None, 2)]
+    summary = summarize(traces)
+    assert summary.avg_at_k[1] == pytest.approx((1 / 3 + 1.0) / 2)
+    assert summary.avg_at_k[2] == pytest.approx(1 / 3) and summary.avg_at_k[3] == pytest.approx(1 / 3)
+
+
+def test_the_number_of_tasks_behind_each_k_is_reported():
+    traces = [_trace("a", 1.0, i) for i in range(3)] + [_trace("b", 0.0, 0), _trace("b", None, 1)]
+    traces += [_trace("c", None, 0)]
+    assert summarize(traces).tasks_at_k == {1: 2, 2: 1, 3: 1}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pass_at_1_equals_avg_at_1_exactly_on_a_binary_reward_with_unequal_rollout_counts(seed):
+    rng = random.Random(seed)
+    traces = [_trace(f"t{t}", rng.choice([0.0, 1.0, None]), i) for t in range(7) for i in range(rng.randint(1, 9))]
+    summary = summarize(traces)
+    assert summary.pass_at_k[1] == summary.avg_at_k[1]
+    assert summary.pass_at_k_ci95[1] == summary.avg_at_k_ci95[1]
+
+
+def test_pass_at_k_and_avg_at_k_have_95_intervals_over_tasks():
+    traces = [_trace("a", 1.0, 0), _trace("a", 1.0, 1), _trace("b", 1.0, 0), _trace("b", 0.0, 1),
+              _trace("c", 0.0, 0), _trace("c", 0.0, 1)]
+    summary = summarize(traces)
+    assert summary.avg_at_k_ci95[2] == pytest.approx(1.96 * statistics.stdev([1.0, 0.5, 0.0]) / math.sqrt(3))
+    assert summary.pass_at_k_ci95[2] == pytest.approx(1.96 * statistics.stdev([1.0, 1.0, 0.0]) / math.sqrt(3))
+
+
+def test_an_interval_over_a_single_task_is_zero():
+    summary = summarize([_trace("a", 1.0, 0), _trace("a", 0.0, 1)])
+    assert summary.pass_at_k_ci95 == {1: 0.0, 2: 0.0} and summary.avg_at_k_ci95 == {1: 0.0, 2: 0.0}
 
 
 def test_tasks_with_fewer_than_k_scored_rollouts_are_skipped_for_that_k():
@@ -120,6 +156,8 @@ def test_tasks_with_fewer_than_k_scored_rollouts_are_skipped_for_that_k():
 def test_k_that_no_task_reaches_is_none():
     summary = summarize([_trace("a", 1.0, 0), _trace("a", None, 1)])
     assert summary.pass_at_k == {1: 1.0, 2: None} and summary.avg_at_k == {1: 1.0, 2: None}
+    assert summary.tasks_at_k == {1: 1, 2: 0}
+    assert "pass@2 / avg@2: - / - (0 tasks)" in summary_lines(summary)
 
 
 def test_pass_threshold_decides_what_passes():
@@ -161,7 +199,14 @@ def test_json_round_trip_is_lossless():
 def test_summary_lines_name_reward_and_pass_at_k():
     lines = summary_lines(summarize([_trace("a", 1.0, 0), _trace("a", 0.0, 1)], wall_time=1.0))
     assert "reward: 0.500 ± 0.980 (95% CI, std 0.707, n=2)" in lines
-    assert "pass@2 / avg@2: 1.000 / 0.500" in lines
+    assert "pass@2 / avg@2: 1.000 ± 0.000 / 0.500 ± 0.000 (1 task)" in lines
+
+
+def test_summary_lines_show_the_intervals_and_the_tasks_behind_each_k():
+    traces = [_trace("a", 1.0, 0), _trace("a", 0.0, 1), _trace("b", 0.0, 0), _trace("b", None, 1)]
+    lines = summary_lines(summarize(traces))
+    assert "pass@1 / avg@1: 0.250 ± 0.490 / 0.250 ± 0.490 (2 tasks)" in lines
+    assert "pass@2 / avg@2: 1.000 ± 0.000 / 0.500 ± 0.000 (1 task)" in lines
 
 
 def test_summary_table_renders_every_line():

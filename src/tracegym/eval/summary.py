@@ -6,15 +6,14 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 from pydantic import BaseModel, Field
 from rich.table import Table
 
 from tracegym.core.errors import ErrorKind
+from tracegym.core.interval import MeanCI, mean_ci
 from tracegym.core.trace import StopReason, Trace
-
-Z_95 = 1.96
-"""Normal quantile for a two-sided 95% confidence interval."""
 
 ERRORED = (StopReason.ERROR, StopReason.TIMEOUT)
 """Stop reasons that count a trace as errored."""
@@ -52,12 +51,19 @@ class Summary(BaseModel):
     """Each reward function's score, by name."""
     metrics: dict[str, Stat] = Field(default_factory=dict)
     """Each metric, by name."""
+    tasks_at_k: dict[int, int] = Field(default_factory=dict)
+    """For k = 1..rollouts_per_task, how many tasks have at least k scored rollouts: the tasks behind pass@k and
+    avg@k (a task with errored rollouts may count for small k only)."""
     pass_at_k: dict[int, float | None] = Field(default_factory=dict)
-    """Unbiased pass@k for k = 1..rollouts_per_task, averaged over the tasks with at least k scored rollouts;
-    None where no task has that many."""
+    """Unbiased pass@k of each task from all its scored rollouts, averaged over the `tasks_at_k` tasks; None
+    where no task has k scored rollouts."""
+    pass_at_k_ci95: dict[int, float] = Field(default_factory=dict)
+    """Half-width of the 95% confidence interval of `pass_at_k` over those tasks; 0 below two tasks."""
     avg_at_k: dict[int, float | None] = Field(default_factory=dict)
-    """Mean over tasks of the mean reward of each task's first k scored rollouts (by rollout index), over the tasks
-    with at least k scored rollouts; None where no task has that many."""
+    """Mean reward of each task over all its scored rollouts, averaged over the `tasks_at_k` tasks (on a 0/1
+    reward avg@1 equals pass@1); None where no task has k scored rollouts."""
+    avg_at_k_ci95: dict[int, float] = Field(default_factory=dict)
+    """Half-width of the 95% confidence interval of `avg_at_k` over those tasks; 0 below two tasks."""
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
     """For every error kind, how many traces recorded at least one error of it."""
     errored_traces: int = 0
@@ -83,23 +89,26 @@ def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time
     counts = Counter(t.task_key for t in traces)
     k_max = max(counts.values(), default=0)
     scored = _scored_by_task(traces)
-    scores = [t.reward for t in traces if t.reward is not None]
-    std = statistics.stdev(scores) if len(scores) > 1 else 0.0
+    reward = mean_ci([t.reward for t in traces if t.reward is not None])
+    at_k = {k: _at_k(scored, k, pass_threshold) for k in range(1, k_max + 1)}
     n = len(traces)
     completion = sum(t.usage.completion_tokens for t in traces)
     return Summary(
         num_traces=n,
-        num_scored=len(scores),
+        num_scored=reward.n,
         num_tasks=len(counts),
         rollouts_per_task=k_max,
         pass_threshold=pass_threshold,
-        reward=statistics.fmean(scores) if scores else None,
-        reward_std=std,
-        reward_ci95=Z_95 * std / math.sqrt(len(scores)) if len(scores) > 1 else 0.0,
+        reward=reward.mean,
+        reward_std=reward.std,
+        reward_ci95=reward.half_width,
         rewards=_stats((name, r.score) for t in traces for name, r in t.rewards.items()),
         metrics=_stats(item for t in traces for item in t.metrics.items()),
-        pass_at_k={k: _mean_pass_at_k(scored, k, pass_threshold) for k in range(1, k_max + 1)},
-        avg_at_k={k: _mean_avg_at_k(scored, k) for k in range(1, k_max + 1)},
+        tasks_at_k={k: passes.n for k, (passes, _) in at_k.items()},
+        pass_at_k={k: passes.mean for k, (passes, _) in at_k.items()},
+        pass_at_k_ci95={k: passes.half_width for k, (passes, _) in at_k.items()},
+        avg_at_k={k: avgs.mean for k, (_, avgs) in at_k.items()},
+        avg_at_k_ci95={k: avgs.half_width for k, (_, avgs) in at_k.items()},
         errors_by_kind={kind.value: sum(1 for t in traces if t.has_error(kind)) for kind in ErrorKind},
         errored_traces=sum(1 for t in traces if t.stop_reason in ERRORED),
         stop_reasons=dict(Counter(t.stop_reason.value if t.stop_reason else "none" for t in traces)),
@@ -113,31 +122,27 @@ def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one task with n samples, c of them passing: 1 - C(n-c, k) / C(n, k), in product form."""
+    """Unbiased pass@k of one task with n samples, c of them passing: 1 - C(n-c, k) / C(n, k), computed exactly
+    and rounded once, so pass@1 is c / n to the last bit (the mean of a 0/1 reward)."""
     if not 0 < k <= n or not 0 <= c <= n:
         raise ValueError(f"pass@k needs 0 < k <= n and 0 <= c <= n (got n={n}, c={c}, k={k})")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
 def _scored_by_task(traces: Iterable[Trace]) -> dict[str, list[float]]:
-    """Each task key's scored total rewards, ordered by rollout index."""
-    by_task: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    """Each task key's scored total rewards."""
+    by_task: dict[str, list[float]] = defaultdict(list)
     for trace in traces:
         if trace.reward is not None:
-            by_task[trace.task_key].append((trace.rollout_index, trace.reward))
-    return {key: [reward for _, reward in sorted(pairs, key=lambda p: p[0])] for key, pairs in by_task.items()}
+            by_task[trace.task_key].append(trace.reward)
+    return by_task
 
 
-def _mean_pass_at_k(scored: dict[str, list[float]], k: int, threshold: float) -> float | None:
-    values = [pass_at_k(len(rs), sum(r >= threshold for r in rs), k) for rs in scored.values() if len(rs) >= k]
-    return statistics.fmean(values) if values else None
-
-
-def _mean_avg_at_k(scored: dict[str, list[float]], k: int) -> float | None:
-    values = [statistics.fmean(rs[:k]) for rs in scored.values() if len(rs) >= k]
-    return statistics.fmean(values) if values else None
+def _at_k(scored: dict[str, list[float]], k: int, threshold: float) -> tuple[MeanCI, MeanCI]:
+    """pass@k and avg@k over the tasks with at least k scored rollouts, each task's from all its scored rollouts."""
+    tasks = [rewards for rewards in scored.values() if len(rewards) >= k]
+    passes = [pass_at_k(len(rewards), sum(r >= threshold for r in rewards), k) for rewards in tasks]
+    return mean_ci(passes), mean_ci([statistics.fmean(rewards) for rewards in tasks])
 
 
 def _stats(items: Iterable[tuple[str, float | None]]) -> dict[str, Stat]:
@@ -176,7 +181,7 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
     rows += [(f"metric/{name}", _stat_text(stat)) for name, stat in s.metrics.items()]
     if s.pass_at_k:
         rows.append(("pass threshold", f"reward >= {s.pass_threshold:g}"))
-    rows += [(f"pass@{k} / avg@{k}", f"{_num(s.pass_at_k[k])} / {_num(s.avg_at_k.get(k))}") for k in s.pass_at_k]
+    rows += [(f"pass@{k} / avg@{k}", _at_k_text(s, k)) for k in s.pass_at_k]
     rows += [
         ("errors", _counts_text(s.errors_by_kind)),
         ("ended by error / timeout", str(s.errored_traces)),
@@ -199,6 +204,17 @@ def _reward_text(s: Summary) -> str:
     if s.reward is None:
         return "-"
     return f"{s.reward:.3f} ± {s.reward_ci95:.3f} (95% CI, std {s.reward_std:.3f}, n={s.num_scored})"
+
+
+def _at_k_text(s: Summary, k: int) -> str:
+    """`pass ± ci / avg ± ci (n tasks)`; the intervals are over tasks."""
+    tasks = s.tasks_at_k.get(k, 0)
+    return (f"{_interval(s.pass_at_k[k], s.pass_at_k_ci95.get(k, 0.0))} / "
+            f"{_interval(s.avg_at_k.get(k), s.avg_at_k_ci95.get(k, 0.0))} ({tasks} task{'' if tasks == 1 else 's'})")
+
+
+def _interval(value: float | None, ci95: float) -> str:
+    return "-" if value is None else f"{value:.3f} ± {ci95:.3f}"
 
 
 def _stat_text(stat: Stat) -> str:
