@@ -1,8 +1,13 @@
 """Fake OpenAI server: real HTTP on loopback in the vLLM response shape."""
 
+import asyncio
+import contextlib
+import threading
+import time
+
 import aiohttp
 
-from tracegym.testing import FakeOpenAIServer
+from tracegym.testing import FakeOpenAIServer, Stall
 
 
 async def test_returns_scripted_reply_with_token_ids_and_logprobs():
@@ -62,3 +67,22 @@ async def test_include_stop_str_in_output_keeps_the_stop_string_in_the_text():
     with FakeOpenAIServer(["one END two"], renderer=CharRenderer()) as server:
         choice = await token_completion(server, stop=["END"], include_stop_str_in_output=True)
     assert choice["text"] == "one END" and choice["token_ids"] == [*map(ord, "one END")]
+
+
+async def test_stop_returns_promptly_while_a_request_hangs():
+    arrived = threading.Event()
+
+    def hang(request):
+        arrived.set()
+        return Stall(None)
+
+    with FakeOpenAIServer(rule=hang) as server:
+        async with aiohttp.ClientSession() as http:
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+            request = asyncio.create_task(http.post(server.base_url + "/chat/completions", json=body))
+            assert await asyncio.to_thread(arrived.wait, 10)
+            start = time.monotonic()
+            server.stop()
+            assert time.monotonic() - start < 5
+            with contextlib.suppress(aiohttp.ClientError):
+                await request

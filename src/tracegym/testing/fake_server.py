@@ -2,7 +2,8 @@
 
 It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
 `token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
-context limit (answered with vLLM's 400) are configurable. Given a renderer, it also answers vLLM's
+context limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung
+endpoint), and stopping the server cuts it. Given a renderer, it also answers vLLM's
 `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
 empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
 renderer's completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept
@@ -97,7 +98,8 @@ class FakeOpenAIServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._token_completion)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A request still stalled at stop is cut after a moment rather than awaited (aiohttp's default: 60 s).
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
