@@ -144,3 +144,54 @@ async def test_stop_past_the_scoring_timeout_ends_the_rollout_with_a_timeout_nam
     [trace] = await tg.evaluate(taskset(stops=(stuck,)), three_turns(), timeouts=tg.Timeouts(scoring=0.05))
     assert trace.stop_reason == tg.StopReason.TIMEOUT
     assert [(e.kind, e.stage) for e in trace.errors] == [(tg.ErrorKind.TIMEOUT, "stop:stuck")]
+
+
+# --- a TimeoutError the stage raises itself --------------------------------------------------------------
+async def test_a_timeout_error_raised_by_a_reward_is_a_task_error_saying_how_long_it_took():
+    @tg.reward
+    def remote(task, trace):
+        raise TimeoutError("socket")
+
+    ts = taskset(tg.Task, stops=(), rewards=(remote, said_three))
+    [trace] = await tg.evaluate(ts, ScriptedModel(["3"]))
+    assert trace.rewards["remote"].score is None and trace.rewards["said_three"].score == 1.0
+    [error] = trace.errors
+    assert (error.kind, error.stage) == (tg.ErrorKind.TASK, "scoring:remote")
+    assert error.message.startswith("TimeoutError: socket (raised by the stage itself after 0.")
+    assert "within its 60 s limit" in error.message
+
+
+async def test_a_timeout_error_raised_by_the_env_response_is_a_task_error_not_a_stage_timeout():
+    class Flaky(tg.Task):
+        async def env_response(self, trace):
+            raise TimeoutError("socket")
+
+    [trace] = await tg.evaluate(taskset(Flaky, stops=()), ScriptedModel(["3"]))
+    assert trace.stop_reason == tg.StopReason.ERROR and trace.failure == "task"
+    [error] = trace.errors
+    assert (error.kind, error.stage) == (tg.ErrorKind.TASK, "env_response")
+    assert error.message.startswith("TimeoutError: socket (raised by the stage itself")
+
+
+def fetch(url: str) -> str:
+    """Fetch a page.
+
+    Args:
+        url: Where.
+    """
+    raise TimeoutError("socket")
+
+
+async def test_a_timeout_error_raised_by_a_tool_is_a_tool_error_the_model_sees():
+    ts = tg.Taskset(id="t", data=[{"prompt": "1+2?"}], rewards=[said_three], tools=[fetch])
+    [trace] = await tg.evaluate(ts, ScriptedModel([reply(None, tool_call("fetch", {"url": "x"})), "3"]))
+    assert trace.ok and trace.reward == 1.0
+    [error] = trace.errors
+    assert (error.kind, error.stage) == (tg.ErrorKind.TOOL, "tool:fetch")
+    assert trace.messages[2].text.startswith("Error: TimeoutError: socket (raised by the stage itself")
+
+
+async def test_a_stage_past_its_deadline_says_which_stage_and_the_limit():
+    [trace] = await tg.evaluate(taskset(HangingResponse, stops=()), ScriptedModel(["3"]),
+                                timeouts=tg.Timeouts(env_response=0.05))
+    assert trace.errors[0].message == "env_response timed out: the stage ran past 0.05 s"

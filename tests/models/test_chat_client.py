@@ -2,6 +2,8 @@
 
 import asyncio
 import socket
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -318,3 +320,91 @@ async def test_max_connections_caps_the_pool():
     async with tiny as base_url, ChatClient(endpoint.model_copy(update={"base_url": base_url})) as client:
         await asyncio.gather(*(client.complete(HELLO) for _ in range(10)))
     assert tiny.calls == 10 and len(set(tiny.ports)) <= 2
+
+
+# --- the model stage's deadline and cancellation ---------------------------------------------------------
+def hung_endpoint() -> tuple[FakeOpenAIServer, threading.Event]:
+    """A fake endpoint that never answers, and an event set when a request has reached it."""
+    arrived = threading.Event()
+
+    def hang(request):
+        arrived.set()
+        return Stall(None)
+
+    return FakeOpenAIServer(rule=hang), arrived
+
+
+async def test_a_model_timeout_through_the_http_client_ends_the_rollout_as_a_timeout_at_its_deadline():
+    fake, _ = hung_endpoint()
+    with fake:
+        async with ChatClient(Endpoint(base_url=fake.base_url, model=fake.model, timeout=0.5)) as client:
+            start = time.monotonic()
+            [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, timeouts=tg.Timeouts(model=0.5))
+            elapsed = time.monotonic() - start
+    assert elapsed < 2  # the stage's 0.5 s, not 4 attempts of 0.5 s plus their backoff
+    assert trace.stop_reason == tg.StopReason.TIMEOUT
+    [error] = trace.errors
+    assert (error.kind, error.stage) == (tg.ErrorKind.TIMEOUT, "model")
+    assert "ran past 0.5 s" in error.message and "attempts" not in error.message
+
+
+async def test_the_model_timeout_bounds_the_retries_and_their_backoff():
+    with FakeOpenAIServer(["ok"], fail_first=100, fail_status=503) as fake:
+        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=10, backoff=0.2)
+        async with ChatClient(endpoint) as client:
+            start = time.monotonic()
+            [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, timeouts=tg.Timeouts(model=0.5))
+            elapsed = time.monotonic() - start
+    assert elapsed < 2 and trace.stop_reason == tg.StopReason.TIMEOUT
+    assert [(e.kind, e.stage) for e in trace.errors] == [(tg.ErrorKind.TIMEOUT, "model")]
+
+
+async def test_a_caller_deadline_equal_to_the_http_timeout_is_not_retried_past():
+    fake, _ = hung_endpoint()
+    with fake:
+        async with client_for(fake, timeout=0.5, backoff=0.5) as client:
+            start = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.complete(HELLO), 0.5)
+            elapsed = time.monotonic() - start
+    assert elapsed < 2 and len(fake.requests) == 1
+
+
+async def test_cancelling_a_call_in_flight_ends_it_at_once():
+    fake, arrived = hung_endpoint()
+    with fake:
+        async with client_for(fake) as client:
+            call = asyncio.create_task(client.complete(HELLO))
+            assert await asyncio.to_thread(arrived.wait, 10)
+            call.cancel()
+            await asyncio.wait({call}, timeout=2)
+    assert call.cancelled() and len(fake.requests) == 1
+
+
+class StuckBackoff:
+    """A backoff that says when it starts and then waits until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.started.set()
+        await asyncio.Event().wait()
+
+
+async def test_cancelling_a_call_in_its_backoff_ends_it_without_another_attempt():
+    backoff = StuckBackoff()
+    with FakeOpenAIServer(["ok"], fail_first=100, fail_status=503) as fake:
+        async with ChatClient(Endpoint(base_url=fake.base_url, model=fake.model), sleep=backoff) as client:
+            call = asyncio.create_task(client.complete(HELLO))
+            await backoff.started.wait()
+            call.cancel()
+            await asyncio.wait({call}, timeout=2)
+    assert call.cancelled() and len(fake.requests) == 1
+
+
+def test_by_default_one_http_attempt_never_outlives_the_model_stage():
+    from tracegym.models.launch import ModelChoice
+
+    stage = tg.Timeouts().model
+    assert Endpoint(base_url="http://x/v1", model="m").timeout <= stage and ModelChoice().timeout <= stage

@@ -20,6 +20,7 @@ from tracegym.core.errors import (
     ContextLengthError,
     ErrorKind,
     StageTimeout,
+    TaskError,
     TraceError,
     TracegymError,
 )
@@ -42,7 +43,9 @@ class Timeouts(BaseModel):
     setup: float = 60.0
     """Task setup (e.g. starting a sandbox)."""
     model: float = 300.0
-    """One model call."""
+    """One model call, every HTTP attempt and retry backoff included: at this deadline the call is cancelled
+    and the rollout ends as a timeout. Each attempt also has its own limit (`Endpoint.timeout`, at most this
+    one by default), which only matters below it: a hung attempt is then retried within the stage."""
     tool: float = 60.0
     """One tool call. A sync tool still running then is abandoned, not killed (Python cannot kill a thread):
     the rollout moves on and its daemon thread runs on without holding a slot (see `envs.thread_lane`)."""
@@ -206,13 +209,11 @@ class Rollout:
 
     # --- helpers -----------------------------------------------------------------------------------------
     async def _timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
-        """Await one stage under its timeout and record its span; a timeout raises StageTimeout."""
+        """Await one stage within its timeout (see `within`) and record its span."""
         self._stage = stage
         start = self._now()
         try:
-            return await asyncio.wait_for(aw, timeout)
-        except TimeoutError:
-            raise StageTimeout(f"{stage} timed out after {timeout}s") from None
+            return await within(stage, aw, timeout)
         finally:
             turn = self.turn if stage != "setup" else None
             self.trace.spans.append(Span(name=stage, start=start, end=self._now(), turn=turn))
@@ -246,24 +247,38 @@ class Rollout:
         return time.monotonic() - self._t0
 
 
+async def within(stage: str, aw: Awaitable[T], timeout: float) -> T:
+    """Await one stage's `aw` for at most `timeout` seconds: StageTimeout when that deadline passes. Anything
+    the stage raises itself propagates, a TimeoutError too (a socket's, say), with how long the stage took: it
+    is the stage's own failure, not a timeout of ours."""
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            return await aw
+    except TimeoutError as exc:
+        if deadline.expired():
+            raise StageTimeout(f"{stage} timed out: the stage ran past {timeout:g} s") from None
+        said = f"{exc} " if str(exc) else ""
+        raise TimeoutError(f"{said}(raised by the stage itself after {time.monotonic() - start:.2f} s, "
+                           f"within its {timeout:g} s limit)") from exc
+
+
 async def score(task: Task, trace: Trace, timeout: float, turn: int | None = None) -> None:
-    """Run every reward and metric of `task` on `trace` (in order); one that raises or runs past `timeout`
-    is recorded as an error and scored None. Used at the end of a rollout and to re-score stored traces."""
+    """Run every reward and metric of `task` on `trace` (in order); one that raises, runs past `timeout` or
+    returns something other than a number is recorded as an error and scored None. Used at the end of a
+    rollout and to re-score stored traces."""
     for scorer in task.scorers:
         if scorer.kind == "stop":
             continue
         stage = f"scoring:{scorer.name}"
+        result: float | None = None
         try:
-            value = await asyncio.wait_for(task.call_scorer(scorer, trace), timeout)
-            result: float | None = float(value)
-        except TimeoutError:
-            result = None
-            trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=f"exceeded {timeout}s",
-                                           turn=turn))
+            result = float(await within(stage, task.call_scorer(scorer, trace), timeout))
+        except StageTimeout as exc:
+            trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=str(exc), turn=turn))
         except Exception as exc:
-            result = None
-            trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=f"{type(exc).__name__}: {exc}",
-                                           turn=turn))
+            said = str(exc) if type(exc) is TaskError else f"{type(exc).__name__}: {exc}"
+            trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=said, turn=turn))
         _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
 
 

@@ -1,12 +1,14 @@
 """Chat client: the model client for any OpenAI-compatible chat-completions endpoint (vLLM, OpenAI, others).
 
 One aiohttp session per client and event loop is shared by every concurrent call. Connection errors,
-timeouts, HTTP 429 and 5xx are retried with exponential backoff; other 4xx are not (a context-length 400
-becomes ContextLengthError so the rollout ends as truncated). When the endpoint returns them (vLLM with
-`return_token_ids` and `logprobs`), the exact prompt and completion token ids and logprobs come back on the
-response. Tool calls are kept with their raw argument text: malformed JSON is surfaced when the call runs. When
-the endpoint's tool parser fails (vLLM's hermes parser then returns the `<tool_call>` blocks as plain content),
-the blocks are parsed here instead, so a malformed call still reaches the rollout as a (failing) tool call.
+attempts past `Endpoint.timeout`, HTTP 429 and 5xx are retried with exponential backoff; other 4xx are not (a
+context-length 400 becomes ContextLengthError so the rollout ends as truncated). A caller's deadline (a
+rollout's model stage) cancels the whole call, retries and backoff included, and is never retried. When the
+endpoint returns them (vLLM with `return_token_ids` and `logprobs`), the exact prompt and completion token ids
+and logprobs come back on the response. Tool calls are kept with their raw argument text: malformed JSON is
+surfaced when the call runs. When the endpoint's tool parser fails (vLLM's hermes parser then returns the
+`<tool_call>` blocks as plain content), the blocks are parsed here instead, so a malformed call still reaches
+the rollout as a (failing) tool call.
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ class ChatClient:
         session = self._sessions.get(loop)
         if session is None or session.closed:
             connector = aiohttp.TCPConnector(limit=self.endpoint.max_connections, ttl_dns_cache=300)
-            timeout = aiohttp.ClientTimeout(total=self.endpoint.timeout)
-            session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers)
+            # No aiohttp timeout: each attempt runs under `asyncio.timeout` instead. aiohttp's own timer, firing
+            # with a caller's deadline (a rollout's model stage), reports the caller's cancellation as its own
+            # TimeoutError, which was retried: the call outlived the deadline and ended as an infrastructure error.
+            session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(),
+                                            headers=self._headers)
             self._sessions = {lp: s for lp, s in self._sessions.items() if not lp.is_closed()}
             self._sessions[loop] = session
         return session
@@ -90,7 +95,8 @@ class ChatClient:
         return parse_response(data, require_tokens=self.endpoint.tokens == "on", tools_offered=bool(request.tools))
 
     async def _retrying(self, call: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-        """Await `call()` until it succeeds, retrying transient failures with jittered exponential backoff."""
+        """Await `call()` until it succeeds, retrying transient failures with jittered exponential backoff.
+        Only those are caught: a cancellation (a caller's deadline) ends the call at once, in flight or in backoff."""
         attempts = self.endpoint.max_retries + 1
         for attempt in range(attempts):
             try:
@@ -116,10 +122,12 @@ class ChatClient:
     async def _send(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST `body` and return the JSON reply; the one place HTTP failures become tracegym errors."""
         try:
-            async with self._session().post(url, json=body) as http:
+            async with asyncio.timeout(self.endpoint.timeout), self._session().post(url, json=body) as http:
                 text = await http.text()
                 status, version = http.status, policy_version.read(http.headers)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+        except TimeoutError:
+            raise _Retryable(f"TimeoutError: no reply within {self.endpoint.timeout:g} s") from None
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
         if status == 200:
             data = _json(text)

@@ -22,8 +22,12 @@ class Endpoint(BaseModel):
     """The model name the endpoint serves."""
     api_key_env: str | None = "OPENAI_API_KEY"
     """Environment variable holding the API key; None (or unset) sends no key."""
-    timeout: float = 600.0
-    """Seconds one HTTP call may take, retries not included."""
+    timeout: float = 300.0
+    """Seconds one HTTP attempt may take; a slower one is retried like a connection error. In a rollout the
+    model stage (`Timeouts.model`, also 300 s by default) bounds the whole call, every attempt and backoff
+    included, and cancels it at its deadline whatever this says, so an attempt never outlives what is left of
+    the stage and a hung endpoint holds a rollout's slot no longer than the stage. Keep this at most the
+    stage's timeout (`tracegym eval` sets it equal); lower, a hung attempt is retried within the stage."""
     max_retries: int = Field(default=3, ge=0)
     """Retries after a connection error, a timeout, HTTP 429 or 5xx; never after another 4xx."""
     backoff: float = Field(default=0.5, ge=0)

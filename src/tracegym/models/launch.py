@@ -41,8 +41,8 @@ class ModelChoice(BaseModel):
     """Context length of a vLLM server we start."""
     vllm_args: list[str] = Field(default_factory=list)
     """Extra flags for a vLLM server we start."""
-    timeout: float = 600.0
-    """Seconds one model call may take."""
+    timeout: float = 300.0
+    """Seconds one HTTP attempt of a model call may take (`Endpoint.timeout`)."""
     max_retries: int = 3
     """Retries of a model call after a connection error, 429 or 5xx."""
     client: Literal["chat", "tokens"] = "chat"

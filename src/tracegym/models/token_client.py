@@ -11,6 +11,7 @@ retries and error mapping are the chat client's.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -46,7 +47,7 @@ class TokenClient(ChatClient):
         if self._max_model_len is None:
             url = self.endpoint.base_url.rstrip("/") + "/models"
             try:
-                async with self._session().get(url) as http:
+                async with asyncio.timeout(self.endpoint.timeout), self._session().get(url) as http:
                     listed = (await http.json()).get("data", [])
             except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
                 return None

@@ -78,11 +78,20 @@ class FakeOpenAIServer:
     def stop(self) -> None:
         if self._loop is None or self._runner is None:
             return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread:
             self._thread.join(10)
         self._loop = None
+
+    async def _shutdown(self) -> None:
+        """Stop serving, then end the handlers still stalled (left pending, they would warn when collected)."""
+        assert self._runner is not None
+        await self._runner.cleanup()
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def __enter__(self) -> FakeOpenAIServer:
         return self.start()
