@@ -1,5 +1,7 @@
 """Scorers: rewards, metrics and stops as methods or plain functions, sync or async, with weights and order."""
 
+from fractions import Fraction
+
 import pytest
 
 import tracegym as tg
@@ -310,3 +312,39 @@ async def test_an_override_set_to_none_is_no_longer_a_scorer():
 
     trace = await run(taskset_of(Derived))
     assert not trace.rewards and "length" not in trace.metrics
+
+
+# --- what a reward or metric may return ------------------------------------------------------------------
+@pytest.mark.parametrize("kind", [tg.reward, tg.metric])
+async def test_a_scorer_that_returns_a_string_is_a_task_error_naming_it_and_the_type(kind):
+    @kind
+    def half(task, trace):
+        return "0.5"
+
+    options = {"rewards": [half]} if kind is tg.reward else {"metrics": [half]}
+    trace = await run(tg.Taskset(id="t", data=[ROW], **options))
+    scored = trace.rewards["half"].score if kind is tg.reward else trace.metrics["half"]
+    assert scored is None
+    [error] = trace.errors
+    assert (error.kind, error.stage) == (tg.ErrorKind.TASK, "scoring:half")
+    assert "'half' returned str '0.5'" in error.message and "number" in error.message
+
+
+async def test_a_reward_that_returns_none_is_a_task_error():
+    def forgot(task, trace):
+        float(trace.last_reply == "yes")
+
+    trace = await run(tg.Taskset(id="t", data=[ROW], rewards=[forgot]))
+    assert trace.rewards["forgot"].score is None and "returned NoneType" in trace.errors[0].message
+
+
+async def test_any_real_number_or_bool_is_a_score_numpy_scalars_included():
+    np = pytest.importorskip("numpy")
+    values = {"boolean": True, "integer": 2, "fraction": Fraction(1, 4), "np_float": np.float32(0.5),
+              "np_int": np.int64(3), "np_bool": np.bool_(True)}
+    metrics = [tg.metric(lambda task, trace, v=v: v, name=name) for name, v in values.items()]
+    trace = await run(tg.Taskset(id="t", data=[ROW], metrics=metrics))
+    assert trace.errors == []
+    assert {name: trace.metrics[name] for name in values} == {
+        "boolean": 1.0, "integer": 2.0, "fraction": 0.25, "np_float": 0.5, "np_int": 3.0, "np_bool": 1.0}
+    assert all(type(trace.metrics[name]) is float for name in values)

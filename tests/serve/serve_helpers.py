@@ -46,10 +46,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(options: dict | None = None, **kwargs: Any) -> Iterator[EnvServer]:
-    """An EnvServer for the echo taskset serving in a thread, its workers ready; stopped (and checked) on exit."""
+def running_server(options: dict | None = None, spec: str = SPEC, **kwargs: Any) -> Iterator[EnvServer]:
+    """An EnvServer for the echo taskset (or `spec`'s) serving in a thread, its workers ready; stopped (and
+    checked) on exit."""
     kwargs.setdefault("size", PoolSize(min=1))
-    server = EnvServer(SPEC, options or {}, **kwargs)
+    server = EnvServer(spec, options or {}, **kwargs)
     server.bind()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()

@@ -273,11 +273,11 @@ async def score(task: Task, trace: Trace, timeout: float, turn: int | None = Non
         stage = f"scoring:{scorer.name}"
         result: float | None = None
         try:
-            result = float(await within(stage, task.call_scorer(scorer, trace), timeout))
+            result = scorer.number(await within(stage, task.call_scorer(scorer, trace), timeout))
         except StageTimeout as exc:
             trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=str(exc), turn=turn))
         except Exception as exc:
-            said = str(exc) if type(exc) is TaskError else f"{type(exc).__name__}: {exc}"
+            said = str(exc) if type(exc) is TaskError else f"{type(exc).__name__}: {exc}"  # ours: not a number
             trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=said, turn=turn))
         _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
 

@@ -1,16 +1,19 @@
 """Scorers: reward, metric and stop functions, marked by decorators, called the same way sync or async.
 
 A scorer is a plain function `(task, trace)` or a Task method `(self, trace)`; it may be async. Rewards carry
-a weight (the trace's reward is the weighted sum) and all scorers an order (lower runs first).
+a weight (the trace's reward is the weighted sum) and all scorers an order (lower runs first). A reward or
+metric returns a real number or a bool (numpy's scalars included); anything else, a numeric string too, is
+an error on the trace naming it, and it scores None.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tracegym.core.errors import UsageError
+from tracegym.core.errors import TaskError, UsageError
 from tracegym.envs.thread_lane import TASK_CODE
 
 ScorerKind = Literal["reward", "metric", "stop"]
@@ -27,9 +30,24 @@ class Scorer:
     weight: float = 1.0
     order: int = 0
 
+    def number(self, value: object) -> float:
+        """A reward's or metric's result as a float. Any real number is one (int, float, bool, Fraction, numpy's
+        scalars); anything else, the string "0.5" included, is a TaskError naming this scorer and the type."""
+        if isinstance(value, numbers.Real) or _is_numpy_bool(value):
+            return float(value)  # type: ignore[arg-type]
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise TaskError(f"{self.kind} {self.name!r} returned {type(value).__name__} {shown}; "
+                        f"a {self.kind} must return a number or a bool")
+
     def bind(self, target: object) -> Scorer:
         """This scorer with its function bound to `target` (a method's instance)."""
         return Scorer(self.fn.__get__(target), self.kind, self.name, self.weight, self.order)
+
+
+def _is_numpy_bool(value: object) -> bool:
+    """numpy's bool scalar is the one numpy scalar not registered as a `numbers.Real` (no numpy import here)."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
 def _mark(kind: ScorerKind, fn: Callable[..., Any] | None, **meta: Any) -> Any:
