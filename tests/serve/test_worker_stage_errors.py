@@ -1,8 +1,10 @@
-"""Stage failures through an env server's worker are recorded as in process: what a reward raised or returned."""
+"""Stage failures through an env server's worker are recorded as in process: a hung model call, what a reward
+raised or returned."""
 
 import textwrap
+import time
 
-from serve_helpers import running_server
+from serve_helpers import running_server, task
 
 import tracegym as tg
 from tracegym.serve import EnvClient
@@ -39,3 +41,16 @@ async def test_a_worker_records_a_raised_timeout_error_and_a_string_reward_as_ta
     assert trace.errors[0].message.startswith("TimeoutError: socket (raised by the stage itself after")
     assert "'text' returned str '0.5'" in trace.errors[1].message
     assert trace.rewards["remote"].score is None and trace.rewards["text"].score is None
+
+
+async def test_a_worker_ends_a_hung_model_call_at_the_model_stage_deadline(endpoint):
+    retrying = endpoint.model_copy(update={"timeout": 0.5, "max_retries": 3})
+    with running_server() as server:
+        async with EnvClient(server.bound) as client:
+            start = time.monotonic()
+            [trace] = [t async for t in client.evaluate_iter([(task("sleep-30"), 0)], retrying,
+                                                             timeouts=tg.Timeouts(model=0.5))]
+            elapsed = time.monotonic() - start
+    assert elapsed < 5 and trace.stop_reason == tg.StopReason.TIMEOUT
+    assert [(e.kind, e.stage, e.message) for e in trace.errors] == [
+        (tg.ErrorKind.TIMEOUT, "model", "model timed out: the stage ran past 0.5 s")]

@@ -37,7 +37,8 @@ LOOP_METRICS = ("tool_calls", "tool_errors")
 
 
 class Timeouts(BaseModel):
-    """Seconds each stage may take; hitting one ends the rollout (a tool's only fails that call)."""
+    """Seconds each stage may take; hitting one ends the rollout (a tool's only fails that call). Only a
+    deadline that passes is a timeout: a TimeoutError the stage's own code raises is that code's error."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     setup: float = 60.0
