@@ -22,7 +22,7 @@ from tracegym.core.messages import ToolCall
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.envs.environment import EnvironmentTask
-from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score
+from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
 
@@ -113,7 +113,7 @@ async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | 
     the first answer that differs from the stored one."""
     if not isinstance(task, EnvironmentTask):
         return None
-    await asyncio.wait_for(task.setup(), timeouts.setup)
+    await within("setup", task.setup(), timeouts.setup)
     # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
     steps = Rollout(task, None, Sampling(), timeouts, Trace(task=task.data))  # type: ignore[arg-type]
     for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
