@@ -150,3 +150,56 @@ def test_taskset_object_passes_through_unchanged():
 
 def test_class_is_built_with_the_config():
     assert tg.load_taskset("reverse-text", {"seed": 3}).config.seed == 3
+
+
+def test_ready_made_instance_accepts_the_options_it_already_has(taskset_file):
+    ready = tg.load_taskset(f"{taskset_file}:READY")
+    assert tg.load_taskset(f"{taskset_file}:READY", ready.config.model_dump()) is ready
+
+
+def test_ready_made_instance_given_another_option_value_names_the_option(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"ready-made instance.*'seed'"):
+        tg.load_taskset(f"{taskset_file}:READY", {"seed": 1})
+
+
+def test_zero_argument_factory_is_called_with_no_options(taskset_file):
+    assert tg.load_taskset(f"{taskset_file}:make_echo", {}).id == "echo"
+
+
+def test_zero_argument_factory_given_an_option_names_it(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"make_echo\(\) takes no options.*'seed'"):
+        tg.load_taskset(f"{taskset_file}:make_echo", {"seed": 1})
+
+
+def test_file_taskset_imports_a_module_beside_it(tmp_path):
+    (tmp_path / "sibling_rows.py").write_text('ROWS = [{"prompt": "p", "answer": "a"}]\n')
+    (tmp_path / "sibling_tasks.py").write_text(
+        "import tracegym as tg\nfrom sibling_rows import ROWS\n\n"
+        "class Sib(tg.Taskset):\n    id = 'sib'\n\n    def load(self):\n        return ROWS\n")
+    assert [d.prompt for d in tg.load_taskset(f"{tmp_path / 'sibling_tasks.py'}:Sib")] == ["p"]
+
+
+def test_file_taskset_can_import_beside_it_after_loading(tmp_path):
+    """Task code may import lazily, at rollout time (in this process or an env-server worker)."""
+    (tmp_path / "lazy_helper.py").write_text("ANSWER = 'late'\n")
+    (tmp_path / "lazy_tasks.py").write_text(
+        "import tracegym as tg\n\n"
+        "class Lazy(tg.Taskset):\n    id = 'lazy'\n\n    def load(self):\n"
+        "        import lazy_helper\n        return [{'prompt': 'p', 'answer': lazy_helper.ANSWER}]\n")
+    taskset = tg.load_taskset(f"{tmp_path / 'lazy_tasks.py'}:Lazy")
+    assert [d.answer for d in taskset] == ["late"]
+
+
+def test_syntax_error_in_a_taskset_file_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "broken_syntax.py"
+    bad.write_text("import tracegym as tg\n\ndef oops(:\n    pass\n")
+    with pytest.raises(tg.UsageError, match=r"broken_syntax\.py.*line 3"):
+        tg.load_taskset(f"{bad}:Anything")
+
+
+def test_taskset_file_that_raises_on_import_is_named_and_not_half_loaded(tmp_path):
+    bad = tmp_path / "raises_on_import.py"
+    bad.write_text("raise RuntimeError('no database here')\n")
+    for _ in range(2):  # the second load must not find a half-made module
+        with pytest.raises(tg.UsageError, match=r"raises_on_import\.py.*RuntimeError: no database here"):
+            tg.load_taskset(f"{bad}:Anything")

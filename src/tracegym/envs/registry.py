@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Mapping
 from importlib.metadata import entry_points
@@ -40,13 +41,44 @@ def load_taskset(spec: str | Taskset, config: TasksetConfig | Mapping[str, Any] 
         return spec
     target = resolve(spec)
     if isinstance(target, Taskset):
-        if config:
-            raise UsageError(f"taskset {spec!r} is a ready-made instance and takes no config")
-        return target
-    taskset = target(config) if config is not None else target()
+        return _ready_made(target, config, spec)
+    taskset = _build(target, config, spec)
     if not isinstance(taskset, Taskset):
         raise UsageError(f"{spec!r} gave a {type(taskset).__name__}, not a Taskset")
     return taskset
+
+
+def _ready_made(taskset: Taskset, config: TasksetConfig | Mapping[str, Any] | None, spec: str) -> Taskset:
+    """A ready-made instance, given options only where they repeat its own (a command passes every option)."""
+    given = config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
+    own = taskset.config.model_dump()
+    differ = [f"{k!r} = {v!r} (it has {own[k]!r})" if k in own else f"{k!r} (not one of its options)"
+              for k, v in given.items() if k not in own or own[k] != v]
+    if differ:
+        raise UsageError(f"taskset {spec!r} is a ready-made instance and takes no config that differs from its "
+                         f"own: {', '.join(differ)}")
+    return taskset
+
+
+def _build(target: Any, config: TasksetConfig | Mapping[str, Any] | None, spec: str) -> Any:
+    """Call a Taskset class or factory with the options; a factory without parameters gets none."""
+    if not callable(target):
+        raise UsageError(f"taskset {spec!r} names a {type(target).__name__}, not a Taskset, its class or a factory")
+    if isinstance(target, type) or _takes_an_argument(target):
+        return target(config) if config is not None else target()
+    given = config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
+    if given:
+        raise UsageError(f"taskset {spec!r}: {target.__name__}() takes no options; given "
+                         f"{', '.join(repr(k) for k in given)}")
+    return target()
+
+
+def _takes_an_argument(factory: Any) -> bool:
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say what it takes
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters)
 
 
 def resolve(spec: str) -> Any:
@@ -74,15 +106,27 @@ def _import(target: str, spec: str) -> Any:
 
 
 def _load_file(path: str) -> Any:
+    """Import a taskset file as a module. Its folder goes first on `sys.path` (as `python file.py` does) and
+    stays there: task code may import a module beside it lazily, at rollout time, here or in an env-server
+    worker (which loads the same file the same way)."""
     file = Path(path).resolve()
     if not file.is_file():
         raise UsageError(f"taskset file {path!r} does not exist")
     name = f"tracegym_user_{file.stem}_{abs(hash(str(file)))}"
     if name in sys.modules:
         return sys.modules[name]
+    if str(file.parent) not in sys.path:
+        sys.path.insert(0, str(file.parent))
     spec = importlib.util.spec_from_file_location(name, file)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        del sys.modules[name]
+        raise UsageError(f"taskset file {path!r}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:  # the user's module code failed: one line naming the file, not our traceback
+        del sys.modules[name]
+        raise UsageError(f"taskset file {path!r} failed to import: {type(exc).__name__}: {exc}") from None
     return module

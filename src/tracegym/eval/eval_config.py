@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 from pydantic_config import BaseConfig, ConfigFileError, cli
 
 from tracegym.config.error_report import known_keys, one_line, validation_line
@@ -147,12 +148,16 @@ def config_class(taskset_id: str | None) -> type[EvalConfig]:
     """EvalConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
     if taskset_id is None:
         return EvalConfig
-    options = taskset_config(resolve(taskset_id))
+    target = resolve(taskset_id)
+    options = taskset_config(target)
     if options is None:
         return EvalConfig  # the factory does not say: it validates its options when it builds the taskset
+    own = target.config.model_dump() if isinstance(target, Taskset) else {}  # a ready-made one's defaults
     section = create_model(
         f"{options.__name__}Section", __base__=options, __doc__=f"Options of the taskset {taskset_id!r}.",
         id=(str, Field(default=taskset_id, description="Taskset id.")),
+        **{k: (options.model_fields[k].annotation, FieldInfo.merge_field_infos(options.model_fields[k], default=v))
+           for k, v in own.items()},  # type: ignore[call-overload]
     )
     return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))  # type: ignore[call-overload]
 
