@@ -26,3 +26,56 @@ def test_an_old_key_still_works_with_a_warning_naming_the_new_one(tmp_path, caps
 def test_an_unknown_key_exits_2_naming_it(capsys):
     assert main(["rl", "--orchestrator.group-sze", "4", "--dry-run"]) == 2
     assert "--orchestrator.group-sze" in capsys.readouterr().err
+
+
+def test_the_old_orchestrator_sampling_section_migrates_with_a_warning(tmp_path, capsys):
+    """`[orchestrator.sampling]` is what prime-rl users write; ours is `[orchestrator.train.sampling]`."""
+    old = tmp_path / "prime.toml"
+    old.write_text("[orchestrator.sampling]\ntemperature = 0.7\nmax_tokens = 20\n")
+    assert main(["rl", "@", str(old), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "temperature = 0.7" in captured.out and "max_completion_tokens = 20" in captured.out
+    assert "'orchestrator.sampling' was renamed 'orchestrator.train.sampling'" in captured.err
+
+
+def test_the_old_orchestrator_sampling_flag_migrates_too(capsys):
+    assert main(["rl", "--orchestrator.sampling.temperature", "0.3", "--dry-run"]) == 0
+    assert "temperature = 0.3" in capsys.readouterr().out
+
+
+def test_a_nested_flag_typo_suggests_the_right_flag(capsys):
+    assert main(["rl", "--orchestrator.group-sze", "4", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--orchestrator.group-sze: unknown option; did you mean --orchestrator.group-size?" in err
+
+
+def test_a_typo_in_a_toml_file_names_the_file_and_its_toml_key(tmp_path, capsys):
+    config = tmp_path / "typo.toml"
+    config.write_text("[orchestrator]\ngroup_sze = 4\n")
+    assert main(["rl", "@", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{config}: [orchestrator] group_sze: unknown key; did you mean [orchestrator] group_size?" in err
+    assert "--" not in err
+
+
+def test_a_bad_value_in_a_toml_file_names_the_file_and_its_toml_key(tmp_path, capsys):
+    config = tmp_path / "bad.toml"
+    config.write_text("steps = 3\n[orchestrator.train.sampling]\ntemperature = 'hot'\n")
+    assert main(["rl", "@", str(config), "--dry-run"]) == 2
+    assert f"{config}: [orchestrator.train.sampling] temperature: Input should be a valid number" in \
+        capsys.readouterr().err
+
+
+def test_a_bad_key_under_an_old_section_name_is_shown_as_written(tmp_path, capsys):
+    config = tmp_path / "prime_extra.toml"
+    config.write_text("[orchestrator.sampling]\nrepetition_penalty = 1.1\n")
+    assert main(["rl", "@", str(config), "--dry-run"]) == 2
+    assert f"{config}: [orchestrator.sampling] repetition_penalty: unknown key" in capsys.readouterr().err
+
+
+def test_a_flag_overriding_a_toml_key_is_named_as_the_flag(tmp_path, capsys):
+    config = tmp_path / "fine.toml"
+    config.write_text("[orchestrator]\ngroup_size = 4\n")
+    assert main(["rl", "@", str(config), "--orchestrator.group-size", "many", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--orchestrator.group-size: Input should be a valid integer" in err and "fine.toml" not in err

@@ -220,7 +220,7 @@ def test_an_unknown_key_in_the_saved_config_is_named_with_a_suggestion(server, t
     run, before = finished_run_with_config(server, tmp_path, "rollouts = 2", "rolouts = 2")
     assert main([*command, str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "config.toml: 'rolouts': unknown key; did you mean 'rollouts'?" in err
+    assert "\n" not in err and "config.toml: rolouts: unknown key; did you mean rollouts?" in err
     assert snapshot(run) == before
 
 
@@ -229,7 +229,7 @@ def test_a_wrongly_typed_saved_value_names_the_file_and_key(server, tmp_path, ca
     run, before = finished_run_with_config(server, tmp_path, "rollouts = 2", 'rollouts = "two"')
     assert main([*command, str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "config.toml: 'rollouts': Input should be a valid integer" in err
+    assert "\n" not in err and "config.toml: rollouts: Input should be a valid integer" in err
     assert snapshot(run) == before
 
 
@@ -237,7 +237,7 @@ def test_show_names_a_bad_pass_threshold_in_the_saved_config(server, tmp_path, c
     run, _ = finished_run_with_config(server, tmp_path, "pass_threshold = 1.0", 'pass_threshold = "x"')
     assert main(["show", str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "config.toml: 'pass_threshold'" in err
+    assert "\n" not in err and "config.toml: pass_threshold" in err
 
 
 def test_wall_time_after_a_resume_adds_up_every_session(server, tmp_path):

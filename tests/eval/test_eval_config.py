@@ -153,9 +153,9 @@ def test_help_names_the_resume_flag(capsys):
 def test_an_unknown_key_in_a_toml_file_suggests_the_right_one(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('rolouts = 2\n[taskset]\nid = "reverse-text"\n[sampling]\ntemprature = 0.5\n')
-    with pytest.raises(tg.UsageError, match=r"--rolouts: unknown option; did you mean --rollouts\?") as error:
+    with pytest.raises(tg.UsageError, match=r"c\.toml: rolouts: unknown key; did you mean rollouts\?") as error:
         parse_eval_args(["@", str(path)])
-    assert "--sampling.temprature: unknown option; did you mean --sampling.temperature?" in str(error.value)
+    assert "c.toml: [sampling] temprature: unknown key; did you mean [sampling] temperature?" in str(error.value)
 
 
 def test_a_misspelt_section_prefix_suggests_the_whole_flag():

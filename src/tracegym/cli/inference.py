@@ -6,8 +6,9 @@ import signal
 import time
 from types import FrameType
 
-from pydantic_config import BaseConfig, cli
+from pydantic_config import BaseConfig
 
+from tracegym.config.command_line import parse_command
 from tracegym.models.launch import ModelChoice, server_config, server_record_path
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 
@@ -33,7 +34,7 @@ def run(args: list[str]) -> int:
     The server is recorded (see `server_record_path`) so that `tracegym eval` with the same model and settings
     uses it instead of starting its own. Ctrl-C or SIGTERM also stop a server that is still starting.
     """
-    cfg = cli(InferenceConfig, args=args, prog="tracegym inference")
+    cfg, _ = parse_command(InferenceConfig, args, prog="tracegym inference")
     choice = ModelChoice(model=cfg.model, max_model_len=cfg.max_model_len, vllm_args=cfg.vllm_args)
     config = server_config(choice)
     config = config.model_copy(update={"host": cfg.host, "port": cfg.port, "state_path": server_record_path(config)})

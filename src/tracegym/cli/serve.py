@@ -7,12 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-from pydantic_config import BaseConfig, cli
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_config import BaseConfig
 
+from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
 from tracegym.serve.env_server import EnvServer
 from tracegym.serve.pool import PoolSize
+from tracegym.serve.wire import Address
 
 
 class ServeTaskset(BaseModel):
@@ -29,13 +31,13 @@ class ServeConfig(BaseConfig):
     taskset: ServeTaskset
     taskset_json: str | None = None
     """The taskset's options as one JSON object (instead of `--taskset.NAME` flags)."""
-    address: str = "tcp://127.0.0.1:0"
+    address: Address = "tcp://127.0.0.1:0"
     """Where to listen; port 0 picks a free one. Anything but loopback needs TRACEGYM_ENV_SECRET set."""
-    workers: int | None = None
+    workers: int | None = Field(default=None, gt=0)
     """Worker processes of a static pool; unset: one per CPU core (at most 8)."""
     elastic: bool = False
     """Grow the pool with load (up to `max_workers`) and retire idle workers, instead of a static pool."""
-    max_workers: int | None = None
+    max_workers: int | None = Field(default=None, gt=0)
     """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
     idle_seconds: float = 10.0
     """Seconds an elastic pool's worker stays idle before it is retired."""
@@ -68,7 +70,7 @@ def run(args: list[str]) -> int:
     """Bind, print `address: ...`, serve until SIGINT/SIGTERM, then stop every worker."""
     if args and not args[0].startswith("-"):
         args = ["--taskset.id", args[0], *args[1:]]
-    cfg = cli(ServeConfig, args=args, prog="tracegym serve")
+    cfg, _ = parse_command(ServeConfig, args, prog="tracegym serve")
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent)
     address = server.bind()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -37,23 +38,55 @@ def known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def validation_line(exc: ValidationError, known: Sequence[str], *, as_flags: bool) -> str:
-    """A validation error as one line of `key: problem` items (`--key` when `as_flags`); an unknown key also
-    gets the closest known one, matched on its whole dotted path (so `--samplin.temperature` finds
-    `--sampling.temperature`)."""
+@dataclass(frozen=True)
+class Origin:
+    """Where a key was given: a command-line flag (no `file`), or a config file, under the dotted name `written`
+    there (its name before any rename)."""
+
+    file: str | None = None
+    written: str | None = None
+
+    def name(self, path: str) -> str:
+        """The key as its user wrote it: `--a.b-c`, or `file: [a] b_c`."""
+        return flag(path) if self.file is None else f"{self.file}: {toml_key(self.written or path)}"
+
+    def suggestion(self, path: str) -> str:
+        """A known key in the same style, without the file."""
+        return flag(path) if self.file is None else toml_key(path)
+
+
+def validation_line(exc: ValidationError, known: Sequence[str], origin: Callable[[str], Origin]) -> str:
+    """A validation error as one line of `key: problem` items, each key named as `origin` says it was given; an
+    unknown key also gets the closest known one (for a flag matched on its whole dotted path, so
+    `--samplin.temperature` finds `--sampling.temperature`; for a file on the key as written there)."""
     items = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"])
         value = err.get("input")
+        where = origin(path)
         if err["type"] == "extra_forbidden":
-            paths = _leaf_paths(path, value)
-            close = difflib.get_close_matches(paths[0], list(known), n=1, cutoff=0.6)
-            hint = f"; did you mean {_key(close[0], as_flags)}?" if close else ""
-            items.append(f"{_key(paths[0], as_flags)}: unknown {'option' if as_flags else 'key'}{hint}")
+            shown = _leaf_paths(path, value)[0] if where.file is None else path
+            close = difflib.get_close_matches(shown, list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {where.suggestion(close[0])}?" if close else ""
+            items.append(f"{where.name(shown)}: unknown {'option' if where.file is None else 'key'}{hint}")
             continue
         got = "" if isinstance(value, dict | list) else f" (got {value!r})"
-        items.append(f"{_key(path, as_flags)}: {err['msg']}{got}")
+        items.append(f"{where.name(path)}: {err['msg']}{got}")
     return "; ".join(items)
+
+
+def flag(path: str) -> str:
+    """A dotted key as its command-line flag: `--a.b-c`."""
+    return "--" + path.replace("_", "-")
+
+
+def toml_key(path: str) -> str:
+    """A dotted key as a TOML reader finds it: `[a.b] c` (`c` at the top level; list items as `[a[0]] c`)."""
+    parts = path.split(".")
+    section = ""
+    for part in parts[:-1]:
+        section += f"[{part}]" if part.isdigit() else f".{part}" if section else part
+    return f"[{section}] {parts[-1]}" if section else parts[-1]
 
 
 def _leaf_paths(path: str, value: Any) -> list[str]:
@@ -61,10 +94,6 @@ def _leaf_paths(path: str, value: Any) -> list[str]:
     if isinstance(value, dict) and value:
         return [leaf for k, v in value.items() for leaf in _leaf_paths(f"{path}.{k}", v)]
     return [path]
-
-
-def _key(path: str, as_flags: bool) -> str:
-    return "--" + path.replace("_", "-") if as_flags else repr(path)
 
 
 def _is_model(annotation: Any) -> bool:

@@ -16,16 +16,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
-from pydantic_config import BaseConfig, ConfigFileError, cli
+from pydantic_config import BaseConfig
 
-from tracegym.config.error_report import known_keys, one_line, validation_line
+from tracegym.config.command_line import parse_command
+from tracegym.config.error_report import Origin, known_keys, validation_line
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.models.endpoint import HttpUrl
 from tracegym.models.launch import ModelChoice
+from tracegym.serve.wire import Address
 
 
 def _short(name: str, letter: str) -> Any:
@@ -48,7 +51,7 @@ class EvalConfig(BaseConfig):
     model: Annotated[str | None, _short("model", "m")] = None
     """Model name at `--base-url`, or a Hugging Face model directory to serve with vLLM; unset: the embedded
     SmolLM2-135M-Instruct on vLLM."""
-    base_url: str | None = None
+    base_url: HttpUrl | None = None
     """An OpenAI-compatible endpoint already running (e.g. `http://host:8000/v1`); unset: start vLLM here."""
     api_key_env: str | None = "OPENAI_API_KEY"
     """Environment variable holding the endpoint's API key."""
@@ -65,19 +68,19 @@ class EvalConfig(BaseConfig):
     """Chat template renderer for `--client tokens`: `auto` (the `renderers` package by hub id, else ours for
     ChatML templates), `chatml`, or a `renderers` package name such as `qwen3` (a local copy or fine-tune of a
     known model needs it named)."""
-    num_tasks: Annotated[int | None, _short("num_tasks", "n")] = None
+    num_tasks: Annotated[int | None, _short("num_tasks", "n"), Field(gt=0)] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
-    rollouts: Annotated[int, _short("rollouts", "r")] = 1
+    rollouts: Annotated[int, _short("rollouts", "r"), Field(gt=0)] = 1
     """Rollouts per task (pass@k is reported for every k up to this)."""
     sampling: Sampling = Sampling()
     timeouts: Timeouts = Timeouts()
-    concurrency: Annotated[int, _short("concurrency", "c")] = 32
+    concurrency: Annotated[int, _short("concurrency", "c"), Field(gt=0)] = 32
     """Rollouts running at once."""
-    infra_retries: int = 1
+    infra_retries: int = Field(default=1, ge=0)
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
     serve: bool = True
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
-    env_address: str | None = None
+    env_address: Address | None = None
     """Address of a running env server for this taskset (e.g. `tcp://host:5555`); unset: start one here."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
@@ -125,15 +128,9 @@ def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = No
         raise UsageError(f"--taskset.id {taskset_id!r} does not match the saved run: {source} has "
                          f"taskset.id = {saved_id!r}; drop it or start a new run")
     cls = config_class(taskset_id or saved_id)
-    try:
-        if defaults:
-            default = validate_saved(cls, defaults, source)
-            return cli(cls, args=args, default=default, prog="tracegym eval", description=description)
-        return cli(cls, args=args, prog="tracegym eval", description=description)
-    except ConfigFileError as exc:
-        if isinstance(exc.__cause__, ValidationError):
-            raise UsageError(validation_line(exc.__cause__, known_keys(cls), as_flags=True)) from None
-        raise UsageError(one_line(str(exc))) from None
+    default = validate_saved(cls, defaults, source) if defaults else None
+    config, _ = parse_command(cls, args, prog="tracegym eval", description=description, default=default)
+    return config
 
 
 def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> EvalConfig:
@@ -141,7 +138,7 @@ def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> 
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(f"{source}: {validation_line(exc, known_keys(cls), as_flags=False)}") from None
+        raise UsageError(validation_line(exc, known_keys(cls), lambda _: Origin(file=source))) from None
 
 
 def config_class(taskset_id: str | None) -> type[EvalConfig]:

@@ -43,13 +43,13 @@ class Plan:
     kept: list[Trace] = field(default_factory=list)
 
 
-def plan(config: EvalConfig, folder: RunFolder, resume: bool) -> Plan:
+def plan(config: EvalConfig, folder: RunFolder | None, resume: bool) -> Plan:
     """What to run; on resume, keep the good traces, set the errored ones aside, and run the rest."""
     taskset = load_taskset(config.taskset.id, config.taskset_options())
     tasks = list(bounded_taskset(taskset, config.num_tasks))
     check_unique_keys(taskset.id, tasks)
     expected = [(d, i) for d in tasks for i in range(config.rollouts)]
-    if not resume:
+    if not resume or folder is None:
         return Plan(taskset, expected, expected)
     folder.repair()
     stored = folder.read_traces().traces
@@ -138,13 +138,14 @@ async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: 
                 yield trace
 
 
-def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None) -> Summary:
+def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None,
+            work: Plan | None = None) -> Summary:
     """Run an eval into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
-    that of every session of the run (a resume adds its own to the earlier ones)."""
+    that of every session of the run (a resume adds its own to the earlier ones). `work`: already planned."""
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
-    work = plan(config, folder, resume)
+    work = work or plan(config, folder, resume)
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
     title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:

@@ -7,16 +7,29 @@ live client is built, so configs and run folders can be shared without leaking s
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def http_url(value: str) -> str:
+    """`value` when it is an http(s) URL with a host; else a ValueError saying what one looks like."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("not an http(s) URL; give one like http://127.0.0.1:8000/v1")
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(http_url)]
+"""A model endpoint's URL, checked when a config or Endpoint is made (not at the first request)."""
 
 
 class Endpoint(BaseModel):
     """An OpenAI-compatible chat endpoint and the client's network policy."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    base_url: str
+    base_url: HttpUrl
     """The API root, e.g. `http://127.0.0.1:8000/v1`."""
     model: str
     """The model name the endpoint serves."""

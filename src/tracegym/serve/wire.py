@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
+from pydantic import AfterValidator
 
 from tracegym.core.errors import ErrorKind, TracegymError
 
@@ -146,6 +147,18 @@ def decode_reply(frames: list[bytes]) -> tuple[str | None, Any]:
     except ValueError:
         kind = ErrorKind.INFRASTRUCTURE
     return header.get("id"), RemoteError(str(error.get("type")), str(error.get("message")), kind)
+
+
+def zmq_address(value: str) -> str:
+    """`value` when it is a ZMQ address (`tcp://host:port`, `ipc://path`); else a ValueError saying so."""
+    transport, sep, rest = value.partition("://")
+    if not sep or transport not in ("tcp", "ipc", "inproc") or not rest or (transport == "tcp" and ":" not in rest):
+        raise ValueError("not an env server address; give one like tcp://127.0.0.1:5555")
+    return value
+
+
+Address = Annotated[str, AfterValidator(zmq_address)]
+"""An env server's address, checked when a config is made."""
 
 
 def is_loopback(address: str) -> bool:

@@ -4,23 +4,20 @@ renames that keep older configs working for a release.
 
 from __future__ import annotations
 
-import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_config import BaseConfig, ConfigFileError, cli
+from pydantic_config import BaseConfig
 
-from tracegym.config.error_report import one_line
-from tracegym.config.renames import Rename, migrate, migrate_flags
-from tracegym.core.errors import UsageError
+from tracegym.config.command_line import parse_command
+from tracegym.config.renames import Rename
 from tracegym.core.sampling import Sampling
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
     Rename("sampling", "orchestrator.train.sampling"),
+    Rename("orchestrator.sampling", "orchestrator.train.sampling"),  # prime-rl's name for it
     Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens"),
     Rename("orchestrator.eval.sampling.max_tokens", "orchestrator.eval.sampling.max_completion_tokens"),
 ]
@@ -147,52 +144,5 @@ class RLConfig(BaseConfig):
 
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
-    """The validated config and the rename warnings (TOML files are migrated before pydantic-config sees them)."""
-    files, rest = _split_files(args)
-    merged: dict[str, Any] = {}
-    warnings: list[str] = []
-    for path in files:
-        data, found = migrate(_load_toml(path), RENAMES)
-        merged = _merge(merged, data)
-        warnings += found
-    rest, found = migrate_flags(rest, RENAMES)
-    warnings += found
-    with tempfile.TemporaryDirectory() as tmp:  # the migrated files, merged, go to pydantic-config as one file
-        merged_file = Path(tmp) / "merged.toml"
-        merged_file.write_text(tomli_w.dumps(merged))
-        try:
-            config = cli(RLConfig, args=["@", str(merged_file), *rest], prog="tracegym rl")
-        except ConfigFileError as exc:
-            raise UsageError(one_line(str(exc))) from None
-    return config, warnings
-
-
-def _split_files(args: list[str]) -> tuple[list[Path], list[str]]:
-    files, rest, i = [], [], 0
-    while i < len(args):
-        if args[i] == "@" and i + 1 < len(args):
-            files.append(Path(args[i + 1]))
-            i += 2
-        elif args[i].startswith("@") and len(args[i]) > 1 and (not rest or not rest[-1].startswith("--")):
-            files.append(Path(args[i][1:]))
-            i += 1
-        else:
-            rest.append(args[i])
-            i += 1
-    return files, rest
-
-
-def _load_toml(path: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"config file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+    """The validated config and the rename warnings."""
+    return parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)

@@ -1,0 +1,90 @@
+"""Bad input to a command: one line naming the flag or file at fault, exit 2, and no run folder."""
+
+import pytest
+
+from tracegym.cli.main import main
+from tracegym.testing import FakeOpenAIServer
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeOpenAIServer(rule=lambda request: "ok") as fake:
+        yield fake
+
+
+def refused(capsys, args: list[str]) -> str:
+    """Run the command, assert it exits 2 with one line on stderr and no traceback; return that line."""
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["-n", "-3"], "--num-tasks"),
+    (["-n", "0"], "--num-tasks"),
+    (["-r", "0"], "--rollouts"),
+    (["-r", "-2"], "--rollouts"),
+    (["--num-tasks", "-1"], "--num-tasks"),
+    (["--concurrency", "0"], "--concurrency"),
+])
+def test_a_count_below_one_exits_2_naming_its_flag_and_makes_no_folder(flags, named, server, tmp_path, capsys):
+    out = tmp_path / "out"
+    err = refused(capsys, ["eval", "reverse-text", *flags, "--base-url", server.base_url, "--output-dir", str(out)])
+    assert named in err
+    assert not out.exists()
+
+
+def test_a_base_url_that_is_not_a_url_exits_2_naming_the_flag(tmp_path, capsys):
+    out = tmp_path / "out"
+    err = refused(capsys, ["eval", "reverse-text", "--base-url", "not-a-url", "--output-dir", str(out)])
+    assert "--base-url" in err and "not-a-url" in err
+    assert not out.exists()
+
+
+def test_a_misspelt_serve_flag_exits_2_suggesting_the_right_one(capsys):
+    err = refused(capsys, ["serve", "reverse-text", "--worker", "2"])
+    assert "--worker: unknown option; did you mean --workers?" in err
+
+
+def test_a_taskset_file_with_a_syntax_error_exits_2_naming_the_file(server, tmp_path, capsys):
+    bad = tmp_path / "syntax_error_tasks.py"
+    bad.write_text("def broken(:\n")
+    out = tmp_path / "out"
+    err = refused(capsys, ["eval", f"{bad}:Tasks", "--base-url", server.base_url, "--output-dir", str(out)])
+    assert "syntax_error_tasks.py" in err and "line 1" in err
+    assert not out.exists()
+
+
+def test_a_load_that_raises_exits_2_naming_the_taskset_and_makes_no_folder(server, tmp_path, capsys):
+    bad = tmp_path / "failing_load_tasks.py"
+    bad.write_text("import tracegym as tg\n\n\nclass Tasks(tg.Taskset):\n    def load(self):\n"
+                   "        raise OSError('dataset.jsonl is missing')\n")
+    out = tmp_path / "out"
+    err = refused(capsys, ["eval", f"{bad}:Tasks", "--base-url", server.base_url, "--output-dir", str(out),
+                           "--no-rich"])
+    assert "failing_load_tasks.py:Tasks" in err and "OSError: dataset.jsonl is missing" in err
+    assert not out.exists()
+
+
+def test_a_failed_env_server_start_leaves_no_folder(server, tmp_path, capsys):
+    """An env server address that answers nothing is a failed start: nothing is written."""
+    out = tmp_path / "out"
+    assert main(["eval", "reverse-text", "--base-url", server.base_url, "--output-dir", str(out),
+                 "--env-address", "not-an-address"]) == 2
+    assert "--env-address" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_typo_in_an_eval_config_file_names_the_file_and_its_toml_key(tmp_path, capsys):
+    config = tmp_path / "eval_typo.toml"
+    config.write_text("[taskset]\nid = 'reverse-text'\n\n[sampling]\ntemprature = 0.5\n")
+    out = tmp_path / "out"
+    err = refused(capsys, ["eval", "@", str(config), "--output-dir", str(out)])
+    assert f"{config}: [sampling] temprature: unknown key; did you mean [sampling] temperature?" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--workers", "0"], "--workers"), (["--address", "5555"], "--address")])
+def test_a_bad_serve_option_exits_2_naming_it(flags, named, capsys):
+    assert named in refused(capsys, ["serve", "reverse-text", *flags])
