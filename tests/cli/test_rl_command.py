@@ -1,5 +1,6 @@
 """`tracegym rl --dry-run`: the resolved config of every process; old keys migrate with a warning."""
 
+import tomllib
 from pathlib import Path
 
 from tracegym.cli.main import main
@@ -79,3 +80,19 @@ def test_a_flag_overriding_a_toml_key_is_named_as_the_flag(tmp_path, capsys):
     assert main(["rl", "@", str(config), "--orchestrator.group-size", "many", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "--orchestrator.group-size: Input should be a valid integer" in err and "fine.toml" not in err
+
+
+def test_dry_run_shows_one_env_server_per_server_the_launcher_starts(capsys):
+    """The shipped config trains and evaluates on reverse-text with other seeds: two servers, each its options."""
+    assert main(["rl", "@", str(CONFIG), "--dry-run"]) == 0
+    servers = tomllib.loads(capsys.readouterr().out)["env_servers"]
+    assert servers == {"reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 0}},
+                       "eval:reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 12345}}}
+
+
+def test_an_env_listed_twice_in_one_phase_exits_2_naming_it(tmp_path, capsys):
+    config = tmp_path / "twice.toml"
+    config.write_text('[[orchestrator.train.envs]]\nid = "arithmetic"\n[[orchestrator.train.envs]]\nid = "arithmetic"\n'
+                      'options = { seed = 1 }\n')
+    assert main(["rl", "@", str(config), "--dry-run"]) == 2
+    assert "'arithmetic'" in capsys.readouterr().err

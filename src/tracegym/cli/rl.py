@@ -12,7 +12,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
-from tracegym.train.rl_config import RLConfig, parse_rl_args
+from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 
 
 def run(args: list[str]) -> int:
@@ -40,12 +40,11 @@ def run(args: list[str]) -> int:
 
 
 def resolved(config: RLConfig, run_dir: Path) -> str:
-    """The config of every process, as TOML sections."""
+    """The config of every process, as TOML sections (one per env server the launcher would start or reach)."""
     sections = {
         "run": _toml(config),
         "vllm": vllm_config(config, run_dir).model_dump(mode="json", exclude_none=True),
-        "env_servers": {e.id: e.model_dump(mode="json") for e in
-                        [*config.orchestrator.train.envs, *config.orchestrator.eval.envs]},
+        "env_servers": {key: env.model_dump(mode="json") for key, env in env_servers(config).items()},
     }
     return tomli_w.dumps(toml_ready(sections))
 

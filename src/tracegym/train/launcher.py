@@ -23,7 +23,7 @@ from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
 from tracegym.train.exchange import POLICY
-from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_config import RLConfig, env_servers
 from tracegym.train.roles import ENDPOINTS
 
 STOP_GRACE_S = 20.0
@@ -100,12 +100,10 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
 
 
 def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack, out: IO[str]) -> dict[str, str]:
-    """One env server per train environment, and per held-out one (`eval:<id>`); an environment with an
-    `address` uses the server running there instead (after checking that it serves what the config says)."""
-    orch = config.orchestrator
-    wanted = [(e.id, e) for e in orch.train.envs] + [(f"eval:{e.id}", e) for e in orch.eval.envs]
+    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server
+    running there instead (after checking that it serves what the config says)."""
     addresses = {}
-    for key, env in wanted:
+    for key, env in env_servers(config).items():
         if env.address is not None:
             asyncio.run(check_env_server(env.address, load_taskset(env.id, env.options)))
             addresses[key] = env.address

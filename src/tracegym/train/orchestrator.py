@@ -34,7 +34,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train import exchange
 from tracegym.train.advantages import GroupAdvantages, load_advantage_fn
-from tracegym.train.rl_config import EnvChoice, RLConfig
+from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.samples import checked_samples
 from tracegym.train.staleness import StalenessControl
 
@@ -190,7 +190,7 @@ class Orchestrator:
             await self.wait_version(step)
         version, model = exchange.current_policy(self.run_dir, self.base_model)
         for env in phase.envs:
-            client = self.clients.get(f"eval:{env.id}") or self.clients[env.id]
+            client = self.clients.get(env_server_key(env, held_out=True)) or self.clients[env.id]
             rows = list(load_taskset(env.id, env.options).head(phase.num_tasks))
             traces = [t async for t in client.evaluate_iter(((d, 0) for d in rows), self.endpoint(model),
                                                             sampling=phase.sampling.to_sampling(),

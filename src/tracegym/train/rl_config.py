@@ -5,9 +5,9 @@ renames that keep older configs working for a release.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -54,11 +54,21 @@ class RLSampling(BaseModel):
         return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_completion_tokens)
 
 
+def distinct_ids(envs: list[EnvChoice]) -> list[EnvChoice]:
+    """A phase names each environment once (its env server and task stream are found by id)."""
+    ids = [e.id for e in envs]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ValueError(f"environment {', '.join(map(repr, twice))} is listed more than once; list it once")
+    return envs
+
+
 class TrainPhase(BaseModel):
     """What the policy trains on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(id="reverse-text")])
+    envs: Annotated[list[EnvChoice], AfterValidator(distinct_ids)] = Field(
+        default_factory=lambda: [EnvChoice(id="reverse-text")])
     """Environments and their weights."""
     sampling: RLSampling = RLSampling()
 
@@ -67,7 +77,7 @@ class EvalPhase(BaseModel):
     """Held-out evaluation during training."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    envs: list[EnvChoice] = Field(default_factory=list)
+    envs: Annotated[list[EnvChoice], AfterValidator(distinct_ids)] = Field(default_factory=list)
     """Held-out environments (give other seeds than training); empty: no evaluation."""
     num_tasks: int = 32
     """Tasks per held-out environment."""
@@ -141,6 +151,19 @@ class RLConfig(BaseConfig):
             trainer.setdefault("model", data.get("model") or "")
             data = {**data, "trainer": trainer}
         return data
+
+
+def env_server_key(env: EnvChoice, held_out: bool) -> str:
+    """The name of an environment's env server: its id for training, `eval:<id>` for held-out evaluation."""
+    return f"eval:{env.id}" if held_out else env.id
+
+
+def env_servers(config: RLConfig) -> dict[str, EnvChoice]:
+    """Every env server a run uses, by name: one per train environment and one per held-out one, even when
+    they share an id (the held-out one usually runs other options, e.g. another seed)."""
+    orch = config.orchestrator
+    return {**{env_server_key(e, held_out=False): e for e in orch.train.envs},
+            **{env_server_key(e, held_out=True): e for e in orch.eval.envs}}
 
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
