@@ -9,6 +9,7 @@ import time
 import pytest
 from serve_helpers import alive, running_server, task, wait_for, wait_ready
 
+from tracegym import TaskData
 from tracegym.serve import EnvClient, EnvServer, PoolSize, RemoteError
 from tracegym.serve.env_server import InFlight
 from tracegym.serve.pool import WorkerHandle
@@ -37,12 +38,12 @@ def test_a_dead_worker_is_detected_and_replaced_within_a_second():
         assert noticed < 1.0 and server.pool.pids()[0] != pid and not alive(pid)
 
 
-async def test_a_request_that_keeps_killing_workers_gets_an_infrastructure_error(endpoint):
+async def test_a_request_that_keeps_killing_the_worker_it_runs_on_alone_gets_a_task_error(endpoint):
     with running_server({"exit_in_setup": True}, max_redispatch=1) as server:
         async with EnvClient(server.bound) as client:
             with pytest.raises(RemoteError) as caught:
                 await asyncio.wait_for(client.run(task(), endpoint), 30)
-        assert caught.value.type == "WorkerDied" and caught.value.kind == "infrastructure"
+        assert caught.value.type == "WorkerDied" and caught.value.kind == "task"  # its own code ends the process
         assert server.stats["workers_died"] == 2
 
 
@@ -82,3 +83,86 @@ async def test_a_busy_healthy_worker_passes_every_check(endpoint):
             [trace] = await asyncio.wait_for(client.run(task("sleep-1"), endpoint), 10)
         assert trace.ok
         assert (server.stats["workers_hung"], server.stats["lost_by_worker"], server.stats["redispatched"]) == (0, 0, 0)
+
+
+# --- a poison request: one that kills every worker it runs on ----------------------------------------------
+def fake_worker(server: EnvServer, name: bytes, *keys: bytes) -> WorkerHandle:
+    """A ready worker (a `sleep` process standing in) holding `keys`, assigned through the pool."""
+    handle = WorkerHandle(name, subprocess.Popen(["sleep", "30"]), started=time.monotonic(), ready=True)
+    server.pool.workers[name] = handle
+    for key in keys:
+        server.inflight.setdefault(key, InFlight(b"client", key.decode(), b"{}"))
+        server.inflight[key].worker = name
+        server.pool.assign(handle, key)
+    return handle
+
+
+def dies(server: EnvServer, handle: WorkerHandle) -> None:
+    """What supervision does when the worker's process is found dead."""
+    handle.proc.kill()
+    handle.proc.wait()
+    del server.pool.workers[handle.name]
+    server._worker_exited(handle)
+
+
+@pytest.fixture
+def unserved():
+    server = EnvServer(SPEC, {}, size=PoolSize(min=1), max_redispatch=1)
+    server.bind()  # no serve loop: the test drives the bookkeeping by hand
+    try:
+        yield server
+    finally:
+        server._shutdown()
+
+
+def test_requests_of_a_worker_that_died_shared_become_suspects_and_none_is_blamed(unserved):
+    dies(unserved, fake_worker(unserved, b"w8", b"a", b"b", b"c", b"d", b"e"))
+    assert [r.kills for r in unserved.inflight.values()] == [0] * 5  # all still owed a reply
+    assert all(r.suspect and r.worker is None for r in unserved.inflight.values())
+    assert [list(g) for g in unserved.suspects] == [[b"a", b"b", b"c"], [b"d", b"e"]]  # halves, each run alone
+    assert not unserved.pending and unserved.stats["redispatched"] == 5
+
+
+def test_a_request_that_kills_the_worker_it_ran_alone_on_is_failed_after_its_own_retries(unserved):
+    dies(unserved, fake_worker(unserved, b"w8", b"p", b"x"))  # shared: no blame
+    dies(unserved, fake_worker(unserved, b"w9", b"p"))  # alone: blamed once (max_redispatch=1: one retry)
+    assert (unserved.inflight[b"p"].kills, unserved.inflight[b"x"].kills) == (1, 0)
+    dies(unserved, fake_worker(unserved, b"w10", b"p"))
+    assert b"p" not in unserved.inflight and unserved.stats["poison_requests"] == 1
+    assert unserved.inflight[b"x"].kills == 0 and b"x" in {k for g in unserved.suspects for k in g}
+
+
+def poison_pairs(n: int, rollouts: int, poison_at: int) -> list[tuple[TaskData, int]]:
+    """`n` tasks of `rollouts` rollouts each, the fake model stalling 0.2 s on each (so many are in flight on a
+    worker when the poison kills it); task number `poison_at` is the poison."""
+    rows = [TaskData(id=f"t{i}", prompt="Say sleep-0.2.", answer="sleep-0.2") for i in range(n)]
+    rows[poison_at] = TaskData(id="poison", prompt="Say hello.", answer="hello")
+    return [(row, i) for row in rows for i in range(rollouts)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serving(endpoint, workers):
+    with running_server({"poison_task": "poison"}, size=PoolSize(min=workers), max_redispatch=1) as server:
+        async with EnvClient(server.bound) as client:
+            pairs = poison_pairs(30, 2, poison_at=11)
+            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=60, per_request=2)]
+            [after] = await client.run(task("after"), endpoint)
+            health = await client.health()
+    failed = sorted(t.task.id for t in traces if not t.ok)
+    assert failed == ["poison", "poison"] and len(traces) == 60 and after.ok
+    poison = next(t for t in traces if not t.ok)
+    assert poison.failure == "task" and "alone, 2 times" in poison.errors[0].message
+    assert health["stats"]["poison_requests"] == 1 and health["stats"]["workers_died"] >= 2
+    assert (health["in_flight"], health["queued"], health["suspects"]) == (0, 0, 0)
+    assert health["workers"] == {"ready": workers, "starting": 0, "retiring": 0, "isolating": 0}
+
+
+@pytest.mark.parametrize("how", ["segfault", "kill"])
+async def test_a_task_that_segfaults_or_is_killed_like_by_the_oom_killer_costs_only_its_request(endpoint, how):
+    options = {"poison_task": "poison", "poison_how": how}
+    with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
+        async with EnvClient(server.bound) as client:
+            pairs = poison_pairs(6, 1, poison_at=2)
+            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
+    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
+    assert server.stats["poison_requests"] == 1

@@ -2,10 +2,14 @@
 
 The server process only routes and supervises. `run` payloads go unread to the least-loaded worker over a
 backend ROUTER (ipc), and the worker's packed reply goes back to the client unread. Every request gets exactly
-one reply. A worker that dies is noticed on the next supervision tick (0.1 s); its requests are re-dispatched
-up to `max_redispatch` times, then answered with a `WorkerDied` error, and a replacement starts. Busy workers
-are asked every few seconds which requests they hold: one they lost is re-dispatched the same way, and a worker
-that leaves the question unanswered for `worker_timeout` is killed as hung.
+one reply. A worker that dies is noticed on the next supervision tick (0.1 s) and a replacement starts. Which
+of its requests killed it is unknown, so each becomes a *suspect*: suspects rerun in two halves, each group on a
+worker reserved for it (nothing else runs there), so every further death narrows the cause down until a request
+kills a worker it ran on alone. That poison request is answered with a `WorkerDied` error (kind `task`: it is
+the task's code that ends its process) once it has done so `max_redispatch` + 1 times; its neighbours finish,
+and the other workers keep serving new requests meanwhile. Busy workers are asked every few seconds which
+requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
+the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's.
 """
 
 from __future__ import annotations
@@ -57,6 +61,13 @@ class InFlight:
     payload: bytes
     worker: bytes | None = None
     attempts: int = 0
+    """Times it was queued again (its worker died, hung or lost it)."""
+    kills: int = 0
+    """Times a worker died (or hung) running it and nothing else: each names it as the cause."""
+    lost: int = 0
+    """Times a live worker lost it."""
+    suspect: bool = False
+    """It was on a worker that died: from then on it runs only in its group, on a worker reserved for it."""
 
 
 class EnvServer:
@@ -80,6 +91,8 @@ class EnvServer:
         self.inflight: dict[bytes, InFlight] = {}
         self.index: dict[tuple[bytes, str], bytes] = {}
         self.pending: collections.deque[bytes] = collections.deque()
+        self.suspects: collections.deque[list[bytes]] = collections.deque()
+        """Groups of suspect requests waiting for a worker of their own, the next to run first."""
         self._keys = 0
         self._stopping = False
         self._parent = os.getppid() if exit_with_parent else None
@@ -182,8 +195,10 @@ class EnvServer:
 
     def health(self) -> dict[str, Any]:
         """Liveness and load: workers by state, requests in flight and queued, counters."""
+        queued = len(self.pending) + sum(len(group) for group in self.suspects)
+        suspects = sum(1 for record in self.inflight.values() if record.suspect)
         return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
-                "in_flight": len(self.inflight), "queued": len(self.pending), "stats": dict(self.stats)}
+                "in_flight": len(self.inflight), "queued": queued, "suspects": suspects, "stats": dict(self.stats)}
 
     def _unknown(self, client: bytes, payload: bytes) -> dict[str, Any]:
         """For a health ping listing the client's pending request ids: those this server has no record of."""
@@ -226,7 +241,6 @@ class EnvServer:
         key = self.index.get((client, target)) if isinstance(target, str) else None
         record = self.inflight.get(key) if key else None
         if record is not None and record.worker is None:
-            self.pending.remove(key)  # type: ignore[arg-type]
             self._answer(key, error_reply(record.id, "Cancelled", "the request was cancelled"))  # type: ignore[arg-type]
         elif record is not None:
             self._to_worker(record.worker, [b"cancel", key])  # type: ignore[list-item, arg-type]
@@ -237,19 +251,33 @@ class EnvServer:
         self.index.pop((record.client, record.id), None)
         if record.worker is not None:
             self.pool.release(record.worker, key)
+        else:  # queued (cancelled, or a dead worker's reply that arrived after its death was handled)
+            self._unqueue(key)
         self._send(record.client, frames)
+
+    def _unqueue(self, key: bytes) -> None:
+        """Take a request out of the queue it waits in: pending, or its group of suspects."""
+        for queue in (self.pending, *self.suspects):
+            if key in queue:
+                queue.remove(key)
+                return
 
     # --- workers -----------------------------------------------------------------------------------------
     def _dispatch(self, key: bytes, *, first: bool = False) -> bool:
         """Send a request to the least-loaded worker; False when none took it (queued again, at the front when
         `first`)."""
         handle = self.pool.pick()
-        record = self.inflight[key]
-        if handle is None or not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
+        if handle is None or not self._send_run(handle, key):
             if first:
                 self.pending.appendleft(key)
             else:
                 self.pending.append(key)
+            return False
+        return True
+
+    def _send_run(self, handle: WorkerHandle, key: bytes) -> bool:
+        record = self.inflight[key]
+        if not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
             return False
         record.worker = handle.name
         self.pool.assign(handle, key)
@@ -263,11 +291,49 @@ class EnvServer:
             return False
 
     def _flush_pending(self) -> None:
-        """Dispatch queued requests in order; stop at the first refusal (a dead worker not reaped yet would
-        otherwise be picked again and again)."""
+        """Start waiting groups of suspects, then dispatch queued requests in order; stop at the first refusal
+        (a dead worker not reaped yet would otherwise be picked again and again)."""
+        self._place_suspects()
         while self.pending and self.pool.pick() is not None:
             if not self._dispatch(self.pending.popleft(), first=True):
                 return
+
+    def _place_suspects(self) -> None:
+        """Send each waiting group of suspects, the next first, to an idle worker reserved for it; a reserved
+        worker with nothing left to run goes back to serving every request."""
+        while self.suspects:
+            if not self.suspects[0]:
+                self.suspects.popleft()
+                continue
+            handle = self._reserved_idle()
+            if handle is None:
+                break
+            group = self.suspects.popleft()
+            self.stats["isolated_runs"] += 1
+            for n, key in enumerate(group):
+                if not self._send_run(handle, key):  # it is gone: supervision will notice
+                    self.suspects.appendleft(group[n:])
+                    return
+        for handle in self.pool.workers.values():
+            if handle.isolating and not handle.jobs and not self.suspects:
+                handle.isolating = False
+
+    def _reserved_idle(self) -> WorkerHandle | None:
+        """An idle worker reserved for suspects, reserving one if fewer than half the ready workers (at least
+        one) are: an idle worker, or else the least loaded, which drains first (nothing new is sent to it); but
+        while a replacement is starting, wait for it rather than drain a busy worker. None: none idle yet."""
+        reserved = [h for h in self.pool.workers.values() if h.isolating and h.ready and not h.retiring]
+        idle = next((h for h in reserved if not h.jobs), None)
+        if idle is not None:
+            return idle
+        counts = self.pool.counts()
+        if len(reserved) >= max(1, counts["ready"] // 2):
+            return None
+        handle = self.pool.pick()
+        if handle is None or (handle.jobs and counts["starting"]):
+            return None
+        handle.isolating = True
+        return None if handle.jobs else handle
 
     def _on_worker(self, frames: list[bytes]) -> None:
         name, kind = frames[0], frames[1] if len(frames) > 1 else b""
@@ -279,6 +345,9 @@ class EnvServer:
                 self._to_worker(record.worker, [b"cancel", frames[2]])
             self.pool.release(name, frames[2])
             self._answer(frames[2], frames[3:])
+            handle = self.pool.workers.get(name)
+            if handle is not None and handle.isolating and not handle.jobs:
+                self._flush_pending()  # its group is done: the next one (or queued requests) may go
         elif kind == b"jobs":
             self._audited(name, set(frames[2:]))
         elif kind == b"ready":
@@ -296,10 +365,12 @@ class EnvServer:
             self._worker_exited(handle)
         for handle in self.pool.scale(len(self.inflight)):
             self._to_worker(handle.name, [b"stop"])
-        if self.pending and self.pool.failing and not self.pool.counts()["ready"]:
-            for key in list(self.pending):
-                self._answer(key, error_reply(self.inflight[key].id, "WorkersFailing", self._failing_message()))
+        if (self.pending or self.suspects) and self.pool.failing and not self.pool.counts()["ready"]:
+            queued = [*self.pending, *(key for group in self.suspects for key in group)]
             self.pending.clear()
+            self.suspects.clear()
+            for key in queued:
+                self._answer(key, error_reply(self.inflight[key].id, "WorkersFailing", self._failing_message()))
         self._flush_pending()
 
     def _audit(self) -> None:
@@ -327,28 +398,56 @@ class EnvServer:
             if record is not None and record.worker == name:
                 self.stats["lost_by_worker"] += 1
                 self.pool.release(name, key)
-                self._retry(key, record, f"worker {name.decode()} lost the request")
+                record.worker, record.lost = None, record.lost + 1
+                if record.lost > self.max_redispatch:
+                    why = f"worker {name.decode()} lost the request, {record.lost} times"
+                    self._answer(key, error_reply(record.id, "WorkerDied", why))
+                else:
+                    self._requeue([key])
         self._flush_pending()
 
-    def _retry(self, key: bytes, record: InFlight, why: str) -> None:
-        """Queue a request whose worker failed it again, or answer `WorkerDied` after `max_redispatch` tries."""
-        record.worker, record.attempts = None, record.attempts + 1
-        if record.attempts > self.max_redispatch:
-            self._answer(key, error_reply(record.id, "WorkerDied", f"{why}, {record.attempts} times"))
+    def _requeue(self, keys: list[bytes]) -> None:
+        """Queue requests to be sent again, ahead of the others: suspects as one group, to run on a worker of
+        their own; any other request to the front of the pending queue."""
+        for key in keys:
+            self.inflight[key].attempts += 1
+        self.stats["redispatched"] += len(keys)
+        if self.inflight[keys[0]].suspect:
+            self.suspects.appendleft(keys)
         else:
-            self.stats["redispatched"] += 1
-            self.pending.appendleft(key)
+            self.pending.extendleft(reversed(keys))
 
     def _worker_exited(self, handle: WorkerHandle) -> None:
+        """Queue a dead (or hung, killed) worker's requests again as suspects. When it ran one request alone,
+        that one is named as the cause and, past `max_redispatch` retries, answered with a task error. When it
+        ran several, none is blamed: they rerun in two halves, each group alone on a reserved worker, so the next
+        death narrows the cause down. Retries are counted per request: a neighbour's count never moves."""
         if handle.hung:  # counted in workers_hung when it was killed
             why = f"a worker hung (no answer for {self.worker_timeout:g} s, killed) running this request"
         else:
             self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
             why = f"a worker died (exit {handle.proc.returncode}) running this request"
-        for key in sorted(handle.jobs):
-            record = self.inflight.get(key)
-            if record is not None and record.worker == handle.name:
-                self._retry(key, record, why)
+        keys = [k for k in sorted(handle.jobs) if (r := self.inflight.get(k)) is not None and r.worker == handle.name]
+        for key in keys:
+            self.inflight[key].worker, self.inflight[key].suspect = None, True
+        if keys == [handle.solo]:
+            self._blame(keys[0], why)
+        elif keys:
+            half = (len(keys) + 1) // 2
+            for group in (keys[half:], keys[:half]):  # each to the front: the first half runs first
+                if group:
+                    self._requeue(group)
+
+    def _blame(self, key: bytes, why: str) -> None:
+        """A request killed a worker it ran on alone: run it alone again, or answer it after its retries."""
+        record = self.inflight[key]
+        record.kills += 1
+        if record.kills <= self.max_redispatch:
+            self._requeue([key])
+            return
+        self.stats["poison_requests"] += 1
+        message = f"{why} alone, {record.kills} times (the task's own code ends its process)"
+        self._answer(key, error_reply(record.id, "WorkerDied", message, ErrorKind.TASK))
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"

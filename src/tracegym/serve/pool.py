@@ -3,6 +3,8 @@
 Static pools keep `min` workers alive (a dead one is replaced at once). Elastic pools keep between `min` and
 `max`, growing by one whenever the load per worker passes `grow_at` and retiring a worker idle for `idle_s`.
 A worker that dies before saying ready delays the next start (backoff), so a broken taskset cannot spin.
+A worker the server reserves for suspects (`isolating`) gets no other work; `solo` names the request a worker
+has run alone, so a death can name its cause.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class WorkerHandle:
     """When that question went out (monotonic seconds)."""
     hung: bool = False
     """Killed by the server for leaving a question unanswered (counted as hung, not as retired or died)."""
+    isolating: bool = False
+    """Reserved by the server for suspect requests (those of a worker that died): `pick()` never returns it."""
+    solo: bytes | None = None
+    """The job it has run with no other job beside it since that job was assigned (None: none such)."""
 
 
 class WorkerPool:
@@ -133,20 +139,24 @@ class WorkerPool:
 
     # --- routing -----------------------------------------------------------------------------------------
     def pick(self) -> WorkerHandle | None:
-        """The ready, non-retiring worker with the fewest requests, or None."""
+        """The ready worker with the fewest requests, neither retiring nor reserved for suspects; or None."""
         best = None
         for handle in self.workers.values():
-            if handle.ready and not handle.retiring and (best is None or len(handle.jobs) < len(best.jobs)):
+            if handle.ready and not handle.retiring and not handle.isolating and (
+                    best is None or len(handle.jobs) < len(best.jobs)):
                 best = handle
         return best
 
     def assign(self, handle: WorkerHandle, key: bytes) -> None:
+        handle.solo = None if handle.jobs else key
         handle.jobs.add(key)
 
     def release(self, name: bytes, key: bytes) -> None:
         handle = self.workers.get(name)
         if handle is not None:
             handle.jobs.discard(key)
+            if handle.solo == key:
+                handle.solo = None
             if not handle.jobs:
                 handle.idle_since = time.monotonic()
 
@@ -194,7 +204,8 @@ class WorkerPool:
     def counts(self) -> dict[str, int]:
         ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
         return {"ready": ready, "starting": sum(1 for h in self.workers.values() if not h.ready),
-                "retiring": sum(1 for h in self.workers.values() if h.retiring)}
+                "retiring": sum(1 for h in self.workers.values() if h.retiring),
+                "isolating": sum(1 for h in self.workers.values() if h.isolating and not h.retiring)}
 
     def pids(self) -> list[int]:
         """Process ids of every worker (starting, ready or retiring)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Iterator
+from typing import Literal
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -31,6 +33,10 @@ class EchoConfig(TasksetConfig):
     """Seconds each rollout's setup sleeps (to hold rollouts in flight in tests)."""
     exit_in_setup: bool = False
     """End the whole process in setup (to test what happens when an env-server worker dies)."""
+    poison_task: str | None = None
+    """Id of one task whose setup ends the whole process (to test that it costs only its own rollouts)."""
+    poison_how: Literal["exit", "segfault", "kill"] = "exit"
+    """How the poison task ends it: `os._exit(3)`, a segfault (SIGSEGV), or SIGKILL (as the OOM killer does)."""
 
 
 class EchoTask(Task):
@@ -39,10 +45,16 @@ class EchoTask(Task):
     turns: int = 1
     setup_sleep: float = 0.0
     exit_in_setup: bool = False
+    poison_how: str | None = None
+    """How this task ends its process in setup (None: it does not)."""
 
     async def setup(self) -> None:
         if self.exit_in_setup:
             os._exit(3)
+        if self.poison_how == "exit":
+            os._exit(3)
+        if self.poison_how is not None:
+            os.kill(os.getpid(), signal.SIGSEGV if self.poison_how == "segfault" else signal.SIGKILL)
         if self.setup_sleep:
             await asyncio.sleep(self.setup_sleep)
 
@@ -76,4 +88,6 @@ class Echo(Taskset):
         task = super().task(row)
         cfg: EchoConfig = self.config  # type: ignore[assignment]
         task.turns, task.setup_sleep, task.exit_in_setup = cfg.turns, cfg.setup_sleep, cfg.exit_in_setup  # type: ignore
+        if task.data.id == cfg.poison_task:
+            task.poison_how = cfg.poison_how  # type: ignore[attr-defined]
         return task
