@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tracegym.cli.main import main
+from tracegym.core.trace import Trace
 from tracegym.serve import local_server
 from tracegym.testing import FakeOpenAIServer
 
@@ -66,3 +67,14 @@ def test_an_env_server_with_other_taskset_options_is_refused_naming_the_option(f
     with local_server("reverse-text", {"seed": 7}, workers=1) as address:
         assert eval_exit(fake, tmp_path, "--env-address", address) == 2
     assert "seed = 7, not 0" in capsys.readouterr().err
+
+
+def test_a_task_that_kills_its_worker_costs_only_its_own_rollout(tmp_path):
+    with FakeOpenAIServer(rule=lambda request: request.messages[-1].text.removeprefix("Say ")) as fake:
+        code = main(["eval", "tracegym.testing.echo:Echo", "-n", "30", "--taskset.poison-task", "echo-7",
+                     "--base-url", fake.base_url, "--output-dir", str(tmp_path), "--no-rich"])
+    [run] = list(tmp_path.glob("*/*"))
+    traces = [Trace.model_validate_json(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    failed = [t for t in traces if not t.ok]
+    assert code == 0 and len(traces) == 30 and [t.task.id for t in failed] == ["echo-7"]
+    assert failed[0].failure == "task" and "alone" in failed[0].errors[0].message
