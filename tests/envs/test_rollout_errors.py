@@ -1,10 +1,13 @@
 """Rollout errors and multi-turn: failures are classified on the trace, siblings go on, concurrency is bounded."""
 
 import asyncio
+import sys
 import time
 
+import pytest
+
 import tracegym as tg
-from tracegym.testing import Fail, ScriptedModel, Stall
+from tracegym.testing import Fail, ScriptedModel, Stall, reply, tool_call
 
 
 @tg.reward
@@ -115,6 +118,82 @@ async def test_cleanup_runs_after_an_error():
     Cleaned.cleaned = 0
     await tg.evaluate(taskset(Cleaned), ScriptedModel(["yes"]))
     assert Cleaned.cleaned == 1
+
+
+class Quit(BaseException):
+    """What task code may raise that is not an Exception (like SystemExit, it would pass `except Exception`)."""
+
+
+def leave(how: str) -> str:
+    """Raises SystemExit(3) or Quit.
+
+    Args:
+        how: `exit` for SystemExit(3), else Quit.
+    """
+    if how == "exit":
+        sys.exit(3)
+    raise Quit("bye")
+
+
+class Leaves(tg.Task):
+    """Row q1's task code raises at `stage` (`how`: `exit` for SystemExit, else Quit); the other rows' work."""
+
+    stage = ""
+    how = "exit"
+    tools = [leave]
+
+    def maybe_leave(self, stage):
+        if self.data.prompt == "q1" and stage == self.stage:
+            leave(self.how)
+
+    async def setup(self):
+        self.maybe_leave("setup")
+
+    async def env_response(self, trace):
+        self.maybe_leave("env_response")
+        return "sure?" if trace.num_turns == 1 else None  # a second turn, so stops run
+
+    @tg.reward
+    def replied(self, trace):  # sync: runs on a thread of the task-code lane
+        self.maybe_leave("reward")
+        return float(trace.last_reply == "yes")
+
+    @tg.stop
+    async def never(self, trace):
+        self.maybe_leave("stop")
+        return False
+
+
+@pytest.mark.parametrize("how", ["exit", "quit"])
+@pytest.mark.parametrize(("stage", "recorded", "kind"), [
+    ("setup", "setup", tg.ErrorKind.TASK), ("env_response", "env_response", tg.ErrorKind.TASK),
+    ("stop", "stop:never", tg.ErrorKind.TASK), ("reward", "scoring:replied", tg.ErrorKind.TASK),
+    ("tool", "tool:leave", tg.ErrorKind.TOOL)])
+async def test_a_base_exception_from_task_code_ends_that_rollout_only(stage, recorded, kind, how):
+    calls_tool = lambda r: len(r.messages) == 1 and r.messages[0].text == "q1" and stage == "tool"  # noqa: E731
+    model = ScriptedModel(rule=lambda r: reply(None, tool_call("leave", {"how": how})) if calls_tool(r) else "yes")
+    task_class = type("Leaves", (Leaves,), {"stage": stage, "how": how})
+    ts = type("LeavesSet", (tg.Taskset,), {"id": "leaves", "task_class": task_class})
+    traces = await tg.evaluate(ts(data=[{"prompt": f"q{i}"} for i in range(3)]), model)
+    [failed] = [t for t in traces if t.task.prompt == "q1"]
+    assert [t.reward for t in traces if t is not failed] == [1.0, 1.0]
+    assert [(e.stage, e.kind) for e in failed.errors] == [(recorded, kind)]
+    assert ("SystemExit: 3" if how == "exit" else "Quit: bye") in failed.errors[0].message
+
+
+async def test_cancelling_a_rollout_in_task_code_still_cancels_it():
+    started = asyncio.Event()
+
+    class Slow(tg.Task):
+        async def setup(self):
+            started.set()
+            await asyncio.Event().wait()
+
+    job = asyncio.create_task(tg.rollout(Slow(tg.TaskData(prompt="q")), ScriptedModel(["yes"])))
+    await started.wait()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
 
 
 # --- environment responses -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import tracegym as tg
+from tracegym.core.errors import TaskExit
 from tracegym.envs.thread_lane import LANE_LIMIT, ThreadLane
 from tracegym.testing import ScriptedModel, reply, tool_call
 
@@ -153,6 +154,32 @@ async def test_an_async_callable_is_awaited_on_the_loop_not_in_a_thread():
         return threading.current_thread() is threading.main_thread()
 
     assert await ThreadLane("test").call(where) is True
+
+
+def raiser(exc: BaseException):
+    def fn():
+        raise exc
+
+    return fn
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), asyncio.CancelledError()])
+async def test_a_base_exception_raised_on_a_lane_thread_reaches_the_caller_as_an_ordinary_task_error(exc):
+    with pytest.raises(TaskExit, match=f"^{type(exc).__name__}: "):  # never a Ctrl-C or our cancellation there
+        await ThreadLane("test").call(raiser(exc))
+
+
+async def test_async_task_code_raising_system_exit_is_contained_but_cancellation_and_ctrl_c_pass():
+    async def raises(exc):
+        raise exc
+
+    lane = ThreadLane("test")
+    with pytest.raises(TaskExit, match=r"^SystemExit: 3$"):
+        await lane.call(raises, SystemExit(3))
+    with pytest.raises(asyncio.CancelledError):
+        await lane.call(raises, asyncio.CancelledError())
+    with pytest.raises(KeyboardInterrupt):  # may be the user's Ctrl-C: it ends the eval
+        await lane.call(raises, KeyboardInterrupt())
 
 
 NEVER_RETURNS = textwrap.dedent('''

@@ -69,12 +69,26 @@ def test_an_env_server_with_other_taskset_options_is_refused_naming_the_option(f
     assert "seed = 7, not 0" in capsys.readouterr().err
 
 
-def test_a_task_that_kills_its_worker_costs_only_its_own_rollout(tmp_path):
+def poisoned_eval(out: Path, how: str, *extra: str) -> tuple[int, list[Trace]]:
+    """30 echo tasks, task echo-7 ending its process in setup (`how`); the exit code and the traces."""
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text.removeprefix("Say ")) as fake:
         code = main(["eval", "tracegym.testing.echo:Echo", "-n", "30", "--taskset.poison-task", "echo-7",
-                     "--base-url", fake.base_url, "--output-dir", str(tmp_path), "--no-rich"])
-    [run] = list(tmp_path.glob("*/*"))
-    traces = [Trace.model_validate_json(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+                     "--taskset.poison-how", how, "--base-url", fake.base_url, "--output-dir", str(out),
+                     "--no-rich", *extra])
+    [run] = list(out.glob("*/*"))
+    return code, [Trace.model_validate_json(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+
+
+def test_a_task_that_kills_its_worker_costs_only_its_own_rollout(tmp_path):
+    code, traces = poisoned_eval(tmp_path, "exit")
     failed = [t for t in traces if not t.ok]
     assert code == 0 and len(traces) == 30 and [t.task.id for t in failed] == ["echo-7"]
     assert failed[0].failure == "task" and "alone" in failed[0].errors[0].message
+
+
+@pytest.mark.parametrize("where", ["--serve", "--no-serve"])
+def test_a_task_calling_sys_exit_ends_only_its_own_rollout(tmp_path, where):
+    code, traces = poisoned_eval(tmp_path, "sys.exit", where)
+    failed = [t for t in traces if not t.ok]
+    assert code == 0 and len(traces) == 30 and [t.task.id for t in failed] == ["echo-7"]
+    assert [(e.kind, e.stage, e.message) for e in failed[0].errors] == [("task", "setup", "SystemExit: 3")]

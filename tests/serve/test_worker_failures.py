@@ -166,3 +166,12 @@ async def test_a_task_that_segfaults_or_is_killed_like_by_the_oom_killer_costs_o
             traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
     assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
     assert server.stats["poison_requests"] == 1
+
+
+async def test_a_task_whose_interrupt_stops_the_worker_loop_costs_only_its_request(endpoint):
+    options = {"poison_task": "poison", "poison_how": "interrupt"}  # the worker's loop ends, cancelling the rest
+    with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
+        async with EnvClient(server.bound) as client:
+            pairs = poison_pairs(6, 1, poison_at=2)
+            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
+    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6

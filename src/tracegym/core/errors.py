@@ -55,6 +55,14 @@ class TaskError(TracegymError):
     kind = ErrorKind.TASK
 
 
+class TaskExit(TaskError):
+    """Task code raised a BaseException that is not an Exception (`SystemExit`, a custom subclass): carried as an
+    ordinary task error, so it ends that rollout (or, from a tool, that call) and never the process."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(f"{type(raised).__name__}: {raised}")
+
+
 class StageTimeout(TracegymError):
     """A stage ran past its timeout."""
 

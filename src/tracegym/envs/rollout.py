@@ -29,6 +29,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.envs.task import EnvResponse, Task
+from tracegym.envs.thread_lane import contained
 from tracegym.models.client import ModelClient, ModelRequest
 
 T = TypeVar("T")
@@ -109,7 +110,7 @@ class Rollout:
 
     async def _loop(self) -> None:
         graph = self.trace.graph
-        await self._timed("setup", self.task.setup(), self.timeouts.setup)
+        await self._timed("setup", contained(self.task.setup()), self.timeouts.setup)
         for message in self.task.prompt():
             graph.add(message)
         self.trace.prompt_length = len(graph.nodes)
@@ -119,7 +120,7 @@ class Rollout:
             if reply.tool_calls:
                 await self._run_tools(reply.tool_calls)
             else:
-                response = await self._timed("env_response", self.task.env_response(self.trace),
+                response = await self._timed("env_response", contained(self.task.env_response(self.trace)),
                                              self.timeouts.env_response)
                 if not _append_response(self.trace, response):
                     raise _Ended(StopReason.COMPLETED)
@@ -221,7 +222,7 @@ class Rollout:
 
     async def _cleanup(self) -> None:
         try:
-            await asyncio.wait_for(self.task.cleanup(), self.timeouts.setup)
+            await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:
             self._error_from(exc, "cleanup")
 

@@ -7,6 +7,13 @@ calls have; a new thread takes the hung one's place. The threads are daemons: an
 the event loop's or the interpreter's exit. Idle threads are reused (starting one per call cost ~6x as much
 as `asyncio.to_thread`). Tools and scorers have separate lanes, so tools that hang or crowd in never delay
 scoring.
+
+Task code that raises a BaseException that is not an Exception (`sys.exit()`, a custom subclass) must end its
+rollout, not the process: `contained` turns it into a `TaskExit`, an ordinary task error. Raised on a lane
+thread, even `KeyboardInterrupt` or `CancelledError` is task code's own (signals reach only the main thread, and
+the caller's cancellation is raised in the caller), so all are converted. Raised by async task code on the event
+loop, `CancelledError` is a real cancellation and `KeyboardInterrupt` may be the user's Ctrl-C (asyncio raises
+the second one wherever the main thread is): both pass, as does `GeneratorExit` (a coroutine being closed).
 """
 
 from __future__ import annotations
@@ -18,9 +25,12 @@ import inspect
 import queue
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+from tracegym.core.errors import TaskExit
+
+T = TypeVar("T")
 LANE_LIMIT = 32
 """Sync calls of one lane running at once (per event loop); abandoned calls do not count."""
 
@@ -47,10 +57,10 @@ class ThreadLane:
         """`fn(*args, **kwargs)`: awaited when async, on a lane thread when sync (an awaitable result is
         awaited too). Cancelling the caller abandons the thread and frees its slot."""
         if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):  # noqa: B004 (async __call__)
-            return await fn(*args, **kwargs)
+            return await contained(fn(*args, **kwargs))
         result = await self._in_thread(fn, args, kwargs)
         if inspect.isawaitable(result):
-            return await result
+            return await contained(result)
         return result
 
     async def _in_thread(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -64,8 +74,10 @@ class ThreadLane:
             def work() -> None:
                 try:
                     outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
-                except BaseException as exc:  # handed to the caller, who decides
+                except Exception as exc:  # handed to the caller, who decides
                     outcome = (False, exc)
+                except BaseException as exc:  # task code's own on this thread, never a Ctrl-C or a cancellation
+                    outcome = (False, TaskExit(exc))
                 with self._lock:
                     state["finished"] = True
                     if state["abandoned"]:
@@ -101,6 +113,18 @@ class ThreadLane:
                 if self._idle >= self.limit:
                     return
                 self._idle += 1
+
+
+async def contained(aw: Awaitable[T]) -> T:
+    """Await task code; a BaseException it raises that is not an Exception becomes a `TaskExit` (raised here, in
+    the task that awaits it: one that left a task would stop the event loop). Cancellation, KeyboardInterrupt and
+    GeneratorExit pass (see the module docstring)."""
+    try:
+        return await aw
+    except (Exception, asyncio.CancelledError, KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:
+        raise TaskExit(exc) from exc
 
 
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Literal
 
@@ -35,8 +36,10 @@ class EchoConfig(TasksetConfig):
     """End the whole process in setup (to test what happens when an env-server worker dies)."""
     poison_task: str | None = None
     """Id of one task whose setup ends the whole process (to test that it costs only its own rollouts)."""
-    poison_how: Literal["exit", "segfault", "kill"] = "exit"
-    """How the poison task ends it: `os._exit(3)`, a segfault (SIGSEGV), or SIGKILL (as the OOM killer does)."""
+    poison_how: Literal["exit", "segfault", "kill", "sys.exit", "interrupt"] = "exit"
+    """How the poison task ends it: `os._exit(3)`, a segfault (SIGSEGV), SIGKILL (as the OOM killer does),
+    `sys.exit(3)` (which ends only its rollout: the loop records it as a task error) or KeyboardInterrupt (which
+    the loop lets pass, as it may be a Ctrl-C: it ends the event loop)."""
 
 
 class EchoTask(Task):
@@ -53,6 +56,10 @@ class EchoTask(Task):
             os._exit(3)
         if self.poison_how == "exit":
             os._exit(3)
+        if self.poison_how == "sys.exit":
+            sys.exit(3)
+        if self.poison_how == "interrupt":
+            raise KeyboardInterrupt
         if self.poison_how is not None:
             os.kill(os.getpid(), signal.SIGSEGV if self.poison_how == "segfault" else signal.SIGKILL)
         if self.setup_sleep:
