@@ -10,9 +10,13 @@ import pytest
 from serve_helpers import alive, running_server, task, wait_for, wait_ready
 
 from tracegym import TaskData
+from tracegym.envs.registry import load_taskset
 from tracegym.serve import EnvClient, EnvServer, PoolSize, RemoteError
 from tracegym.serve.env_server import InFlight
 from tracegym.serve.pool import WorkerHandle
+from tracegym.serve.run_request import RunRequest
+from tracegym.serve.wire import pack
+from tracegym.serve.worker import Worker
 from tracegym.testing.echo import SPEC
 
 
@@ -175,3 +179,32 @@ async def test_a_task_whose_interrupt_stops_the_worker_loop_costs_only_its_reque
             pairs = poison_pairs(6, 1, poison_at=2)
             traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
     assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
+
+
+class RecordingSocket:
+    """Stands in for a worker's socket: records the kind and key of each message it sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes]) -> asyncio.Future[None]:
+        self.sent.append(frames[:2])
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+@pytest.mark.parametrize("steps", [0, 5])  # cancelled before its first step, or inside the rollout
+async def test_a_worker_answers_cancelled_only_to_a_cancel_the_server_asked_for(endpoint, steps):
+    worker = Worker(load_taskset(SPEC, {"setup_sleep": 30}), "ipc://unused", "w1")
+    worker.socket = RecordingSocket()  # type: ignore[assignment]
+    payload = pack(RunRequest(data=task(), endpoint=endpoint).model_dump(mode="json"))
+    for key in (b"asked", b"torn"):
+        worker._handle([b"run", key, key, payload])
+    jobs = list(worker.jobs.values())
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    worker._handle([b"cancel", b"asked"])
+    worker.jobs[b"torn"].cancel()  # as asyncio.run does to every task when task code's KeyboardInterrupt ends the loop
+    await asyncio.gather(*jobs, return_exceptions=True)
+    assert worker.socket.sent == [[b"reply", b"asked"]]  # the other is the server's to rerun when the worker dies

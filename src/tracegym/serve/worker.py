@@ -47,6 +47,10 @@ class Worker:
     def __init__(self, taskset: Taskset, backend: str, name: str) -> None:
         self.taskset, self.backend, self.name = taskset, backend, name
         self.jobs: dict[bytes, asyncio.Task[None]] = {}
+        self.cancelled: set[bytes] = set()
+        """Jobs the server asked to cancel: the only cancellations answered (any other is this process ending:
+        a stop, or its event loop torn down by task code's KeyboardInterrupt; the server reruns what a dead
+        worker held, so a `Cancelled` reply would fail a request that did nothing wrong)."""
         self.models: dict[Endpoint, ModelClient] = {}
         self.stopped = asyncio.Event()
         self.socket: zmq.asyncio.Socket | None = None
@@ -89,6 +93,7 @@ class Worker:
             self.jobs[key] = job
             job.add_done_callback(lambda done, k=key, r=request_id: self._finished(k, r, done))
         elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
+            self.cancelled.add(frames[1])
             job.cancel()
         elif kind == b"jobs?":  # the server checks that no request it gave us was lost
             self.socket.send_multipart([b"jobs", *self.jobs]).add_done_callback(_quiet)  # type: ignore[union-attr]
@@ -99,7 +104,8 @@ class Worker:
         """Forget a job; one cancelled before its first step (its `cancel` came in the same batch as its `run`)
         never ran `_run`'s handler, so it is answered here: every request gets exactly one reply."""
         self.jobs.pop(key, None)
-        if job.cancelled() and not self.stopped.is_set() and self.socket is not None:
+        answers = self._answers_cancel(key)  # called either way: it forgets the key
+        if job.cancelled() and answers and self.socket is not None:
             reply = error_reply(request_id, "Cancelled", "the request was cancelled")
             self.socket.send_multipart([b"reply", key, *reply]).add_done_callback(_quiet)
 
@@ -108,15 +114,22 @@ class Worker:
         try:
             frames = [ok_header(request_id), pack(await self._traces(payload))]
         except asyncio.CancelledError:
-            frames = error_reply(request_id, "Cancelled", "the request was cancelled")
-            if self.stopped.is_set():
+            if not self._answers_cancel(key):
                 raise
+            frames = error_reply(request_id, "Cancelled", "the request was cancelled")
         except (ValidationError, ValueError, TypeError) as exc:
             frames = error_reply(request_id, "BadRequest", f"bad run payload: {exc}", ErrorKind.TASK)
         except Exception as exc:  # a bug here must still answer
             log.exception("run %s failed", request_id)
             frames = error_reply(request_id, "WorkerError", f"{type(exc).__name__}: {exc}")
         await self.socket.send_multipart([b"reply", key, *frames])
+
+    def _answers_cancel(self, key: bytes) -> bool:
+        """Whether a cancelled job gets a `Cancelled` reply: only when the server asked, and we are not stopping
+        (asked at most once per job: the set forgets it)."""
+        asked = key in self.cancelled
+        self.cancelled.discard(key)
+        return asked and not self.stopped.is_set()
 
     async def _traces(self, payload: bytes) -> list[dict]:
         request = RunRequest.model_validate(unpack(payload))
