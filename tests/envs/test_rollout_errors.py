@@ -149,6 +149,10 @@ class Leaves(tg.Task):
     async def setup(self):
         self.maybe_leave("setup")
 
+    def prompt(self):
+        self.maybe_leave("prompt")
+        return super().prompt()
+
     async def env_response(self, trace):
         self.maybe_leave("env_response")
         return "sure?" if trace.num_turns == 1 else None  # a second turn, so stops run
@@ -166,7 +170,8 @@ class Leaves(tg.Task):
 
 @pytest.mark.parametrize("how", ["exit", "quit"])
 @pytest.mark.parametrize(("stage", "recorded", "kind"), [
-    ("setup", "setup", tg.ErrorKind.TASK), ("env_response", "env_response", tg.ErrorKind.TASK),
+    ("setup", "setup", tg.ErrorKind.TASK), ("prompt", "setup", tg.ErrorKind.TASK),
+    ("env_response", "env_response", tg.ErrorKind.TASK),
     ("stop", "stop:never", tg.ErrorKind.TASK), ("reward", "scoring:replied", tg.ErrorKind.TASK),
     ("tool", "tool:leave", tg.ErrorKind.TOOL)])
 async def test_a_base_exception_from_task_code_ends_that_rollout_only(stage, recorded, kind, how):

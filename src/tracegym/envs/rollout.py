@@ -94,7 +94,7 @@ class Rollout:
 
     async def _loop_and_score(self) -> None:
         try:
-            await self._loop()
+            await contained(self._loop())  # the sync hooks it calls (`prompt`) are task code too
         except _Ended as ended:
             self._end(ended.reason, ended.by)
         except Exception as exc:  # every failure becomes data on the trace
