@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import signal
 import sys
 from collections.abc import Iterator
@@ -54,14 +55,8 @@ class EchoTask(Task):
     async def setup(self) -> None:
         if self.exit_in_setup:
             os._exit(3)
-        if self.poison_how == "exit":
-            os._exit(3)
-        if self.poison_how == "sys.exit":
-            sys.exit(3)
-        if self.poison_how == "interrupt":
-            raise KeyboardInterrupt
         if self.poison_how is not None:
-            os.kill(os.getpid(), signal.SIGSEGV if self.poison_how == "segfault" else signal.SIGKILL)
+            _end_process(self.poison_how)
         if self.setup_sleep:
             await asyncio.sleep(self.setup_sleep)
 
@@ -75,6 +70,18 @@ class EchoTask(Task):
     @metric
     def turns_taken(self, trace: Trace) -> float:
         return float(trace.num_turns)
+
+
+def _end_process(how: str) -> None:
+    """End this process the way `how` says (see `EchoConfig.poison_how`)."""
+    if how == "exit":
+        os._exit(3)
+    if how == "sys.exit":
+        sys.exit(3)
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    os.kill(os.getpid(), signal.SIGSEGV if how == "segfault" else signal.SIGKILL)
 
 
 class Echo(Taskset):
