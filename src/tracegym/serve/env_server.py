@@ -446,8 +446,7 @@ class EnvServer:
             self._requeue([key])
             return
         self.stats["poison_requests"] += 1
-        message = f"{why} alone, {record.kills} times (the task's own code ends its process)"
-        self._answer(key, error_reply(record.id, "WorkerDied", message, ErrorKind.TASK))
+        self._answer(key, error_reply(record.id, "WorkerDied", f"{why} alone, {record.kills} times", ErrorKind.TASK))
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"
