@@ -279,3 +279,22 @@ async def test_evaluate_returns_traces_in_task_then_rollout_order():
                                concurrency=4)
     assert [(t.task.prompt, t.rollout_index) for t in traces] == [
         ("q0", 0), ("q0", 1), ("q1", 0), ("q1", 1), ("q2", 0), ("q2", 1)]
+
+
+@pytest.mark.parametrize("how", ["exit", "quit"])
+async def test_a_base_exception_while_building_a_task_fails_that_rollout_only(how):
+    class Built(tg.Task):
+        def __init__(self, data, *args, **kwargs):
+            if data.prompt == "q1":
+                leave(how)
+            super().__init__(data, *args, **kwargs)
+
+        @tg.reward
+        def replied(self, trace):
+            return float(trace.last_reply == "yes")
+
+    ts = type("BuiltSet", (tg.Taskset,), {"id": "built", "task_class": Built})
+    traces = await tg.evaluate(ts(data=[{"prompt": f"q{i}"} for i in range(3)]), ScriptedModel(rule=lambda r: "yes"))
+    [failed] = [t for t in traces if t.task.prompt == "q1"]
+    assert [t.reward for t in traces if t is not failed] == [1.0, 1.0]
+    assert [(e.stage, e.kind) for e in failed.errors] == [("setup", tg.ErrorKind.TASK)]

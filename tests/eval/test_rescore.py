@@ -205,3 +205,20 @@ def test_rescore_command_lists_diverged_traces_and_writes_them_to_its_summary(di
     [summary] = list(run.glob("summary.rescored-*.json"))
     diverged = json.loads(summary.read_text())["diverged"]
     assert [(d["rollout_index"], d["call"], d["tool"]) for d in diverged] == [(0, 1, "roll"), (1, 1, "roll")]
+
+
+async def test_an_environment_whose_reset_exits_fails_only_that_traces_rescore(monkeypatch):
+    taskset, traces = await counter_traces()
+    from tracegym.tasksets.counter_env import CounterEnv
+
+    real_reset = CounterEnv.reset
+
+    def reset(self, **kwargs):
+        if kwargs.get("start") == traces[0].task.model_dump().get("start"):
+            raise SystemExit(3)
+        return real_reset(self, **kwargs)
+
+    monkeypatch.setattr(CounterEnv, "reset", reset)
+    first, second = [await rescore_trace(taskset, zeroed(t), Timeouts()) for t in traces]
+    assert first.reward is None and "SystemExit: 3" in first.errors[-1].message
+    assert second.reward == 1.0

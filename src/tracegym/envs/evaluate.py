@@ -18,6 +18,7 @@ from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.taskset import Taskset
+from tracegym.envs.thread_lane import contained_call
 from tracegym.models.client import ModelClient
 
 X = TypeVar("X")
@@ -37,7 +38,7 @@ async def run_rollout(
     """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times."""
     for attempt in range(infra_retries + 1):
         try:
-            task = taskset.task(data)
+            task = contained_call(taskset.task, data)
         except Exception as exc:  # a row the taskset cannot build a Task from fails this rollout only
             return failed_trace(data, taskset.id, rollout_index, exc)
         trace = await rollout(task, model, sampling, rollout_index=rollout_index, timeouts=timeouts)

@@ -115,13 +115,27 @@ class ThreadLane:
                 self._idle += 1
 
 
+PASSING = (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)
+"""BaseExceptions from task code that are not contained: they mean the caller's cancel, the user's Ctrl-C or a
+coroutine being closed (see the module docstring); every other one ends only the rollout it came from."""
+
+
 async def contained(aw: Awaitable[T]) -> T:
     """Await task code; a BaseException it raises that is not an Exception becomes a `TaskExit` (raised here, in
-    the task that awaits it: one that left a task would stop the event loop). Cancellation, KeyboardInterrupt and
-    GeneratorExit pass (see the module docstring)."""
+    the task that awaits it: one that left a task would stop the event loop). `PASSING` ones pass."""
     try:
         return await aw
-    except (Exception, asyncio.CancelledError, KeyboardInterrupt, GeneratorExit):
+    except (Exception, *PASSING):
+        raise
+    except BaseException as exc:
+        raise TaskExit(exc) from exc
+
+
+def contained_call(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` for sync task code run on the event loop itself (building a Task): as `contained`."""
+    try:
+        return fn(*args)
+    except (Exception, *PASSING):
         raise
     except BaseException as exc:
         raise TaskExit(exc) from exc

@@ -25,6 +25,7 @@ from tracegym.envs.environment import EnvironmentTask
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
+from tracegym.envs.thread_lane import contained
 
 UNSCORED = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
 SHOWN = 80
@@ -103,7 +104,7 @@ async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[
     except Exception as exc:
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
     finally:
-        await task.cleanup()
+        await contained(task.cleanup())
     return new, divergence
 
 
@@ -113,7 +114,7 @@ async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | 
     the first answer that differs from the stored one."""
     if not isinstance(task, EnvironmentTask):
         return None
-    await within("setup", task.setup(), timeouts.setup)
+    await within("setup", contained(task.setup()), timeouts.setup)
     # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
     steps = Rollout(task, None, Sampling(), timeouts, Trace(task=task.data))  # type: ignore[arg-type]
     for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
