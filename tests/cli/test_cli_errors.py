@@ -67,6 +67,22 @@ def test_a_load_that_raises_exits_2_naming_the_taskset_and_makes_no_folder(serve
     assert not out.exists()
 
 
+def test_a_load_that_raises_on_resume_exits_2_naming_the_taskset(server, tmp_path, capsys):
+    tasks = tmp_path / "flaky_load_tasks.py"
+    tasks.write_text("import os\nimport tracegym as tg\n\n\nclass Tasks(tg.Taskset):\n    def load(self):\n"
+                     "        if os.environ.get('BREAK_LOAD'):\n            raise OSError('dataset.jsonl is missing')\n"
+                     "        return [{'prompt': 'a'}]\n")
+    out = tmp_path / "out"
+    assert main(["eval", f"{tasks}:Tasks", "--base-url", server.base_url, "--output-dir", str(out), "--no-rich",
+                 "--no-serve"]) == 0
+    [run] = [p.parent for p in out.rglob("config.toml")]
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BREAK_LOAD", "1")
+        err = refused(capsys, ["eval", "--resume", str(run)])
+    assert "flaky_load_tasks.py:Tasks" in err and "OSError: dataset.jsonl is missing" in err
+
+
 def test_a_failed_env_server_start_leaves_no_folder(server, tmp_path, capsys):
     """An env server address that answers nothing is a failed start: nothing is written."""
     out = tmp_path / "out"

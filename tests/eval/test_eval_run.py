@@ -25,4 +25,4 @@ def test_a_run_whose_traces_came_back_under_other_keys_is_not_complete(tmp_path)
     folder.append(make_trace(task=tg.TaskData(prompt="same")))  # keyed by content, not by its position
     folder.close()
     with pytest.raises(InfrastructureError, match=r"1 of 2 rollouts have no trace after the run \(first: task '1'"):
-        check_complete(Plan(taskset, pairs, pairs), folder)
+        check_complete(Plan(taskset, pairs, pairs), folder.read_traces().traces, folder)

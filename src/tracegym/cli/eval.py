@@ -8,10 +8,10 @@ from pathlib import Path
 import tomli_w
 
 from tracegym.cli.flag import pop_flag
-from tracegym.core.errors import TracegymError, UsageError
+from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
-from tracegym.eval.eval_run import Plan, execute, plan
+from tracegym.eval.eval_run import execute, plan
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import check_reachable, only_served_model
 from tracegym.serve.env_client import check_env_server
@@ -42,25 +42,15 @@ def run(args: list[str]) -> int:
         check_reachable(config.base_url, config.model, config.api_key_env)
         model = config.model or only_served_model(config.base_url, config.api_key_env)
         config = config.model_copy(update={"model": model})
-    work = None
-    if resume_dir is None:
-        work = new_work(config)
-        choice = config.model_choice()
-        folder = RunFolder.create(config.output_dir, config.taskset.id, choice.display_name(), config.run_id)
-        folder.write_config(config.to_toml_dict())
-    execute(config, folder, resume=resume_dir is not None, work=work)
+    if resume_dir is not None:
+        execute(config, folder, plan(config, taskset, folder), resume=True)
+        return 0
+    work = plan(config, taskset)  # planned before the folder is made: a taskset whose loading fails leaves none
+    choice = config.model_choice()
+    folder = RunFolder.create(config.output_dir, config.taskset.id, choice.display_name(), config.run_id)
+    folder.write_config(config.to_toml_dict())
+    execute(config, folder, work)
     return 0
-
-
-def new_work(config: EvalConfig) -> Plan:
-    """A new run's work, planned before its folder is made, so a taskset whose loading fails leaves none."""
-    try:
-        return plan(config, None, resume=False)
-    except TracegymError:
-        raise
-    except Exception as exc:  # the taskset's own load() failed: one line naming it, exit 2
-        raise UsageError(f"taskset {config.taskset.id!r}: loading its tasks failed: "
-                         f"{type(exc).__name__}: {exc}") from None
 
 
 def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:

@@ -13,11 +13,10 @@ from typing import IO
 
 from rich.console import Console
 
-from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
-from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.eval_config import EvalConfig
@@ -43,13 +42,13 @@ class Plan:
     kept: list[Trace] = field(default_factory=list)
 
 
-def plan(config: EvalConfig, folder: RunFolder | None, resume: bool) -> Plan:
-    """What to run; on resume, keep the good traces, set the errored ones aside, and run the rest."""
-    taskset = load_taskset(config.taskset.id, config.taskset_options())
-    tasks = list(bounded_taskset(taskset, config.num_tasks))
+def plan(config: EvalConfig, taskset: Taskset, folder: RunFolder | None = None) -> Plan:
+    """What to run: all of it for a new run (`folder` None, so it can be planned before the folder is made);
+    on resume, keep the folder's good traces, set the errored ones aside, and run the rest."""
+    tasks = load_rows(taskset, config.num_tasks, config.taskset.id)
     check_unique_keys(taskset.id, tasks)
     expected = [(d, i) for d in tasks for i in range(config.rollouts)]
-    if not resume or folder is None:
+    if folder is None:
         return Plan(taskset, expected, expected)
     folder.repair()
     stored = folder.read_traces().traces
@@ -64,6 +63,17 @@ def plan(config: EvalConfig, folder: RunFolder | None, resume: bool) -> Plan:
     folder.rewrite(good.values())
     todo = [(d, i) for d, i in expected if (d.key, i) not in good]
     return Plan(taskset, expected, todo, kept=list(good.values()))
+
+
+def load_rows(taskset: Taskset, num_tasks: int | None, name: str) -> list[TaskData]:
+    """The rows to run; the taskset's own `load()` failing is one line naming it as given (`name`; a UsageError,
+    exit 2)."""
+    try:
+        return list(bounded_taskset(taskset, num_tasks))
+    except TracegymError:
+        raise
+    except Exception as exc:  # user code: translated here, at the edge where it is first called
+        raise UsageError(f"taskset {name!r}: loading its tasks failed: {type(exc).__name__}: {exc}") from None
 
 
 def check_unique_keys(taskset_id: str, tasks: list[TaskData]) -> None:
@@ -93,9 +103,9 @@ def check_same_tasks(stored: list[Trace], tasks: list[TaskData], folder: RunFold
                          "with that key now (the taskset changed since the run started); start a new run")
 
 
-def check_complete(work: Plan, folder: RunFolder) -> None:
-    """An error unless the folder now holds a trace for every planned (task key, rollout index) pair."""
-    held = {(t.task_key, t.rollout_index) for t in folder.read_traces().traces}
+def check_complete(work: Plan, traces: list[Trace], folder: RunFolder) -> None:
+    """An error unless the folder's `traces` cover every planned (task key, rollout index) pair."""
+    held = {(t.task_key, t.rollout_index) for t in traces}
     missing = [(d.key, i) for d, i in work.expected if (d.key, i) not in held]
     if missing:
         key, index = missing[0]
@@ -138,14 +148,13 @@ async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: 
                 yield trace
 
 
-def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out: IO[str] | None = None,
-            work: Plan | None = None) -> Summary:
-    """Run an eval into `folder`; return its summary (also written to `summary.json` and printed).
+def execute(config: EvalConfig, folder: RunFolder, work: Plan, *, resume: bool = False,
+            out: IO[str] | None = None) -> Summary:
+    """Run the planned `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
-    that of every session of the run (a resume adds its own to the earlier ones). `work`: already planned."""
+    that of every session of the run (a resume adds its own to the earlier ones)."""
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
-    work = work or plan(config, folder, resume)
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
     title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
@@ -158,19 +167,21 @@ def execute(config: EvalConfig, folder: RunFolder, *, resume: bool = False, out:
                 tally.restart_clock()
                 asyncio.run(run_rollouts(config, work, folder, endpoint, tally, boards))
         except KeyboardInterrupt:
-            finish(config, folder, earlier + tally.elapsed, out, title)
+            finish(config, folder, folder.read_traces().traces, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
             folder.close()
-    summary = finish(config, folder, earlier + tally.elapsed, out, title)
-    check_complete(work, folder)
+    traces = folder.read_traces().traces
+    summary = finish(config, folder, traces, earlier + tally.elapsed, out, title)
+    check_complete(work, traces, folder)
     return summary
 
 
-def finish(config: EvalConfig, folder: RunFolder, wall_time: float, out: IO[str], title: str) -> Summary:
-    """Summarise the folder's traces into `summary.json` and print the table."""
-    summary = summarize(folder.read_traces().traces, pass_threshold=config.pass_threshold, wall_time=wall_time)
+def finish(config: EvalConfig, folder: RunFolder, traces: list[Trace], wall_time: float, out: IO[str],
+           title: str) -> Summary:
+    """Summarise the folder's `traces` into `summary.json` and print the table."""
+    summary = summarize(traces, pass_threshold=config.pass_threshold, wall_time=wall_time)
     folder.write_summary(summary.model_dump(mode="json"))
     print(file=out)
     Console(file=out).print(summary_table(summary, title=title))
