@@ -124,6 +124,20 @@ def test_missing_type_hint_is_a_usage_error_at_load():
         tg.Taskset(id="t", data=[], tools=[untyped])
 
 
+def test_an_undescribable_hint_after_an_optional_argument_is_named_at_load():
+    def connect(retries: int = 1, sock: asyncio.Lock = None) -> str:  # type: ignore[assignment]
+        """Connect.
+
+        Args:
+            retries: How often to try.
+            sock: Not something JSON can describe.
+        """
+        return "ok"
+
+    with pytest.raises(tg.UsageError, match=r"tool 'connect': argument 'sock' has a type hint"):
+        tg.Taskset(id="t", data=[], tools=[connect])
+
+
 def test_missing_docstring_is_a_usage_error_at_load():
     def bare(x: int) -> int:
         return x

@@ -100,7 +100,7 @@ def arguments_adapter(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str
         adapter = TypeAdapter(arguments)
         adapter.json_schema()
     except PydanticUserError as exc:  # a hint pydantic cannot validate or describe: name the argument
-        bad = next((n for n, h in fields.items() if not _describable(h)), None)
+        bad = next((n for n in fields if not _describable(hints[n])), None)  # the bare hint: NotRequired[] alone fails
         what = f"argument {bad!r}" if bad else "an argument"
         raise UsageError(f"tool {tool_name!r}: {what} has a type hint that cannot be validated or described "
                          f"as JSON: {str(exc).splitlines()[0]}") from None
