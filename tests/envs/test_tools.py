@@ -125,7 +125,7 @@ def test_missing_type_hint_is_a_usage_error_at_load():
 
 
 def test_an_undescribable_hint_after_an_optional_argument_is_named_at_load():
-    def connect(retries: int = 1, sock: asyncio.Lock = None) -> str:  # type: ignore[assignment]
+    def connect(retries: int = 1, sock: asyncio.Lock | None = None) -> str:
         """Connect.
 
         Args:
