@@ -76,7 +76,7 @@ def test_a_request_the_worker_no_longer_holds_is_redispatched():
         handle.audit = {key}
         server._audited(handle.name, held=set())
         assert server.stats["lost_by_worker"] == 1 and server.stats["redispatched"] == 1
-        assert server.inflight[key].attempts == 1 and list(server.pending) == [key]  # w9 is not connected
+        assert server.inflight[key].lost == 1 and list(server.pending) == [key]  # w9 is not connected
     finally:
         server._shutdown()
 

@@ -2,6 +2,7 @@
 version-stamped samples; no-signal groups are dropped; it never runs ahead of the trainer."""
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -10,6 +11,7 @@ from collections import Counter
 import pytest
 
 from tracegym.core.errors import InfrastructureError
+from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.script import Fail
@@ -49,15 +51,20 @@ def make(tmp_path, server, env_address, **orchestrator) -> Orchestrator:
     return Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})
 
 
-async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
-    from tracegym.serve.env_client import EnvClient
-
+@contextlib.asynccontextmanager
+async def connected(orchestrator: Orchestrator):
+    """The orchestrator with an env client per address, as `run()` opens them, closed afterwards."""
     orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
     try:
-        return await orchestrator.collect(step, version, orchestrator.base_model)
+        yield orchestrator
     finally:
         for client in orchestrator.clients.values():
             await client.aclose()
+
+
+async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
+    async with connected(orchestrator):
+        return await orchestrator.collect(step, version, orchestrator.base_model)
 
 
 def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_address):
@@ -123,14 +130,8 @@ def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp
         orchestrator.env_addresses["eval:reverse-text"] = env_address
 
         async def held_out():
-            from tracegym.serve.env_client import EnvClient
-
-            orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
-            try:
+            async with connected(orchestrator):
                 await orchestrator.evaluate(0)
-            finally:
-                for client in orchestrator.clients.values():
-                    await client.aclose()
 
         asyncio.run(held_out())
     [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -67,16 +67,14 @@ async def test_temperature_and_reward_come_from_the_trace():
 
 async def test_a_sample_carries_the_oldest_policy_version_that_sampled_its_branch():
     """The policy moves on mid-rollout: the first turn was sampled by version 3, the second by version 4."""
-    model = ScriptedModel([reply(None, tool_call("add", {"a": 1, "b": 2})), "3"], tokens=True)
+    def first_turn_then_publish(request):
+        if len(request.messages) > 1:
+            return "3"
+        model.policy_version = 4  # the trainer publishes while this turn is served (its version was read at arrival)
+        return reply(None, tool_call("add", {"a": 1, "b": 2}))
+
+    model = ScriptedModel(rule=first_turn_then_publish, tokens=True)
     model.policy_version = 3
-    real_complete = model.complete
-
-    async def moving_on(request):
-        response = await real_complete(request)
-        model.policy_version = 4  # the trainer published between this turn and the next
-        return response
-
-    model.complete = moving_on
     taskset = tg.Taskset(id="adder", data=[{"prompt": "1+2?"}], tools=[add])
     [trace] = await tg.evaluate(taskset, model)
     assert [n.policy_version for n in trace.graph.nodes if n.sampled] == [3, 4]

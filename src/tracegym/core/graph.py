@@ -11,6 +11,8 @@ prompt extends the branch is one C-level list comparison (~1 ns a token), exact 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tracegym.core.messages import Message
@@ -168,10 +170,11 @@ class MessageGraph(BaseModel):
         self._branch = (self.nodes[node_id], tokens, len(tokens))
         return tokens
 
-    def oldest_version(self, node_ids: list[int]) -> int | None:
-        """The oldest policy version among these nodes' sampled turns (None when none reported one)."""
-        versions = [self.nodes[i].policy_version for i in node_ids if self.nodes[i].sampled]
-        known = [v for v in versions if v is not None]
+    def oldest_version(self, nodes: Iterable[Node] | None = None) -> int | None:
+        """The oldest policy version among these nodes' sampled turns (default: every node's; None when none
+        reported one)."""
+        known = [n.policy_version for n in (self.nodes if nodes is None else nodes)
+                 if n.sampled and n.policy_version is not None]
         return min(known) if known else None
 
     def _fork(self) -> int | None:

@@ -127,7 +127,7 @@ class Trace(BaseModel):
     @property
     def policy_version(self) -> int | None:
         """The oldest policy version that sampled any of this rollout's turns (None when none was reported)."""
-        return self.graph.oldest_version([n.id for n in self.graph.nodes])
+        return self.graph.oldest_version()
 
     @property
     def num_turns(self) -> int:

@@ -50,8 +50,7 @@ def load_taskset(spec: str | Taskset, config: TasksetConfig | Mapping[str, Any] 
 
 def _ready_made(taskset: Taskset, config: TasksetConfig | Mapping[str, Any] | None, spec: str) -> Taskset:
     """A ready-made instance, given options only where they repeat its own (a command passes every option)."""
-    given = config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
-    own = taskset.config.model_dump()
+    given, own = _options(config), taskset.config.model_dump()
     differ = [f"{k!r} = {v!r} (it has {own[k]!r})" if k in own else f"{k!r} (not one of its options)"
               for k, v in given.items() if k not in own or own[k] != v]
     if differ:
@@ -66,11 +65,15 @@ def _build(target: Any, config: TasksetConfig | Mapping[str, Any] | None, spec: 
         raise UsageError(f"taskset {spec!r} names a {type(target).__name__}, not a Taskset, its class or a factory")
     if isinstance(target, type) or _takes_an_argument(target):
         return target(config) if config is not None else target()
-    given = config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
+    given = _options(config)
     if given:
         raise UsageError(f"taskset {spec!r}: {target.__name__}() takes no options; given "
                          f"{', '.join(repr(k) for k in given)}")
     return target()
+
+
+def _options(config: TasksetConfig | Mapping[str, Any] | None) -> dict[str, Any]:
+    return config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
 
 
 def _takes_an_argument(factory: Any) -> bool:

@@ -94,7 +94,7 @@ class Rollout:
 
     async def _loop_and_score(self) -> None:
         try:
-            await contained(self._loop())  # the sync hooks it calls (`prompt`) are task code too
+            await contained(self._loop())  # setup, prompt and env_response run in this task: one wrap covers them
         except _Ended as ended:
             self._end(ended.reason, ended.by)
         except Exception as exc:  # every failure becomes data on the trace
@@ -110,7 +110,7 @@ class Rollout:
 
     async def _loop(self) -> None:
         graph = self.trace.graph
-        await self._timed("setup", contained(self.task.setup()), self.timeouts.setup)
+        await self._timed("setup", self.task.setup(), self.timeouts.setup)
         for message in self.task.prompt():
             graph.add(message)
         self.trace.prompt_length = len(graph.nodes)
@@ -120,7 +120,7 @@ class Rollout:
             if reply.tool_calls:
                 await self._run_tools(reply.tool_calls)
             else:
-                response = await self._timed("env_response", contained(self.task.env_response(self.trace)),
+                response = await self._timed("env_response", self.task.env_response(self.trace),
                                              self.timeouts.env_response)
                 if not _append_response(self.trace, response):
                     raise _Ended(StopReason.COMPLETED)

@@ -60,8 +60,6 @@ class InFlight:
     id: str
     payload: bytes
     worker: bytes | None = None
-    attempts: int = 0
-    """Times it was queued again (its worker died, hung or lost it)."""
     kills: int = 0
     """Times a worker died (or hung) running it and nothing else: each names it as the cause."""
     lost: int = 0
@@ -409,8 +407,6 @@ class EnvServer:
     def _requeue(self, keys: list[bytes]) -> None:
         """Queue requests to be sent again, ahead of the others: suspects as one group, to run on a worker of
         their own; any other request to the front of the pending queue."""
-        for key in keys:
-            self.inflight[key].attempts += 1
         self.stats["redispatched"] += len(keys)
         if self.inflight[keys[0]].suspect:
             self.suspects.appendleft(keys)

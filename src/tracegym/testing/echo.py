@@ -48,13 +48,10 @@ class EchoTask(Task):
 
     turns: int = 1
     setup_sleep: float = 0.0
-    exit_in_setup: bool = False
     poison_how: str | None = None
     """How this task ends its process in setup (None: it does not)."""
 
     async def setup(self) -> None:
-        if self.exit_in_setup:
-            os._exit(3)
         if self.poison_how is not None:
             _end_process(self.poison_how)
         if self.setup_sleep:
@@ -101,7 +98,7 @@ class Echo(Taskset):
     def task(self, row: TaskData | dict) -> Task:
         task = super().task(row)
         cfg: EchoConfig = self.config  # type: ignore[assignment]
-        task.turns, task.setup_sleep, task.exit_in_setup = cfg.turns, cfg.setup_sleep, cfg.exit_in_setup  # type: ignore
-        if task.data.id == cfg.poison_task:
-            task.poison_how = cfg.poison_how  # type: ignore[attr-defined]
+        task.turns, task.setup_sleep = cfg.turns, cfg.setup_sleep  # type: ignore[attr-defined]
+        if cfg.exit_in_setup or task.data.id == cfg.poison_task:  # every task, or the poison one
+            task.poison_how = "exit" if cfg.exit_in_setup else cfg.poison_how  # type: ignore[attr-defined]
         return task

@@ -61,7 +61,7 @@ def _branch_sample(trace: Trace, index: int, path: list[Node], trained: set[int]
             loss_mask += [False] * len(ids)
             logprobs += [0.0] * len(ids)
     meta = {"truncated": 1.0} if trace.is_truncated else {}
-    version = trace.graph.oldest_version([n.id for n in path])  # the oldest weights that sampled this branch
+    version = trace.graph.oldest_version(path)  # the oldest weights that sampled this branch
     return Sample.model_construct(  # built aligned here; skipping validation keeps this linear and fast
         token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, advantage=0.0, temperature=temperature,
         reward=trace.reward, policy_version=version, trace_id=trace.id, branch=index,

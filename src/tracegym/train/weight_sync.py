@@ -30,6 +30,7 @@ from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.models import policy_version
 
 DEFAULT_ADAPTER_NAME = "policy"
+LORA_NEEDS = "vLLM started with LoRA enabled and runtime LoRA updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
 
 
 class WeightSync:
@@ -82,18 +83,16 @@ class WeightSync:
         return self.model_name
 
     def _announce(self, version: int) -> None:
-        if not self.announce:
-            return
-        try:
-            self._post(policy_version.ROUTE, {"version": version}, base=self.root)
-        except UsageError as exc:
-            raise UsageError(f"{exc} (announcing policy versions needs vLLM started with report_policy_version, "
-                             f"i.e. --middleware {policy_version.MIDDLEWARE})") from None
+        if self.announce:
+            self._post(policy_version.ROUTE, {"version": version}, base=self.root, what=f"policy version {version}",
+                       needs=f"vLLM started with report_policy_version (--middleware {policy_version.MIDDLEWARE})")
 
-    def _post(self, route: str, body: dict[str, object], base: str | None = None) -> str:
+    def _post(self, route: str, body: dict[str, object], base: str | None = None, what: str = "",
+              needs: str = LORA_NEEDS) -> str:
         """POST JSON to `base_url + route` (or `base + route`); the edge where HTTP and network errors become
-        tracegym errors."""
+        tracegym errors. `what` the request carries and what a server missing `route` `needs` name them in one."""
         url = (base or self.base_url) + route
+        what = what or f"adapter {self.adapter_name!r}"
         request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                          headers={"Content-Type": "application/json"})
         try:
@@ -102,11 +101,10 @@ class WeightSync:
         except urllib.error.HTTPError as exc:
             message = _message(exc.read().decode("utf-8", errors="replace"))
             if exc.code == 404:
-                raise UsageError(f"{url} not found: start vLLM with LoRA enabled and runtime LoRA updating "
-                                 f"(VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) ({message})") from None
+                raise UsageError(f"{url} not found: this needs {needs} ({message})") from None
             if 400 <= exc.code < 500:
-                raise UsageError(f"vLLM refused adapter {self.adapter_name!r} (HTTP {exc.code}): {message}") from None
-            raise InfrastructureError(f"vLLM failed to load the adapter (HTTP {exc.code}): {message}") from None
+                raise UsageError(f"vLLM refused {what} (HTTP {exc.code}): {message}") from None
+            raise InfrastructureError(f"vLLM failed to load {what} (HTTP {exc.code}): {message}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise InfrastructureError(f"vLLM at {self.base_url} is unreachable: {reason}") from None
@@ -134,10 +132,8 @@ class MergedWeightSync(WeightSync):
         return self.model_name
 
     def _post_root(self, route: str, body: dict[str, object]) -> str:
-        try:
-            return self._post(route, body, base=self.root)
-        except UsageError as exc:
-            raise UsageError(f"{exc} (merged weight sync needs vLLM started with VLLM_SERVER_DEV_MODE=1)") from None
+        return self._post(route, body, base=self.root, what="the merged weights",
+                          needs="vLLM started with VLLM_SERVER_DEV_MODE=1 (merged weight sync)")
 
 
 def _message(text: str) -> str:
