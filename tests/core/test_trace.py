@@ -93,6 +93,25 @@ def test_duration_sums_a_stage_and_its_named_sub_stages_only():
     assert trace.duration() == 10.0 and trace.duration("model") == 0.0
 
 
+NORMAL_ENDS = (StopReason.COMPLETED, StopReason.STOP_CONDITION, StopReason.MAX_TURNS, StopReason.TRUNCATED)
+
+
+def test_only_an_error_a_timeout_a_cancel_or_no_end_is_not_a_normal_end():
+    assert {s for s in StopReason if s.is_normal_end} == set(NORMAL_ENDS)
+    for stop in StopReason:
+        assert make_trace(stop_reason=stop).ended_normally is (stop in NORMAL_ENDS)
+    assert not make_trace(stop_reason=None).ended_normally
+
+
+def test_ok_is_a_normal_end_with_every_reward_scored_and_a_rollout_that_is_not_ok_is_a_failure():
+    assert make_trace().ok and not make_trace(reward=None).ok
+    assert not make_trace(stop_reason=StopReason.ERROR).ok
+    for stop in [*StopReason, None]:
+        for reward in (1.0, None):
+            trace = make_trace(stop_reason=stop, reward=reward)
+            assert trace.ok or trace.failure is not None
+
+
 def test_a_rollout_that_ended_on_the_models_output_has_no_failure():
     for stop in (StopReason.COMPLETED, StopReason.STOP_CONDITION, StopReason.MAX_TURNS, StopReason.TRUNCATED):
         assert make_trace(stop_reason=stop).failure is None

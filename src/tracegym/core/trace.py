@@ -32,6 +32,13 @@ class StopReason(StrEnum):
     ERROR = "error"
     CANCELLED = "cancelled"
 
+    @property
+    def is_normal_end(self) -> bool:
+        """True for the ends a rollout reaches on its own terms: the model's output (completed, truncated), a stop
+        function, or the turn budget. An error, a timeout or a cancel cut it short. The one list of them:
+        everything else asks `Trace.ended_normally`, `Trace.ok` or `Trace.failure`."""
+        return self in (StopReason.COMPLETED, StopReason.STOP_CONDITION, StopReason.MAX_TURNS, StopReason.TRUNCATED)
+
 
 class RewardScore(BaseModel):
     """One reward's score (None = failed or never ran) and its weight in the total."""
@@ -145,27 +152,33 @@ class Trace(BaseModel):
         return self.stop_reason == StopReason.TRUNCATED
 
     @property
+    def ended_normally(self) -> bool:
+        """True when the rollout reached a normal end (`StopReason.is_normal_end`); False when an error, a
+        timeout or a cancel ended it, or no end is recorded. A resume reruns the others; rescoring and the
+        rollout itself leave them unscored."""
+        return self.stop_reason is not None and self.stop_reason.is_normal_end
+
+    @property
     def ok(self) -> bool:
-        """True when the rollout ran to a normal end and every reward scored. Tool errors the model recovered
-        from do not count against it; a rollout ended by an error, a timeout or a cancel does."""
-        ended_badly = self.stop_reason in (None, StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED)
-        return not ended_badly and all(r.score is not None for r in self.rewards.values())
+        """True when the rollout ended normally and every reward scored (the eval's notion of a good rollout).
+        Tool errors the model recovered from do not count against it."""
+        return self.ended_normally and all(r.score is not None for r in self.rewards.values())
 
     @property
     def failure(self) -> str | None:
-        """Why this rollout failed outside the model's own output, or None when it ended on that output
-        (completed, stop condition, max turns, truncated) with every reward scored. Training leaves a failed
-        rollout out of its group's advantage statistics and out of the batch, and counts it by this reason:
-        `unfinished`, `cancelled`, `timeout` (the rollout, or any tool, environment response or scorer ran past
-        its timeout, even one the model recovered from: its score then measures our infrastructure), or the
-        kind of the error that ended it or left a reward unscored (`infrastructure`, `task`, `model`)."""
+        """Why this rollout failed outside the model's own output, or None when it ended normally on that output
+        with every reward scored (training's notion). Training leaves a failed rollout out of its group's
+        advantage statistics and out of the batch, and counts it by this reason: `unfinished`, `cancelled`,
+        `timeout` (the rollout, or any tool, environment response or scorer ran past its timeout, even one the
+        model recovered from: its score then measures our infrastructure), or the kind of the error that ended
+        it or left a reward unscored (`infrastructure`, `task`, `model`)."""
         if self.stop_reason is None:
             return "unfinished"
         if self.stop_reason == StopReason.CANCELLED:
             return "cancelled"
         if self.stop_reason == StopReason.TIMEOUT or self.has_error(ErrorKind.TIMEOUT):
             return "timeout"
-        if self.stop_reason == StopReason.ERROR or not self.ok:
+        if not self.ok:
             ending = [e.kind for e in self.errors if e.kind != ErrorKind.TOOL and e.stage != "cleanup"]
             return ending[-1].value if ending else "error"
         if self.has_error(ErrorKind.INFRASTRUCTURE):

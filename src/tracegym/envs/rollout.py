@@ -100,7 +100,7 @@ class Rollout:
         except Exception as exc:  # every failure becomes data on the trace
             self._error_from(exc, self._stage)
             self._end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
-        if self.trace.stop_reason in (StopReason.ERROR, StopReason.TIMEOUT):
+        if not self.trace.ended_normally:
             self._mark_unscored()
         else:
             await self._score()

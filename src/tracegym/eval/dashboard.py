@@ -100,7 +100,7 @@ class PlainDashboard:
             self._status()
 
     def update(self, trace: Trace) -> None:
-        if trace.stop_reason in ("error", "timeout"):
+        if not trace.ended_normally:
             for error in trace.errors:
                 print(f"eval: {trace.task_key}#{trace.rollout_index} {error.kind.value} error in {error.stage}: "
                       f"{error.message[:200]}", file=self.out, flush=True)

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.core.task_data import TaskData
-from tracegym.core.trace import StopReason, Trace
+from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
@@ -27,9 +27,6 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
 from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
-
-RERUN = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
-"""Stop reasons of traces a resume runs again (the rollout did not finish on its own terms)."""
 
 
 @dataclass
@@ -55,7 +52,7 @@ def plan(config: EvalConfig, taskset: Taskset, folder: RunFolder | None = None) 
     check_same_tasks(stored, tasks, folder)
     wanted = {(d.key, i) for d, i in expected}
     good = {(t.task_key, t.rollout_index): t for t in stored
-            if t.stop_reason not in RERUN and (t.task_key, t.rollout_index) in wanted}
+            if t.ended_normally and (t.task_key, t.rollout_index) in wanted}
     errored = [t for t in stored if (t.task_key, t.rollout_index) not in good]
     if errored:
         old = folder.read_traces(ERRORED).traces

@@ -7,7 +7,7 @@ one the model saw. A replay that answers differently (a random game, a clock, a 
 some other state: the trace is reported as diverged and left unscored, with the first differing call recorded
 as an error at stage `rescore`, never scored on that other state. Rewards and metrics computed by scorers are
 replaced; the loop's own counts (tool calls, tool errors) and the trace's other errors are kept. A trace that
-ended on an error or timeout stays unscored, as it was.
+did not end normally (an error, a timeout, a cancel) stays unscored, as it was.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from pydantic import BaseModel
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import ToolCall
 from tracegym.core.sampling import Sampling
-from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained
 
-UNSCORED = {StopReason.ERROR, StopReason.TIMEOUT, StopReason.CANCELLED, None}
 SHOWN = 80
 """Characters of a stored or replayed answer kept in a divergence record."""
 
@@ -86,10 +85,10 @@ async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[
     new.errors = [e for e in trace.errors if not e.stage.startswith(("scoring:", "rescore"))]
     try:
         task = taskset.task(new.task)
-    except Exception as exc:
+    except Exception as exc:  # the taskset's code building this Task: its error is this trace's, the rest go on
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
         return new, None
-    if trace.stop_reason in UNSCORED:
+    if not trace.ended_normally:
         _mark_unscored(task, new)
         return new, None
     divergence = None
@@ -101,7 +100,7 @@ async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[
             new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=(
                 f"replay diverged at {divergence.call_differed()}; left unscored")))
             _mark_unscored(task, new)
-    except Exception as exc:
+    except Exception as exc:  # task code (setup, tools, scorers) failing is this trace's error, not the rescore's
         new.errors.append(TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}"))
     finally:
         await contained(task.cleanup())

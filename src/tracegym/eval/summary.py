@@ -13,10 +13,7 @@ from rich.table import Table
 
 from tracegym.core.errors import ErrorKind
 from tracegym.core.interval import MeanCI, mean_ci
-from tracegym.core.trace import StopReason, Trace
-
-ERRORED = (StopReason.ERROR, StopReason.TIMEOUT)
-"""Stop reasons that count a trace as errored."""
+from tracegym.core.trace import Trace
 
 
 class Stat(BaseModel):
@@ -67,7 +64,8 @@ class Summary(BaseModel):
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
     """For every error kind, how many traces recorded at least one error of it."""
     errored_traces: int = 0
-    """Traces that ended with an error or a timeout."""
+    """Traces that did not end normally (an error, a timeout, a cancel, or no end recorded): the ones a resume
+    runs again."""
     stop_reasons: dict[str, int] = Field(default_factory=dict)
     """How many traces ended for each reason (`none`: no stop reason recorded)."""
     truncation_rate: float = 0.0
@@ -110,7 +108,7 @@ def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time
         avg_at_k={k: avgs.mean for k, (_, avgs) in at_k.items()},
         avg_at_k_ci95={k: avgs.half_width for k, (_, avgs) in at_k.items()},
         errors_by_kind={kind.value: sum(1 for t in traces if t.has_error(kind)) for kind in ErrorKind},
-        errored_traces=sum(1 for t in traces if t.stop_reason in ERRORED),
+        errored_traces=sum(1 for t in traces if not t.ended_normally),
         stop_reasons=dict(Counter(t.stop_reason.value if t.stop_reason else "none" for t in traces)),
         truncation_rate=sum(t.is_truncated for t in traces) / n if n else 0.0,
         prompt_tokens=sum(t.usage.prompt_tokens for t in traces),
@@ -184,7 +182,7 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
     rows += [(f"pass@{k} / avg@{k}", _at_k_text(s, k)) for k in s.pass_at_k]
     rows += [
         ("errors", _counts_text(s.errors_by_kind)),
-        ("ended by error / timeout", str(s.errored_traces)),
+        ("did not end normally", str(s.errored_traces)),
         ("stop reasons", _counts_text(s.stop_reasons)),
         ("truncated", f"{s.truncation_rate:.1%}"),
         ("tokens", f"{s.prompt_tokens:,} prompt, {s.completion_tokens:,} completion"),
