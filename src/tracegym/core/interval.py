@@ -1,6 +1,6 @@
 """Interval: the mean of a set of values with the half-width of its 95% confidence interval.
 
-The one estimate every report uses (eval summaries, pass@k, the RL run's held-out figures), so the same
+The one estimate every report uses (eval summaries, pass@k, an RL step's reward, its held-out figures), so the same
 numbers mean the same thing everywhere: the sample standard deviation (n - 1) and the normal approximation.
 
 >>> mean_ci([1.0, 0.0, 1.0, 0.0])

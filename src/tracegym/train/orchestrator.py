@@ -249,12 +249,12 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
     traces = [t for g in groups for t in g]
     failed = Counter(t.failure or "no_reward" for t in traces if not trainable(t))
-    rewards = [t.reward for t in traces if trainable(t)]
+    reward = mean_ci([t.reward for t in traces if trainable(t)])  # the estimate `tracegym eval` reports
     advantages = [s.advantage for s in samples]
     lengths = [t.usage.completion_tokens for t in traces]
     return {
-        "reward": statistics.fmean(rewards) if rewards else None,
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward": reward.mean,
+        "reward_std": reward.std,
         "advantage_mean": statistics.fmean(advantages) if advantages else None,
         "advantage_abs_mean": statistics.fmean(abs(a) for a in advantages) if advantages else None,
         "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
