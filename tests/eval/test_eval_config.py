@@ -73,6 +73,22 @@ def test_the_taskset_id_is_found_in_a_toml_file(tmp_path):
     assert find_taskset_id(["@", str(path)]) == "wordle"
 
 
+def test_the_taskset_id_is_found_in_files_as_the_parser_reads_them(tmp_path):
+    nested, last = tmp_path / "n.toml", tmp_path / "d.json"
+    nested.write_text('id = "wordle"\n')
+    last.write_text('{"taskset": {"id": "arithmetic"}}')
+    assert find_taskset_id(["--taskset", "@", str(nested)]) == "wordle"
+    assert find_taskset_id(["--taskset", "@", str(nested), "@", str(last)]) == "arithmetic"
+    assert find_taskset_id(["@", str(last), "--taskset.id", "reverse-text"]) == "reverse-text"
+
+
+def test_a_malformed_config_file_is_named_before_the_taskset_is_looked_up(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[taskset\n")
+    with pytest.raises(tg.UsageError, match=r"config file '.*bad\.toml' is not valid TOML"):
+        parse_eval_args(["@", str(path)])
+
+
 def test_a_missing_config_file_is_named(tmp_path):
     with pytest.raises(tg.UsageError, match=r"nope\.toml"):
         parse_eval_args(["@", str(tmp_path / "nope.toml")])

@@ -8,7 +8,6 @@ first positional argument, `--taskset.id`, or the `[taskset]` table of an `@` fi
 from __future__ import annotations
 
 import inspect
-import tomllib
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_config import BaseConfig
 
-from tracegym.config.command_line import parse_command
+from tracegym.config.command_line import merge, parse_command, read_files
 from tracegym.config.error_report import Origin, known_keys, validation_line
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
@@ -179,28 +178,16 @@ def taskset_config(target: Any) -> type[TasksetConfig] | None:
 
 
 def find_taskset_id(args: Sequence[str]) -> str | None:
-    """The taskset id named by `--taskset.id` or, failing that, by the last `@` file's `[taskset]` table."""
-    for i, arg in enumerate(args):
-        if arg == "--taskset.id" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--taskset.id="):
-            return arg.split("=", 1)[1]
-    found = None
-    for i, arg in enumerate(args):
-        path = args[i + 1] if arg == "@" and i + 1 < len(args) else arg[1:] if arg.startswith("@") else None
-        if path and (i == 0 or not args[i - 1].startswith("--")):
-            found = _toml_taskset_id(Path(path)) or found
-    return found
-
-
-def _toml_taskset_id(path: Path) -> str | None:
-    if path.suffix != ".toml":
-        return None
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"config file {str(path)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    section = data.get("taskset")
+    """The taskset id named by `--taskset.id` or, failing that, by the `@` files' `[taskset]` tables, merged left
+    to right: the files read as the command's parser reads them (JSON too, and nested under a `--key` before)."""
+    files, flags, _ = read_files(args, renames=())
+    for i, flag in enumerate(flags):
+        if flag == "--taskset.id" and i + 1 < len(flags):
+            return flags[i + 1]
+        if flag.startswith("--taskset.id="):
+            return flag.split("=", 1)[1]
+    merged: dict[str, Any] = {}
+    for file in files:
+        merged = merge(merged, file.data)
+    section = merged.get("taskset")
     return section.get("id") if isinstance(section, dict) else None
