@@ -1,13 +1,26 @@
 """Eval run: the plan refuses keys it cannot tell apart, and a run that leaves a planned rollout without a
 trace says so instead of exiting as if it were done."""
 
+import io
+
 import pytest
 
 import tracegym as tg
 from tracegym.core.errors import InfrastructureError
-from tracegym.eval.eval_run import Plan, check_complete, check_unique_keys
+from tracegym.eval.eval_config import parse_eval_args
+from tracegym.eval.eval_run import (
+    EvalParts,
+    LocalEnvServer,
+    Plan,
+    check_complete,
+    check_unique_keys,
+    eval_parts,
+    execute,
+    plan,
+)
 from tracegym.eval.run_folder import RunFolder
-from tracegym.testing import make_trace
+from tracegym.models.launch import ModelChoice
+from tracegym.testing import FakeOpenAIServer, make_trace
 
 
 def test_a_taskset_giving_two_rows_one_key_is_refused():
@@ -25,4 +38,28 @@ def test_a_run_whose_traces_came_back_under_other_keys_is_not_complete(tmp_path)
     folder.append(make_trace(task=tg.TaskData(prompt="same")))  # keyed by content, not by its position
     folder.close()
     with pytest.raises(InfrastructureError, match=r"1 of 2 rollouts have no trace after the run \(first: task '1'"):
-        check_complete(Plan(taskset, pairs, pairs), folder.read_traces().traces, folder)
+        check_complete(Plan(pairs, pairs), folder.read_traces().traces, folder)
+
+
+def test_the_builder_picks_where_rollouts_run_from_the_config():
+    taskset = tg.Taskset(id="t", data=[{"prompt": "a"}])
+    local = eval_parts(parse_eval_args(["reverse-text", "-n", "3", "--taskset.max-words", "4"]), taskset)
+    assert isinstance(local.env, LocalEnvServer) and local.env.taskset_id == "reverse-text"
+    assert local.env.options["max_words"] == 4 and local.num_tasks == 3
+    assert eval_parts(parse_eval_args(["reverse-text", "--no-serve"]), taskset).env is None
+    address = parse_eval_args(["reverse-text", "--no-serve", "--env-address", "tcp://127.0.0.1:5555"])
+    assert eval_parts(address, taskset).env == "tcp://127.0.0.1:5555"
+
+
+def test_a_run_is_made_of_its_parts_without_a_config(tmp_path):
+    def reversed_prompt(task, trace) -> float:
+        return float(trace.last_reply == task.data.prompt[::-1])
+
+    taskset = tg.Taskset(id="t", data=[{"prompt": "abc"}, {"prompt": "xy"}], rewards=[reversed_prompt])
+    folder = RunFolder.create(tmp_path, "t", "m")
+    out = io.StringIO()
+    with FakeOpenAIServer(rule=lambda request: request.messages[-1].text[::-1], model="m") as server:
+        parts = EvalParts(taskset, "t", ModelChoice(model="m", base_url=server.base_url), rollouts=2, rich=False)
+        summary = execute(parts, folder, plan(parts), out=out)
+    assert (summary.num_traces, summary.reward) == (4, 1.0)
+    assert "run folder:" in out.getvalue()

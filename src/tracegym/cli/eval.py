@@ -11,7 +11,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
-from tracegym.eval.eval_run import execute, plan
+from tracegym.eval.eval_run import eval_parts, execute, plan
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import check_reachable, only_served_model
 from tracegym.serve.env_client import check_env_server
@@ -42,14 +42,14 @@ def run(args: list[str]) -> int:
         check_reachable(config.base_url, config.model, config.api_key_env)
         model = config.model or only_served_model(config.base_url, config.api_key_env)
         config = config.model_copy(update={"model": model})
+    parts = eval_parts(config, taskset)
     if resume_dir is not None:
-        execute(config, folder, plan(config, taskset, folder), resume=True)
+        execute(parts, folder, plan(parts, folder), resume=True)
         return 0
-    work = plan(config, taskset)  # planned before the folder is made: a taskset whose loading fails leaves none
-    choice = config.model_choice()
-    folder = RunFolder.create(config.output_dir, config.taskset.id, choice.display_name(), config.run_id)
+    work = plan(parts)  # planned before the folder is made: a taskset whose loading fails leaves none
+    folder = RunFolder.create(config.output_dir, config.taskset.id, parts.model.display_name(), config.run_id)
     folder.write_config(config.to_toml_dict())
-    execute(config, folder, work)
+    execute(parts, folder, work)
     return 0
 
 

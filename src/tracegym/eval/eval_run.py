@@ -1,5 +1,8 @@
-"""Eval run: one `tracegym eval` from config to run folder: plan the work (all of it, or what a resume lacks),
+"""Eval run: one `tracegym eval` from its parts to run folder: plan the work (all of it, or what a resume lacks),
 reach the model, run the rollouts with a dashboard, append every trace as it finishes, write the summary.
+
+The run takes its parts (`EvalParts`: the taskset, the model, where and how the rollouts run), never the command's
+config; `eval_parts` is the one place that turns an `EvalConfig` into them.
 """
 
 from __future__ import annotations
@@ -9,14 +12,16 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
+from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
+from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.eval_config import EvalConfig
@@ -24,29 +29,85 @@ from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.launch import serve
+from tracegym.models.launch import ModelChoice, serve
 from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
 
 
-@dataclass
-class Plan:
-    """The work of one run: the taskset, every (task, rollout index) pair, and those still to run."""
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How each rollout runs, in this process or in an env server: sampling, stage timeouts, how many run at
+    once, and reruns of a rollout that failed on infrastructure."""
+
+    sampling: Sampling = field(default_factory=Sampling)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    concurrency: int = 32
+    infra_retries: int = 1
+
+    def options(self) -> dict[str, Any]:
+        """These settings as the keyword arguments of `evaluate_iter` (in process and on an env client alike)."""
+        return {"sampling": self.sampling, "timeouts": self.timeouts, "concurrency": self.concurrency,
+                "infra_retries": self.infra_retries}
+
+
+@dataclass(frozen=True)
+class LocalEnvServer:
+    """An env server the run starts for its taskset (imported by id, with its options); it logs into the run
+    folder and stops with the run."""
+
+    taskset_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EvalParts:
+    """What one eval run is made of, built from `tracegym eval`'s config by `eval_parts`."""
 
     taskset: Taskset
+    name: str
+    """The taskset id as given (error lines and the dashboard's title name it so)."""
+    model: ModelChoice
+    num_tasks: int | None = None
+    """The first N tasks; None: all of them."""
+    rollouts: int = 1
+    """Rollouts per task."""
+    settings: RolloutSettings = field(default_factory=RolloutSettings)
+    env: LocalEnvServer | str | None = None
+    """Where the rollouts run: an env server started here, one already running at this address, or (None) this
+    process."""
+    pass_threshold: float = 1.0
+    rich: bool = True
+    """A live rich dashboard on the terminal; False: plain status lines."""
+
+
+def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
+    """The parts of the run `config` describes, around its loaded `taskset`: an `--env-address` wins over
+    `--no-serve`, which runs the rollouts in this process instead of a local env server."""
+    local = LocalEnvServer(config.taskset.id, config.taskset_options()) if config.serve else None
+    settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts, concurrency=config.concurrency,
+                               infra_retries=config.infra_retries)
+    return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
+                     rollouts=config.rollouts, settings=settings, env=config.env_address or local,
+                     pass_threshold=config.pass_threshold, rich=config.rich)
+
+
+@dataclass
+class Plan:
+    """The work of one run: every (task, rollout index) pair, those still to run, and the traces kept."""
+
     expected: list[tuple[TaskData, int]]
     todo: list[tuple[TaskData, int]]
     kept: list[Trace] = field(default_factory=list)
 
 
-def plan(config: EvalConfig, taskset: Taskset, folder: RunFolder | None = None) -> Plan:
+def plan(parts: EvalParts, folder: RunFolder | None = None) -> Plan:
     """What to run: all of it for a new run (`folder` None, so it can be planned before the folder is made);
     on resume, keep the folder's good traces, set the errored ones aside, and run the rest."""
-    tasks = load_rows(taskset, config.num_tasks, config.taskset.id)
-    check_unique_keys(taskset.id, tasks)
-    expected = [(d, i) for d in tasks for i in range(config.rollouts)]
+    tasks = load_rows(parts.taskset, parts.num_tasks, parts.name)
+    check_unique_keys(parts.taskset.id, tasks)
+    expected = [(d, i) for d in tasks for i in range(parts.rollouts)]
     if folder is None:
-        return Plan(taskset, expected, expected)
+        return Plan(expected, expected)
     folder.repair()
     stored = folder.read_traces().traces
     check_same_tasks(stored, tasks, folder)
@@ -59,7 +120,7 @@ def plan(config: EvalConfig, taskset: Taskset, folder: RunFolder | None = None) 
         folder.rewrite([*old, *errored], ERRORED)
     folder.rewrite(good.values())
     todo = [(d, i) for d, i in expected if (d.key, i) not in good]
-    return Plan(taskset, expected, todo, kept=list(good.values()))
+    return Plan(expected, todo, kept=list(good.values()))
 
 
 def load_rows(taskset: Taskset, num_tasks: int | None, name: str) -> list[TaskData]:
@@ -111,41 +172,40 @@ def check_complete(work: Plan, traces: list[Trace], folder: RunFolder) -> None:
                                   f"of other task keys; --resume {folder.path} reruns them")
 
 
-async def run_rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: Endpoint, tally: Tally,
+async def run_rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: Endpoint, tally: Tally,
                        boards: list[Dashboard]) -> None:
     """Run the planned rollouts, appending each trace to the folder and showing it on the dashboards."""
     with contextlib.ExitStack() as shown:
         for board in boards:
             shown.enter_context(board)
-        async for trace in rollouts(config, work, folder, endpoint):
+        async for trace in rollouts(parts, work, folder, endpoint):
             folder.append(trace)
             tally.add(trace)
             for board in boards:
                 board.update(trace)
 
 
-async def rollouts(config: EvalConfig, work: Plan, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
-    """Traces of the planned work as they finish: through an env server (`--env-address`, or one started here
-    with worker logs in the run folder) or, with `--no-serve`, in this process."""
-    options = {"sampling": config.sampling, "concurrency": config.concurrency, "timeouts": config.timeouts,
-               "infra_retries": config.infra_retries}
-    if not config.serve and config.env_address is None:
+async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
+    """Traces of the planned work as they finish: through an env server (one already running, or one started
+    here with worker logs in the run folder) or in this process."""
+    options = parts.settings.options()
+    if parts.env is None:
         client = make_client(endpoint)
         try:
-            async for trace in evaluate_iter(work.taskset, client, pairs=work.todo, **options):
+            async for trace in evaluate_iter(parts.taskset, client, pairs=work.todo, **options):
                 yield trace
         finally:
             await client.aclose()  # type: ignore[attr-defined] (both clients pool connections)
         return
     with contextlib.ExitStack() as stack:
-        address = config.env_address or stack.enter_context(
-            local_server(config.taskset.id, config.taskset_options(), log_dir=folder.logs / "env"))
+        address = parts.env if isinstance(parts.env, str) else stack.enter_context(
+            local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env"))
         async with EnvClient(address) as client:
             async for trace in client.evaluate_iter(work.todo, endpoint, **options):
                 yield trace
 
 
-def execute(config: EvalConfig, folder: RunFolder, work: Plan, *, resume: bool = False,
+def execute(parts: EvalParts, folder: RunFolder, work: Plan, *, resume: bool = False,
             out: IO[str] | None = None) -> Summary:
     """Run the planned `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
@@ -153,32 +213,32 @@ def execute(config: EvalConfig, folder: RunFolder, work: Plan, *, resume: bool =
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
-    title = f"{config.taskset.id} · {config.model_choice().display_name()} · {folder.path}"
+    title = f"{parts.name} · {parts.model.display_name()} · {folder.path}"
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
-        boards.append(RichDashboard(tally, title, Console(file=out)) if config.rich else PlainDashboard(tally, out))
+        boards.append(RichDashboard(tally, title, Console(file=out)) if parts.rich else PlainDashboard(tally, out))
         try:
-            with serve(config.model_choice(), log_path=folder.logs / "vllm.log") as endpoint:
+            with serve(parts.model, log_path=folder.logs / "vllm.log") as endpoint:
                 print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
                       file=log, flush=True)
                 tally.restart_clock()
-                asyncio.run(run_rollouts(config, work, folder, endpoint, tally, boards))
+                asyncio.run(run_rollouts(parts, work, folder, endpoint, tally, boards))
         except KeyboardInterrupt:
-            finish(config, folder, folder.read_traces().traces, earlier + tally.elapsed, out, title)
+            finish(parts.pass_threshold, folder, folder.read_traces().traces, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
             folder.close()
     traces = folder.read_traces().traces
-    summary = finish(config, folder, traces, earlier + tally.elapsed, out, title)
+    summary = finish(parts.pass_threshold, folder, traces, earlier + tally.elapsed, out, title)
     check_complete(work, traces, folder)
     return summary
 
 
-def finish(config: EvalConfig, folder: RunFolder, traces: list[Trace], wall_time: float, out: IO[str],
+def finish(pass_threshold: float, folder: RunFolder, traces: list[Trace], wall_time: float, out: IO[str],
            title: str) -> Summary:
     """Summarise the folder's `traces` into `summary.json` and print the table."""
-    summary = summarize(traces, pass_threshold=config.pass_threshold, wall_time=wall_time)
+    summary = summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time)
     folder.write_summary(summary.model_dump(mode="json"))
     print(file=out)
     Console(file=out).print(summary_table(summary, title=title))
