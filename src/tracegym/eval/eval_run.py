@@ -76,6 +76,7 @@ class EvalParts:
     """Where the rollouts run: an env server started here, one already running at this address, or (None) this
     process."""
     pass_threshold: float = 1.0
+    """A scored rollout passes (for pass@k) when its reward is at least this."""
     rich: bool = True
     """A live rich dashboard on the terminal; False: plain status lines."""
 
