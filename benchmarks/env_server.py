@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_endpoint import fake_endpoint
 
-from tracegym import ChatClient, Endpoint, Sampling, TaskData, Trace, run_rollout
+from tracegym import Endpoint, Sampling, TaskData, Trace, run_rollout
+from tracegym.models.chat_client import ChatClient
 from tracegym.serve import EnvClient, local_server
 from tracegym.testing.echo import SPEC, Echo
 
@@ -86,8 +87,8 @@ def in_process(endpoint: Endpoint, turns: int) -> Callable[[], tuple[Call, Calla
 
         async def call(data: TaskData, indices: list[int]) -> list[Trace]:
             if len(indices) == 1:
-                return [await run_rollout(taskset, data, model, SAMPLING, rollout_index=indices[0])]
-            return list(await asyncio.gather(*(run_rollout(taskset, data, model, SAMPLING, rollout_index=i)
+                return [await run_rollout(taskset, data, model, rollout_index=indices[0], sampling=SAMPLING)]
+            return list(await asyncio.gather(*(run_rollout(taskset, data, model, rollout_index=i, sampling=SAMPLING)
                                               for i in indices)))
 
         return call, model.aclose

@@ -8,10 +8,12 @@ import pytest
 import zmq
 from serve_helpers import running_server, task, wait_for
 
-from tracegym import InfrastructureError, StageTimeout, TaskData, UsageError
+from tracegym import InfrastructureError, TaskData, UsageError
+from tracegym.core.errors import StageTimeout
 from tracegym.serve import EnvClient, RemoteError
 from tracegym.serve.env_client import same_task_runs
 from tracegym.serve.wire import decode_reply
+from tracegym.testing.echo import Echo
 
 
 async def test_health_reports_ready_workers(server):
@@ -44,7 +46,7 @@ async def test_run_with_a_bad_payload_is_a_bad_request(server):
 async def test_evaluate_iter_yields_every_pair(server, endpoint):
     pairs = [(task(f"w{i}"), r) for i in range(5) for r in range(2)]
     async with EnvClient(server.bound) as client:
-        traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=4)]
+        traces = [t async for t in client.evaluate_iter(Echo(), endpoint, pairs=pairs, concurrency=4)]
     assert sorted((t.task_key, t.rollout_index) for t in traces) == sorted((d.key, r) for d, r in pairs)
     assert all(t.ok for t in traces)
 
@@ -52,8 +54,8 @@ async def test_evaluate_iter_yields_every_pair(server, endpoint):
 async def test_evaluate_iter_sends_the_rollouts_of_one_task_in_one_request(server, endpoint):
     pairs = [(task(f"g{i}"), r) for i in range(3) for r in range(4)]
     before = server.stats["run_requests"]
-    async with EnvClient(server.bound) as client:
-        traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=8, per_request=4)]
+    async with EnvClient(server.bound, per_request=4) as client:
+        traces = [t async for t in client.evaluate_iter(Echo(), endpoint, pairs=pairs, concurrency=8)]
     assert server.stats["run_requests"] - before == 3
     assert sorted((t.task_key, t.rollout_index) for t in traces) == sorted((d.key, r) for d, r in pairs)
 
@@ -61,14 +63,15 @@ async def test_evaluate_iter_sends_the_rollouts_of_one_task_in_one_request(serve
 async def test_evaluate_iter_splits_a_task_s_rollouts_beyond_per_request(server, endpoint):
     pairs = [(task("many"), r) for r in range(5)]
     before = server.stats["run_requests"]
-    async with EnvClient(server.bound) as client:
-        traces = [t async for t in client.evaluate_iter(pairs, endpoint, per_request=2)]
+    async with EnvClient(server.bound, per_request=2) as client:
+        traces = [t async for t in client.evaluate_iter(Echo(), endpoint, pairs=pairs)]
     assert server.stats["run_requests"] - before == 3 and len(traces) == 5
 
 
 async def test_a_failed_group_request_is_a_failed_trace_per_rollout(server, endpoint):
     async with EnvClient(server.bound, request_timeout=0.3) as client:
-        traces = [t async for t in client.evaluate_iter([(task("sleep-2"), 0), (task("sleep-2"), 1)], endpoint)]
+        pairs = [(task("sleep-2"), 0), (task("sleep-2"), 1)]
+        traces = [t async for t in client.evaluate_iter(Echo(), endpoint, pairs=pairs)]
     assert sorted(t.rollout_index for t in traces) == [0, 1]
     assert all(t.errors[0].kind == "timeout" for t in traces)
 
@@ -105,7 +108,8 @@ async def test_request_timeout_raises_and_frees_the_server(server, endpoint):
 
 async def test_timed_out_request_in_evaluate_iter_is_a_failed_trace(server, endpoint):
     async with EnvClient(server.bound, request_timeout=0.3) as client:
-        traces = [t async for t in client.evaluate_iter([(task("sleep-2"), 0), (task("fine"), 0)], endpoint)]
+        pairs = [(task("sleep-2"), 0), (task("fine"), 0)]
+        traces = [t async for t in client.evaluate_iter(Echo(), endpoint, pairs=pairs)]
     by_key = {t.task_key: t for t in traces}
     assert by_key["fine"].ok and by_key["sleep-2"].errors[0].kind == "timeout"
 

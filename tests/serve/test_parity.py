@@ -2,7 +2,7 @@
 
 from serve_helpers import running_server
 
-from tracegym import ChatClient, Sampling, evaluate
+from tracegym import Sampling, evaluate
 from tracegym.serve import EnvClient
 from tracegym.testing.echo import Echo
 
@@ -13,13 +13,10 @@ VOLATILE = {"id", "started_at", "spans"}
 
 async def test_server_traces_match_in_process_traces(endpoint):
     sampling = Sampling(temperature=0.0, max_tokens=16)
-    model = ChatClient(endpoint)
-    local = await evaluate(Echo(OPTIONS), model, rollouts=2, sampling=sampling)
-    await model.aclose()
-    pairs = [(d, i) for d in Echo(OPTIONS) for i in range(2)]
+    local = await evaluate(Echo(OPTIONS), endpoint, rollouts=2, sampling=sampling)
     with running_server(OPTIONS) as server:
-        async with EnvClient(server.bound) as client:
-            remote = [t async for t in client.evaluate_iter(pairs, endpoint, sampling=sampling)]
+        async with EnvClient(server.bound) as client:  # the one object that moves the rollouts out of process
+            remote = await client.evaluate(Echo(OPTIONS), endpoint, rollouts=2, sampling=sampling)
     assert _content(remote) == _content(local)
     assert all(t.graph.tokens() for t in remote) and all(t.num_turns == 3 for t in remote)
 

@@ -146,10 +146,12 @@ def poison_pairs(n: int, rollouts: int, poison_at: int) -> list[tuple[TaskData, 
 
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serving(endpoint, workers):
-    with running_server({"poison_task": "poison"}, size=PoolSize(min=workers), max_redispatch=1) as server:
-        async with EnvClient(server.bound) as client:
+    options = {"poison_task": "poison"}
+    with running_server(options, size=PoolSize(min=workers), max_redispatch=1) as server:
+        async with EnvClient(server.bound, per_request=2) as client:
             pairs = poison_pairs(30, 2, poison_at=11)
-            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=60, per_request=2)]
+            traces = [t async for t in client.evaluate_iter(load_taskset(SPEC, options), endpoint, pairs=pairs,
+                                                            concurrency=60)]
             [after] = await client.run(task("after"), endpoint)
             health = await client.health()
     failed = sorted(t.task.id for t in traces if not t.ok)
@@ -165,9 +167,10 @@ async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serv
 async def test_a_task_that_segfaults_or_is_killed_like_by_the_oom_killer_costs_only_its_request(endpoint, how):
     options = {"poison_task": "poison", "poison_how": how}
     with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
-        async with EnvClient(server.bound) as client:
+        async with EnvClient(server.bound, per_request=1) as client:
             pairs = poison_pairs(6, 1, poison_at=2)
-            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
+            traces = [t async for t in client.evaluate_iter(load_taskset(SPEC, options), endpoint, pairs=pairs,
+                                                            concurrency=6)]
     assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
     assert server.stats["poison_requests"] == 1
 
@@ -175,9 +178,10 @@ async def test_a_task_that_segfaults_or_is_killed_like_by_the_oom_killer_costs_o
 async def test_a_task_whose_interrupt_stops_the_worker_loop_costs_only_its_request(endpoint):
     options = {"poison_task": "poison", "poison_how": "interrupt"}  # the worker's loop ends, cancelling the rest
     with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
-        async with EnvClient(server.bound) as client:
+        async with EnvClient(server.bound, per_request=1) as client:
             pairs = poison_pairs(6, 1, poison_at=2)
-            traces = [t async for t in client.evaluate_iter(pairs, endpoint, concurrency=6, per_request=1)]
+            traces = [t async for t in client.evaluate_iter(load_taskset(SPEC, options), endpoint, pairs=pairs,
+                                                            concurrency=6)]
     assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
 
 

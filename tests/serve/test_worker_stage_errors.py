@@ -8,6 +8,7 @@ from serve_helpers import running_server, task
 
 import tracegym as tg
 from tracegym.serve import EnvClient
+from tracegym.testing.echo import Echo
 
 TASKSET = '''
 import tracegym as tg
@@ -35,7 +36,7 @@ async def test_a_worker_records_a_raised_timeout_error_and_a_string_reward_as_ta
     row = tg.TaskData(prompt="Say hello.")
     with running_server(spec=f"{path}:Raising") as server:
         async with EnvClient(server.bound) as client:
-            [trace] = [t async for t in client.evaluate_iter([(row, 0)], endpoint)]
+            [trace] = [t async for t in client.evaluate_iter(f"{path}:Raising", endpoint, pairs=[(row, 0)])]
     assert [(e.kind, e.stage) for e in trace.errors] == [
         (tg.ErrorKind.TASK, "scoring:remote"), (tg.ErrorKind.TASK, "scoring:text")]
     assert trace.errors[0].message.startswith("TimeoutError: socket (raised by the stage itself after")
@@ -48,7 +49,7 @@ async def test_a_worker_ends_a_hung_model_call_at_the_model_stage_deadline(endpo
     with running_server() as server:
         async with EnvClient(server.bound) as client:
             start = time.monotonic()
-            [trace] = [t async for t in client.evaluate_iter([(task("sleep-30"), 0)], retrying,
+            [trace] = [t async for t in client.evaluate_iter(Echo(), retrying, pairs=[(task("sleep-30"), 0)],
                                                              timeouts=tg.Timeouts(model=0.5))]
             elapsed = time.monotonic() - start
     assert elapsed < 5 and trace.stop_reason == tg.StopReason.TIMEOUT

@@ -1,15 +1,19 @@
-"""Evaluate: run groups of rollouts over a taskset in process, with bounded concurrency.
+"""Evaluate: the in-process way to run rollouts of a taskset: one rollout, a group, or many with bounded concurrency.
 
-`evaluate_iter` yields traces as they finish (for stores and dashboards); `evaluate` returns them in task
-order. A rollout that fails is a trace with errors, never an exception that cancels its siblings. A rollout
-that ended on an infrastructure error (endpoint down) is rerun with a fresh Task up to `infra_retries` times.
+`run_rollout` runs one, `run_group` the rollouts of one task, `evaluate_iter` yields traces as they finish (for
+stores and dashboards) and `evaluate` returns them in task order. `serve.env_client.EnvClient` has the same four,
+with the same arguments, run on an env server instead: swap the one object to move rollouts out of process.
+None of them raises for a rollout that failed: it is a trace with errors, and its siblings go on. A rollout that
+ended on an infrastructure error (endpoint down) is rerun with a fresh Task up to `infra_retries` times.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from tracegym.core.errors import ErrorKind, TraceError, TracegymError, UsageError
 from tracegym.core.sampling import Sampling
@@ -20,39 +24,131 @@ from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained_call
 from tracegym.models.client import ModelClient
+from tracegym.models.connect import make_client
+from tracegym.models.endpoint import Endpoint
 
 X = TypeVar("X")
 R = TypeVar("R")
 
+INFRA_RETRIES = 1
+"""Default reruns of a rollout that ended on an infrastructure error (here and in an env server's `run`)."""
 
-async def run_rollout(
-    taskset: Taskset,
-    data: TaskData,
-    model: ModelClient,
-    sampling: Sampling | None = None,
-    *,
-    rollout_index: int = 0,
-    timeouts: Timeouts | None = None,
-    infra_retries: int = 1,
-) -> Trace:
-    """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times."""
-    for attempt in range(infra_retries + 1):
-        try:
-            task = contained_call(taskset.task, data)
-        except Exception as exc:  # a row the taskset cannot build a Task from fails this rollout only
-            return failed_trace(data, taskset.id, rollout_index, exc)
-        trace = await rollout(task, model, sampling, rollout_index=rollout_index, timeouts=timeouts)
-        if not trace.has_error(ErrorKind.INFRASTRUCTURE) or attempt == infra_retries:
-            return trace
+
+class RolloutOptions(TypedDict, total=False):
+    """How each rollout runs: keywords every run function takes, in process or through an env client."""
+
+    sampling: Sampling | None
+    """Sampling parameters (default `Sampling()`); rollout i of a seeded group samples with seed + i."""
+    timeouts: Timeouts | None
+    """Seconds each stage may take (default `Timeouts()`)."""
+    infra_retries: int
+    """Reruns of a rollout that ended on an infrastructure error, each with a fresh Task (default 1)."""
+
+
+class EvaluateOptions(RolloutOptions, total=False):
+    """What `evaluate` and `evaluate_iter` run, and how many at once; see `plan` for the defaults."""
+
+    num_tasks: int | None
+    """Only the first `num_tasks` tasks (an infinite taskset needs it unless `pairs` is given)."""
+    rollouts: int
+    """Rollouts per task (default 1)."""
+    concurrency: int
+    """Rollouts running at once, at most (default 32)."""
+    pairs: Iterable[tuple[TaskData, int]] | None
+    """(task, rollout index) pairs to run instead of every task x `rollouts`: e.g. what a resumed run lacks."""
+
+
+ModelArg = ModelClient | Endpoint
+"""A live model client, or an Endpoint that a client is made from for the call and closed after it."""
+
+
+async def run_rollout(taskset: Taskset, data: TaskData, model: ModelArg, *, rollout_index: int = 0,
+                      sampling: Sampling | None = None, timeouts: Timeouts | None = None,
+                      infra_retries: int = INFRA_RETRIES) -> Trace:
+    """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times; never raises."""
+    async with live(model) as client:
+        for attempt in range(infra_retries + 1):
+            try:
+                task = contained_call(taskset.task, data)
+                trace = await rollout(task, client, sampling, rollout_index=rollout_index, timeouts=timeouts)
+            except Exception as exc:  # the one boundary around a rollout: a row the taskset cannot build a Task
+                # from, or a bug in the loop, fails this rollout only (evaluate and the env worker wait for a trace)
+                return failed_trace(data, taskset.id, rollout_index, exc)
+            if not trace.has_error(ErrorKind.INFRASTRUCTURE) or attempt == infra_retries:
+                return trace
     raise AssertionError("unreachable")
 
 
-def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException) -> Trace:
-    """A trace for a rollout that could not start, carrying the error."""
-    kind = exc.kind if isinstance(exc, TracegymError) else ErrorKind.TASK
-    error = TraceError(kind=kind, stage="setup", message=f"{type(exc).__name__}: {exc}")
+async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts: int,
+                    **options: Unpack[RolloutOptions]) -> list[Trace]:
+    """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
+    async with live(model) as client:
+        return list(await asyncio.gather(
+            *(run_rollout(taskset, data, client, rollout_index=i, **options) for i in range(rollouts))))
+
+
+async def evaluate_iter(taskset: str | Taskset, model: ModelArg,
+                        **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
+    """Yield traces as they finish, each task's rollouts in turn; tasks are read lazily."""
+    work = plan(taskset, **options)
+    async with live(model) as client:
+        async def one(pair: tuple[TaskData, int]) -> Trace:
+            return await run_rollout(work.taskset, pair[0], client, rollout_index=pair[1], **work.options)
+
+        async for trace in as_finished(work.pairs, one, work.concurrency):
+            yield trace
+
+
+async def evaluate(taskset: str | Taskset, model: ModelArg, **options: Unpack[EvaluateOptions]) -> list[Trace]:
+    """Every planned rollout (default: `rollouts` of each of the first `num_tasks` tasks); traces in task order,
+    then rollout index."""
+    return await in_task_order(evaluate_iter, taskset, model, options)
+
+
+# --- shared with the env client ----------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What an evaluation runs: its taskset, the (task, rollout index) pairs (drawn lazily), how many at once,
+    and the options of each rollout."""
+
+    taskset: Taskset
+    pairs: Iterator[tuple[TaskData, int]]
+    concurrency: int
+    options: RolloutOptions
+
+
+def plan(taskset: str | Taskset, *, num_tasks: int | None = None, rollouts: int = 1, concurrency: int = 32,
+         pairs: Iterable[tuple[TaskData, int]] | None = None, **options: Unpack[RolloutOptions]) -> Plan:
+    """The evaluation `evaluate_iter` runs (in process or on an env server), with the defaults of its options."""
+    if unknown := sorted(options.keys() - RolloutOptions.__optional_keys__):
+        known = ", ".join(sorted(EvaluateOptions.__optional_keys__))
+        raise UsageError(f"unknown option {unknown[0]!r} (options: {known})")
+    ts = bounded_taskset(taskset, num_tasks, need_bound=pairs is None)
+    if pairs is None:
+        pairs = ((d, i) for d in ts for i in range(rollouts))
+    return Plan(ts, iter(pairs), concurrency, options)
+
+
+async def in_task_order(evaluate_iter: Callable[..., AsyncIterator[Trace]], taskset: str | Taskset, model: Any,
+                        options: EvaluateOptions) -> list[Trace]:
+    """What `evaluate` returns, from either `evaluate_iter`: every trace, in the order of the planned pairs'
+    tasks, then rollout index."""
+    work = plan(taskset, **options)
+    pairs = list(work.pairs)
+    traces = [t async for t in evaluate_iter(work.taskset, model, concurrency=work.concurrency, pairs=pairs,
+                                             **work.options)]
+    position = {d.key: n for n, (d, _) in reversed(list(enumerate(pairs)))}
+    return sorted(traces, key=lambda t: (position.get(t.task_key, 0), t.rollout_index))
+
+
+def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException, *,
+                 stage: str = "setup", kind: ErrorKind = ErrorKind.TASK) -> Trace:
+    """The trace of a rollout that produced none of its own (its Task could not be built, its env-server request
+    failed): `exc` recorded at `stage`, of its own kind when it is a tracegym error, else of `kind`."""
+    kind = exc.kind if isinstance(exc, TracegymError) else kind
+    error = TraceError(kind=kind, stage=stage, message=f"{type(exc).__name__}: {exc}")
     return Trace(task=data, taskset=taskset_id, rollout_index=rollout_index, errors=[error],
-                 stop_reason=StopReason.ERROR)
+                 stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
 
 
 def bounded_taskset(taskset: str | Taskset, num_tasks: int | None, need_bound: bool = True) -> Taskset:
@@ -65,47 +161,17 @@ def bounded_taskset(taskset: str | Taskset, num_tasks: int | None, need_bound: b
     return ts
 
 
-async def run_group(
-    taskset: Taskset,
-    data: TaskData,
-    model: ModelClient,
-    rollouts: int,
-    sampling: Sampling | None = None,
-    **options: Any,
-) -> list[Trace]:
-    """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
-    return list(
-        await asyncio.gather(
-            *(run_rollout(taskset, data, model, sampling, rollout_index=i, **options) for i in range(rollouts))
-        )
-    )
-
-
-async def evaluate_iter(
-    taskset: str | Taskset,
-    model: ModelClient,
-    *,
-    num_tasks: int | None = None,
-    rollouts: int = 1,
-    sampling: Sampling | None = None,
-    concurrency: int = 32,
-    pairs: Iterable[tuple[TaskData, int]] | None = None,
-    **options: Any,
-) -> AsyncIterator[Trace]:
-    """Yield traces as they finish. `pairs` (task, rollout index) replaces the default cross product, e.g. to
-    rerun only what a resumed run is missing. Tasks are read lazily; at most `concurrency` run at once."""
-    ts = bounded_taskset(taskset, num_tasks, need_bound=pairs is None)
-    work = iter(pairs if pairs is not None else ((d, i) for d in ts for i in range(rollouts)))
-
-    async def one(item: tuple[TaskData, int]) -> Trace:
-        data, index = item
-        try:
-            return await run_rollout(ts, data, model, sampling, rollout_index=index, **options)
-        except Exception as exc:  # a bug below must still answer, or the consumer would wait forever
-            return failed_trace(data, ts.id, index, exc)
-
-    async for trace in as_finished(work, one, concurrency):
-        yield trace
+@contextlib.asynccontextmanager
+async def live(model: ModelArg) -> AsyncIterator[ModelClient]:
+    """`model` itself, or a client made from an Endpoint and closed on exit (a client given stays the caller's)."""
+    if not isinstance(model, Endpoint):
+        yield model
+        return
+    client = make_client(model)
+    try:
+        yield client
+    finally:
+        await client.aclose()  # type: ignore[attr-defined] (both clients pool connections)
 
 
 async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], concurrency: int,
@@ -141,25 +207,3 @@ async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], conc
     finally:
         for job in running:
             job.cancel()
-
-
-async def evaluate(
-    taskset: str | Taskset,
-    model: ModelClient,
-    *,
-    num_tasks: int | None = None,
-    rollouts: int = 1,
-    sampling: Sampling | None = None,
-    concurrency: int = 32,
-    **options: Any,
-) -> list[Trace]:
-    """Run `rollouts` rollouts of each of the first `num_tasks` tasks; traces in task order, then index."""
-    ts = bounded_taskset(taskset, num_tasks)
-    tasks = list(ts)
-    pairs = [(d, i) for d in tasks for i in range(rollouts)]
-    traces = [
-        t async for t in evaluate_iter(ts, model, sampling=sampling, concurrency=concurrency, pairs=pairs,
-                                       **options)
-    ]
-    position = {d.key: n for n, d in reversed(list(enumerate(tasks)))}
-    return sorted(traces, key=lambda t: (position.get(t.task_key, 0), t.rollout_index))

@@ -27,7 +27,6 @@ from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Ta
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
-from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import ModelChoice, serve
 from tracegym.serve.env_client import EnvClient
@@ -191,18 +190,14 @@ async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: En
     here with worker logs in the run folder) or in this process."""
     options = parts.settings.options()
     if parts.env is None:
-        client = make_client(endpoint)
-        try:
-            async for trace in evaluate_iter(parts.taskset, client, pairs=work.todo, **options):
-                yield trace
-        finally:
-            await client.aclose()  # type: ignore[attr-defined] (both clients pool connections)
+        async for trace in evaluate_iter(parts.taskset, endpoint, pairs=work.todo, **options):
+            yield trace
         return
     with contextlib.ExitStack() as stack:
         address = parts.env if isinstance(parts.env, str) else stack.enter_context(
             local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env"))
         async with EnvClient(address) as client:
-            async for trace in client.evaluate_iter(work.todo, endpoint, **options):
+            async for trace in client.evaluate_iter(parts.taskset, endpoint, pairs=work.todo, **options):
                 yield trace
 
 

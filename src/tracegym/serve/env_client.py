@@ -1,4 +1,5 @@
-"""Env client: asks an env server for rollouts with the in-process API's shape (`run`, `evaluate_iter`).
+"""Env client: runs rollouts on an env server through the in-process API (`run_rollout`, `run_group`,
+`evaluate_iter`, `evaluate`, each with `envs.evaluate`'s arguments; the model is given as an Endpoint).
 
 Every request has a timeout. While requests are in flight the client checks the server is alive (a `health`
 ping when it has been quiet for a second); when it stays silent for `liveness_timeout` every pending request
@@ -14,16 +15,24 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import zmq
 import zmq.asyncio
 
-from tracegym.core.errors import ErrorKind, InfrastructureError, StageTimeout, TraceError, UsageError
+from tracegym.core.errors import ErrorKind, InfrastructureError, StageTimeout, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
-from tracegym.core.trace import StopReason, Trace
-from tracegym.envs.evaluate import as_finished
+from tracegym.core.trace import Trace
+from tracegym.envs.evaluate import (
+    INFRA_RETRIES,
+    EvaluateOptions,
+    RolloutOptions,
+    as_finished,
+    failed_trace,
+    in_task_order,
+    plan,
+)
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
@@ -34,12 +43,16 @@ PING_AFTER = 1.0
 
 
 class EnvClient:
-    """`client = EnvClient("tcp://127.0.0.1:5555")`; `await client.run(data, endpoint)`; `await client.aclose()`."""
+    """`async with EnvClient("tcp://127.0.0.1:5555") as env: await env.evaluate(taskset, endpoint, rollouts=4)`.
+    `per_request`: how many rollouts of one task `evaluate_iter` puts in one request."""
 
     def __init__(self, address: str, *, secret: str | None = None, request_timeout: float = 3600.0,
-                 liveness_timeout: float = 10.0, max_request_bytes: int = MAX_FRAME_BYTES) -> None:
+                 liveness_timeout: float = 10.0, max_request_bytes: int = MAX_FRAME_BYTES,
+                 per_request: int = 8) -> None:
+        if per_request < 1:
+            raise UsageError(f"per_request must be at least 1, got {per_request}")
         self.address, self.request_timeout, self.liveness_timeout = address, request_timeout, liveness_timeout
-        self.max_request_bytes = max_request_bytes
+        self.max_request_bytes, self.per_request = max_request_bytes, per_request
         self.secret = secret if secret is not None else os.environ.get(SECRET_ENV) or None
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-{id(self):x}-"
@@ -48,7 +61,6 @@ class EnvClient:
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
-        self._taskset_id: str | None = None
 
     # --- connection --------------------------------------------------------------------------------------
     def _connect(self) -> zmq.asyncio.Socket:
@@ -94,8 +106,8 @@ class EnvClient:
     def _resolve(self, frames: list[bytes]) -> None:
         try:
             request_id, result = decode_reply(frames)
-        except Exception:
-            return  # not a reply we can read; the request it answered will time out
+        except Exception:  # one unreadable frame must not end the receive loop: the request it answered times out
+            return
         future = self._waiting.pop(request_id, None) if isinstance(request_id, str) else None
         if future is not None and not future.done():
             future.set_result(result)
@@ -186,9 +198,7 @@ class EnvClient:
 
     async def info(self) -> dict:
         """What the server runs: taskset id, task type, whether finite, workers."""
-        info = await self.request("info")
-        self._taskset_id = info.get("taskset")
-        return info
+        return await self.request("info")
 
     async def check_serves(self, taskset: Taskset) -> None:
         """A UsageError unless the server runs `taskset` with the same resolved config: tasks made here from
@@ -210,10 +220,10 @@ class EnvClient:
 
     async def run(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
                   rollout_indices: list[int] | None = None, timeouts: Timeouts | None = None,
-                  infra_retries: int = 1, request_id: str | None = None) -> list[Trace]:
-        """Rollouts of one task (one per rollout index, default [0]); traces in index order. A rollout that
-        fails is a trace with errors; a failed request (server gone, worker died too often) raises.
-        `request_id` (unique among this client's requests) lets another task `cancel` it."""
+                  infra_retries: int = INFRA_RETRIES, request_id: str | None = None) -> list[Trace]:
+        """The `run` request itself: rollouts of one task (one per rollout index, default [0]); traces in index
+        order. A rollout that fails is a trace with errors; a failed request (server gone, worker died too
+        often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it."""
         payload = {"data": data.model_dump(mode="json"), "endpoint": _dump(endpoint),
                    "rollout_indices": list(rollout_indices or [0]), "infra_retries": infra_retries}
         if sampling is not None:
@@ -222,35 +232,52 @@ class EnvClient:
             payload["timeouts"] = _dump(timeouts)
         return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
 
-    async def evaluate_iter(self, pairs: Iterable[tuple[TaskData, int]], endpoint: Endpoint, *,
-                            sampling: Sampling | None = None, concurrency: int = 32, timeouts: Timeouts | None = None,
-                            infra_retries: int = 1, per_request: int = 8) -> AsyncIterator[Trace]:
-        """Yield traces as they finish, at most `concurrency` rollouts in flight; a failed request yields failed
-        traces (errors as data) and the iteration goes on. Consecutive pairs of the same task go in one request
-        of up to `per_request` rollouts (their traces arrive together): fewer, larger messages cost the server
-        path less per rollout."""
-        if per_request < 1:
-            raise UsageError(f"per_request must be at least 1, got {per_request}")
-        taskset_id = await self._taskset_name()
+    # --- the in-process API, run on the server ------------------------------------------------------------
+    async def run_rollout(self, taskset: Taskset, data: TaskData, model: Endpoint, *, rollout_index: int = 0,
+                          sampling: Sampling | None = None, timeouts: Timeouts | None = None,
+                          infra_retries: int = INFRA_RETRIES) -> Trace:
+        """As `envs.evaluate.run_rollout`, on the server; a failed request is a failed trace."""
+        options: RolloutOptions = {"sampling": sampling, "timeouts": timeouts, "infra_retries": infra_retries}
+        [trace] = await self._traces(taskset.id, data, model, [rollout_index], options)
+        return trace
+
+    async def run_group(self, taskset: Taskset, data: TaskData, model: Endpoint, rollouts: int,
+                        **options: Unpack[RolloutOptions]) -> list[Trace]:
+        """As `envs.evaluate.run_group`, on the server, in one request; a failed request is a failed trace each."""
+        return await self._traces(taskset.id, data, model, list(range(rollouts)), options)
+
+    async def evaluate_iter(self, taskset: str | Taskset, model: Endpoint,
+                            **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
+        """As `envs.evaluate.evaluate_iter`, on the server; a failed request yields failed traces and the
+        iteration goes on. Consecutive rollouts of the same task go in one request of up to `per_request`
+        (their traces arrive together): fewer, larger messages cost the server path less per rollout."""
+        work = plan(taskset, **options)
+        endpoint = _endpoint(model)
 
         async def one(group: list[tuple[TaskData, int]]) -> list[Trace]:
-            data, indices = group[0][0], [index for _, index in group]
-            try:
-                return await self.run(data, endpoint, sampling, rollout_indices=indices, timeouts=timeouts,
-                                      infra_retries=infra_retries)
-            except Exception as exc:
-                return [request_failed_trace(data, taskset_id, index, exc) for index in indices]
+            indices = [index for _, index in group]
+            return await self._traces(work.taskset.id, group[0][0], endpoint, indices, work.options)
 
-        groups = same_task_runs(pairs, min(per_request, concurrency))
-        async for traces in as_finished(groups, one, concurrency, size=len):
+        groups = same_task_runs(work.pairs, min(self.per_request, work.concurrency))
+        async for traces in as_finished(groups, one, work.concurrency, size=len):
             for trace in traces:
                 yield trace
 
-    async def _taskset_name(self) -> str:
-        if self._taskset_id is None:
-            with contextlib.suppress(Exception):
-                await self.info()
-        return self._taskset_id or ""
+    async def evaluate(self, taskset: str | Taskset, model: Endpoint,
+                       **options: Unpack[EvaluateOptions]) -> list[Trace]:
+        """As `envs.evaluate.evaluate`, on the server."""
+        return await in_task_order(self.evaluate_iter, taskset, model, options)
+
+    async def _traces(self, taskset_id: str, data: TaskData, model: Endpoint, indices: list[int],
+                      options: RolloutOptions) -> list[Trace]:
+        """The traces of one `run` request, a failed trace per rollout when the request failed."""
+        request = self.run(data, _endpoint(model), rollout_indices=indices, **options)  # a misspelt option raises
+        try:
+            return await request
+        except Exception as exc:  # the request is the boundary: whatever ended it (server gone, timed out, worker
+            # died too often, refused) fails its rollouts only, as data, the way a failed rollout does in process
+            return [failed_trace(data, taskset_id, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
+                    for i in indices]
 
 
 async def check_env_server(address: str, taskset: Taskset, timeout_s: float = 30.0) -> None:
@@ -272,12 +299,12 @@ def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int) -> Iterator
         yield run
 
 
-def request_failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException) -> Trace:
-    """The trace of a rollout whose request failed (server gone, timed out, worker died too often)."""
-    kind = getattr(exc, "kind", ErrorKind.INFRASTRUCTURE)
-    error = TraceError(kind=kind, stage="env_server", message=f"{type(exc).__name__}: {exc}")
-    return Trace(task=data, taskset=taskset_id, rollout_index=rollout_index, errors=[error],
-                 stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
+def _endpoint(model: object) -> Endpoint:
+    """The model as the plain data a request carries; a live client cannot cross the wire."""
+    if not isinstance(model, Endpoint):
+        raise UsageError(f"an env server reaches the model through its Endpoint, not a {type(model).__name__}: "
+                         "give the Endpoint the client was made from")
+    return model
 
 
 _dumped: dict[int, tuple[Any, dict[str, Any]]] = {}

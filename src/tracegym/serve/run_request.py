@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
+from tracegym.envs.evaluate import INFRA_RETRIES
 from tracegym.envs.rollout import Timeouts
 from tracegym.models.endpoint import Endpoint
 
@@ -19,5 +20,5 @@ class RunRequest(BaseModel):
     sampling: Sampling | None = None
     rollout_indices: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=4096)
     timeouts: Timeouts | None = None
-    infra_retries: int = Field(default=1, ge=0, le=100)
+    infra_retries: int = Field(default=INFRA_RETRIES, ge=0, le=100)
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from tracegym.core.errors import ErrorKind
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import failed_trace, run_rollout
+from tracegym.envs.evaluate import run_rollout
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.models.client import ModelClient
@@ -119,7 +119,7 @@ class Worker:
             frames = error_reply(request_id, "Cancelled", "the request was cancelled")
         except (ValidationError, ValueError, TypeError) as exc:
             frames = error_reply(request_id, "BadRequest", f"bad run payload: {exc}", ErrorKind.TASK)
-        except Exception as exc:  # a bug here must still answer
+        except Exception as exc:  # the request boundary: a bug here must still answer, or the server waits for it
             log.exception("run %s failed", request_id)
             frames = error_reply(request_id, "WorkerError", f"{type(exc).__name__}: {exc}")
         await self.socket.send_multipart([b"reply", key, *frames])
@@ -144,11 +144,8 @@ class Worker:
         return [t.model_dump(mode="json") for t in traces]
 
     async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:
-        try:
-            return await run_rollout(self.taskset, request.data, model, request.sampling, rollout_index=index,
-                                     timeouts=request.timeouts, infra_retries=request.infra_retries)
-        except Exception as exc:  # as in process: a failure is a trace with errors
-            return failed_trace(request.data, self.taskset.id, index, exc)
+        return await run_rollout(self.taskset, request.data, model, rollout_index=index, sampling=request.sampling,
+                                 timeouts=request.timeouts, infra_retries=request.infra_retries)
 
     async def _watch_parent(self, parent: int) -> None:
         while os.getppid() == parent:

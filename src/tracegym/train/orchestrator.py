@@ -123,9 +123,9 @@ class Orchestrator:
 
         async def group(env_id: str) -> list[Trace]:
             async with gate:
-                data = self.streams[env_id].next()
-                return await self.clients[env_id].run(data, endpoint, sampling,
-                                                      rollout_indices=list(range(orch.group_size)))
+                stream = self.streams[env_id]
+                return await self.clients[env_id].run_group(stream.taskset, stream.next(), endpoint, orch.group_size,
+                                                            sampling=sampling)
 
         groups = await asyncio.gather(*(group(e) for e in envs))
         check_not_all_failed(step, groups)
@@ -191,10 +191,9 @@ class Orchestrator:
         version, model = exchange.current_policy(self.run_dir, self.base_model)
         for env in phase.envs:
             client = self.clients.get(env_server_key(env, held_out=True)) or self.clients[env.id]
-            rows = list(load_taskset(env.id, env.options).head(phase.num_tasks))
-            traces = [t async for t in client.evaluate_iter(((d, 0) for d in rows), self.endpoint(model),
-                                                            sampling=phase.sampling.to_sampling(),
-                                                            concurrency=self.config.orchestrator.concurrency)]
+            traces = await client.evaluate(load_taskset(env.id, env.options), self.endpoint(model),
+                                           num_tasks=phase.num_tasks, sampling=phase.sampling.to_sampling(),
+                                           concurrency=self.config.orchestrator.concurrency)
             estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
             self.log({"eval_step": step, "env": env.id, "policy_version": version, "eval_reward": estimate.mean,
                       "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
