@@ -21,8 +21,9 @@ from openai import AsyncOpenAI
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_endpoint import fake_endpoint
 
-from tracegym import ChatClient, Endpoint, ModelRequest, Sampling
+from tracegym import Endpoint, ModelRequest, Sampling
 from tracegym.core.messages import user
+from tracegym.models.chat_client import ChatClient
 
 MESSAGES = [user("Say something about foxes.")]
 

@@ -26,10 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from tracegym import ChatClient, Endpoint, Sampling, evaluate
+from tracegym import Endpoint, Sampling, evaluate
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.envs.registry import load_taskset
+from tracegym.models.chat_client import ChatClient
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 from tracegym.train.advantages import GroupAdvantages

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import aiohttp
 
-from tracegym import ChatClient, Endpoint, ModelRequest, Sampling
+from tracegym import Endpoint, ModelRequest, Sampling
 from tracegym.core.messages import user
-from tracegym.models.chat_client import request_body
+from tracegym.models.chat_client import ChatClient, request_body
 from tracegym.models.launch import ModelChoice, serve
 
 PROMPTS = ["Tell me a story about a dragon.", "Explain rain to a child.", "Write a poem about the sea.",

@@ -89,13 +89,11 @@ def test_imports_sees_absolute_root_and_relative_forms():
 
 
 PUBLIC_SURFACE = [
-    "ChatClient", "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "ErrorKind",
-    "ImagePart", "InfrastructureError", "Message", "MessageGraph", "ModelClient", "ModelError", "ModelRequest",
-    "ModelResponse", "Node", "RewardScore", "Sample", "Sampling", "Span", "StageTimeout", "StopReason", "Task",
-    "TaskData", "TaskError", "Taskset", "TasksetConfig", "TextPart", "Timeouts", "TokenClient", "Tool",
-    "ToolCall", "ToolError", "ToolSpec", "Trace", "TraceError", "TracegymError", "Usage", "UsageError",
-    "evaluate", "evaluate_iter", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "rollout",
-    "run_group", "run_rollout", "stop",
+    "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "ErrorKind", "InfrastructureError",
+    "Message", "ModelClient", "ModelError", "ModelRequest", "ModelResponse", "Sampling", "StopReason", "Task",
+    "TaskData", "Taskset", "TasksetConfig", "Timeouts", "ToolCall", "Trace", "TracegymError", "UsageError",
+    "evaluate", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "run_group", "run_rollout",
+    "stop",
 ]
 """Every name `tracegym` exports. Changing it is an API change: update this list on purpose."""
 

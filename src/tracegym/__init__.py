@@ -1,7 +1,17 @@
 """tracegym: language-model RL environments with exact token traces.
 
 Define a taskset, evaluate a model on it, serve it out of process, train on it. The names below are the
-public surface; everything else is reachable by its module path but may change.
+public surface:
+- define a taskset: `Task`, `Taskset`, `TasksetConfig`, `TaskData`, `reward`, `metric`, `stop`, `Message`
+  (and `EnvironmentTask` / `EnvironmentTaskset` for TRL-style environment classes);
+- run rollouts in this process: `run_rollout` (one), `run_group` (the rollouts of one task), `evaluate` (a
+  taskset), with `Sampling` and `Timeouts`; `load_taskset` / `known_tasksets` find tasksets by id;
+- reach a model: `Endpoint` (or a live client from `make_client`); write one: `ModelClient`, `ModelRequest`,
+  `ModelResponse`, `ToolCall`;
+- read the result: `Trace`, `StopReason`, `ErrorKind`; the errors worth catching, or raising from a model client.
+Everything else is reachable by its module path but may change: e.g. `evaluate_iter` (traces as they finish)
+and the `rollout` loop in `tracegym.envs`, `ChatClient` / `TokenClient` in `tracegym.models`, and
+`tracegym.serve.env_client.EnvClient`, whose methods take the same arguments as the three run functions.
 """
 
 from tracegym.core.errors import (
@@ -9,84 +19,55 @@ from tracegym.core.errors import (
     ErrorKind,
     InfrastructureError,
     ModelError,
-    StageTimeout,
-    TaskError,
-    ToolError,
-    TraceError,
     TracegymError,
     UsageError,
 )
-from tracegym.core.graph import MessageGraph, Node
-from tracegym.core.messages import ImagePart, Message, TextPart, ToolCall
-from tracegym.core.sample import Sample
+from tracegym.core.messages import Message, ToolCall
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
-from tracegym.core.timing import Span
-from tracegym.core.tool_spec import ToolSpec
-from tracegym.core.trace import RewardScore, StopReason, Trace, Usage
+from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.environment import EnvironmentTask, EnvironmentTaskset
-from tracegym.envs.evaluate import evaluate, evaluate_iter, run_group, run_rollout
+from tracegym.envs.evaluate import evaluate, run_group, run_rollout
 from tracegym.envs.registry import known_tasksets, load_taskset
-from tracegym.envs.rollout import Timeouts, rollout
+from tracegym.envs.rollout import Timeouts
 from tracegym.envs.scorers import metric, reward, stop
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset, TasksetConfig
-from tracegym.envs.tools import Tool
-from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.token_client import TokenClient
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatClient",
     "ContextLengthError",
     "Endpoint",
     "EnvironmentTask",
     "EnvironmentTaskset",
     "ErrorKind",
-    "ImagePart",
     "InfrastructureError",
     "Message",
-    "MessageGraph",
     "ModelClient",
     "ModelError",
     "ModelRequest",
     "ModelResponse",
-    "Node",
-    "RewardScore",
-    "Sample",
     "Sampling",
-    "Span",
-    "StageTimeout",
     "StopReason",
     "Task",
     "TaskData",
-    "TaskError",
     "Taskset",
     "TasksetConfig",
-    "TextPart",
     "Timeouts",
-    "TokenClient",
-    "Tool",
     "ToolCall",
-    "ToolError",
-    "ToolSpec",
     "Trace",
-    "TraceError",
     "TracegymError",
-    "Usage",
     "UsageError",
     "evaluate",
-    "evaluate_iter",
     "known_tasksets",
     "load_taskset",
     "make_client",
     "metric",
     "reward",
-    "rollout",
     "run_group",
     "run_rollout",
     "stop",

@@ -7,6 +7,7 @@ import time
 import pytest
 
 import tracegym as tg
+from tracegym.envs.rollout import rollout
 from tracegym.testing import Fail, ScriptedModel, Stall, reply, tool_call
 
 
@@ -194,7 +195,7 @@ async def test_cancelling_a_rollout_in_task_code_still_cancels_it():
             started.set()
             await asyncio.Event().wait()
 
-    job = asyncio.create_task(tg.rollout(Slow(tg.TaskData(prompt="q")), ScriptedModel(["yes"])))
+    job = asyncio.create_task(rollout(Slow(tg.TaskData(prompt="q")), ScriptedModel(["yes"])))
     await started.wait()
     job.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -5,6 +5,7 @@ from fractions import Fraction
 import pytest
 
 import tracegym as tg
+from tracegym.core.trace import RewardScore
 from tracegym.testing import ScriptedModel
 
 ROW = {"prompt": "say yes", "answer": "yes"}
@@ -254,7 +255,7 @@ async def test_an_undecorated_reward_override_runs_its_own_body_with_the_bases_w
             return 1.0
 
     trace = await run(taskset_of(Derived))
-    assert trace.rewards["exact"] == tg.RewardScore(score=1.0, weight=2.0)
+    assert trace.rewards["exact"] == RewardScore(score=1.0, weight=2.0)
 
 
 async def test_a_decorated_reward_override_uses_its_own_weight():
@@ -264,7 +265,7 @@ async def test_a_decorated_reward_override_uses_its_own_weight():
             return 1.0
 
     trace = await run(taskset_of(Derived))
-    assert trace.rewards["exact"] == tg.RewardScore(score=1.0, weight=0.5)
+    assert trace.rewards["exact"] == RewardScore(score=1.0, weight=0.5)
 
 
 async def test_an_undecorated_metric_override_runs_its_own_body():

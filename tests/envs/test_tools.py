@@ -9,6 +9,7 @@ import pydantic
 import pytest
 
 import tracegym as tg
+from tracegym.envs.tools import Tool
 from tracegym.testing import ScriptedModel, reply, tool_call
 
 
@@ -54,7 +55,7 @@ def pair(a: int, b: int) -> dict:
 
 
 def spec_of(fn):
-    return tg.Tool.from_function(fn).spec
+    return Tool.from_function(fn).spec
 
 
 def properties_of(fn):

@@ -11,6 +11,7 @@ from aiohttp import web
 
 import tracegym as tg
 from tracegym.core.messages import assistant, user
+from tracegym.envs.tools import Tool
 from tracegym.models.chat_client import ChatClient, parse_response
 from tracegym.models.client import ModelRequest
 from tracegym.models.endpoint import Endpoint
@@ -76,7 +77,7 @@ async def test_tool_calls_keep_their_raw_arguments():
 
 
 async def test_sampling_and_tools_are_sent():
-    spec = tg.Tool.from_function(_add).spec
+    spec = Tool.from_function(_add).spec
     request = ModelRequest(messages=[user("x")], tools=[spec],
                            sampling=tg.Sampling(temperature=0.3, max_tokens=7, seed=1, extra={"top_k": 5}))
     with FakeOpenAIServer(["ok"]) as fake:
@@ -208,7 +209,7 @@ BAD_CALL = "<tool_call>{bad</tool_call>"
 
 
 async def test_tool_call_blocks_left_in_the_content_become_tool_calls_when_tools_were_offered():
-    spec = tg.Tool.from_function(_add).spec
+    spec = Tool.from_function(_add).spec
     with FakeOpenAIServer([BAD_CALL]) as fake:
         async with client_for(fake) as client:
             response = await client.complete(ModelRequest(messages=[user("x")], tools=[spec]))

@@ -6,6 +6,7 @@ import json
 import pytest
 
 import tracegym as tg
+from tracegym.core.graph import Node
 from tracegym.core.messages import Message, assistant, user
 from tracegym.core.token_check import validate_tokens
 from tracegym.models.chat_client import ChatClient
@@ -63,7 +64,7 @@ def letter_by_letter(renderer: ChatMLRenderer):
     return ids
 
 
-def last_turn(trace: tg.Trace) -> tg.Node:
+def last_turn(trace: tg.Trace) -> Node:
     return [n for n in trace.graph.path() if n.sampled][-1]
 
 

@@ -12,6 +12,8 @@ import pytest
 
 import tracegym as tg
 from tracegym.core.messages import ToolCall, assistant, tool, user
+from tracegym.envs.tools import Tool
+from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelRequest
 from tracegym.models.embedded import SERVED_MODEL_NAME
 from tracegym.models.vllm_server import process_alive
@@ -62,7 +64,7 @@ def inference():
 @pytest.fixture
 async def client(inference):
     _, base_url = inference
-    async with tg.ChatClient(tg.Endpoint(base_url=base_url, model=SERVED_MODEL_NAME, api_key_env=None)) as client:
+    async with ChatClient(tg.Endpoint(base_url=base_url, model=SERVED_MODEL_NAME, api_key_env=None)) as client:
         yield client
 
 
@@ -101,7 +103,7 @@ def add(a: int, b: int) -> int:
 async def test_a_tool_call_turn_and_its_result_are_accepted_by_the_chat_template(client):
     call = ToolCall(id="call_1", name="add", arguments='{"a": 2, "b": 3}')
     messages = [user("What is 2 + 3? Use the add tool."), assistant(None, [call]), tool("5", "call_1", "add")]
-    request = ModelRequest(messages=messages, tools=[tg.Tool.from_function(add).spec],
+    request = ModelRequest(messages=messages, tools=[Tool.from_function(add).spec],
                            sampling=tg.Sampling(max_tokens=32, temperature=0.0))
     response = await client.complete(request)  # a template that cannot render content None answers HTTP 400
     assert response.message.text.strip() or response.message.tool_calls

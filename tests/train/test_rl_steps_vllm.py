@@ -10,6 +10,7 @@ import pytest
 import tracegym as tg
 from tracegym.core.sample import Sample
 from tracegym.envs.registry import load_taskset
+from tracegym.models.chat_client import ChatClient
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 from tracegym.train.advantages import GroupAdvantages
@@ -56,7 +57,7 @@ async def test_two_rl_steps_change_the_adapter_and_vllm_serves_the_new_version(t
         sync = WeightSync(server.base_url)
         sync.publish(trainer.save_weights(tmp_path / "current"), trainer.version)
         endpoint = tg.Endpoint(base_url=server.base_url, model=sync.model_name, api_key_env=None, tokens="on")
-        async with tg.ChatClient(endpoint) as client:
+        async with ChatClient(endpoint) as client:
             first = await tg.evaluate("reverse-text", client, num_tasks=1, sampling=tg.Sampling(max_tokens=16))
             probe = first[0].graph.tokens()
             before = vllm_logprobs(server.base_url, sync.model_name, probe)
