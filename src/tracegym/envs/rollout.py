@@ -179,7 +179,7 @@ class Rollout:
         except StageTimeout as exc:
             self._tool_failed(ErrorKind.TIMEOUT, stage, str(exc))
             return f"Error: {exc}"
-        except Exception as exc:
+        except Exception as exc:  # whatever a tool raises is its answer: the model is told, the rollout goes on
             message = f"{type(exc).__name__}: {exc}"
             self._tool_failed(ErrorKind.TOOL, stage, message)
             return f"Error: {message}"
@@ -223,7 +223,7 @@ class Rollout:
     async def _cleanup(self) -> None:
         try:
             await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
-        except Exception as exc:
+        except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
             self._error_from(exc, "cleanup")
 
     def _error_from(self, exc: BaseException, stage: str) -> None:
@@ -278,7 +278,7 @@ async def score(task: Task, trace: Trace, timeout: float, turn: int | None = Non
             result = scorer.number(await within(stage, task.call_scorer(scorer, trace), timeout))
         except StageTimeout as exc:
             trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=str(exc), turn=turn))
-        except Exception as exc:
+        except Exception as exc:  # task code's failure is this scorer's error; the others still score
             said = str(exc) if type(exc) is TaskError else f"{type(exc).__name__}: {exc}"  # ours: not a number
             trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=said, turn=turn))
         _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)

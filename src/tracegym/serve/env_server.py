@@ -202,7 +202,7 @@ class EnvServer:
         """For a health ping listing the client's pending request ids: those this server has no record of."""
         try:
             pending = unpack(payload).get("pending")
-        except Exception:
+        except Exception:  # a client's malformed payload must not kill the server
             return {}
         if not isinstance(pending, list):
             return {}
@@ -234,7 +234,7 @@ class EnvServer:
     def _cancel(self, client: bytes, request: Request) -> None:
         try:
             target = unpack(request.payload).get("id")
-        except Exception:
+        except Exception:  # a client's malformed payload must not kill the server
             target = None
         key = self.index.get((client, target)) if isinstance(target, str) else None
         record = self.inflight.get(key) if key else None

@@ -106,7 +106,7 @@ def _header(frame: bytes) -> dict[str, Any]:
         raise WireError("request header is over 4096 bytes")
     try:
         header = unpack(frame)
-    except Exception as exc:
+    except Exception as exc:  # msgpack raises many types: this edge makes them one WireError
         raise WireError(f"header is not msgpack ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise WireError("header is not a msgpack map")
