@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tracegym.core.messages import Message, user
-from tracegym.core.task_data import TaskData
+from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import _MARK, Scorer, call_maybe_async
-from tracegym.envs.task import Task
-from tracegym.envs.taskset import Row, Taskset
+from tracegym.envs.task import DataT, Task
+from tracegym.envs.taskset import Taskset
+from tracegym.envs.taskset_config import ConfigT
 from tracegym.envs.tools import Tool
 
 
-class EnvironmentTask(Task):
-    """A Task whose tools are the methods of a fresh environment instance."""
+class EnvironmentTask(Task[DataT, ConfigT]):
+    """A Task whose tools are the methods of a fresh environment instance (at `self.env` once set up)."""
 
     parallel_tools = False  # the methods share the instance's state: run a turn's calls in order
 
-    def __init__(self, data: TaskData, *, env_factory: Callable[[], Any], env_tools: Sequence[Tool],
+    def __init__(self, data: DataT, *, env_factory: Callable[[], Any], env_tools: Sequence[Tool],
                  **options: Any) -> None:
         super().__init__(data, **options)
         self.env_factory = env_factory
@@ -42,7 +43,7 @@ class EnvironmentTask(Task):
         self._reset_text = None if result is None else str(result)
         self._tools.update({t.name: t.bound_to(getattr(self.env, t.name)) for t in self._env_tools})
 
-    def tool_specs(self) -> list:
+    def tool_specs(self) -> list[ToolSpec]:
         return [*super().tool_specs(), *(t.spec for t in self._env_tools if t.name not in self._tools)]
 
     def prompt(self) -> list[Message]:
@@ -68,11 +69,11 @@ def environment_tools(env_class: type) -> list[Tool]:
     return tools
 
 
-def trl_reward(fn: Callable[..., Any]) -> Callable[[Task, Trace], Any]:
+def trl_reward(fn: Callable[..., Any]) -> Callable[[Task[Any, Any], Trace], Any]:
     """Adapt a TRL reward function (batched, keyword arguments) to tracegym's `(task, trace)` shape."""
 
     @functools.wraps(fn)
-    async def score(task: Task, trace: Trace) -> float:
+    async def score(task: Task[Any, Any], trace: Trace) -> float:
         # TRL passes every dataset column but the prompt as a list with one value per completion: a batch of one
         fields = {k: [v] for k, v in task.data.fields().items() if k != "prompt"}
         values = await call_maybe_async(
@@ -96,24 +97,17 @@ def is_trl_reward(fn: Callable[..., Any]) -> bool:
     return "environments" in params or "completions" in params
 
 
-class EnvironmentTaskset(Taskset):
+class EnvironmentTaskset(Taskset[ConfigT]):
     """A taskset whose tasks run a class-based environment: `EnvironmentTaskset(MyEnv, id=..., data=...)`."""
 
     task_class = EnvironmentTask
 
-    def __init__(self, env_factory: type, *, rewards: Sequence[Callable[..., Any]] = (), **options: Any):
+    def __init__(self, env_factory: type, config: ConfigT | Mapping[str, Any] | None = None, *,
+                 rewards: Sequence[Callable[..., Any]] = (), **options: Any) -> None:
         self.env_factory = env_factory
         self._env_tools = environment_tools(env_factory)
         adapted = [trl_reward(f) if is_trl_reward(f) else f for f in rewards]
-        super().__init__(rewards=adapted, **options)
+        super().__init__(config, rewards=adapted, **options)
 
-    def task(self, row: Row) -> Task:
-        return EnvironmentTask(
-            self.as_data(row),
-            env_factory=self.env_factory,
-            env_tools=self._env_tools,
-            scorers=self._scorers,
-            tools=self._tools,
-            taskset_id=self.id,
-            max_turns=self._max_turns,
-        )
+    def _task_options(self) -> dict[str, Any]:
+        return {**super()._task_options(), "env_factory": self.env_factory, "env_tools": self._env_tools}

@@ -3,7 +3,8 @@
 A scorer is a plain function `(task, trace)` or a Task method `(self, trace)`; it may be async. Rewards carry
 a weight (the trace's reward is the weighted sum) and all scorers an order (lower runs first). A reward or
 metric returns a real number or a bool (numpy's scalars included); anything else, a numeric string too, is
-an error on the trace naming it, and it scores None.
+an error on the trace naming it, and it scores None. The decorators return the function itself, marked, so
+editors and type checkers see its own signature.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from tracegym.core.errors import TaskError, UsageError
 from tracegym.envs.thread_lane import TASK_CODE
 
 ScorerKind = Literal["reward", "metric", "stop"]
 _MARK = "__tracegym_scorer__"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ def _is_numpy_bool(value: object) -> bool:
     return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
-def _mark(kind: ScorerKind, fn: Callable[..., Any] | None, **meta: Any) -> Any:
-    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+def _mark(kind: ScorerKind, fn: F | None, **meta: Any) -> F | Callable[[F], F]:
+    def decorate(f: F) -> F:
         name = meta.pop("name", None) or f.__name__
         setattr(f, _MARK, Scorer(f, kind, name, **meta))
         return f
@@ -59,17 +61,30 @@ def _mark(kind: ScorerKind, fn: Callable[..., Any] | None, **meta: Any) -> Any:
     return decorate(fn) if fn is not None else decorate
 
 
-def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0, order: int = 0, name: str | None = None):
+@overload
+def reward(fn: F, *, weight: float = 1.0, order: int = 0, name: str | None = None) -> F: ...
+@overload
+def reward(fn: None = None, *, weight: float = 1.0, order: int = 0, name: str | None = None) -> Callable[[F], F]: ...
+def reward(fn: F | None = None, *, weight: float = 1.0, order: int = 0,
+           name: str | None = None) -> F | Callable[[F], F]:
     """Mark a reward function; usable bare (`@reward`) or with arguments (`@reward(weight=0.5)`)."""
     return _mark("reward", fn, weight=weight, order=order, name=name)
 
 
-def metric(fn: Callable[..., Any] | None = None, *, order: int = 0, name: str | None = None):
+@overload
+def metric(fn: F, *, order: int = 0, name: str | None = None) -> F: ...
+@overload
+def metric(fn: None = None, *, order: int = 0, name: str | None = None) -> Callable[[F], F]: ...
+def metric(fn: F | None = None, *, order: int = 0, name: str | None = None) -> F | Callable[[F], F]:
     """Mark a metric: scored and reported like a reward but never part of the total."""
     return _mark("metric", fn, order=order, name=name)
 
 
-def stop(fn: Callable[..., Any] | None = None, *, order: int = 0, name: str | None = None):
+@overload
+def stop(fn: F, *, order: int = 0, name: str | None = None) -> F: ...
+@overload
+def stop(fn: None = None, *, order: int = 0, name: str | None = None) -> Callable[[F], F]: ...
+def stop(fn: F | None = None, *, order: int = 0, name: str | None = None) -> F | Callable[[F], F]:
     """Mark a stop condition: checked after every turn; a true result ends the rollout."""
     return _mark("stop", fn, order=order, name=name)
 

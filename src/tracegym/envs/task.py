@@ -4,6 +4,11 @@ Subclass Task to give behaviour as methods: decorate rewards, metrics and stops,
 and override `setup`, `prompt` or `env_response`. Tasksets build a fresh Task for every rollout, so instance
 state (a game board, a sandbox handle) is never shared between concurrent rollouts.
 
+A Task is generic over its row type and its taskset's config type: in `class SortTask(Task[SortData,
+SortConfig])`, `self.data` is a SortData and `self.config` the taskset's SortConfig, for the type checker and
+at run time (rows are read as the first type argument). `Task[SortData]` alone leaves the config a
+TasksetConfig; a bare `Task` reads plain TaskData rows.
+
 Overriding a decorated reward, metric or stop in a subclass: the most-derived method runs. Without a
 decorator it keeps the base's settings (kind, weight, order, name); with one, its own decorator's settings
 replace them; `exact = None` in the subclass makes `exact` no scorer at all.
@@ -11,43 +16,64 @@ replace them; `exact = None` in the subclass makes `exact` no scorer at all.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast
+
+from typing_extensions import TypeVar
 
 from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.envs.scorers import Scorer, as_scorer, call_maybe_async, scorers_of
+from tracegym.envs.taskset_config import ConfigT, TasksetConfig
 from tracegym.envs.tools import Tool
 
 if TYPE_CHECKING:
     from tracegym.core.trace import Trace
 
 EnvResponse = str | Message | list[Message] | None
+DataT = TypeVar("DataT", bound=TaskData, default=TaskData, covariant=True)
+"""A task's row type: `Task[MyData]` reads `self.data` as a MyData."""
+T = TypeVar("T")
 
 
-class Task:
+class Task(Generic[DataT, ConfigT]):
     """Behaviour for one TaskData. Class attributes are defaults; the taskset may add scorers and tools."""
 
+    data_class: ClassVar[type[TaskData]] = TaskData
+    """The row type, taken from the first type argument (`Task[MyData]`); rows are validated into it."""
+    _config_class: ClassVar[type[TasksetConfig]] = TasksetConfig
+    """The config type, taken from the second type argument; a task built without a taskset reads its defaults."""
     tools: ClassVar[Sequence[Callable[..., Any]]] = ()
     """Plain functions offered to the model as tools."""
-    max_turns: ClassVar[int] = 10
-    """Model turns before the rollout ends with `max_turns`."""
+    max_turns: int = 10
+    """Model turns before the rollout ends with `max_turns` (the taskset's `max_turns=` overrides it)."""
     parallel_tools: ClassVar[bool] = True
     """Run several tool calls of one turn concurrently (False for tools that share mutable state)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.data_class = type_argument(cls, Task, cls.data_class)
+        cls._config_class = type_argument(cls, Task, cls._config_class, index=1)
+
     def __init__(
         self,
-        data: TaskData,
+        data: DataT,
         *,
+        config: ConfigT | None = None,
         scorers: Sequence[Scorer] = (),
         tools: Sequence[Tool] = (),
         taskset_id: str = "",
         max_turns: int | None = None,
     ) -> None:
         self.data = data
+        # the class's _config_class is its type argument, so its defaults are a ConfigT
+        self.config = config if config is not None else cast(ConfigT, self._config_class())
+        """The taskset's config (the same object for all its tasks); the config class's defaults without one."""
         self.taskset_id = taskset_id
-        self.max_turns = max_turns if max_turns is not None else type(self).max_turns  # type: ignore[misc]
+        if max_turns is not None:
+            self.max_turns = max_turns
         own = [s.bind(self) for s in scorers_of(type(self))]
         self.scorers: list[Scorer] = sorted([*own, *scorers], key=lambda s: s.order)
         self._tools: dict[str, Tool] = {t.name: t for t in [*class_tools(type(self)), *tools]}
@@ -87,7 +113,18 @@ class Task:
         return await call_maybe_async(scorer.fn, self, trace)
 
 
-def class_tools(cls: type[Task]) -> list[Tool]:
+def type_argument(cls: type, generic: type, default: type[T], index: int = 0) -> type[T]:
+    """The class `cls` names as type argument `index` of `generic` (or of a generic subclass of it that keeps
+    its type parameters in the same order) in its own bases, else `default`: for
+    `class SortTask(Task[SortData, SortConfig])` and `generic=Task`, SortData (index 1: SortConfig)."""
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin, named = typing.get_origin(base), typing.get_args(base)[index:index + 1]
+        if isinstance(origin, type) and issubclass(origin, generic) and named and isinstance(named[0], type):
+            return named[0]
+    return default
+
+
+def class_tools(cls: type[Task[Any, Any]]) -> list[Tool]:
     """The Tools of a Task class's `tools` attribute, derived once per class."""
     cache = cls.__dict__.get("_tool_cache")
     if cache is None:

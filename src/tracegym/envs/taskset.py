@@ -1,8 +1,12 @@
 """Taskset: loads TaskData rows (a list or a lazy, possibly infinite generator) and builds a Task for each.
 
-Either subclass it (set `id`, `Config`, `task_class`, override `load`) or build one from rows and functions:
+Either subclass it (set `id` and `task_class`, override `load`) or build one from rows and functions:
 `Taskset(id="qa", data=[...], rewards=[exact_match])`. `head(n)` and `shuffle(seed)` return new views;
 `taskset[i]` and `taskset.row(key)` look one row up, reading no further than it.
+
+A Taskset is generic over its config: `class Sorting(Taskset[SortConfig])` takes SortConfig options (its
+`Config`, set from the type argument) and reads `self.config` as a SortConfig; its tasks get the same object
+as `task.config`. A generated taskset's `load` returns `seeded_rows(make_row, self.config, count)`.
 
 Every row has a key (its TaskData `id`): the one the taskset gives, else its position in `load()` order, set
 as the row is loaded. Views keep it (a shuffled row is still task "3"), traces record it, and a resumed run
@@ -13,47 +17,51 @@ from __future__ import annotations
 
 import collections
 import copy
-import difflib
 import itertools
 import operator
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
-from tracegym.envs.task import Task, class_tools, make_scorers
+from tracegym.envs.task import Task, class_tools, make_scorers, type_argument
+from tracegym.envs.taskset_config import C, ConfigT, TasksetConfig, config_from, first_error
 from tracegym.envs.tools import Tool
 
 Row = TaskData | Mapping[str, Any]
+R = TypeVar("R", bound=Row)
 
 
-class TasksetConfig(BaseModel):
-    """Options of a taskset; subclass it per taskset (every field with a default and a docstring)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    seed: int = 0
-    """Seed for generated tasks."""
-
-
-class Taskset:
+class Taskset(Generic[ConfigT]):
     """A source of tasks with shared behaviour."""
 
-    id: ClassVar[str] = ""
-    description: ClassVar[str] = ""
+    id: str = ""
+    """The id the registry and traces know it by (`reverse-text`); `id=` sets it on one built from parts."""
+    description: str = ""
+    """One line saying what the tasks ask and how they are scored."""
     Config: ClassVar[type[TasksetConfig]] = TasksetConfig
-    task_class: ClassVar[type[Task]] = Task
-    data_class: ClassVar[type[TaskData]] = TaskData
+    """The config class: the type argument (`Taskset[MyConfig]`), set when the class is defined."""
+    task_class: ClassVar[type[Task[Any, Any]]] = Task
     infinite: ClassVar[bool] = False
     """True when `load` never ends; such a taskset must be bounded (`head`) before it is shuffled or run."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        named = type_argument(cls, Taskset, cls.Config)
+        own = cls.__dict__.get("Config", named)
+        if own is not named:
+            raise TypeError(f"{cls.__name__}: Config = {own.__name__} differs from its type argument {named.__name__}")
+        cls.Config = named
+
     def __init__(
         self,
-        config: TasksetConfig | Mapping[str, Any] | None = None,
+        config: ConfigT | Mapping[str, Any] | None = None,
         *,
         id: str | None = None,
+        description: str | None = None,
         data: Iterable[Row] | None = None,
         rewards: Sequence[Callable[..., Any]] = (),
         metrics: Sequence[Callable[..., Any]] = (),
@@ -61,9 +69,12 @@ class Taskset:
         tools: Sequence[Callable[..., Any]] = (),
         max_turns: int | None = None,
     ) -> None:
-        self.config = config_from(type(self).Config, config, id or type(self).id)
+        # the class's Config is its type argument, so what config_from validates is a ConfigT
+        self.config = cast(ConfigT, config_from(type(self).Config, config, id or type(self).id))
         if id is not None:
-            self.id = id  # type: ignore[misc]
+            self.id = id
+        if description is not None:
+            self.description = description
         self._data = data
         self._scorers = make_scorers(rewards, metrics, stops)
         self._tools = [Tool.from_function(f) for f in tools]
@@ -130,13 +141,13 @@ class Taskset:
             raise UsageError(f"taskset {self.id!r} is infinite; bound it with head(n) first")
         return sum(1 for _ in self)
 
-    def head(self, n: int) -> Taskset:
+    def head(self, n: int) -> Self:
         """A view of the first `n` tasks."""
         view = self._with_view(lambda rows: itertools.islice(rows, n))
         view._bounded = True
         return view
 
-    def shuffle(self, seed: int = 0, bound: int | None = None) -> Taskset:
+    def shuffle(self, seed: int = 0, bound: int | None = None) -> Self:
         """A view in a seeded random order; an infinite taskset needs `bound` (or a `head` before)."""
         if bound is None and not self._bounded:
             raise UsageError(f"taskset {self.id!r} is infinite; shuffle(seed, bound=N) or head(N) first")
@@ -150,12 +161,17 @@ class Taskset:
         view._bounded = True
         return view
 
-    def _with_view(self, view: Callable[[Iterable[TaskData]], Iterable[TaskData]]) -> Taskset:
+    def _with_view(self, view: Callable[[Iterable[TaskData]], Iterable[TaskData]]) -> Self:
         clone = copy.copy(self)
         clone._views = (*self._views, view)
         return clone
 
     # --- building tasks ----------------------------------------------------------------------------------
+    @property
+    def data_class(self) -> type[TaskData]:
+        """The row type: the task class's (`Task[MyData]`); a subclass may set it to another TaskData type."""
+        return self.task_class.data_class
+
     def as_data(self, row: Row) -> TaskData:
         """A row as this taskset's TaskData type (rows read back from a trace or the wire included)."""
         if isinstance(row, self.data_class):
@@ -166,36 +182,20 @@ class Taskset:
         except ValidationError as exc:
             raise UsageError(f"taskset {self.id!r}: bad task row: {first_error(exc)}") from None
 
-    def task(self, row: Row) -> Task:
+    def task(self, row: Row) -> Task[Any, ConfigT]:
         """A fresh Task for one rollout of this row."""
-        return self.task_class(
-            self.as_data(row),
-            scorers=self._scorers,
-            tools=self._tools,
-            taskset_id=self.id,
-            max_turns=self._max_turns,
-        )
+        return self.task_class(self.as_data(row), **self._task_options())
+
+    def _task_options(self) -> dict[str, Any]:
+        """What every Task of this taskset is built with besides its row (a task class that needs more adds it)."""
+        return {"config": self.config, "scorers": self._scorers, "tools": self._tools, "taskset_id": self.id,
+                "max_turns": self._max_turns}
 
 
-def config_from(cls: type[TasksetConfig], value: TasksetConfig | Mapping[str, Any] | None, owner: str):
-    """Validate a taskset config, turning pydantic's report into one line naming the field."""
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls.model_validate(dict(value or {}))
-    except ValidationError as exc:
-        raise UsageError(f"taskset {owner!r}: {first_error(exc, known=cls.model_fields)}") from None
-
-
-def first_error(exc: ValidationError, known: Iterable[str] = ()) -> str:
-    """The first problem of a validation error as `field 'x': message`; an unknown top-level field also gets
-    the closest of the `known` field names and the list of them."""
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(row)"
-    text = f"field {where!r}: {err['msg']} (got {err.get('input')!r})"
-    known = sorted(known)
-    if err["type"] != "extra_forbidden" or len(err["loc"]) != 1 or not known:
-        return text
-    close = difflib.get_close_matches(str(err["loc"][0]), known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{text}{hint} Known fields: {', '.join(known)}"
+def seeded_rows(make_row: Callable[[random.Random, C, int], R], config: C, count: int | None) -> Iterator[R]:
+    """Generated rows `make_row(rng, config, 0)`, `make_row(rng, config, 1)`, ... drawn in order from one
+    `random.Random(config.seed)`: `count` of them, or an endless stream when None. The same seed gives the same
+    rows (and keys) on every run, which resume and rescoring rely on."""
+    rng = random.Random(config.seed)
+    for index in itertools.count() if count is None else range(count):
+        yield make_row(rng, config, index)

@@ -23,7 +23,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 from tracegym.tasksets.reverse_text import lcs_ratio
 
 NAMES: list[str] = files("tracegym.tasksets").joinpath("data/first_names.txt").read_text().split()
@@ -81,12 +81,10 @@ def follow_up(names: list[str]) -> str:
     return f"Add these names to the list:\n\n{listed}\n\nNow sort the whole list (every name so far) alphabetically."
 
 
-class SortTask(Task):
+class SortTask(Task[SortData]):
     """One growing list of names to keep sorted."""
 
-    data: SortData
-
-    def __init__(self, data: TaskData, **options: Any) -> None:
+    def __init__(self, data: SortData, **options: Any) -> None:
         super().__init__(data, **options)
         if options.get("max_turns") is None:
             self.max_turns = len(self.data.expected)  # one model turn per list; the last reply ends the rollout
@@ -133,17 +131,12 @@ def make_row(rng: random.Random, cfg: AlphabetSortConfig, index: int) -> SortDat
     )
 
 
-class AlphabetSort(Taskset):
+class AlphabetSort(Taskset[AlphabetSortConfig]):
     """Sort a growing list of names over several turns; reward: mean per-turn LCS ratio with the sorted list."""
 
     id = "alphabet-sort"
     description = "Sort a list of names, then re-sort it as each turn adds more (reward: mean per-turn LCS ratio)."
-    Config = AlphabetSortConfig
     task_class = SortTask
-    data_class = SortData
 
-    def load(self) -> Iterator[TaskData]:
-        cfg: AlphabetSortConfig = self.config  # type: ignore[assignment]
-        rng = random.Random(cfg.seed)
-        for i in range(cfg.num_tasks):
-            yield make_row(rng, cfg, i)
+    def load(self) -> Iterator[SortData]:
+        return seeded_rows(make_row, self.config, self.config.num_tasks)

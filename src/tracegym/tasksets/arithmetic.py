@@ -10,7 +10,6 @@ the value, else 0.0; the metric `has_number` says whether the reply held a numbe
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
 OPS = ("+", "-", "*")
 SYSTEM = "Compute the value of the expression. End your reply with the final answer as a single integer."
@@ -74,16 +73,23 @@ def last_integer(text: str) -> int | None:
     return None if fraction.strip("0") else int(whole)
 
 
-def make_row(rng: random.Random, cfg: ArithmeticConfig, index: int) -> TaskData:
+class ExpressionData(TaskData):
+    """An expression to evaluate; `answer` is its integer value."""
+
+    expression: str
+    """The expression as shown to the model."""
+
+
+def make_row(rng: random.Random, cfg: ArithmeticConfig, index: int) -> ExpressionData:
     """One expression and its value."""
     operands = [rng.randint(0, 10 ** rng.randint(1, cfg.max_digits) - 1) for _ in range(cfg.num_ops + 1)]
     ops = [rng.choice(OPS) for _ in range(cfg.num_ops)]
     text = " ".join([str(operands[0]), *(f"{op} {x}" for op, x in zip(ops, operands[1:], strict=True))])
-    return TaskData(id=f"arithmetic-{cfg.seed}-{index}", prompt=f"What is {text}?", system_prompt=SYSTEM,
-                    answer=value_of(operands, ops), expression=text)
+    return ExpressionData(id=f"arithmetic-{cfg.seed}-{index}", prompt=f"What is {text}?", system_prompt=SYSTEM,
+                          answer=value_of(operands, ops), expression=text)
 
 
-class ArithmeticTask(Task):
+class ArithmeticTask(Task[ExpressionData]):
     """One expression to evaluate."""
 
     @reward
@@ -95,17 +101,13 @@ class ArithmeticTask(Task):
         return float(_NUMBER.search(trace.last_reply) is not None)
 
 
-class Arithmetic(Taskset):
+class Arithmetic(Taskset[ArithmeticConfig]):
     """Endless integer expressions; reward: exact match of the last integer in the reply."""
 
     id = "arithmetic"
     description = "Evaluate generated integer expressions, an endless stream (reward: exact final integer)."
-    Config = ArithmeticConfig
     task_class = ArithmeticTask
     infinite = True
 
-    def load(self) -> Iterator[TaskData]:
-        cfg: ArithmeticConfig = self.config  # type: ignore[assignment]
-        rng = random.Random(cfg.seed)
-        for i in itertools.count():
-            yield make_row(rng, cfg, i)
+    def load(self) -> Iterator[ExpressionData]:
+        return seeded_rows(make_row, self.config, None)

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from tracegym.core.trace import Trace
 from tracegym.envs.environment import EnvironmentTask, EnvironmentTaskset
-from tracegym.envs.taskset import TasksetConfig, config_from
+from tracegym.envs.taskset import TasksetConfig, config_from, seeded_rows
 
 PROMPT = "Use the counter tools to bring the counter to the target, then reply 'done'."
 DESCRIPTION = "Drive a counter to a target with increment/decrement tools (TRL environment class; reward: on target)."
@@ -90,26 +90,21 @@ def reached_target(prompts: list[Any], completions: list[Any], environments: lis
     return [float(env.count == env.target) for env in environments]
 
 
-def distance(task: EnvironmentTask, trace: Trace) -> float:
+def distance(task: EnvironmentTask[Any, CounterEnvConfig], trace: Trace) -> float:
     """How far the counter ended from the target."""
     return float(abs(task.env.count - task.env.target))
 
 
-def rows(cfg: CounterEnvConfig) -> list[dict[str, Any]]:
-    """The task rows: a start and a different target each."""
-    rng = random.Random(cfg.seed)
-    out = []
-    for i in range(cfg.num_tasks):
-        start, target = rng.sample(range(cfg.max_value + 1), 2)
-        out.append({"id": f"counter-env-{cfg.seed}-{i}", "prompt": PROMPT, "start": start, "target": target,
-                    "max_step": cfg.max_step})
-    return out
+def make_row(rng: random.Random, cfg: CounterEnvConfig, index: int) -> dict[str, Any]:
+    """One task row: a start and a different target."""
+    start, target = rng.sample(range(cfg.max_value + 1), 2)
+    return {"id": f"counter-env-{cfg.seed}-{index}", "prompt": PROMPT, "start": start, "target": target,
+            "max_step": cfg.max_step}
 
 
-def counter_env(config: CounterEnvConfig | Mapping[str, Any] | None = None) -> EnvironmentTaskset:
+def counter_env(config: CounterEnvConfig | Mapping[str, Any] | None = None) -> EnvironmentTaskset[CounterEnvConfig]:
     """The counter-env taskset: `CounterEnv` run unmodified, scored by the TRL-shaped `reached_target`."""
     cfg = config_from(CounterEnvConfig, config, "counter-env")
-    taskset = EnvironmentTaskset(CounterEnv, id="counter-env", config=cfg, data=rows(cfg), rewards=[reached_target],
-                                 metrics=[distance])
-    taskset.description = DESCRIPTION  # type: ignore[misc]  # a Taskset built from parts takes no description=
-    return taskset
+    return EnvironmentTaskset(CounterEnv, cfg, id="counter-env", description=DESCRIPTION,
+                              data=list(seeded_rows(make_row, cfg, cfg.num_tasks)), rewards=[reached_target],
+                              metrics=[distance])

@@ -9,7 +9,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
 WORDS = [
     "apple",
@@ -80,17 +80,18 @@ class ReverseTask(Task):
         return lcs_ratio(trace.last_reply.strip(), str(self.data.answer))
 
 
-class ReverseText(Taskset):
+def make_row(rng: random.Random, cfg: ReverseTextConfig, index: int) -> TaskData:
+    """One phrase of `min_words` to `max_words` words and its reversal."""
+    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(cfg.min_words, cfg.max_words)))
+    return TaskData(id=f"reverse-{cfg.seed}-{index}", prompt=text, system_prompt=SYSTEM, answer=text[::-1])
+
+
+class ReverseText(Taskset[ReverseTextConfig]):
     """Reverse a short phrase; reward: longest-common-subsequence ratio with the exact reversal."""
 
     id = "reverse-text"
     description = "Reverse a short phrase character by character (reward: LCS ratio)."
-    Config = ReverseTextConfig
     task_class = ReverseTask
 
     def load(self) -> Iterator[TaskData]:
-        cfg: ReverseTextConfig = self.config  # type: ignore[assignment]
-        rng = random.Random(cfg.seed)
-        for i in range(cfg.num_tasks):
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(cfg.min_words, cfg.max_words)))
-            yield TaskData(id=f"reverse-{cfg.seed}-{i}", prompt=text, system_prompt=SYSTEM, answer=text[::-1])
+        return seeded_rows(make_row, self.config, self.config.num_tasks)

@@ -21,7 +21,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
 SYSTEM = (
     "You are a careful calculator. Use the tools for every arithmetic step, one operation per call, "
@@ -143,10 +143,8 @@ def last_number(text: str) -> float | None:
     return float(numbers[-1].replace(",", "")) if numbers else None
 
 
-class CalculatorTask(Task):
+class CalculatorTask(Task[CalcData]):
     """One expression, with the four arithmetic tools."""
-
-    data: CalcData
     tools = (add, subtract, multiply, divide)
 
     @reward
@@ -159,17 +157,12 @@ class CalculatorTask(Task):
         return float(any(m.tool_calls for m in trace.completion))
 
 
-class ToolCalculator(Taskset):
+class ToolCalculator(Taskset[ToolCalculatorConfig]):
     """Arithmetic through tool calls; reward: the final number within tolerance of the value."""
 
     id = "tool-calculator"
     description = "Compute expressions with add/subtract/multiply/divide tools (reward: final number within 0.01)."
-    Config = ToolCalculatorConfig
     task_class = CalculatorTask
-    data_class = CalcData
 
-    def load(self) -> Iterator[TaskData]:
-        cfg: ToolCalculatorConfig = self.config  # type: ignore[assignment]
-        rng = random.Random(cfg.seed)
-        for i in range(cfg.num_tasks):
-            yield make_row(rng, cfg, i)
+    def load(self) -> Iterator[CalcData]:
+        return seeded_rows(make_row, self.config, self.config.num_tasks)

@@ -24,7 +24,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward, stop
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
 WORDS: list[str] = files("tracegym.tasksets").joinpath("data/wordle_words.txt").read_text().split()
 SYSTEM = (
@@ -121,16 +121,17 @@ class WordleTask(Task):
         return sum(problem_with(g) is not None for g in self.guesses(trace))
 
 
-class Wordle(Taskset):
+def make_row(rng: random.Random, cfg: WordleConfig, index: int) -> TaskData:
+    """One game: a hidden word drawn from the shipped list."""
+    return TaskData(id=f"wordle-{cfg.seed}-{index}", prompt=PROMPT, system_prompt=SYSTEM, answer=rng.choice(WORDS))
+
+
+class Wordle(Taskset[WordleConfig]):
     """Wordle against the environment; reward: 0.8 for a win plus 0.2 times the greens of the last guess."""
 
     id = "wordle"
     description = "Play Wordle: guess a five-letter word in six tries with G/Y/X feedback (reward: win + greens)."
-    Config = WordleConfig
     task_class = WordleTask
 
     def load(self) -> Iterator[TaskData]:
-        cfg: WordleConfig = self.config  # type: ignore[assignment]
-        rng = random.Random(cfg.seed)
-        for i in range(cfg.num_tasks):
-            yield TaskData(id=f"wordle-{cfg.seed}-{i}", prompt=PROMPT, system_prompt=SYSTEM, answer=rng.choice(WORDS))
+        return seeded_rows(make_row, self.config, self.config.num_tasks)

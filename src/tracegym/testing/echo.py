@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import resource
 import signal
 import sys
@@ -18,7 +19,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
 SPEC = "tracegym.testing.echo:Echo"
 """The id a server or worker loads this taskset by."""
@@ -43,22 +44,18 @@ class EchoConfig(TasksetConfig):
     the loop lets pass, as it may be a Ctrl-C: it ends the event loop)."""
 
 
-class EchoTask(Task):
-    """Repeat a word for a number of turns."""
-
-    turns: int = 1
-    setup_sleep: float = 0.0
-    poison_how: str | None = None
-    """How this task ends its process in setup (None: it does not)."""
+class EchoTask(Task[TaskData, EchoConfig]):
+    """Repeat a word for `turns` turns."""
 
     async def setup(self) -> None:
-        if self.poison_how is not None:
-            _end_process(self.poison_how)
-        if self.setup_sleep:
-            await asyncio.sleep(self.setup_sleep)
+        cfg = self.config
+        if cfg.exit_in_setup or self.data.id == cfg.poison_task:  # every task, or the poison one
+            _end_process("exit" if cfg.exit_in_setup else cfg.poison_how)
+        if cfg.setup_sleep:
+            await asyncio.sleep(cfg.setup_sleep)
 
     async def env_response(self, trace: Trace) -> EnvResponse:
-        return "again" if trace.num_turns < self.turns else None
+        return "again" if trace.num_turns < self.config.turns else None
 
     @reward
     def echoed(self, trace: Trace) -> float:
@@ -81,24 +78,18 @@ def _end_process(how: str) -> None:
     os.kill(os.getpid(), signal.SIGSEGV if how == "segfault" else signal.SIGKILL)
 
 
-class Echo(Taskset):
+def make_row(rng: random.Random, cfg: EchoConfig, index: int) -> TaskData:
+    """Task `index`: a word to repeat (no randomness: the seed only names the words)."""
+    word = f"word{cfg.seed}-{index}"
+    return TaskData(id=f"echo-{index}", prompt=f"Say {word}.", answer=word)
+
+
+class Echo(Taskset[EchoConfig]):
     """Tasks that ask the model to repeat a word."""
 
     id = "echo"
     description = "Repeat a word (a trivial taskset for tests and benchmarks)."
-    Config = EchoConfig
     task_class = EchoTask
 
     def load(self) -> Iterator[TaskData]:
-        cfg: EchoConfig = self.config  # type: ignore[assignment]
-        for i in range(cfg.num_tasks):
-            word = f"word{cfg.seed}-{i}"
-            yield TaskData(id=f"echo-{i}", prompt=f"Say {word}.", answer=word)
-
-    def task(self, row: TaskData | dict) -> Task:
-        task = super().task(row)
-        cfg: EchoConfig = self.config  # type: ignore[assignment]
-        task.turns, task.setup_sleep = cfg.turns, cfg.setup_sleep  # type: ignore[attr-defined]
-        if cfg.exit_in_setup or task.data.id == cfg.poison_task:  # every task, or the poison one
-            task.poison_how = "exit" if cfg.exit_in_setup else cfg.poison_how  # type: ignore[attr-defined]
-        return task
+        return seeded_rows(make_row, self.config, self.config.num_tasks)
