@@ -45,9 +45,13 @@ class Target(tg.TaskData):
     """A task-specific field."""
 
 
+class TargetTask(tg.Task[Target]):
+    """Reads Target rows (the taskset reads its rows as its task's row type)."""
+
+
 class Targets(tg.Taskset):
     id = "targets"
-    data_class = Target
+    task_class = TargetTask
 
 
 class Opts(tg.TasksetConfig):

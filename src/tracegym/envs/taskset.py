@@ -169,7 +169,7 @@ class Taskset(Generic[ConfigT]):
     # --- building tasks ----------------------------------------------------------------------------------
     @property
     def data_class(self) -> type[TaskData]:
-        """The row type: the task class's (`Task[MyData]`); a subclass may set it to another TaskData type."""
+        """The row type: the task class's (`class MyTask(Task[MyData])`), decided there once."""
         return self.task_class.data_class
 
     def as_data(self, row: Row) -> TaskData:

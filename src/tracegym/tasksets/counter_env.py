@@ -90,7 +90,7 @@ def reached_target(prompts: list[Any], completions: list[Any], environments: lis
     return [float(env.count == env.target) for env in environments]
 
 
-def distance(task: EnvironmentTask[Any, CounterEnvConfig], trace: Trace) -> float:
+def distance(task: EnvironmentTask, trace: Trace) -> float:
     """How far the counter ended from the target."""
     return float(abs(task.env.count - task.env.target))
 
