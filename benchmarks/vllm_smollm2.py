@@ -21,7 +21,8 @@ import aiohttp
 from tracegym import Endpoint, ModelRequest, Sampling
 from tracegym.core.messages import user
 from tracegym.models.chat_client import ChatClient, request_body
-from tracegym.models.launch import ModelChoice, serve
+from tracegym.models.launch import serve
+from tracegym.models.model_choice import ModelChoice
 
 PROMPTS = ["Tell me a story about a dragon.", "Explain rain to a child.", "Write a poem about the sea.",
            "Describe a busy market.", "What makes a good friend?", "Describe your favourite meal."]

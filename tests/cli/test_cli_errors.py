@@ -30,7 +30,8 @@ def refused(capsys, args: list[str]) -> str:
 ])
 def test_a_count_below_one_exits_2_naming_its_flag_and_makes_no_folder(flags, named, server, tmp_path, capsys):
     out = tmp_path / "out"
-    err = refused(capsys, ["eval", "reverse-text", *flags, "--base-url", server.base_url, "--output-dir", str(out)])
+    err = refused(capsys, ["eval", "reverse-text", *flags, "--model.base-url", server.base_url,
+                           "--output-dir", str(out)])
     assert named in err
     assert not out.exists()
 
@@ -51,7 +52,7 @@ def test_a_taskset_file_with_a_syntax_error_exits_2_naming_the_file(server, tmp_
     bad = tmp_path / "syntax_error_tasks.py"
     bad.write_text("def broken(:\n")
     out = tmp_path / "out"
-    err = refused(capsys, ["eval", f"{bad}:Tasks", "--base-url", server.base_url, "--output-dir", str(out)])
+    err = refused(capsys, ["eval", f"{bad}:Tasks", "--model.base-url", server.base_url, "--output-dir", str(out)])
     assert "syntax_error_tasks.py" in err and "line 1" in err
     assert not out.exists()
 
@@ -61,7 +62,7 @@ def test_a_load_that_raises_exits_2_naming_the_taskset_and_makes_no_folder(serve
     bad.write_text("import tracegym as tg\n\n\nclass Tasks(tg.Taskset):\n    def load(self):\n"
                    "        raise OSError('dataset.jsonl is missing')\n")
     out = tmp_path / "out"
-    err = refused(capsys, ["eval", f"{bad}:Tasks", "--base-url", server.base_url, "--output-dir", str(out),
+    err = refused(capsys, ["eval", f"{bad}:Tasks", "--model.base-url", server.base_url, "--output-dir", str(out),
                            "--no-rich"])
     assert "failing_load_tasks.py:Tasks" in err and "OSError: dataset.jsonl is missing" in err
     assert not out.exists()
@@ -73,7 +74,7 @@ def test_a_load_that_raises_on_resume_exits_2_naming_the_taskset(server, tmp_pat
                      "        if os.environ.get('BREAK_LOAD'):\n            raise OSError('dataset.jsonl is missing')\n"
                      "        return [{'prompt': 'a'}]\n")
     out = tmp_path / "out"
-    assert main(["eval", f"{tasks}:Tasks", "--base-url", server.base_url, "--output-dir", str(out), "--no-rich",
+    assert main(["eval", f"{tasks}:Tasks", "--model.base-url", server.base_url, "--output-dir", str(out), "--no-rich",
                  "--no-serve"]) == 0
     [run] = [p.parent for p in out.rglob("config.toml")]
     capsys.readouterr()
@@ -86,7 +87,7 @@ def test_a_load_that_raises_on_resume_exits_2_naming_the_taskset(server, tmp_pat
 def test_a_failed_env_server_start_leaves_no_folder(server, tmp_path, capsys):
     """An env server address that answers nothing is a failed start: nothing is written."""
     out = tmp_path / "out"
-    assert main(["eval", "reverse-text", "--base-url", server.base_url, "--output-dir", str(out),
+    assert main(["eval", "reverse-text", "--model.base-url", server.base_url, "--output-dir", str(out),
                  "--env-address", "not-an-address"]) == 2
     assert "--env-address" in capsys.readouterr().err
     assert not out.exists()

@@ -19,7 +19,7 @@ def test_inference_help_lists_its_options(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["inference", "--help", "--plain"])
     assert exit_.value.code == 0
-    assert "--max-model-len" in capsys.readouterr().out
+    assert "--model.max-model-len" in capsys.readouterr().out
 
 
 def test_resume_without_a_folder_says_it_needs_one(capsys):

@@ -37,7 +37,7 @@ def tasks_file(tmp_path):
 def test_every_kind_of_file_taskset_runs_through_the_served_eval(name, tasks_file, tmp_path, capsys):
     """The env server's workers rebuild the tasks from the same file, which imports a module beside it."""
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text) as server:
-        code = main(["eval", f"{tasks_file}:{name}", "-r", "1", "--base-url", server.base_url,
+        code = main(["eval", f"{tasks_file}:{name}", "-r", "1", "--model.base-url", server.base_url,
                      "--output-dir", str(tmp_path / "out"), "--no-rich"])
     assert code == 0, capsys.readouterr().err
     assert "errors none" in capsys.readouterr().out

@@ -22,7 +22,7 @@ def server():
 
 
 def eval_args(server, tmp_path, *extra: str) -> list[str]:
-    return ["eval", "reverse-text", "-n", "4", "-r", "2", "--base-url", server.base_url,
+    return ["eval", "reverse-text", "-n", "4", "-r", "2", "--model.base-url", server.base_url,
             "--output-dir", str(tmp_path), "--no-rich", *extra]
 
 
@@ -74,7 +74,7 @@ def test_an_unreachable_endpoint_fails_before_any_folder_is_made(tmp_path, capsy
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    code = main(["eval", "reverse-text", "-n", "2", "--base-url", url, "--output-dir", str(tmp_path)])
+    code = main(["eval", "reverse-text", "-n", "2", "--model.base-url", url, "--output-dir", str(tmp_path)])
     assert code == 1 and url in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
@@ -162,7 +162,7 @@ def test_list_names_every_builtin_taskset(capsys):
 def test_run_folder_opened_by_resume_keeps_its_config(server, tmp_path):
     main(eval_args(server, tmp_path))
     config = RunFolder.open(only_run(tmp_path)).read_config()
-    assert config["model"] == "fake-model" and config["taskset"]["id"] == "reverse-text"
+    assert config["model"]["name"] == "fake-model" and config["taskset"]["id"] == "reverse-text"
 
 
 def test_resume_after_kill_9_completes_the_run_without_duplicates(tmp_path):
@@ -174,7 +174,7 @@ def test_resume_after_kill_9_completes_the_run_without_duplicates(tmp_path):
 
     with FakeOpenAIServer(rule=reverse, latency=0.1) as fake:
         command = [sys.executable, "-m", "tracegym.cli.main", "eval", "reverse-text", "-n", "20", "-r", "2", "-c", "2",
-                   "--base-url", fake.base_url, "--output-dir", str(tmp_path), "--no-rich"]
+                   "--model.base-url", fake.base_url, "--output-dir", str(tmp_path), "--no-rich"]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -317,7 +317,7 @@ def same_rows_args(server, tmp_path, *extra: str) -> list[str]:
     """Eval args of a taskset of four identical rows, two rollouts each."""
     path = tmp_path / "same_rows.py"
     path.write_text(SAME_ROWS)
-    return ["eval", f"{path}:make", "-r", "2", "--base-url", server.base_url,
+    return ["eval", f"{path}:make", "-r", "2", "--model.base-url", server.base_url,
             "--output-dir", str(tmp_path / "out"), "--no-rich", *extra]
 
 

@@ -19,7 +19,7 @@ def test_positional_taskset_and_short_flags():
 
 
 def test_dash_m_names_the_model():
-    assert parse_eval_args(["reverse-text", "-m", "Qwen/Qwen3-8B"]).model == "Qwen/Qwen3-8B"
+    assert parse_eval_args(["reverse-text", "-m", "Qwen/Qwen3-8B"]).model.name == "Qwen/Qwen3-8B"
 
 
 def test_tokenizer_and_renderer_reach_the_model_choice():

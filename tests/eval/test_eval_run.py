@@ -19,7 +19,7 @@ from tracegym.eval.eval_run import (
     plan,
 )
 from tracegym.eval.run_folder import RunFolder
-from tracegym.models.launch import ModelChoice
+from tracegym.models.model_choice import ModelChoice
 from tracegym.testing import FakeOpenAIServer, make_trace
 
 
@@ -59,7 +59,7 @@ def test_a_run_is_made_of_its_parts_without_a_config(tmp_path):
     folder = RunFolder.create(tmp_path, "t", "m")
     out = io.StringIO()
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text[::-1], model="m") as server:
-        parts = EvalParts(taskset, "t", ModelChoice(model="m", base_url=server.base_url), rollouts=2, rich=False)
+        parts = EvalParts(taskset, "t", ModelChoice(name="m", base_url=server.base_url), rollouts=2, rich=False)
         summary = execute(parts, folder, plan(parts), out=out)
     assert (summary.num_traces, summary.reward) == (4, 1.0)
     assert "run folder:" in out.getvalue()

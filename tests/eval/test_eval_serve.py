@@ -24,7 +24,7 @@ def fake():
 
 
 def run_eval(fake, out: Path, *extra: str) -> Path:
-    args = ["eval", "reverse-text", "-n", "3", "-r", "2", "--base-url", fake.base_url, "--output-dir", str(out),
+    args = ["eval", "reverse-text", "-n", "3", "-r", "2", "--model.base-url", fake.base_url, "--output-dir", str(out),
             "--no-rich", "--sampling.temperature", "0", *extra]
     assert main(args) == 0
     [run] = list(out.glob("*/*"))
@@ -52,7 +52,7 @@ def test_eval_uses_a_running_env_server_at_env_address(fake, tmp_path):
 
 
 def eval_exit(fake, out: Path, *extra: str) -> int:
-    return main(["eval", "reverse-text", "-n", "3", "--base-url", fake.base_url, "--output-dir", str(out),
+    return main(["eval", "reverse-text", "-n", "3", "--model.base-url", fake.base_url, "--output-dir", str(out),
                  "--no-rich", *extra])
 
 
@@ -73,7 +73,7 @@ def poisoned_eval(out: Path, how: str, *extra: str) -> tuple[int, list[Trace]]:
     """30 echo tasks, task echo-7 ending its process in setup (`how`); the exit code and the traces."""
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text.removeprefix("Say ")) as fake:
         code = main(["eval", "tracegym.testing.echo:Echo", "-n", "30", "--taskset.poison-task", "echo-7",
-                     "--taskset.poison-how", how, "--base-url", fake.base_url, "--output-dir", str(out),
+                     "--taskset.poison-how", how, "--model.base-url", fake.base_url, "--output-dir", str(out),
                      "--no-rich", *extra])
     [run] = list(out.glob("*/*"))
     return code, [Trace.model_validate_json(line) for line in (run / "traces.jsonl").read_text().splitlines()]

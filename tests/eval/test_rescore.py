@@ -97,7 +97,7 @@ def say_run(tmp_path) -> Path:
     module = tmp_path / "say.py"
     module.write_text(SAY_HELLO)
     with FakeOpenAIServer(rule=lambda request: "Hello") as server:
-        assert main(["eval", f"{module}:Say", "-r", "2", "--base-url", server.base_url, "--no-serve",
+        assert main(["eval", f"{module}:Say", "-r", "2", "--model.base-url", server.base_url, "--no-serve",
                      "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
     [run] = list((tmp_path / "out").glob("*/*"))
     assert json.loads((run / "summary.json").read_text())["reward"] == 0.0
@@ -195,7 +195,7 @@ async def test_a_deterministic_environment_replays_without_divergence():
 
 def test_rescore_command_lists_diverged_traces_and_writes_them_to_its_summary(dice_module, tmp_path, capsys):
     with FakeOpenAIServer(rule=roll_twice) as server:
-        assert main(["eval", f"{dice_module}:DiceGame", "-r", "2", "--base-url", server.base_url, "--no-serve",
+        assert main(["eval", f"{dice_module}:DiceGame", "-r", "2", "--model.base-url", server.base_url, "--no-serve",
                      "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
     [run] = list((tmp_path / "out").glob("*/*"))
     capsys.readouterr()

@@ -405,7 +405,7 @@ async def test_cancelling_a_call_in_its_backoff_ends_it_without_another_attempt(
 
 
 def test_by_default_one_http_attempt_never_outlives_the_model_stage():
-    from tracegym.models.launch import ModelChoice
+    from tracegym.models.model_choice import ModelChoice
 
     stage = tg.Timeouts().model
     assert Endpoint(base_url="http://x/v1", model="m").timeout <= stage and ModelChoice().timeout <= stage

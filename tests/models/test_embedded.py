@@ -18,7 +18,8 @@ from tracegym.models.embedded import (
     embedded_model_dir,
     is_complete,
 )
-from tracegym.models.launch import ModelChoice, server_config
+from tracegym.models.launch import server_config
+from tracegym.models.model_choice import ModelChoice
 
 
 def test_missing_package_says_how_to_install() -> None:

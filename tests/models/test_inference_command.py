@@ -17,11 +17,12 @@ import pytest
 from vllm_fakes import INFERENCE_WITH, NEVER_HEALTHY, POLITE_FAKE_VLLM, group_members, wait_until
 
 from tracegym.models import vllm_server
-from tracegym.models.launch import ModelChoice, serve, server_config, server_record_path
+from tracegym.models.launch import serve, server_config, server_record_path
+from tracegym.models.model_choice import ModelChoice
 
 
 class Inference:
-    """A running `tracegym inference --model <dir> --port 0` whose vLLM is `script`; its output read line by line."""
+    """A running `tracegym inference -m <dir> --port 0` whose vLLM is `script`; its output read line by line."""
 
     def __init__(self, tmp_path: Path, script: str) -> None:
         self.model_dir = tmp_path / "my-model"
@@ -29,7 +30,7 @@ class Inference:
         self.pid_dir = tmp_path / "pids"
         self.pid_dir.mkdir(exist_ok=True)
         env = {**os.environ, "TRACEGYM_CACHE": str(tmp_path / "cache")}
-        command = [sys.executable, "-c", INFERENCE_WITH, script, str(self.pid_dir), "--model", str(self.model_dir),
+        command = [sys.executable, "-c", INFERENCE_WITH, script, str(self.pid_dir), "-m", str(self.model_dir),
                    "--port", "0"]  # fmt: skip
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
@@ -102,7 +103,7 @@ def test_eval_reuses_the_server_inference_runs(inference: Inference, tmp_path: P
     base_url = inference.wait_for_line("endpoint:").split()[1]
     monkeypatch.setenv("TRACEGYM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(vllm_server, "server_command", lambda *_: [sys.executable, "-c", "raise SystemExit(3)"])
-    choice = ModelChoice(model=str(inference.model_dir))
+    choice = ModelChoice(name=str(inference.model_dir))
     assert server_record_path(server_config(choice)).is_file()
     with serve(choice) as endpoint:  # starting a server of its own would fail (exit code 3)
         assert (endpoint.base_url, endpoint.model) == (base_url, "my-model")

@@ -11,7 +11,8 @@ import pytest
 
 import tracegym as tg
 from tracegym.models.embedded import SERVED_MODEL_NAME
-from tracegym.models.launch import ModelChoice, only_served_model, serve, server_config
+from tracegym.models.launch import only_served_model, serve, server_config
+from tracegym.models.model_choice import ModelChoice
 from tracegym.testing import FakeOpenAIServer
 
 
@@ -28,7 +29,7 @@ def test_the_tokens_client_settings_reach_the_endpoint():
 
 def test_a_model_the_endpoint_does_not_serve_is_a_usage_error():
     with FakeOpenAIServer(["hi"], model="served-one") as fake:
-        choice = ModelChoice(base_url=fake.base_url, model="other")
+        choice = ModelChoice(base_url=fake.base_url, name="other")
         with pytest.raises(tg.UsageError, match=r"does not serve model 'other'.*served-one"), serve(choice):
             pass
 
@@ -44,7 +45,7 @@ def test_an_unreachable_endpoint_fails_fast_naming_the_url():
 def test_a_model_directory_is_served_under_its_last_path_part(tmp_path):
     model_dir = tmp_path / "my-model"
     model_dir.mkdir()
-    config = server_config(ModelChoice(model=str(model_dir)))
+    config = server_config(ModelChoice(name=str(model_dir)))
     assert config.model == str(model_dir) and config.name == "my-model"
 
 

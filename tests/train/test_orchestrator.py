@@ -44,8 +44,8 @@ def env_address():
 
 def make(tmp_path, server, env_address, **orchestrator) -> Orchestrator:
     config = RLConfig.model_validate({
-        "steps": orchestrator.pop("steps", 2), "trainer": {"model": "unused"},
-        "orchestrator": {"tasks_per_step": 2, "group_size": 4, "client": "chat", "max_async_steps": 0,
+        "steps": orchestrator.pop("steps", 2), "trainer": {"model": "unused"}, "model": {"client": "chat"},
+        "orchestrator": {"tasks_per_step": 2, "group_size": 4, "max_async_steps": 0,
                          "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 3},
                          **orchestrator}})
     return Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})

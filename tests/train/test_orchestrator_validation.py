@@ -30,8 +30,8 @@ async def collect(orchestrator: Orchestrator):
 def test_greedy_rollouts_are_dropped_and_counted_not_trained(tmp_path, env_address):
     calls = iter(range(1000))
     config = RLConfig.model_validate({
-        "steps": 1, "trainer": {"model": "unused"},
-        "orchestrator": {"tasks_per_step": 1, "group_size": 4, "client": "chat", "max_async_steps": 0,
+        "steps": 1, "trainer": {"model": "unused"}, "model": {"client": "chat"},
+        "orchestrator": {"tasks_per_step": 1, "group_size": 4, "max_async_steps": 0,
                          "train": {"sampling": {"temperature": 0.0}}}})
     with FakeOpenAIServer(rule=lambda r: r.messages[-1].text[::-1] if next(calls) % 2 else "no") as server:
         orchestrator = Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})

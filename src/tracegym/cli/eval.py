@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 from pathlib import Path
 
 import tomli_w
@@ -13,7 +14,7 @@ from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
 from tracegym.eval.eval_run import eval_parts, execute, plan
 from tracegym.eval.run_folder import RunFolder
-from tracegym.models.launch import check_reachable, only_served_model
+from tracegym.models.launch import reach
 from tracegym.serve.env_client import check_env_server
 
 USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
@@ -38,18 +39,18 @@ def run(args: list[str]) -> int:
         return 0
     if config.env_address is not None:  # a server of another taskset or config fails before any folder too
         asyncio.run(check_env_server(config.env_address, taskset))
-    if config.base_url is not None:  # fail before any folder is made; record which model answered
-        check_reachable(config.base_url, config.model, config.api_key_env)
-        model = config.model or only_served_model(config.base_url, config.api_key_env)
-        config = config.model_copy(update={"model": model})
+    endpoint = None
+    if config.model.base_url is not None:  # asked once, before any folder is made; record which model answered
+        endpoint = reach(config.model_choice())
+        config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
     parts = eval_parts(config, taskset)
     if resume_dir is not None:
-        execute(parts, folder, plan(parts, folder), resume=True)
+        execute(parts, folder, plan(parts, folder), resume=True, endpoint=endpoint)
         return 0
     work = plan(parts)  # planned before the folder is made: a taskset whose loading fails leaves none
     folder = RunFolder.create(config.output_dir, config.taskset.id, parts.model.display_name(), config.run_id)
     folder.write_config(config.to_toml_dict())
-    execute(parts, folder, work)
+    execute(parts, folder, work, endpoint=endpoint)
     return 0
 
 
@@ -57,7 +58,8 @@ def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:
     """A resume may change how the run goes (concurrency, dashboard) but not what it computes."""
     before = validate_saved(type(config), saved, str(folder.config_path))
     for name in RUN_DEFINING:
-        changed = differences(name, _plain(getattr(before, name)), _plain(getattr(config, name)))
+        value = operator.attrgetter(name)
+        changed = differences(name, _plain(value(before)), _plain(value(config)))
         if changed:
             shown = ", ".join(f"{key} = {old!r}, not {new!r}" for key, old, new in changed)
             raise UsageError(f"--resume {folder.path}: the run was made with {shown}; "

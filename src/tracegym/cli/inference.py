@@ -3,29 +3,40 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from types import FrameType
+from typing import ClassVar
 
+from pydantic import ConfigDict
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
-from tracegym.models.launch import ModelChoice, server_config, server_record_path
+from tracegym.config.renames import moved_into
+from tracegym.models.launch import server_config, server_record_path
+from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+
+
+class ServedModel(ModelChoice):
+    """The model to serve (its `name`, `max_model_len` and `vllm_args` apply here)."""
+
+    served_by: ClassVar[str | None] = "tracegym inference"
 
 
 class InferenceConfig(BaseConfig):
     """Serve a model with vLLM on this machine until Ctrl-C."""
 
-    model: str | None = None
-    """Hugging Face model directory or hub id; unset: the embedded SmolLM2-135M-Instruct."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model: ServedModel = ServedModel()
     host: str = "127.0.0.1"
     """Interface to bind (loopback by default)."""
     port: int = 8000
     """Port to bind; 0 picks a free one."""
-    max_model_len: int = 2048
-    """Context length in tokens."""
-    vllm_args: list[str] = []
-    """Extra vLLM server flags, passed as given."""
+
+
+RENAMES = moved_into("model", MOVED_KEYS)
+"""Keys that moved into the `[model]` section: each still works, with a warning naming its new place."""
 
 
 def run(args: list[str]) -> int:
@@ -34,9 +45,10 @@ def run(args: list[str]) -> int:
     The server is recorded (see `server_record_path`) so that `tracegym eval` with the same model and settings
     uses it instead of starting its own. Ctrl-C or SIGTERM also stop a server that is still starting.
     """
-    cfg, _ = parse_command(InferenceConfig, args, prog="tracegym inference")
-    choice = ModelChoice(model=cfg.model, max_model_len=cfg.max_model_len, vllm_args=cfg.vllm_args)
-    config = server_config(choice)
+    cfg, warnings = parse_command(InferenceConfig, args, prog="tracegym inference", renames=RENAMES)
+    for warning in warnings:
+        print(f"tracegym inference: warning: {warning}", file=sys.stderr)
+    config = server_config(cfg.model)
     config = config.model_copy(update={"host": cfg.host, "port": cfg.port, "state_path": server_record_path(config)})
     print(f"starting vLLM on {config.model} (log: see below if it fails) ...", flush=True)
     started = time.monotonic()

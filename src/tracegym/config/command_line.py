@@ -35,8 +35,8 @@ class ConfigFile:
 def parse_command(cls: type[C], args: Sequence[str], *, prog: str, description: str | None = None,
                   renames: Sequence[Rename] = (), default: C | None = None) -> tuple[C, list[str]]:
     """The validated config and the rename warnings; a bad argument is a UsageError naming where it was given."""
-    files, flags, warnings = read_files(args, renames)
-    flags, found = migrate_flags(flags, list(renames))
+    files, written_flags, warnings = read_files(args, renames)
+    flags, found = migrate_flags(written_flags, list(renames))
     warnings += found
     merged: dict[str, Any] = {}
     for file in files:
@@ -49,7 +49,7 @@ def parse_command(cls: type[C], args: Sequence[str], *, prog: str, description: 
                          description=description)
         except ConfigFileError as exc:
             if isinstance(exc.__cause__, ValidationError):
-                origin = origins(files, given_flags(flags, cls), renames)
+                origin = origins(files, given_flags(written_flags, cls), renames)
                 raise UsageError(validation_line(exc.__cause__, known_keys(cls), origin)) from None
             raise UsageError(one_line(str(exc))) from None
     return config, warnings
@@ -118,10 +118,11 @@ def short_flags(cls: type[BaseModel]) -> dict[str, str]:
 
 def origins(files: Sequence[ConfigFile], flags: set[str], renames: Sequence[Rename]) -> Callable[[str], Origin]:
     """Where the key at a dotted path was given: a flag wins (it overrides files), then the last file that has
-    it (under the name written there, before renames), else a flag (a key nobody gave: missing, say)."""
+    it; each under the name written there, before renames; else a flag (a key nobody gave: missing, say)."""
     def origin(path: str) -> Origin:
-        if any(f == path or f.startswith(path + ".") or path.startswith(f + ".") for f in flags):
-            return Origin()
+        for written in written_names(path, renames):
+            if any(f == written or f.startswith(written + ".") or written.startswith(f + ".") for f in flags):
+                return Origin(written=None if written == path else written)
         for file in reversed(files):
             for written in written_names(path, renames):
                 if has(file.written, written.split(".")):

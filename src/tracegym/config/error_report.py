@@ -48,7 +48,7 @@ class Origin:
 
     def name(self, path: str) -> str:
         """The key as its user wrote it: `--a.b-c`, or `file: [a] b_c`."""
-        return flag(path) if self.file is None else f"{self.file}: {toml_key(self.written or path)}"
+        return flag(self.written or path) if self.file is None else f"{self.file}: {toml_key(self.written or path)}"
 
     def suggestion(self, path: str) -> str:
         """A known key in the same style, without the file."""

@@ -1,11 +1,14 @@
 """Renames: config keys that moved or changed name, migrated for one release with a warning naming the new key.
 
 A rename maps a dotted old path to a dotted new path. It applies to TOML data (nested dicts) and to CLI flags
-(`--old.path` -> `--new.path`, kebab- or snake-case). A value given under both names is an error.
+(`--old.path` -> `--new.path`, kebab- or snake-case). A value given under both names is an error. A key that moved
+into a section of its own name (`model` -> `model.name`) moves only when given a value: `[model]` as a table and
+`--model.base-url` are already the new spelling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +26,15 @@ class Rename:
     def warning(self) -> str:
         return f"config key {self.old!r} was renamed {self.new!r} (in {self.since}); please update your config"
 
+    def into_itself(self) -> bool:
+        """True when the key moved into a section of its own name (`model` -> `model.name`)."""
+        return self.new.startswith(self.old + ".")
+
+
+def moved_into(section: str, keys: Mapping[str, str], since: str = "0.1") -> list[Rename]:
+    """Renames of top-level keys that moved into `section`: `keys` maps each old key to its field there."""
+    return [Rename(old, f"{section}.{field}", since) for old, field in keys.items()]
+
 
 def migrate(data: dict[str, Any], renames: list[Rename]) -> tuple[dict[str, Any], list[str]]:
     """A copy of `data` with every old key moved to its new place, and the warnings to show."""
@@ -31,6 +43,9 @@ def migrate(data: dict[str, Any], renames: list[Rename]) -> tuple[dict[str, Any]
     for rename in renames:
         found, value = _pop(data, rename.old.split("."))
         if not found:
+            continue
+        if rename.into_itself() and isinstance(value, dict):  # the section itself, not the old key
+            _put(data, rename.old.split("."), value)
             continue
         target = rename.new.split(".")
         if _pop(_deep_copy(data), target)[0]:
@@ -48,7 +63,7 @@ def migrate_flags(args: list[str], renames: list[Rename]) -> tuple[list[str], li
         if flag.startswith("--"):
             name = original = flag[2:].replace("-", "_")
             for rename in renames:  # in order, so a key moved and then renamed ends at its newest name
-                if name == rename.old or name.startswith(rename.old + "."):
+                if name == rename.old or (name.startswith(rename.old + ".") and not rename.into_itself()):
                     name = rename.new + name[len(rename.old):]
                     warnings.append(rename.warning())
             if name != original:

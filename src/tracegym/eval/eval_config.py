@@ -8,10 +8,11 @@ first positional argument, `--taskset.id`, or the `[taskset]` table of an `@` fi
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
@@ -19,14 +20,14 @@ from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import merge, parse_command, read_files
 from tracegym.config.error_report import Origin, known_keys, validation_line
+from tracegym.config.renames import migrate, moved_into
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset, TasksetConfig
-from tracegym.models.endpoint import HttpUrl
-from tracegym.models.launch import ModelChoice
+from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.serve.wire import Address
 
 
@@ -47,26 +48,7 @@ class EvalConfig(BaseConfig):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     taskset: TasksetSection
-    model: Annotated[str | None, _short("model", "m")] = None
-    """Model name at `--base-url`, or a Hugging Face model directory to serve with vLLM; unset: the embedded
-    SmolLM2-135M-Instruct on vLLM."""
-    base_url: HttpUrl | None = None
-    """An OpenAI-compatible endpoint already running (e.g. `http://host:8000/v1`); unset: start vLLM here."""
-    api_key_env: str | None = "OPENAI_API_KEY"
-    """Environment variable holding the endpoint's API key."""
-    max_model_len: int = 2048
-    """Context length of a vLLM server started here."""
-    vllm_args: list[str] = []
-    """Extra flags for a vLLM server started here."""
-    client: Literal["chat", "tokens"] = "chat"
-    """`chat`: chat completions (any endpoint); `tokens`: render locally, send token ids to vLLM (exact
-    multi-turn tokens; the model's chat template must be covered by a renderer)."""
-    tokenizer: str | None = None
-    """Tokenizer directory or hub id for `--client tokens` with `--base-url` (default: the model name)."""
-    renderer: str = "auto"
-    """Chat template renderer for `--client tokens`: `auto` (the `renderers` package by hub id, else ours for
-    ChatML templates), `chatml`, or a `renderers` package name such as `qwen3` (a local copy or fine-tune of a
-    known model needs it named)."""
+    model: ModelChoice = ModelChoice()
     num_tasks: Annotated[int | None, _short("num_tasks", "n"), Field(gt=0)] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
     rollouts: Annotated[int, _short("rollouts", "r"), Field(gt=0)] = 1
@@ -93,11 +75,9 @@ class EvalConfig(BaseConfig):
     """Validate the config, print it resolved, and exit."""
 
     def model_choice(self) -> ModelChoice:
-        """The model part of this config."""
-        return ModelChoice(model=self.model, base_url=self.base_url, api_key_env=self.api_key_env,
-                           max_model_len=self.max_model_len, vllm_args=self.vllm_args,
-                           timeout=self.timeouts.model, max_retries=3, client=self.client,
-                           tokenizer=self.tokenizer, renderer=self.renderer)
+        """The model section, its HTTP attempts capped at the model stage's timeout (a longer attempt would be
+        cancelled by the stage anyway)."""
+        return self.model.model_copy(update={"timeout": min(self.model.timeout, self.timeouts.model)})
 
     def taskset_options(self) -> dict[str, Any]:
         """The taskset's own options (its Config fields)."""
@@ -108,8 +88,11 @@ class EvalConfig(BaseConfig):
         return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
 
 
-RUN_DEFINING = ("taskset", "model", "num_tasks", "rollouts", "sampling", "pass_threshold")
-"""Fields a resumed run must share with the saved one (the others only change how it runs)."""
+RUN_DEFINING = ("taskset", "model.name", "num_tasks", "rollouts", "sampling", "pass_threshold")
+"""Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
+
+RENAMES = moved_into("model", MOVED_KEYS)
+"""Keys that moved: each still works, with a warning naming its new place."""
 
 
 def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None,
@@ -128,14 +111,18 @@ def parse_eval_args(args: Sequence[str], *, defaults: dict[str, Any] | None = No
                          f"taskset.id = {saved_id!r}; drop it or start a new run")
     cls = config_class(taskset_id or saved_id)
     default = validate_saved(cls, defaults, source) if defaults else None
-    config, _ = parse_command(cls, args, prog="tracegym eval", description=description, default=default)
+    config, warnings = parse_command(cls, args, prog="tracegym eval", description=description, default=default,
+                                     renames=RENAMES)
+    for warning in warnings:
+        print(f"tracegym: warning: {warning}", file=sys.stderr)
     return config
 
 
 def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> EvalConfig:
-    """A saved config (a run folder's `config.toml`) validated; a bad key is a UsageError naming `source`."""
+    """A saved config (a run folder's `config.toml`, older ones' keys moved to their new places) validated; a bad
+    key is a UsageError naming `source`."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(migrate(data, RENAMES)[0])
     except ValidationError as exc:
         raise UsageError(validation_line(exc, known_keys(cls), lambda _: Origin(file=source))) from None
 

@@ -28,7 +28,8 @@ from tracegym.eval.eval_config import EvalConfig
 from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.launch import ModelChoice, serve
+from tracegym.models.launch import serve
+from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
 
@@ -202,10 +203,11 @@ async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: En
 
 
 def execute(parts: EvalParts, folder: RunFolder, work: Plan, *, resume: bool = False,
-            out: IO[str] | None = None) -> Summary:
+            out: IO[str] | None = None, endpoint: Endpoint | None = None) -> Summary:
     """Run the planned `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
-    that of every session of the run (a resume adds its own to the earlier ones)."""
+    that of every session of the run (a resume adds its own to the earlier ones). `endpoint`: the model endpoint
+    the command reached already (at `--model.base-url`); None: serve `parts.model`."""
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
     tally = Tally(total=len(work.expected), done_before=len(work.kept))
@@ -214,7 +216,9 @@ def execute(parts: EvalParts, folder: RunFolder, work: Plan, *, resume: bool = F
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
         boards.append(RichDashboard(tally, title, Console(file=out)) if parts.rich else PlainDashboard(tally, out))
         try:
-            with serve(parts.model, log_path=folder.logs / "vllm.log") as endpoint:
+            model = (contextlib.nullcontext(endpoint) if endpoint
+                     else serve(parts.model, log_path=folder.logs / "vllm.log"))
+            with model as endpoint:
                 print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
                       file=log, flush=True)
                 tally.restart_clock()

@@ -18,7 +18,8 @@ from typing import IO
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.envs.registry import load_taskset
-from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.embedded import embedded_model_dir
+from tracegym.models.launch import server_config
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
@@ -53,21 +54,19 @@ def with_model_paths(config: RLConfig) -> RLConfig:
     """The config with the trainer's model set to the served model's directory (the embedded one by default)."""
     if config.trainer.model:
         return config
-    trainer = config.trainer.model_copy(update={"model": config.model or str(embedded_model_dir())})
+    trainer = config.trainer.model_copy(update={"model": config.model.name or str(embedded_model_dir())})
     return config.model_copy(update={"trainer": trainer})
 
 
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     """vLLM serving the base model (with runtime LoRA loading for the policy adapter, or in-place reloads of
     merged weights), stamping every response with the policy version that served it."""
-    model = config.model or str(embedded_model_dir())
-    name = SERVED_MODEL_NAME if config.model is None else Path(model).name
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
-    return VLLMServerConfig(model=model, served_model_name=name, max_model_len=config.max_model_len,
-                            enable_lora=lora, max_lora_rank=max(16, config.trainer.lora_rank), env=env,
-                            cpu_kv_cache_gib=config.kv_cache_gib, report_policy_version=True,
-                            log_path=run_dir / "logs" / "vllm.log")
+    served = server_config(config.model, log_path=run_dir / "logs" / "vllm.log")
+    return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
+                                     "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
+                                     "report_policy_version": True})
 
 
 def start_role(name: str, run_dir: Path) -> Role:

@@ -208,9 +208,7 @@ class Orchestrator:
 
     # --- helpers -----------------------------------------------------------------------------------------
     def endpoint(self, model: str) -> Endpoint:
-        orch = self.config.orchestrator
-        return Endpoint(base_url=self.base_url, model=model, api_key_env=None, client=orch.client,
-                        tokenizer=self.config.trainer.model, renderer=orch.renderer)
+        return self.config.model.endpoint(self.base_url, model, weights=self.config.trainer.model)
 
     def save_traces(self, step: int, groups: list[list[Trace]]) -> None:
         folder = self.run_dir / "traces"

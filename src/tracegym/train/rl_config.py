@@ -5,14 +5,15 @@ renames that keep older configs working for a release.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
-from tracegym.config.renames import Rename
+from tracegym.config.renames import Rename, moved_into
 from tracegym.core.sampling import Sampling
+from tracegym.models.model_choice import ClientKind, ModelChoice
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
@@ -20,6 +21,9 @@ RENAMES = [
     Rename("orchestrator.sampling", "orchestrator.train.sampling"),  # prime-rl's name for it
     Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens"),
     Rename("orchestrator.eval.sampling.max_tokens", "orchestrator.eval.sampling.max_completion_tokens"),
+    *moved_into("model", {"model": "name", "max_model_len": "max_model_len"}),
+    Rename("orchestrator.client", "model.client"),
+    Rename("orchestrator.renderer", "model.renderer"),
 ]
 """Keys that moved: each still works, with a warning naming its new place."""
 
@@ -104,14 +108,21 @@ class OrchestratorConfig(BaseModel):
     """Divide advantages by the group's reward std (passed to the advantage function as `std=True`)."""
     filter_no_signal: bool = True
     """Drop groups whose rewards are all equal (they carry no gradient)."""
-    client: Literal["chat", "tokens"] = "tokens"
-    """`tokens`: render locally and send token ids (exact multi-turn tokens); `chat`: chat completions."""
-    renderer: str = "auto"
-    """Renderer for `client = "tokens"`: `auto`, `chatml`, or a `renderers` package name (e.g. `qwen3`)."""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
     eval: EvalPhase = EvalPhase()
+
+
+class RLModel(ModelChoice):
+    """The model to train, served by a vLLM server the run starts (new weights are loaded into it), and how the
+    orchestrator's rollouts reach it (`base_url` must stay unset)."""
+
+    served_by: ClassVar[str | None] = "tracegym rl"
+    client: ClientKind = "tokens"
+    """`tokens` (RL's default: the exact multi-turn tokens to train on) or `chat`."""
+    max_model_len: int = 1024
+    """Context length (prompt + completion) of the run's vLLM server."""
 
 
 class RLConfig(BaseConfig):
@@ -120,10 +131,7 @@ class RLConfig(BaseConfig):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     steps: int = 20
     """Training steps."""
-    model: str | None = None
-    """Hugging Face model directory; unset: the embedded SmolLM2-135M-Instruct."""
-    max_model_len: int = 1024
-    """Context length of the vLLM server."""
+    model: RLModel = RLModel()
     kv_cache_gib: float = Field(default=0.5, gt=0)
     """vLLM's KV cache on the CPU build, in GiB (~23 KB per token for SmolLM2-135M: 0.5 GiB holds ~23k tokens,
     plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
@@ -148,7 +156,9 @@ class RLConfig(BaseConfig):
         """The trainer trains the model the run serves unless its section names another."""
         if isinstance(data, dict):
             trainer = dict(data.get("trainer") or {})
-            trainer.setdefault("model", data.get("model") or "")
+            model = data.get("model")
+            name = model.get("name") if isinstance(model, dict) else getattr(model, "name", None)
+            trainer.setdefault("model", name or "")
             data = {**data, "trainer": trainer}
         return data
 
