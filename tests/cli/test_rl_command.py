@@ -96,3 +96,18 @@ def test_an_env_listed_twice_in_one_phase_exits_2_naming_it(tmp_path, capsys):
                       'options = { seed = 1 }\n')
     assert main(["rl", "@", str(config), "--dry-run"]) == 2
     assert "'arithmetic'" in capsys.readouterr().err
+
+
+def test_the_old_model_keys_move_into_the_model_section(tmp_path, capsys):
+    old = tmp_path / "old.toml"
+    old.write_text('max_model_len = 512\n[orchestrator]\nclient = "chat"\n')
+    assert main(["rl", "@", str(old), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    model = tomllib.loads(captured.out)["run"]["model"]
+    assert (model["max_model_len"], model["client"]) == (512, "chat")
+    assert "'orchestrator.client' was renamed 'model.client'" in captured.err
+
+
+def test_an_endpoint_elsewhere_is_refused_naming_the_flag(capsys):
+    assert main(["rl", "--model.base-url", "http://host:8000/v1", "--dry-run"]) == 2
+    assert "--model.base-url" in capsys.readouterr().err

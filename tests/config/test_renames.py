@@ -42,3 +42,19 @@ def test_a_validation_report_becomes_one_line_per_flag():
     report = ("Failed to validate config: 1 validation error for X\n--num-tasks\n"
               "  Input should be a valid integer (got 'x')")
     assert one_line(report) == "--num-tasks: Input should be a valid integer (got 'x')"
+
+
+INTO_ITSELF = [Rename("model", "model.name"), Rename("base_url", "model.base_url")]
+
+
+def test_a_key_moved_into_a_section_of_its_own_name_moves_only_as_a_value():
+    data, warnings = migrate({"model": "Qwen/Qwen3-8B", "base_url": "http://h/v1"}, INTO_ITSELF)
+    assert data == {"model": {"name": "Qwen/Qwen3-8B", "base_url": "http://h/v1"}} and len(warnings) == 2
+    table = {"model": {"name": "m", "client": "tokens"}}
+    assert migrate(table, INTO_ITSELF) == (table, [])
+
+
+def test_a_flag_moved_into_a_section_of_its_own_name_moves_only_alone():
+    args, warnings = migrate_flags(["--model", "m", "--model.client", "tokens", "--base-url=http://h/v1"], INTO_ITSELF)
+    assert args == ["--model.name", "m", "--model.client", "tokens", "--model.base-url=http://h/v1"]
+    assert len(warnings) == 2

@@ -177,3 +177,24 @@ def test_an_unknown_key_in_a_toml_file_suggests_the_right_one(tmp_path):
 def test_a_misspelt_section_prefix_suggests_the_whole_flag():
     with pytest.raises(tg.UsageError, match=r"did you mean --sampling\.temperature\?"):
         parse_eval_args(["reverse-text", "--samplin.temperature", "0.7"])
+
+
+def test_the_old_flat_model_keys_still_work_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "old.toml"
+    path.write_text('model = "my-model"\nbase_url = "http://host:8000/v1"\nclient = "tokens"\n'
+                    '[taskset]\nid = "reverse-text"\n')
+    config = parse_eval_args(["@", str(path), "--renderer", "qwen3"])
+    assert (config.model.name, config.model.base_url) == ("my-model", "http://host:8000/v1")
+    assert (config.model.client, config.model.renderer) == ("tokens", "qwen3")
+    assert "'base_url' was renamed 'model.base_url'" in capsys.readouterr().err
+
+
+def test_a_run_saved_with_the_flat_model_keys_resumes():
+    saved = {"taskset": {"id": "reverse-text"}, "model": "my-model", "max_model_len": 4096}
+    config = parse_eval_args([], defaults=saved)
+    assert (config.model.name, config.model.max_model_len) == ("my-model", 4096)
+
+
+def test_an_eval_attempt_never_outlives_the_model_stage():
+    config = parse_eval_args(["reverse-text", "--timeouts.model", "5"])
+    assert config.model_choice().timeout == 5 and config.model.timeout == 300

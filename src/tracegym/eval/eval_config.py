@@ -155,7 +155,7 @@ def taskset_config(target: Any) -> type[TasksetConfig] | None:
     try:
         hints = typing.get_type_hints(target)
         first = next(iter(inspect.signature(target).parameters), None)
-    except Exception:  # an unresolvable annotation or no signature: leave the options to the factory
+    except Exception:  # evaluating user annotations may raise anything; without them the factory checks its options
         return None
     annotation = hints.get(first) if first else None
     for candidate in (annotation, *typing.get_args(annotation)):
