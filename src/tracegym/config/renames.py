@@ -3,7 +3,8 @@
 A rename maps a dotted old path to a dotted new path. It applies to TOML data (nested dicts) and to CLI flags
 (`--old.path` -> `--new.path`, kebab- or snake-case). A value given under both names is an error. A key that moved
 into a section of its own name (`model` -> `model.name`) moves only when given a value: `[model]` as a table and
-`--model.base-url` are already the new spelling.
+`--model.base-url` are already the new spelling. Such a move is a shorthand kept for good (`--model NAME` is how
+vLLM, TRL and verifiers users say it), so it moves without a warning.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def migrate(data: dict[str, Any], renames: list[Rename]) -> tuple[dict[str, Any]
         if _pop(_deep_copy(data), target)[0]:
             raise UsageError(f"config sets both {rename.old!r} (old name) and {rename.new!r}; keep only {rename.new!r}")
         _put(data, target, value)
-        warnings.append(rename.warning())
+        if not rename.into_itself():
+            warnings.append(rename.warning())
     return data, warnings
 
 
@@ -65,7 +67,8 @@ def migrate_flags(args: list[str], renames: list[Rename]) -> tuple[list[str], li
             for rename in renames:  # in order, so a key moved and then renamed ends at its newest name
                 if name == rename.old or (name.startswith(rename.old + ".") and not rename.into_itself()):
                     name = rename.new + name[len(rename.old):]
-                    warnings.append(rename.warning())
+                    if not rename.into_itself():
+                        warnings.append(rename.warning())
             if name != original:
                 flag = "--" + name.replace("_", "-")
         out.append(flag + eq + value)
