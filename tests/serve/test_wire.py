@@ -1,4 +1,4 @@
-"""The wire codec: request and reply frames, limits, shared-secret MACs, refusing anything but plain data."""
+"""The wire codec: request and reply frames, limits, refusing anything but plain data."""
 
 import msgpack
 import pytest
@@ -41,21 +41,6 @@ def test_unknown_method_is_answerable_with_its_id():
 def test_oversized_request_is_refused():
     with pytest.raises(WireError, match="limit"):
         decode_request(encode_request("r3", "run", {"blob": "x" * 2000}), max_bytes=1000)
-
-
-def test_missing_secret_is_unauthenticated():
-    with pytest.raises(WireError) as caught:
-        decode_request(encode_request("r4", "health"), secret="s3cret")
-    assert caught.value.error_type == "Unauthenticated"
-
-
-def test_wrong_secret_is_unauthenticated():
-    with pytest.raises(WireError):
-        decode_request(encode_request("r5", "health", secret="guess"), secret="s3cret")
-
-
-def test_right_secret_is_accepted():
-    assert decode_request(encode_request("r6", "health", secret="s3cret"), secret="s3cret").method == "health"
 
 
 def test_extension_types_are_refused():

@@ -36,6 +36,7 @@ from tracegym.envs.evaluate import (
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
+from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal
 from tracegym.serve.wire import MAX_FRAME_BYTES, SECRET_ENV, RemoteError, decode_reply, encode_request
 
 PING_AFTER = 1.0
@@ -59,6 +60,7 @@ class EnvClient:
         self._waiting: dict[str, asyncio.Future[Any]] = {}
         self._ctx: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._handshakes: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
 
@@ -69,9 +71,13 @@ class EnvClient:
             self._socket = self._ctx.socket(zmq.DEALER)
             for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 100_000), (zmq.RCVHWM, 100_000)):
                 self._socket.setsockopt(option, value)
+            if self.secret:
+                guard_client(self._socket, self.secret)
+            self._handshakes = self._socket.get_monitor_socket(HANDSHAKE_FAILED)
             self._socket.connect(self.address)
             self._heard = time.monotonic()
-            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch()),
+                           asyncio.create_task(self._watch_handshakes())]
         return self._socket
 
     async def aclose(self) -> None:
@@ -81,10 +87,12 @@ class EnvClient:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
+            self._socket.disable_monitor()
+            self._handshakes.close(0)  # type: ignore[union-attr]
             self._socket.close(0)
             assert self._ctx is not None
             self._ctx.term()
-        self._socket = self._ctx = None
+        self._socket = self._ctx = self._handshakes = None
 
     async def __aenter__(self) -> EnvClient:
         return self
@@ -111,6 +119,14 @@ class EnvClient:
         future = self._waiting.pop(request_id, None) if isinstance(request_id, str) else None
         if future is not None and not future.done():
             future.set_result(result)
+
+    async def _watch_handshakes(self) -> None:
+        """Fail every waiting request when the server refuses our handshake (no, or another, shared secret):
+        ZMQ would retry the connection forever, and the user must hear why."""
+        assert self._handshakes is not None
+        while True:
+            await self._handshakes.recv_multipart()
+            self._fail_all(refusal(self.address, bool(self.secret)))
 
     async def _watch(self) -> None:
         """Ping a quiet server while requests wait; fail them all when it stays silent too long."""
@@ -153,7 +169,7 @@ class EnvClient:
     def _send_nowait(self, method: str, payload: Any, request_id: str | None = None) -> asyncio.Future[Any]:
         socket = self._connect()
         request_id = request_id or self._prefix + str(next(self._ids))
-        frames = encode_request(request_id, method, payload, self.secret)
+        frames = encode_request(request_id, method, payload)
         if sum(len(f) for f in frames) > self.max_request_bytes:
             raise UsageError(f"{method} request is over the {self.max_request_bytes}-byte limit")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -197,8 +213,13 @@ class EnvClient:
         return await self.request("health")
 
     async def info(self) -> dict:
-        """What the server runs: taskset id, task type, whether finite, workers."""
-        return await self.request("info")
+        """What the server runs: taskset id, task type, whether finite, workers, its request size limit (from then
+        on this client's own when smaller)."""
+        info = await self.request("info")
+        limit = info.get("max_request_bytes")
+        if isinstance(limit, int):  # a larger request would be cut unanswered or refused: refuse it here, at once
+            self.max_request_bytes = min(self.max_request_bytes, limit)
+        return info
 
     async def check_serves(self, taskset: Taskset) -> None:
         """A UsageError unless the server runs `taskset` with the same resolved config: tasks made here from

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.registry import load_taskset
+from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server
 from tracegym.serve.pool import PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
@@ -95,6 +97,7 @@ class EnvServer:
         self._stopping = False
         self._parent = os.getppid() if exit_with_parent else None
         self._ctx: zmq.Context | None = None
+        self._gatekeeper: Gatekeeper | None = None
         self._tmp: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -102,7 +105,13 @@ class EnvServer:
         """Bind the client and worker sockets; returns the client address (a real port for port 0)."""
         self._ctx = zmq.Context()
         self.frontend = self._socket(zmq.ROUTER)
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)  # past this ZMQ drops the connection
+        # A frame past this hard cap is cut by libzmq as its header arrives, before its sender is known: it costs
+        # no memory and cannot be answered (it shows as a dropped connection). Smaller ones are answered.
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)
+        if self.secret:  # peers without it are refused in the handshake: their payload is never read
+            self._gatekeeper = Gatekeeper(self._ctx, self.secret)
+            guard_server(self.frontend, self.secret)
+        self.connections = self.frontend.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED)
         host, _, port = self.address.rpartition(":")
         self.frontend.bind(f"{host}:*" if port == "0" else self.address)
         self.bound = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -132,6 +141,9 @@ class EnvServer:
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
+        poller.register(self.connections, zmq.POLLIN)
+        if self._gatekeeper is not None:
+            poller.register(self._gatekeeper.socket, zmq.POLLIN)
         next_check = next_audit = 0.0
         try:
             while not self._stopping:
@@ -140,6 +152,10 @@ class EnvServer:
                     self._drain(self.backend, self._on_worker)
                 if self.frontend in events:
                     self._drain(self.frontend, self._on_client)
+                if self.connections in events:
+                    self._drain(self.connections, self._on_connection)
+                if self._gatekeeper is not None and self._gatekeeper.socket in events:
+                    self._gatekeeper.answer()
                 if time.monotonic() >= next_check:
                     self._supervise()
                     next_check = time.monotonic() + SUPERVISE_EVERY
@@ -151,8 +167,12 @@ class EnvServer:
 
     def _shutdown(self) -> None:
         self.pool.stop_all()
+        self.frontend.disable_monitor()
+        self.connections.close(0)
         self.frontend.close(0)
         self.backend.close(0)
+        if self._gatekeeper is not None:
+            self._gatekeeper.close()
         if self._ctx is not None:
             self._ctx.term()
         if self._tmp:
@@ -171,9 +191,9 @@ class EnvServer:
     def _on_client(self, frames: list[bytes]) -> None:
         client = frames[0]
         try:
-            request = decode_request(frames[1:], secret=self.secret, max_bytes=self.max_frame_bytes)
+            request = decode_request(frames[1:], max_bytes=self.max_frame_bytes)
         except WireError as exc:
-            self.stats["unauthenticated" if exc.error_type == "Unauthenticated" else "malformed"] += 1
+            self.stats["oversized" if exc.error_type == "TooLarge" else "malformed"] += 1
             self._send(client, error_reply(exc.request_id, exc.error_type, str(exc), ErrorKind.TASK))
             return
         if request.method == "run":
@@ -184,6 +204,12 @@ class EnvServer:
             self._send(client, ok_reply(request.id, {**self.health(), **self._unknown(client, request.payload)}))
         else:
             self._send(client, ok_reply(request.id, self.info()))
+
+    def _on_connection(self, frames: list[bytes]) -> None:
+        """Count a connection event: a peer refused in its handshake (without the shared secret, or not speaking
+        ZMTP), or a connection that ended (its peer left, or libzmq cut it over a frame past the hard cap)."""
+        event = parse_monitor_message(frames)["event"]
+        self.stats["connections_dropped" if event == zmq.EVENT_DISCONNECTED else "handshakes_failed"] += 1
 
     def _send(self, client: bytes, frames: list[bytes]) -> None:
         try:
@@ -215,7 +241,8 @@ class EnvServer:
                 "task_type": _qualname(ts.task_class),
                 "data_type": _qualname(ts.data_class), "finite": ts.bounded, "description": ts.description,
                 "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
-                "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic}
+                "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic,
+                "max_request_bytes": self.max_frame_bytes}
 
     def _submit(self, client: bytes, request: Request) -> None:
         if (client, request.id) in self.index:

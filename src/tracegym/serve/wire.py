@@ -1,14 +1,13 @@
-"""Wire: the env server's frame codec: msgpack data only (never pickle), request and reply headers, errors, MACs.
+"""Wire: the env server's frame codec: msgpack data only (never pickle), request and reply headers, errors.
 
-A request is two frames, `[header, payload]`: the header is a msgpack map `{"id": str, "method": str}` (plus
-`"mac"` when the server has a shared secret) and the payload is msgpack bytes the server routes unread. A reply
-is `[header, payload]` with header `{"id", "ok", "error"}`; `error` is `{"type", "kind", "message"}`.
+A request is two frames, `[header, payload]`: the header is a msgpack map `{"id": str, "method": str}` and the
+payload is msgpack bytes the server routes unread. A reply is `[header, payload]` with header `{"id", "ok",
+"error"}`; `error` is `{"type", "kind", "message"}`. A shared secret guards the socket, not the frames (see
+`serve.curve`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -20,10 +19,10 @@ from tracegym.core.errors import ErrorKind, TracegymError
 PROTOCOL = 1
 METHODS = ("health", "info", "run", "cancel")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Default limit on a request's total size; a larger one is answered with a `BadRequest` error."""
+"""Default limit on a request's total size; a larger one is answered with a `TooLarge` error."""
 MAX_ID_CHARS = 128
 SECRET_ENV = "TRACEGYM_ENV_SECRET"
-"""Environment variable holding the shared secret (required to bind anywhere but loopback)."""
+"""Environment variable holding the shared secret (required to bind anywhere but loopback; see `serve.curve`)."""
 
 
 class WireError(Exception):
@@ -65,25 +64,12 @@ def unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, ext_hook=_no_ext, strict_map_key=False)
 
 
-def mac(secret: str, request_id: str, method: str, payload: bytes) -> bytes:
-    """HMAC-SHA256 of a request under the shared secret (the secret itself never crosses the wire)."""
-    digest = hmac.new(secret.encode(), digestmod=hashlib.sha256)
-    digest.update(f"{request_id}\0{method}\0".encode())
-    digest.update(payload)
-    return digest.digest()
-
-
-def encode_request(request_id: str, method: str, payload: Any = None, secret: str | None = None) -> list[bytes]:
+def encode_request(request_id: str, method: str, payload: Any = None) -> list[bytes]:
     """The frames of one request."""
-    body = pack(payload if payload is not None else {})
-    header: dict[str, Any] = {"id": request_id, "method": method}
-    if secret:
-        header["mac"] = mac(secret, request_id, method, body)
-    return [pack(header), body]
+    return [pack({"id": request_id, "method": method}), pack(payload if payload is not None else {})]
 
 
-def decode_request(frames: list[bytes], *, secret: str | None = None,
-                   max_bytes: int = MAX_FRAME_BYTES) -> Request:
+def decode_request(frames: list[bytes], *, max_bytes: int = MAX_FRAME_BYTES) -> Request:
     """Read and check one request; raises WireError saying what is wrong."""
     if len(frames) != 2:
         raise WireError(f"a request is 2 frames, got {len(frames)}")
@@ -92,10 +78,8 @@ def decode_request(frames: list[bytes], *, secret: str | None = None,
     if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID_CHARS:
         raise WireError("request id must be a non-empty string of at most 128 characters")
     if sum(len(f) for f in frames) > max_bytes:
-        raise WireError(f"request is over the {max_bytes}-byte limit", request_id)
+        raise WireError(f"request is over the server's {max_bytes}-byte limit", request_id, "TooLarge")
     method = header.get("method")
-    if secret and not _mac_ok(header.get("mac"), mac(secret, request_id, str(method), frames[1])):
-        raise WireError("missing or wrong shared secret", request_id, "Unauthenticated")
     if method not in METHODS:
         raise WireError(f"unknown method {method!r} (methods: {', '.join(METHODS)})", request_id)
     return Request(request_id, method, frames[1])
@@ -111,10 +95,6 @@ def _header(frame: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise WireError("header is not a msgpack map")
     return header
-
-
-def _mac_ok(given: Any, expected: bytes) -> bool:
-    return isinstance(given, bytes) and hmac.compare_digest(given, expected)
 
 
 def ok_reply(request_id: str | None, result: Any) -> list[bytes]:

@@ -1,0 +1,94 @@
+"""Curve: what a shared secret does to the env server's client-facing sockets: CURVE encryption, and admission of
+only the peers that hold the secret, decided in the handshake, before a peer can send a byte of payload.
+
+Both sides derive two CURVE key pairs from the secret (the server's and the clients'); the secret itself never
+crosses the wire. A client must know the server's public key to be understood at all, and the server's ZAP check
+admits only the clients' public key, whose private half proves possession of the secret. Each connection then
+gets fresh session keys and numbered messages, so captured traffic can be neither read nor replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import zmq
+from zmq.utils import z85
+
+from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.serve.wire import SECRET_ENV
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+"""Where libzmq asks a context's ZAP handler whether to admit a peer (fixed by the ZAP spec)."""
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+"""Socket monitor events of a connection refused during its handshake."""
+
+
+class AuthenticationError(UsageError):
+    """An env server refused this client's shared secret, or its lack of one (a setting to fix, not a fault of
+    the task or the network)."""
+
+    kind = ErrorKind.INFRASTRUCTURE
+
+
+def _key_pair(secret: str, role: str) -> tuple[bytes, bytes]:
+    """(public, private) CURVE keys, z85-encoded, of `role` ("server" or "client") under `secret`."""
+    private = z85.encode(hashlib.sha256(f"tracegym-env-{role}\0{secret}".encode()).digest())
+    return zmq.curve_public(private), private
+
+
+def _require_curve() -> None:
+    if not zmq.has("curve"):
+        raise UsageError("a shared secret needs CURVE, which this pyzmq's libzmq lacks; install pyzmq's own wheels")
+
+
+def guard_server(socket: zmq.Socket, secret: str) -> None:
+    """Make `socket` (before it binds) a CURVE server under `secret`; its context needs a `Gatekeeper`."""
+    _require_curve()
+    socket.curve_server = True
+    socket.curve_secretkey = _key_pair(secret, "server")[1]
+    socket.zap_domain = b"tracegym"
+
+
+def guard_client(socket: zmq.Socket, secret: str) -> None:
+    """Make `socket` (before it connects) a CURVE client under `secret`."""
+    _require_curve()
+    socket.curve_serverkey = _key_pair(secret, "server")[0]
+    socket.curve_publickey, socket.curve_secretkey = _key_pair(secret, "client")
+
+
+class Gatekeeper:
+    """The ZAP handler of a server's context: admits a CURVE peer only with the clients' key under the secret.
+    Answered from the server's own poll loop (`answer` when its socket is readable): no thread."""
+
+    def __init__(self, ctx: zmq.Context, secret: str) -> None:
+        self.client_key = z85.decode(_key_pair(secret, "client")[0])
+        self.socket = ctx.socket(zmq.REP)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(ZAP_ENDPOINT)
+
+    def answer(self) -> None:
+        """Answer every waiting ZAP request (version, request id, domain, address, identity, mechanism, key)."""
+        while True:
+            try:
+                version, request_id, _domain, _address, _identity, mechanism, *credentials = (
+                    self.socket.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            admitted = mechanism == b"CURVE" and credentials[:1] == [self.client_key]
+            status = [b"200", b"OK"] if admitted else [b"400", b"not the shared secret's key"]
+            self.socket.send_multipart([version, request_id, *status, b"", b""])
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+def refusal(address: str, has_secret: bool) -> AuthenticationError:
+    """What a refused handshake means for the user of a client with (or without) a shared secret. Which side
+    lacked what cannot be told reliably: the side that notices a mismatch first hangs up on the other."""
+    if has_secret:
+        why = (f"refused this client's shared secret ({SECRET_ENV}): set it to the one the server was started "
+               "with, or unset it if the server has none")
+    else:
+        why = f"requires a shared secret: set {SECRET_ENV} to the one it was started with"
+    return AuthenticationError(f"authentication failed: the env server at {address} {why}")

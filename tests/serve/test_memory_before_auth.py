@@ -1,0 +1,68 @@
+"""Memory before authentication: a peer without the shared secret cannot make a server buffer its payload."""
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from tracegym.serve import EnvClient, local_server
+from tracegym.serve.wire import SECRET_ENV
+from tracegym.testing.echo import SPEC
+
+pytestmark = pytest.mark.slow
+
+FRAME = 64 * 1024 * 1024
+FRAMES = 16
+"""A 1 GiB multipart burst, each frame within the server's per-frame cap."""
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def status_mib(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+async def server_pid(address: str) -> int:
+    async with EnvClient(address, secret="s3cret", request_timeout=10) as client:
+        return (await client.health())["pid"]
+
+
+def burst(address: str, within: float = 20.0) -> str:
+    """Send 1 GiB as one multipart message without the secret; wait until the server answers or refuses the
+    handshake (at most `within` seconds). Returns what happened."""
+    payload = zmq.Frame(b"\0" * FRAME)
+    with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
+        sock.connect(address)
+        sock.send_multipart([payload] * FRAMES, copy=False)
+        deadline = time.monotonic() + within
+        try:
+            while time.monotonic() < deadline:
+                if sock.poll(50):
+                    return "answered"
+                if monitor.poll(0):
+                    return f"refused ({recv_monitor_message(monitor)['event'].name})"
+            return "silence"
+        finally:
+            sock.disable_monitor()
+            monitor.close(0)
+
+
+def test_an_unauthenticated_1gib_burst_leaves_server_memory_flat_and_it_keeps_serving(monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    with local_server(SPEC, {}, workers=1) as address:
+        monkeypatch.delenv(SECRET_ENV)
+        pid = asyncio.run(server_pid(address))
+        idle = status_mib(pid, "VmRSS")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM (peak RSS) counts from here
+        outcome = burst(address)
+        peak = status_mib(pid, "VmHWM")
+        assert peak - idle < 100, f"server RSS rose {peak - idle:.0f} MiB above idle ({outcome})"
+        assert asyncio.run(server_pid(address)) == pid  # still serving, with the secret
