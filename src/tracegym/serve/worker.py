@@ -30,6 +30,7 @@ from tracegym.envs.taskset import Taskset
 from tracegym.models.client import ModelClient
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
+from tracegym.serve.model_clients import ModelClients
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import error_reply, ok_header, pack, unpack
 
@@ -42,7 +43,7 @@ def make_model(endpoint: Endpoint) -> ModelClient:
 
 
 class Worker:
-    """Runs `run` requests for one taskset; one model client per distinct endpoint, kept for the process."""
+    """Runs `run` requests for one taskset; one model client per distinct endpoint (the most recently used kept)."""
 
     def __init__(self, taskset: Taskset, backend: str, name: str) -> None:
         self.taskset, self.backend, self.name = taskset, backend, name
@@ -51,7 +52,7 @@ class Worker:
         """Jobs the server asked to cancel: the only cancellations answered (any other is this process ending:
         a stop, or its event loop torn down by task code's KeyboardInterrupt; the server reruns what a dead
         worker held, so a `Cancelled` reply would fail a request that did nothing wrong)."""
-        self.models: dict[Endpoint, ModelClient] = {}
+        self.models = ModelClients(make_model)
         self.stopped = asyncio.Event()
         self.socket: zmq.asyncio.Socket | None = None
 
@@ -71,9 +72,7 @@ class Worker:
         for task in [receiver, watcher, *self.jobs.values()]:
             task.cancel()
         await asyncio.gather(receiver, watcher, *self.jobs.values(), return_exceptions=True)
-        for model in self.models.values():
-            with contextlib.suppress(Exception):
-                await model.aclose()  # type: ignore[attr-defined]
+        await self.models.aclose()
         self.socket.close(0)
         ctx.term()
 
@@ -133,14 +132,12 @@ class Worker:
 
     async def _traces(self, payload: bytes) -> list[dict]:
         request = RunRequest.model_validate(unpack(payload))
-        model = self.models.get(request.endpoint)
-        if model is None:
-            model = self.models[request.endpoint] = make_model(request.endpoint)
         indices = request.rollout_indices
-        if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
-            traces = [await self._one(request, model, indices[0])]
-        else:
-            traces = await asyncio.gather(*(self._one(request, model, i) for i in indices))
+        async with self.models.use(request.endpoint) as model:
+            if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
+                traces = [await self._one(request, model, indices[0])]
+            else:
+                traces = await asyncio.gather(*(self._one(request, model, i) for i in indices))
         return [t.model_dump(mode="json") for t in traces]
 
     async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:
