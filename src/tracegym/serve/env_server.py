@@ -29,7 +29,7 @@ from zmq.utils.monitor import parse_monitor_message
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server
-from tracegym.serve.pool import PoolSize, WorkerHandle, WorkerPool
+from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
     PROTOCOL,
@@ -50,6 +50,8 @@ AUDIT_EVERY = 2.0
 worker that does not answer within `worker_timeout` is taken as hung and killed)."""
 MAX_PENDING_CHECK = 10_000
 """Most request ids one health ping may ask about."""
+WORKER_TIMEOUT = 60.0
+"""Default seconds a busy worker may leave "which requests do you hold?" unanswered before it is killed as hung."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -76,7 +78,8 @@ class EnvServer:
     def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
                  address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
                  log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
-                 worker_timeout: float = 60.0, exit_with_parent: bool = False) -> None:
+                 worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
+                 max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
@@ -86,7 +89,7 @@ class EnvServer:
         self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
         if worker_timeout <= 0:
             raise UsageError(f"worker_timeout must be positive, got {worker_timeout}")
-        self.worker_timeout = worker_timeout
+        self.worker_timeout, self.max_abandoned_threads = worker_timeout, max_abandoned_threads
         self.stats = collections.Counter[str]()
         self.inflight: dict[bytes, InFlight] = {}
         self.index: dict[tuple[bytes, str], bytes] = {}
@@ -119,7 +122,8 @@ class EnvServer:
         self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
-        self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir)
+        self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
+                               self.max_abandoned_threads)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:
@@ -373,12 +377,30 @@ class EnvServer:
             handle = self.pool.workers.get(name)
             if handle is not None and handle.isolating and not handle.jobs:
                 self._flush_pending()  # its group is done: the next one (or queued requests) may go
+            self._stop_if_drained(name)
         elif kind == b"jobs":
             self._audited(name, set(frames[2:]))
+        elif kind == b"replace":
+            self._replace(name)
         elif kind == b"ready":
             if not self.pool.mark_ready(name):
                 self._to_worker(name, [b"stop"])
             self._flush_pending()
+
+    def _replace(self, name: bytes) -> None:
+        """A worker asked to be replaced (hung sync calls left it too many threads): it gets no new work, a
+        replacement starts on the next supervision tick, and it is stopped once its requests are answered."""
+        handle = self.pool.workers.get(name)
+        if handle is None or handle.retiring:
+            return
+        self.stats["workers_recycled"] += 1
+        handle.retiring = True
+        self._stop_if_drained(name)
+
+    def _stop_if_drained(self, name: bytes) -> None:
+        handle = self.pool.workers.get(name)
+        if handle is not None and handle.retiring and not handle.hung and not handle.jobs:
+            self._to_worker(name, [b"stop"])
 
     def _supervise(self) -> None:
         if self._stopping:
@@ -404,7 +426,7 @@ class EnvServer:
         re-dispatches its requests like a crashed worker's."""
         now = time.monotonic()
         for handle in self.pool.workers.values():
-            if handle.audit is not None and now - handle.asked_at > self.worker_timeout and not handle.retiring:
+            if handle.audit is not None and now - handle.asked_at > self.worker_timeout and not handle.hung:
                 self.stats["workers_hung"] += 1
                 handle.retiring = handle.hung = True  # not replaced twice; reap() then frees its requests
                 handle.proc.kill()
@@ -429,6 +451,7 @@ class EnvServer:
                     self._answer(key, error_reply(record.id, "WorkerDied", why))
                 else:
                     self._requeue([key])
+        self._stop_if_drained(name)
         self._flush_pending()
 
     def _requeue(self, keys: list[bytes]) -> None:

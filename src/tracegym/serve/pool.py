@@ -4,7 +4,9 @@ Static pools keep `min` workers alive (a dead one is replaced at once). Elastic 
 `max`, growing by one whenever the load per worker passes `grow_at` and retiring a worker idle for `idle_s`.
 A worker that dies before saying ready delays the next start (backoff), so a broken taskset cannot spin.
 A worker the server reserves for suspects (`isolating`) gets no other work; `solo` names the request a worker
-has run alone, so a death can name its cause.
+has run alone, so a death can name its cause. A worker left with more than `max_abandoned_threads` threads of
+hung sync calls asks to be replaced: it retires (no new work), a replacement starts, and it stops once its
+requests are answered.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_ABANDONED_THREADS = 32
+"""Threads of abandoned sync calls (a tool or scorer past its timeout, still running: Python cannot kill a thread)
+a worker may hold before it is replaced; each holds its stack and whatever the hung call holds."""
 
 
 class PoolSize(BaseModel):
@@ -85,9 +91,9 @@ class WorkerPool:
     """Starts and tracks worker processes; the server asks it whom to send work to and who has died."""
 
     def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
-        self.log_dir = log_dir
+        self.log_dir, self.max_abandoned_threads = log_dir, max_abandoned_threads
         self.workers: dict[bytes, WorkerHandle] = {}
         self._count = 0
         self._failed_starts = 0
@@ -99,7 +105,8 @@ class WorkerPool:
         self._count += 1
         name = f"w{self._count}"
         command = [sys.executable, "-m", "tracegym.serve.worker", "--backend", self.backend, "--name", name,
-                   "--taskset", self.taskset_id, "--options", json.dumps(self.options)]
+                   "--taskset", self.taskset_id, "--options", json.dumps(self.options),
+                   "--max-abandoned-threads", str(self.max_abandoned_threads)]
         out = self._log_file(name)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out or subprocess.DEVNULL,
                                 stderr=out or None)

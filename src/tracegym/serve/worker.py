@@ -1,8 +1,10 @@
 """Worker: one env-server worker process, running many rollouts at once on one asyncio loop.
 
 It connects a DEALER socket to the server's backend, says `ready`, then answers `run` frames with packed
-traces and obeys `cancel` and `stop`. SIGINT is ignored (the server owns shutdown); SIGTERM, a `stop` frame or
-the server process disappearing end it quietly. Started as `python -m tracegym.serve.worker ...` by the pool.
+traces and obeys `cancel` and `stop`. Once hung sync calls have left it more than `max_abandoned_threads`
+threads, it says `replace` (once): the server sends it no more work and stops it when its requests are done.
+SIGINT is ignored (the server owns shutdown); SIGTERM, a `stop` frame or the server process disappearing end it
+quietly. Started as `python -m tracegym.serve.worker ...` by the pool.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_rollout
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
+from tracegym.envs.thread_lane import TASK_CODE, TOOLS
 from tracegym.models.client import ModelClient
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.model_clients import ModelClients
+from tracegym.serve.pool import MAX_ABANDONED_THREADS
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import error_reply, ok_header, pack, unpack
 
@@ -45,8 +49,12 @@ def make_model(endpoint: Endpoint) -> ModelClient:
 class Worker:
     """Runs `run` requests for one taskset; one model client per distinct endpoint (the most recently used kept)."""
 
-    def __init__(self, taskset: Taskset, backend: str, name: str) -> None:
+    def __init__(self, taskset: Taskset, backend: str, name: str,
+                 max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
         self.taskset, self.backend, self.name = taskset, backend, name
+        self.max_abandoned_threads = max_abandoned_threads
+        self.replacing = False
+        """Whether it asked the server to replace it."""
         self.jobs: dict[bytes, asyncio.Task[None]] = {}
         self.cancelled: set[bytes] = set()
         """Jobs the server asked to cancel: the only cancellations answered (any other is this process ending:
@@ -103,10 +111,19 @@ class Worker:
         """Forget a job; one cancelled before its first step (its `cancel` came in the same batch as its `run`)
         never ran `_run`'s handler, so it is answered here: every request gets exactly one reply."""
         self.jobs.pop(key, None)
+        self._replace_if_leaking()
         answers = self._answers_cancel(key)  # called either way: it forgets the key
         if job.cancelled() and answers and self.socket is not None:
             reply = error_reply(request_id, "Cancelled", "the request was cancelled")
             self.socket.send_multipart([b"reply", key, *reply]).add_done_callback(_quiet)
+
+    def _replace_if_leaking(self) -> None:
+        """Ask (once) to be replaced when hung sync calls have left too many threads behind."""
+        if not self.replacing and TOOLS.abandoned + TASK_CODE.abandoned > self.max_abandoned_threads:
+            self.replacing = True
+            log.warning("%d threads of hung sync calls left behind; asking to be replaced",
+                        TOOLS.abandoned + TASK_CODE.abandoned)
+            self.socket.send_multipart([b"replace"]).add_done_callback(_quiet)  # type: ignore[union-attr]
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
@@ -170,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--taskset", required=True)
     parser.add_argument("--options", default="{}")
+    parser.add_argument("--max-abandoned-threads", type=int, default=MAX_ABANDONED_THREADS)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
@@ -177,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = json.loads(args.options)
     taskset = load_taskset(args.taskset, options or None)
     log.info("worker %s (pid %d) serving %s", args.name, os.getpid(), taskset.id)
-    asyncio.run(Worker(taskset, args.backend, args.name).serve())
+    asyncio.run(Worker(taskset, args.backend, args.name, args.max_abandoned_threads).serve())
     log.info("worker %s stopped", args.name)
     return 0
 
