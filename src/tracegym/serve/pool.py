@@ -146,13 +146,23 @@ class WorkerPool:
 
     # --- routing -----------------------------------------------------------------------------------------
     def pick(self) -> WorkerHandle | None:
-        """The ready worker with the fewest requests, neither retiring nor reserved for suspects; or None."""
+        """The ready worker with the fewest requests, neither retiring nor reserved for suspects; or None. While an
+        elastic pool can still grow, a worker with `grow_at` requests takes no more: the rest wait for the worker
+        their load starts (sent to a busy one, they would stay there once it is ready)."""
         best = None
         for handle in self.workers.values():
             if handle.ready and not handle.retiring and not handle.isolating and (
                     best is None or len(handle.jobs) < len(best.jobs)):
                 best = handle
+        if best is not None and len(best.jobs) >= self.size.grow_at and self._can_grow():
+            return None
         return best
+
+    def _can_grow(self) -> bool:
+        """Whether an elastic pool has fewer ready workers than its max and another one may come (one starting, or
+        one to start: starts are not failing)."""
+        ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
+        return self.size.elastic and ready < (self.size.max or 0) and not self.failing
 
     def assign(self, handle: WorkerHandle, key: bytes) -> None:
         handle.solo = None if handle.jobs else key
