@@ -34,7 +34,11 @@ def run(args: list[str]) -> int:
         run_dir = config.output_dir / (config.run_id or time.strftime("%Y%m%d-%H%M%S"))
         if run_dir.exists():
             raise UsageError(f"run folder {run_dir} already exists; pick another --run-id or --resume it")
-        run_dir.mkdir(parents=True)
+        try:
+            run_dir.mkdir(parents=True)
+        except OSError as exc:
+            raise UsageError(f"--output-dir {str(config.output_dir)!r}: cannot create a run folder there "
+                             f"({exc.strerror or exc})") from None
     (run_dir / "config.toml").write_text(tomli_w.dumps(_toml(config)))
     return launch(config, run_dir)
 

@@ -12,8 +12,8 @@ from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
-from tracegym.serve.env_server import EnvServer
-from tracegym.serve.pool import PoolSize
+from tracegym.serve.env_server import WORKER_TIMEOUT, EnvServer
+from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
 from tracegym.serve.wire import Address
 
 
@@ -39,11 +39,17 @@ class ServeConfig(BaseConfig):
     """Grow the pool with load (up to `max_workers`) and retire idle workers, instead of a static pool."""
     max_workers: int | None = Field(default=None, gt=0)
     """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
-    idle_seconds: float = 10.0
+    idle_seconds: float = Field(default=10.0, ge=0)
     """Seconds an elastic pool's worker stays idle before it is retired."""
-    worker_timeout: float = 60.0
+    grow_at: float = Field(default=PoolSize.model_fields["grow_at"].default, gt=0)
+    """Requests in flight per worker past which an elastic pool starts another worker; requests past it wait at
+    the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
+    worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
     """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered before it is taken as
     hung (its event loop blocked), killed and replaced, and its requests re-dispatched."""
+    max_abandoned_threads: int = Field(default=MAX_ABANDONED_THREADS, ge=0)
+    """Threads of hung sync calls (tools, scorers past their timeout) a worker may hold before it is replaced,
+    once its requests are answered."""
     log_dir: Path | None = None
     """Folder for one log file per worker; unset: workers log to this command's stderr."""
     exit_with_parent: bool = False
@@ -62,7 +68,7 @@ class ServeConfig(BaseConfig):
     def size(self) -> PoolSize:
         """The worker pool's size policy."""
         if self.elastic:
-            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds)
+            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at)
         return PoolSize.static(self.workers)
 
 
@@ -72,11 +78,13 @@ def run(args: list[str]) -> int:
         args = ["--taskset.id", args[0], *args[1:]]
     cfg, _ = parse_command(ServeConfig, args, prog="tracegym serve")
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
-                       worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent)
+                       worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
+                       max_abandoned_threads=cfg.max_abandoned_threads)
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())
     print(f"address: {address}", flush=True)
-    print(f"serving {server.taskset.id} with {cfg.size().min}+ workers; Ctrl-C to stop", file=sys.stderr, flush=True)
+    print(f"serving {server.taskset.id} with {cfg.size().min}+ workers (worker timeout {cfg.worker_timeout:g} s); "
+          "Ctrl-C to stop", file=sys.stderr, flush=True)
     server.serve()
     return 0

@@ -63,6 +63,10 @@ class EvalConfig(BaseConfig):
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
     env_address: Address | None = None
     """Address of a running env server for this taskset (e.g. `tcp://host:5555`); unset: start one here."""
+    worker_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
+    unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
+    re-dispatched; unset: the server's default (60 s). Not used with `--env-address`."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
     output_dir: Path = Path("outputs")

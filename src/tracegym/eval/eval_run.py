@@ -57,6 +57,8 @@ class LocalEnvServer:
 
     taskset_id: str
     options: dict[str, Any] = field(default_factory=dict)
+    worker_timeout: float | None = None
+    """Seconds a worker may leave the server's audit unanswered before it is killed as hung; None: the default."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class EvalParts:
 def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
     """The parts of the run `config` describes, around its loaded `taskset`: an `--env-address` wins over
     `--no-serve`, which runs the rollouts in this process instead of a local env server."""
-    local = LocalEnvServer(config.taskset.id, config.taskset_options()) if config.serve else None
+    local = LocalEnvServer(config.taskset.id, config.taskset_options(), config.worker_timeout) if config.serve else None
     settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts, concurrency=config.concurrency,
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
@@ -196,7 +198,8 @@ async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: En
         return
     with contextlib.ExitStack() as stack:
         address = parts.env if isinstance(parts.env, str) else stack.enter_context(
-            local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env"))
+            local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
+                         worker_timeout=parts.env.worker_timeout))
         async with EnvClient(address) as client:
             async for trace in client.evaluate_iter(parts.taskset, endpoint, pairs=work.todo, **options):
                 yield trace

@@ -57,7 +57,11 @@ class RunFolder:
         path = output_dir / f"{_safe(taskset)}--{_safe(model)}" / run_id
         if path.exists():
             raise UsageError(f"run folder {str(path)!r} already exists; pick another --run-id or --resume it")
-        (path / "logs").mkdir(parents=True)
+        try:
+            (path / "logs").mkdir(parents=True)
+        except OSError as exc:
+            raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
+                             f"({exc.strerror or exc})") from None
         return cls(path)
 
     @classmethod

@@ -22,14 +22,17 @@ START_TIMEOUT = 60.0
 @contextlib.contextmanager
 def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None, *, workers: int | None = None,
                  elastic: bool = False, log_dir: Path | None = None, address: str = "tcp://127.0.0.1:0",
-                 extra_args: list[str] | None = None) -> Iterator[str]:
-    """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit."""
+                 worker_timeout: float | None = None, extra_args: list[str] | None = None) -> Iterator[str]:
+    """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit.
+    `worker_timeout` None: the server's default."""
     command = [sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
                "--taskset-json", json.dumps(taskset_options or {}), "--exit-with-parent", *(extra_args or [])]
     if elastic:
         command.append("--elastic")
     elif workers is not None:
         command += ["--workers", str(workers)]
+    if worker_timeout is not None:
+        command += ["--worker-timeout", str(worker_timeout)]
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         command += ["--log-dir", str(log_dir)]

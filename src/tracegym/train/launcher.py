@@ -109,7 +109,8 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
             say(out, f"env server {key}: {env.address} (running elsewhere)")
             continue
         log_dir = run_dir / "logs" / f"env-{key.replace(':', '-')}"
-        addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir))
+        addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
+                                                          worker_timeout=env.worker_timeout))
         say(out, f"env server {key}: {addresses[key]}")
     return addresses
 

@@ -14,6 +14,7 @@ from tracegym.config.command_line import parse_command
 from tracegym.config.renames import Rename, moved_into
 from tracegym.core.sampling import Sampling
 from tracegym.models.model_choice import ClientKind, ModelChoice
+from tracegym.serve.wire import Address
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
@@ -38,9 +39,13 @@ class EnvChoice(BaseModel):
     """Share of each step's tasks drawn from this environment (relative to the others)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The taskset's own options (its Config fields)."""
-    address: str | None = None
+    address: Address | None = None
     """A running env server for this environment (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`),
     checked at launch to serve this taskset with these options; unset: the launcher starts one here."""
+    worker_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
+    unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
+    re-dispatched; unset: the server's default (60 s). Not used with `address`."""
 
 
 class RLSampling(BaseModel):
@@ -100,7 +105,7 @@ class OrchestratorConfig(BaseModel):
     """Rollouts per task; advantages compare rollouts within a group."""
     max_async_steps: int = 1
     """How many steps the orchestrator may run ahead of the trainer (0: on-policy)."""
-    concurrency: int = 64
+    concurrency: int = Field(default=64, gt=0)
     """Rollouts in flight at once."""
     advantage: str = "tracegym.train.advantages:group_mean"
     """Advantage function by import path."""
