@@ -10,8 +10,7 @@ import zmq
 from serve_helpers import running_server, task
 
 from tracegym import UsageError
-from tracegym.serve import EnvClient, EnvServer
-from tracegym.serve.curve import AuthenticationError
+from tracegym.serve import AuthenticationError, EnvClient, EnvServer
 from tracegym.serve.wire import SECRET_ENV
 from tracegym.testing.echo import SPEC
 
