@@ -3,6 +3,8 @@
 import pytest
 
 from tracegym.cli.main import main
+from tracegym.serve import local_server
+from tracegym.serve.wire import SECRET_ENV
 from tracegym.testing import FakeOpenAIServer
 
 
@@ -105,3 +107,45 @@ def test_a_typo_in_an_eval_config_file_names_the_file_and_its_toml_key(tmp_path,
 @pytest.mark.parametrize(("flags", "named"), [(["--workers", "0"], "--workers"), (["--address", "5555"], "--address")])
 def test_a_bad_serve_option_exits_2_naming_it(flags, named, capsys):
     assert named in refused(capsys, ["serve", "reverse-text", *flags])
+
+
+def test_an_eval_output_dir_that_cannot_be_made_exits_2_naming_the_flag(server, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    err = refused(capsys, ["eval", "reverse-text", "-n", "1", "--base-url", server.base_url, "--no-serve",
+                           "--output-dir", str(tmp_path / "a-file" / "out")])
+    assert "--output-dir" in err and "a-file" in err
+
+
+def test_an_rl_output_dir_that_cannot_be_made_exits_2_naming_the_flag(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    err = refused(capsys, ["rl", "--output-dir", str(tmp_path / "a-file" / "out")])
+    assert "--output-dir" in err and "a-file" in err
+
+
+def test_an_rl_env_address_without_a_transport_exits_2_naming_its_key(tmp_path, capsys):
+    config = tmp_path / "rl.toml"
+    config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\naddress = "127.0.0.1:5555"\n')
+    err = refused(capsys, ["rl", "@", str(config), "--dry-run"])
+    assert "address" in err and "tcp://" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_an_rl_concurrency_below_one_exits_2_naming_its_flag(value, capsys):
+    err = refused(capsys, ["rl", "--orchestrator.concurrency", value, "--dry-run"])
+    assert "--orchestrator.concurrency" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--idle-seconds", "-1"), ("--worker-timeout", "0"),
+                                             ("--grow-at", "0")])
+def test_a_serve_number_out_of_range_exits_2_naming_its_flag(flag, value, capsys):
+    err = refused(capsys, ["serve", "reverse-text", "--elastic", flag, value])
+    assert flag in err
+
+
+def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_task_error(tmp_path, capsys,
+                                                                                       monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    with local_server("reverse-text", workers=1) as address:
+        monkeypatch.setenv(SECRET_ENV, "guess")
+        err = refused(capsys, ["eval", "reverse-text", "--env-address", address, "--output-dir", str(tmp_path)])
+    assert "authentication failed" in err and SECRET_ENV in err and "task error" not in err
