@@ -111,7 +111,7 @@ def test_a_bad_serve_option_exits_2_naming_it(flags, named, capsys):
 
 def test_an_eval_output_dir_that_cannot_be_made_exits_2_naming_the_flag(server, tmp_path, capsys):
     (tmp_path / "a-file").write_text("")
-    err = refused(capsys, ["eval", "reverse-text", "-n", "1", "--base-url", server.base_url, "--no-serve",
+    err = refused(capsys, ["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--no-serve",
                            "--output-dir", str(tmp_path / "a-file" / "out")])
     assert "--output-dir" in err and "a-file" in err
 

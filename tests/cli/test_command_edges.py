@@ -17,7 +17,7 @@ def server():
 
 def test_eval_sets_the_worker_timeout_of_the_env_server_it_starts(server, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["eval", "reverse-text", "-n", "1", "--base-url", server.base_url, "--no-rich",
+    assert main(["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--no-rich",
                  "--output-dir", str(out), "--worker-timeout", "7"]) == 0
     [log] = out.rglob("env/server.log")
     assert "worker timeout 7 s" in log.read_text()
