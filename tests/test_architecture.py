@@ -12,6 +12,7 @@ ROOT = "tracegym"
 
 FORBIDDEN = {
     "core": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
+    "runtimes": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
     "config": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "cli", "testing"},
     "models": {ROOT, "envs", "tasksets", "serve", "eval", "train", "config", "cli", "testing"},
     "envs": {ROOT, "tasksets", "serve", "eval", "train", "config", "cli", "testing"},

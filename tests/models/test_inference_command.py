@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vllm_fakes import INFERENCE_WITH, NEVER_HEALTHY, POLITE_FAKE_VLLM, group_members, wait_until
+from vllm_fakes import INFERENCE_WITH, NEVER_HEALTHY, POLITE_FAKE_VLLM, wait_until
 
 from tracegym.models import vllm_server
 from tracegym.models.launch import serve, server_config, server_record_path
 from tracegym.models.model_choice import ModelChoice
+from tracegym.runtimes.processes import group_members
 
 
 class Inference:

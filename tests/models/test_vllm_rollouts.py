@@ -16,7 +16,7 @@ from tracegym.envs.tools import Tool
 from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelRequest
 from tracegym.models.embedded import SERVED_MODEL_NAME
-from tracegym.models.vllm_server import process_alive
+from tracegym.runtimes.processes import process_alive
 
 pytestmark = pytest.mark.slow
 

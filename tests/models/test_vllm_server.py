@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from vllm_fakes import FAKE_VLLM, group_members, wait_until
+from vllm_fakes import FAKE_VLLM, wait_until
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.models import vllm_server
@@ -22,11 +22,11 @@ from tracegym.models.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
     free_port,
-    process_alive,
     recorded_server,
     server_command,
     server_env,
 )
+from tracegym.runtimes.processes import group_members, process_alive
 
 
 def fake_server(tmp_path: Path, name: str = "fake-model", **fields: object) -> VLLMServer:
@@ -190,6 +190,12 @@ async def test_async_context_manager(tmp_path: Path) -> None:
     assert pgid is not None and wait_until(lambda: not group_members(pgid), 5)
 
 
+def test_starting_a_server_installs_no_signal_handler(tmp_path: Path) -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with fake_server(tmp_path):
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 # A process that starts a server, prints its process group id and then waits to be killed.
 START_AND_WAIT = r"""
 import sys, time
@@ -203,8 +209,10 @@ time.sleep(600)
 """
 
 
-def kill_parent_and_check_no_orphans(config: VLLMServerConfig, command: list[str], timeout_s: float) -> None:
-    """Start a server from a child process, SIGKILL the child, and require the server's group to vanish."""
+def kill_parent_and_check_no_orphans(config: VLLMServerConfig, command: list[str], timeout_s: float,
+                                     signum: int = signal.SIGKILL) -> None:
+    """Start a server from a child process, kill the child with `signum` (it handles none), and require the server's
+    group to vanish."""
     parent = subprocess.Popen(
         [sys.executable, "-c", START_AND_WAIT, config.model_dump_json(), *command],
         stdout=subprocess.PIPE,
@@ -216,18 +224,20 @@ def kill_parent_and_check_no_orphans(config: VLLMServerConfig, command: list[str
         pgid = int(line)
         assert len(group_members(pgid)) >= 2
     finally:
-        parent.send_signal(signal.SIGKILL)
+        parent.send_signal(signum)
         parent.wait()
     assert wait_until(lambda: not group_members(pgid), timeout_s), f"left behind: {group_members(pgid)}"
 
 
-def test_killing_the_owner_leaves_no_process_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_owner_leaves_no_process_behind(tmp_path: Path, signum: int) -> None:
+    """SIGKILL or an unhandled SIGTERM: the owner stops nothing itself, its supervisor sees it gone."""
     port = free_port()
     config = VLLMServerConfig(
         model="x", served_model_name="m", port=port, stop_grace_s=1.0, log_path=tmp_path / "vllm.log"
     )
     command = [sys.executable, "-c", FAKE_VLLM, str(port), "m", str(tmp_path / "engine.pid")]
-    kill_parent_and_check_no_orphans(config, command, timeout_s=10)
+    kill_parent_and_check_no_orphans(config, command, timeout_s=10, signum=signum)
     assert not process_alive(int((tmp_path / "engine.pid").read_text()))
 
 

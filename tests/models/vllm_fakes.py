@@ -1,10 +1,9 @@
-"""Stand-ins for vLLM shared by the server-manager and `tracegym inference` tests, and /proc helpers."""
+"""Stand-ins for vLLM shared by the server-manager and `tracegym inference` tests, and a polling helper."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 # A stand-in for vLLM: answers /health and /v1/models, and starts a child that, like vLLM's engine core,
 # ignores SIGTERM and outlives its parent; so only the supervisor's group sweep and SIGKILL can end it.
@@ -48,21 +47,6 @@ vllm_server.server_command = command
 from tracegym.cli.main import main
 sys.exit(main(["inference", *sys.argv[3:]]))
 """
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tracegym.models.vllm_server import process_alive
+from tracegym.runtimes.processes import process_alive
 
 pytestmark = pytest.mark.slow
 CONFIG = Path(__file__).parents[2] / "configs" / "rl" / "reverse_text.toml"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from tracegym.models.vllm_server import process_alive
+from tracegym.runtimes.processes import process_alive
 
 CHILD = """
 import os, time

@@ -1,4 +1,9 @@
-"""vLLM server: starts vLLM's OpenAI-compatible server as a supervised subprocess and stops its whole process group."""
+"""vLLM server: starts vLLM's OpenAI-compatible server as a supervised subprocess and stops its whole process group.
+
+The one process started here is a supervisor (`tracegym.runtimes.supervisor`) leading a new process group, with
+vLLM as its child: it stops the whole group when told to, when vLLM exits, and when our process dies (even by
+SIGKILL or an unhandled SIGTERM), so no signal handler is needed here.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,65 +23,17 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.models import policy_version
+from tracegym.runtimes import processes, supervisor
+from tracegym.runtimes.processes import process_alive
 
 LOG_TAIL_LINES = 40
-
-# The supervisor, the one process we start: it leads a new session and process group and starts vLLM as its
-# child. When asked to stop (SIGTERM), when vLLM exits, or when our process dies (even by SIGKILL: its parent
-# pid changes) it stops every process left in the group: vLLM's engine core and worker outlive a killed API
-# server, so they are found in /proc by group and signalled one by one. A parent-death signal (prctl) is not
-# used: it only reaches the direct child, and it fires when the *thread* that started the child ends.
-WATCHDOG_SCRIPT = r"""
-import os, signal, subprocess, sys, time
-parent, grace, cmd = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-asked = []
-signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
-signal.signal(signal.SIGINT, lambda *_: asked.append(1))
-child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-
-def group_members():
-    me, group, found = os.getpid(), os.getpgrp(), []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != me:
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] not in "ZX" and int(fields[2]) == group:
-                found.append(int(name))
-    return found
-
-def signal_all(sig):
-    for pid in group_members():
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-while child.poll() is None and not asked and os.getppid() == parent:
-    time.sleep(0.2)
-if child.poll() is None:
-    child.terminate()
-    try:
-        child.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-deadline = time.monotonic() + grace
-signal_all(signal.SIGTERM)
-while group_members() and time.monotonic() < deadline:
-    time.sleep(0.1)
-signal_all(signal.SIGKILL)
-sys.exit(child.wait())
-"""
-
 
 class VLLMServerConfig(BaseModel):
     """How to start (or find) a vLLM OpenAI-compatible server; plain data, saved with a run."""
@@ -258,15 +214,6 @@ def recorded_server(config: VLLMServerConfig) -> str | None:
     return url if is_healthy(url) and serves_model(url, config.name) else None
 
 
-def process_alive(pid: int) -> bool:
-    """True while `pid` exists and has not exited (a zombie has)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 class VLLMServer:
     """One vLLM server: started (or reused) by `start()`, stopped with its whole process group by `stop()`.
 
@@ -280,7 +227,7 @@ class VLLMServer:
         self._command = command
         self._proc: subprocess.Popen[bytes] | None = None
         self._base_url: str | None = None
-        self._lock = threading.RLock()  # re-entered when the SIGTERM handler stops us mid-start
+        self._lock = threading.RLock()  # re-entered when an owner's signal handler stops us mid-start
         default_log = Path(tempfile.gettempdir()) / f"tracegym-vllm-{os.getpid()}-{id(self):x}.log"
         self.log_path: Path = config.log_path or default_log
         """Where the server's output goes."""
@@ -339,19 +286,13 @@ class VLLMServer:
         return recorded_server(self.config)
 
     def _spawn(self, port: int) -> None:
-        """Start the supervisor (new session and process group), which starts vLLM as its child."""
+        """Start the supervisor (leading a new process group), which starts vLLM as its child."""
         command = self._command or server_command(self.config, port)
-        supervisor = [sys.executable, "-c", WATCHDOG_SCRIPT, str(os.getpid()), str(self.config.stop_grace_s)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        supervised = supervisor.command(os.getpid(), self.config.stop_grace_s, command)
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [*supervisor, *command],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=server_env(self.config),
-                start_new_session=True,
-            )
+            self._proc = processes.spawn_group(supervised, stdout=log, stderr=subprocess.STDOUT,
+                                               env=server_env(self.config))
         _register(self)
 
     def _wait_healthy(self, base_url: str) -> None:
@@ -373,20 +314,14 @@ class VLLMServer:
         return InfrastructureError(f"{what} (log: {self.log_path}); last lines:\n{tail}")
 
     def _stop_locked(self) -> None:
-        """SIGTERM the supervisor (which stops the group), wait, then SIGKILL whatever is left of it."""
+        """Stop the supervisor's group: SIGTERM, then the supervisor's own sweep (vLLM, then what is left of the
+        group, `stop_grace_s` each), then SIGKILL for whatever outlived it."""
         proc, self._proc = self._proc, None
         self._base_url = None
         if proc is None:
             return
         _unregister(self)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(2 * self.config.stop_grace_s + 5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the supervisor leads the group; not reaped yet
-                proc.wait()
+        processes.stop(proc, 2 * self.config.stop_grace_s + 5, group=True)
         self._remove_state(proc.pid)
 
     def _write_state(self) -> None:
@@ -425,21 +360,17 @@ class VLLMServer:
 
 
 _live: set[VLLMServer] = set()
-_hooks_installed = False
+_atexit_installed = False
 
 
 def _register(server: VLLMServer) -> None:
-    """Remember a started server so that interpreter exit or SIGTERM stops it."""
-    global _hooks_installed
+    """Remember a started server so that interpreter exit stops it (and removes its state file) before our process
+    is gone; the supervisor stops it anyway once we are."""
+    global _atexit_installed
     _live.add(server)
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(stop_all)
-    on_main = threading.current_thread() is threading.main_thread()
-    if on_main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _stop_all_then_die)
-    # SIGINT needs nothing: it raises KeyboardInterrupt, which unwinds context managers and then runs atexit.
+    if not _atexit_installed:
+        _atexit_installed = True
+        atexit.register(stop_all)
 
 
 def _unregister(server: VLLMServer) -> None:
@@ -450,10 +381,3 @@ def stop_all() -> None:
     """Stop every server this process started and has not stopped yet."""
     for server in list(_live):
         server.stop()
-
-
-def _stop_all_then_die(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM handler: stop our servers, then die of SIGTERM as if no handler had been installed."""
-    stop_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
