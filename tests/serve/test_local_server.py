@@ -8,8 +8,9 @@ import sys
 
 from serve_helpers import alive, task, wait_for
 
+from tracegym.runtimes.processes import stop
 from tracegym.serve import EnvClient, local_server
-from tracegym.serve.local_server import _read_address, stop_group
+from tracegym.serve.local_server import _read_address
 from tracegym.testing.echo import SPEC
 
 
@@ -33,7 +34,7 @@ def test_sigint_stops_server_and_workers_without_tracebacks():
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group gets it
         _, err = proc.communicate(timeout=15)
     finally:
-        stop_group(proc)
+        stop(proc, 10.0, group=True)
     assert proc.returncode == 0 and b"Traceback" not in err
     assert not [p for p in pids if alive(p)]
 

@@ -28,6 +28,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.registry import load_taskset
+from tracegym.runtimes.processes import Parent
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.wire import (
@@ -98,7 +99,7 @@ class EnvServer:
         """Groups of suspect requests waiting for a worker of their own, the next to run first."""
         self._keys = 0
         self._stopping = False
-        self._parent = os.getppid() if exit_with_parent else None
+        self._parent = Parent() if exit_with_parent else None
         self._ctx: zmq.Context | None = None
         self._gatekeeper: Gatekeeper | None = None
         self._tmp: str | None = None
@@ -405,7 +406,7 @@ class EnvServer:
     def _supervise(self) -> None:
         if self._stopping:
             return  # a group SIGTERM reaches the workers too: their exits are no reason to start new ones
-        if self._parent is not None and os.getppid() != self._parent:
+        if self._parent is not None and not self._parent.alive():
             self.stop()  # whoever started us (an eval, a trainer) is gone, even by kill -9
             return
         for handle in self.pool.reap():

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -15,8 +13,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from tracegym.core.errors import InfrastructureError
+from tracegym.runtimes import processes
 
 START_TIMEOUT = 60.0
+STOP_GRACE_S = 10.0
+"""Seconds the server gets to stop its workers after SIGTERM, before its group gets SIGKILL."""
 
 
 @contextlib.contextmanager
@@ -37,13 +38,13 @@ def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None,
         log_dir.mkdir(parents=True, exist_ok=True)
         command += ["--log-dir", str(log_dir)]
     err = open(log_dir / "server.log", "ab") if log_dir is not None else None  # noqa: SIM115
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                            start_new_session=True)
+    proc = processes.spawn_group(command, stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None  # a pipe: we read the address from it
     try:
-        assert proc.stdout is not None
         yield _read_address(proc, proc.stdout)
     finally:
-        stop_group(proc)
+        processes.stop(proc, STOP_GRACE_S, group=True)  # SIGKILL for any worker that outlived the server
+        proc.stdout.close()
         if err is not None:
             err.close()
 
@@ -62,15 +63,3 @@ def _read_address(proc: subprocess.Popen, out: IO[bytes]) -> str:
             break
     raise InfrastructureError(f"env server did not start (exit {proc.poll()}); see its stderr or server.log")
 
-
-def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the process group of `proc`, wait, then SIGKILL whatever is left of it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived the server (should be none)
-    proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()

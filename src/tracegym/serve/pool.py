@@ -11,11 +11,9 @@ requests are answered.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tracegym.runtimes import processes
 
 MAX_ABANDONED_THREADS = 32
 """Threads of abandoned sync calls (a tool or scorer past its timeout, still running: Python cannot kill a thread)
@@ -133,15 +133,7 @@ class WorkerPool:
 
     def stop_all(self, grace: float = 3.0) -> None:
         """SIGTERM every worker, wait up to `grace` seconds, then SIGKILL the rest and reap them all."""
-        for handle in self.workers.values():
-            _signal(handle.proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for handle in self.workers.values():
-            try:
-                handle.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(handle.proc, signal.SIGKILL)
-                handle.proc.wait()
+        processes.stop_all([handle.proc for handle in self.workers.values()], grace)
         self.workers.clear()
 
     # --- routing -----------------------------------------------------------------------------------------
@@ -228,8 +220,3 @@ class WorkerPool:
         """Process ids of every worker (starting, ready or retiring)."""
         return [h.proc.pid for h in self.workers.values()]
 
-
-def _signal(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from tracegym.envs.thread_lane import TASK_CODE, TOOLS
 from tracegym.models.client import ModelClient
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
+from tracegym.runtimes import processes
 from tracegym.serve.model_clients import ModelClients
 from tracegym.serve.pool import MAX_ABANDONED_THREADS
 from tracegym.serve.run_request import RunRequest
@@ -75,11 +75,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
         receiver = asyncio.create_task(self._receive())
-        watcher = asyncio.create_task(self._watch_parent(os.getppid()))
         await self.stopped.wait()
-        for task in [receiver, watcher, *self.jobs.values()]:
+        for task in [receiver, *self.jobs.values()]:
             task.cancel()
-        await asyncio.gather(receiver, watcher, *self.jobs.values(), return_exceptions=True)
+        await asyncio.gather(receiver, *self.jobs.values(), return_exceptions=True)
         await self.models.aclose()
         self.socket.close(0)
         ctx.term()
@@ -161,23 +160,11 @@ class Worker:
         return await run_rollout(self.taskset, request.data, model, rollout_index=index, sampling=request.sampling,
                                  timeouts=request.timeouts, infra_retries=request.infra_retries)
 
-    async def _watch_parent(self, parent: int) -> None:
-        while os.getppid() == parent:
-            await asyncio.sleep(0.5)
-        log.warning("server process %d is gone; stopping", parent)
-        self.stopped.set()
-
 
 def _quiet(future: asyncio.Future[object]) -> None:
     """Retrieve a send's outcome so a failed send (the socket closing) is not reported as never retrieved."""
     if not future.cancelled():
         future.exception()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the server dies (best effort; the parent watch is the fallback)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,8 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--options", default="{}")
     parser.add_argument("--max-abandoned-threads", type=int, default=MAX_ABANDONED_THREADS)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # this process's own entry point: its handlers are ours
+    processes.die_with_parent(signal.SIGTERM)  # the server gone (even by kill -9): SIGTERM, handled as a stop
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     options = json.loads(args.options)
     taskset = load_taskset(args.taskset, options or None)
