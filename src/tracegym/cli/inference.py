@@ -5,12 +5,12 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from types import FrameType
 from typing import ClassVar
 
 from pydantic import ConfigDict
 from pydantic_config import BaseConfig
 
+from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import moved_into
 from tracegym.models.launch import server_config, server_record_path
@@ -52,8 +52,7 @@ def run(args: list[str]) -> int:
     config = config.model_copy(update={"host": cfg.host, "port": cfg.port, "state_path": server_record_path(config)})
     print(f"starting vLLM on {config.model} (log: see below if it fails) ...", flush=True)
     started = time.monotonic()
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    sigterm_unwinds(once=True)  # and a second signal cannot cut the stop short
     try:
         with VLLMServer(config) as server:
             try:
@@ -66,14 +65,6 @@ def run(args: list[str]) -> int:
         print("interrupted before vLLM was ready; stopped it", flush=True)
         return 130
     return 0
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM or SIGINT, at any point (startup included): unwind, stopping the server; later ones are ignored so
-    that they cannot cut the stop short."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
 
 
 def _announce(server: VLLMServer, config: VLLMServerConfig, seconds: float) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import tomli_w
 
 from tracegym.cli.flag import pop_flag
+from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
@@ -40,6 +41,7 @@ def run(args: list[str]) -> int:
             raise UsageError(f"--output-dir {str(config.output_dir)!r}: cannot create a run folder there "
                              f"({exc.strerror or exc})") from None
     (run_dir / "config.toml").write_text(tomli_w.dumps(_toml(config)))
+    sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
     return launch(config, run_dir)
 
 

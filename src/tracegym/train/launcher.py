@@ -1,6 +1,7 @@
 """Launcher: starts every process of an RL run (vLLM, one env server per environment, the orchestrator, the
 trainer), each with its own log in the run folder, and supervises them: if one dies, all are stopped and the
-user is told which one and shown the tail of its log. Ctrl-C stops everything.
+user is told which one and shown the tail of its log. Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
+stops everything; a launcher killed outright leaves nothing either: each process exits with it.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +21,7 @@ from tracegym.envs.registry import load_taskset
 from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.launch import server_config
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
+from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
 from tracegym.train.exchange import POLICY
@@ -40,13 +41,7 @@ class Role:
     log: IO[bytes]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        processes.stop(self.proc, STOP_GRACE_S)
         self.log.close()
 
 
@@ -80,7 +75,6 @@ def start_role(name: str, run_dir: Path) -> Role:
 def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
     """Run the whole RL run; 0 when every step trained, 1 when a process died (named, with its log tail)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM unwinds like Ctrl-C: every child is stopped
     with contextlib.ExitStack() as stack:
         say(out, "starting vLLM ...")
         server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
@@ -131,10 +125,6 @@ def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
             say(out, "done")
             return 0
         time.sleep(0.5)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def say(out: IO[str], text: str) -> None:

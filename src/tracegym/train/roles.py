@@ -13,12 +13,12 @@ import json
 import os
 import sys
 import threading
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import TracegymError
+from tracegym.runtimes.processes import Parent, watch_parent
 from tracegym.train.rl_config import RLConfig
 
 ENDPOINTS = "endpoints.json"
@@ -54,8 +54,7 @@ def run_trainer(run_dir: Path) -> None:
         sync: WeightSync = MergedWeightSync(endpoints["base_url"], endpoints["base_model"], announce=True)
     else:
         sync = WeightSync(endpoints["base_url"], adapter_name="policy", announce=True)
-    parent = os.getppid()
-    train(config, run_dir, trainer, sync.publish, alive=lambda: os.getppid() == parent)
+    train(config, run_dir, trainer, sync.publish, alive=Parent().alive)
 
 
 ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}
@@ -66,15 +65,11 @@ def exit_with_parent(parent: int, every_s: float = 0.5) -> threading.Thread:
     `os._exit`, since the main thread may be deep in a training step: what a resume needs is on disk already
     (a checkpoint counts only once its DONE marker is written)."""
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
+    def orphaned() -> None:
         print(f"the launcher (pid {parent}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(ORPHANED_EXIT)
 
-    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
+    return watch_parent(orphaned, every_s, Parent(parent))
 
 
 def main(argv: list[str]) -> int:
