@@ -267,7 +267,7 @@ class VLLMServer:
             self._base_url = f"http://{self.config.host}:{port}/v1"
             try:
                 self._wait_healthy(self._base_url)
-            except BaseException:
+            except BaseException:  # a timeout, a dead vLLM or Ctrl-C mid-start: stop what we started, re-raise
                 self._stop_locked()
                 raise
             self._write_state()
