@@ -72,8 +72,6 @@ class Worker:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.backend)
         await self.socket.send_multipart([b"ready", str(os.getpid()).encode()])
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
         receiver = asyncio.create_task(self._receive())
         await self.stopped.wait()
         for task in [receiver, *self.jobs.values()]:
@@ -167,6 +165,12 @@ def _quiet(future: asyncio.Future[object]) -> None:
         future.exception()
 
 
+async def _serve_until_sigterm(worker: Worker) -> None:
+    """The worker process's own loop: SIGTERM (from the server, or for its death) stops the worker quietly."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stopped.set)
+    await worker.serve()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of a worker process."""
     parser = argparse.ArgumentParser(prog="tracegym.serve.worker")
@@ -182,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = json.loads(args.options)
     taskset = load_taskset(args.taskset, options or None)
     log.info("worker %s (pid %d) serving %s", args.name, os.getpid(), taskset.id)
-    asyncio.run(Worker(taskset, args.backend, args.name, args.max_abandoned_threads).serve())
+    asyncio.run(_serve_until_sigterm(Worker(taskset, args.backend, args.name, args.max_abandoned_threads)))
     log.info("worker %s stopped", args.name)
     return 0
 
