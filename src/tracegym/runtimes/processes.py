@@ -1,8 +1,8 @@
 """Processes: a child started as the leader of its own process group, stopped with everything it started
 (terminate, a grace period, kill), and a child that exits when its parent does.
 
-Every process tracegym starts goes through here: the vLLM supervisor, env servers, env-server workers and RL
-roles. Nothing here installs a signal handler: a process's handlers belong to its own entry point.
+The vLLM supervisor, env servers, env-server workers and RL roles are all stopped here, and each exits with its
+parent through here. Nothing here installs a signal handler: a process's handlers belong to its entry point.
 """
 
 from __future__ import annotations
