@@ -2,7 +2,6 @@
 version-stamped samples; no-signal groups are dropped; it never runs ahead of the trainer."""
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -11,13 +10,12 @@ from collections import Counter
 import pytest
 
 from tracegym.core.errors import InfrastructureError
-from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.script import Fail
-from tracegym.train import exchange
-from tracegym.train.orchestrator import Orchestrator
+from tracegym.train.orchestrator import Orchestrator, build_orchestrator
 from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
 
 
 def alternating_per_prompt():
@@ -42,29 +40,22 @@ def env_address():
         yield address
 
 
-def make(tmp_path, server, env_address, **orchestrator) -> Orchestrator:
+def make(tmp_path, server, env_address, base_model: str | None = None, **orchestrator) -> Orchestrator:
     config = RLConfig.model_validate({
         "steps": orchestrator.pop("steps", 2), "trainer": {"model": "unused"}, "model": {"client": "chat"},
         "orchestrator": {"tasks_per_step": 2, "group_size": 4, "max_async_steps": 0,
                          "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 3},
                          **orchestrator}})
-    return Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})
-
-
-@contextlib.asynccontextmanager
-async def connected(orchestrator: Orchestrator):
-    """The orchestrator with an env client per address, as `run()` opens them, closed afterwards."""
-    orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
-    try:
-        yield orchestrator
-    finally:
-        for client in orchestrator.clients.values():
-            await client.aclose()
+    endpoints = Endpoints(base_url=server.base_url, base_model=base_model or server.model,
+                          envs={"reverse-text": env_address, "eval:reverse-text": env_address})
+    return build_orchestrator(config, RLFolder(tmp_path), endpoints)
 
 
 async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
-    async with connected(orchestrator):
-        return await orchestrator.collect(step, version, orchestrator.base_model)
+    try:
+        return await orchestrator.collect(step, version, orchestrator.endpoint.model)
+    finally:
+        await orchestrator.aclose()
 
 
 def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_address):
@@ -87,17 +78,18 @@ def test_groups_without_signal_are_dropped_and_counted(tmp_path, env_address):
 def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp_path, env_address):
     published = []
 
+    folder = RLFolder(tmp_path)
+
     def fake_trainer() -> None:  # publishes version n+1 once batch n exists
         for step in range(2):
-            exchange.wait_for(lambda s=step: exchange.read_batch(tmp_path, s), "batch", 30)
-            assert not exchange.read_batch(tmp_path, step + 1), "ran ahead of the trainer"
+            Poll("batch", 30).wait(lambda s=step: folder.read_batch(s))
+            assert not folder.read_batch(step + 1), "ran ahead of the trainer"
             time.sleep(0.2)
-            exchange.publish_policy(tmp_path, step + 1, "fake-model")
+            folder.publish_policy(step + 1, "fake-model")
             published.append(step + 1)
 
     with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
         orchestrator = make(tmp_path, server, env_address, steps=2)
-        orchestrator.env_addresses["eval:reverse-text"] = env_address
         thread = threading.Thread(target=fake_trainer)
         thread.start()
         asyncio.run(orchestrator.run())
@@ -110,8 +102,7 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
 
 def test_a_step_whose_every_rollout_failed_stops_the_run_with_the_reason(tmp_path, env_address):
     with FakeOpenAIServer(rule=alternating_per_prompt(), model="another-model") as server:
-        orchestrator = make(tmp_path, server, env_address)
-        orchestrator.base_model = "fake-model"  # a name the endpoint does not serve
+        orchestrator = make(tmp_path, server, env_address, base_model="fake-model")  # a name it does not serve
         with pytest.raises(InfrastructureError, match=r"all 8 rollouts failed.*does not exist"):
             asyncio.run(collect(orchestrator))
 
@@ -127,11 +118,12 @@ def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp
 
     with FakeOpenAIServer(rule=right_but_one_fails) as server:
         orchestrator = make(tmp_path, server, env_address)
-        orchestrator.env_addresses["eval:reverse-text"] = env_address
 
         async def held_out():
-            async with connected(orchestrator):
+            try:
                 await orchestrator.evaluate(0)
+            finally:
+                await orchestrator.aclose()
 
         asyncio.run(held_out())
     [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

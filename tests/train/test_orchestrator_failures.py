@@ -2,18 +2,22 @@
 failed outside the model is neither in its group's statistics nor trained; samples carry the oldest policy
 version that sampled them, and ones older than `max_async_steps` are dropped."""
 
+import tracegym as tg
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import assistant, user
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.testing import make_trace
-from tracegym.train.orchestrator import Orchestrator, step_metrics
-from tracegym.train.rl_config import RLConfig
+from tracegym.train.advantages import GroupAdvantages
+from tracegym.train.orchestrator import Orchestrator, StepPlan, step_metrics
+from tracegym.train.rl_folder import RLFolder
+from tracegym.train.staleness import StalenessControl
 
 
 def orchestrator(tmp_path, max_async_steps: int = 1) -> Orchestrator:
-    config = RLConfig.model_validate({"trainer": {"model": "unused"},
-                                      "orchestrator": {"max_async_steps": max_async_steps}})
-    return Orchestrator(config, tmp_path, "http://127.0.0.1:9/v1", "model", {})
+    """Only the parts that turn groups into samples: no environments, no endpoint to call."""
+    return Orchestrator(RLFolder(tmp_path), tg.Endpoint(base_url="http://127.0.0.1:9/v1", model="model"), [],
+                        tg.Sampling(), GroupAdvantages(), StalenessControl(max_async_steps),
+                        StepPlan(steps=1, tasks_per_step=1, group_size=2, concurrency=2))
 
 
 def tokened(reward: float | None, versions: tuple[int | None, ...] = (None,), **fields) -> Trace:

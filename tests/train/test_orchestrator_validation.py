@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.orchestrator import Orchestrator
+from tracegym.train.orchestrator import Orchestrator, build_orchestrator
 from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_folder import Endpoints, RLFolder
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +19,10 @@ def env_address():
 
 
 async def collect(orchestrator: Orchestrator):
-    orchestrator.clients = {k: EnvClient(a) for k, a in orchestrator.env_addresses.items()}
     try:
-        return await orchestrator.collect(0, 0, orchestrator.base_model)
+        return await orchestrator.collect(0, 0, orchestrator.endpoint.model)
     finally:
-        for client in orchestrator.clients.values():
-            await client.aclose()
+        await orchestrator.aclose()
 
 
 def test_greedy_rollouts_are_dropped_and_counted_not_trained(tmp_path, env_address):
@@ -34,7 +32,8 @@ def test_greedy_rollouts_are_dropped_and_counted_not_trained(tmp_path, env_addre
         "orchestrator": {"tasks_per_step": 1, "group_size": 4, "max_async_steps": 0,
                          "train": {"sampling": {"temperature": 0.0}}}})
     with FakeOpenAIServer(rule=lambda r: r.messages[-1].text[::-1] if next(calls) % 2 else "no") as server:
-        orchestrator = Orchestrator(config, tmp_path, server.base_url, server.model, {"reverse-text": env_address})
+        endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs={"reverse-text": env_address})
+        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
         samples, metrics = asyncio.run(collect(orchestrator))
     assert samples == [] and metrics["rollouts"] == 4 and metrics["traces_invalid"] == 4
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

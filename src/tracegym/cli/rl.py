@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import tomli_w
@@ -11,9 +10,9 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.toml_data import toml_ready
-from tracegym.core.errors import UsageError
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
+from tracegym.train.rl_folder import RLFolder
 
 
 def run(args: list[str]) -> int:
@@ -26,23 +25,11 @@ def run(args: list[str]) -> int:
     if config.dry_run:
         print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
         return 0
-    if resume is not None:
-        run_dir = Path(resume)
-        if not (run_dir / "config.toml").is_file():
-            raise UsageError(f"--resume {resume}: not an RL run folder (no config.toml)")
-        (run_dir / "config.toml").rename(run_dir / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
-    else:
-        run_dir = config.output_dir / (config.run_id or time.strftime("%Y%m%d-%H%M%S"))
-        if run_dir.exists():
-            raise UsageError(f"run folder {run_dir} already exists; pick another --run-id or --resume it")
-        try:
-            run_dir.mkdir(parents=True)
-        except OSError as exc:
-            raise UsageError(f"--output-dir {str(config.output_dir)!r}: cannot create a run folder there "
-                             f"({exc.strerror or exc})") from None
-    (run_dir / "config.toml").write_text(tomli_w.dumps(_toml(config)))
+    folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
+                                                                                       config.run_id)
+    folder.write_config(_toml(config))
     sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-    return launch(config, run_dir)
+    return launch(config, folder.path)
 
 
 def resolved(config: RLConfig, run_dir: Path) -> str:

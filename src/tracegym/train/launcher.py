@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import time
@@ -24,9 +23,8 @@ from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
-from tracegym.train.exchange import POLICY
 from tracegym.train.rl_config import RLConfig, env_servers
-from tracegym.train.roles import ENDPOINTS
+from tracegym.train.rl_folder import Endpoints, RLFolder
 
 STOP_GRACE_S = 20.0
 
@@ -58,14 +56,14 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     merged weights), stamping every response with the policy version that served it."""
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
-    served = server_config(config.model, log_path=run_dir / "logs" / "vllm.log")
+    served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
     return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
                                      "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
                                      "report_policy_version": True})
 
 
 def start_role(name: str, run_dir: Path) -> Role:
-    log_path = run_dir / "logs" / f"{name}.log"
+    log_path = RLFolder(run_dir).log_path(name)
     log = log_path.open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "tracegym.train.roles", name, str(run_dir)],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -74,17 +72,17 @@ def start_role(name: str, run_dir: Path) -> Role:
 
 def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
     """Run the whole RL run; 0 when every step trained, 1 when a process died (named, with its log tail)."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    folder = RLFolder(run_dir)
+    folder.logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         say(out, "starting vLLM ...")
         server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
         envs = start_env_servers(config, run_dir, stack, out)
         base_model = vllm_config(config, run_dir).name
-        (run_dir / POLICY).unlink(missing_ok=True)  # this vLLM serves no adapter yet; the trainer republishes
-        (run_dir / ENDPOINTS).write_text(json.dumps({"base_url": server.base_url, "base_model": base_model,
-                                                     "envs": envs}, indent=2))
+        folder.rewind()  # both processes go on from the newest checkpoint
+        folder.write_endpoints(Endpoints(base_url=server.base_url, base_model=base_model, envs=envs))
         roles = [start_role("trainer", run_dir), start_role("orchestrator", run_dir)]
-        say(out, f"running {config.steps} steps; metrics: {run_dir / 'metrics.jsonl'}, logs: {run_dir / 'logs'}")
+        say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:
             return supervise(roles, server, out)
         finally:
@@ -102,7 +100,7 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
             addresses[key] = env.address
             say(out, f"env server {key}: {env.address} (running elsewhere)")
             continue
-        log_dir = run_dir / "logs" / f"env-{key.replace(':', '-')}"
+        log_dir = RLFolder(run_dir).env_log_dir(key)
         addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
                                                           worker_timeout=env.worker_timeout))
         say(out, f"env server {key}: {addresses[key]}")

@@ -6,37 +6,41 @@ currently served policy, compute advantages per group over the rollouts that end
 (a rollout that failed outside the model, `Trace.failure`, is left out of its group's statistics and of training,
 and counted by reason), drop groups with no signal, turn every branch into training samples stamped with the
 oldest policy version that sampled them, drop samples older than `max_async_steps`, and hand the batch to the
-trainer. Held-out environments are
-evaluated before the first step, every `eval.every` steps and after the last. Metrics go to `metrics.jsonl`, the
-step's traces to `traces/step-N.jsonl`.
+trainer with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
+both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
+after the last. Metrics go to the run folder's `metrics.jsonl`, the step's traces to `traces/step-N.jsonl`.
+
+`build_orchestrator` makes one from an RLConfig; the class takes only its parts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from tracegym.core.errors import InfrastructureError
+from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.interval import mean_ci
 from tracegym.core.sample import Sample
+from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
-from tracegym.train import exchange
 from tracegym.train.advantages import GroupAdvantages, load_advantage_fn
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
+from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
 from tracegym.train.staleness import StalenessControl
+from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
 
@@ -47,6 +51,8 @@ class TaskStream:
     def __init__(self, env: EnvChoice, seed: int) -> None:
         self.taskset = load_taskset(env.id, env.options)
         self._rows = self._cycle(seed)
+        self.drawn = 0
+        """Rows drawn so far (a resume draws as many again, to go on where the run was)."""
 
     def _cycle(self, seed: int) -> Iterator[TaskData]:
         if not self.taskset.bounded:
@@ -56,86 +62,137 @@ class TaskStream:
             yield from self.taskset.shuffle(seed + epoch)
 
     def next(self) -> TaskData:
+        self.drawn += 1
         return next(self._rows)
+
+    def skip_to(self, drawn: int) -> None:
+        """Go on as a stream that had drawn `drawn` rows."""
+        while self.drawn < drawn:
+            self.next()
+
+
+@dataclass
+class TrainEnv:
+    """One environment the policy trains on: its share of each step's tasks, its tasks, its env server."""
+
+    id: str
+    weight: float
+    stream: TaskStream
+    client: EnvClient
+
+
+@dataclass
+class HeldOutEnv:
+    """One held-out environment: its taskset, and the env server that runs it."""
+
+    id: str
+    taskset: Taskset
+    client: EnvClient
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Held-out evaluation of the first `num_tasks` tasks of each environment: before the first step, every
+    `every` steps (0: none in between) and after the last."""
+
+    envs: list[HeldOutEnv]
+    sampling: Sampling
+    num_tasks: int = 32
+    every: int = 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How many steps the run has, and what one step runs."""
+
+    steps: int
+    tasks_per_step: int
+    group_size: int
+    concurrency: int
+    """Rollouts in flight at once."""
 
 
 class Orchestrator:
-    """Runs the steps of one RL run; `run()` until `config.steps` batches are handed over."""
+    """Runs the steps of one RL run; `run()` until `plan.steps` batches are handed over."""
 
-    def __init__(self, config: RLConfig, run_dir: Path, base_url: str, base_model: str,
-                 env_addresses: dict[str, str], start_step: int = 0) -> None:
-        self.config, self.run_dir, self.base_url, self.base_model = config, run_dir, base_url, base_model
-        self.env_addresses = env_addresses
-        orch = config.orchestrator
-        self.rng = random.Random(orch.seed + start_step)
-        self.streams = {e.id: TaskStream(e, orch.seed + i) for i, e in enumerate(orch.train.envs)}
-        fn = load_advantage_fn(orch.advantage, **({"std": True} if orch.std_normalize else {}))
-        self.advantages = GroupAdvantages(fn, filter_no_signal=orch.filter_no_signal)
-        self.staleness = StalenessControl(orch.max_async_steps)
+    def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
+                 advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
+                 held_out: HeldOut | None = None, seed: int = 0) -> None:
+        """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then."""
+        self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
+        self.envs = {env.id: env for env in envs}
+        self.advantages, self.staleness = advantages, staleness
+        self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
+        self.rng = random.Random(seed)
+        self.next_step = 0
+        """The step whose batch comes next."""
         self.traces_invalid = 0
         """Traces dropped so far because `validate` found their tokens unfit for training."""
-        self.start_step = start_step
-        self.clients: dict[str, EnvClient] = {}
 
     # --- the loop ----------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Every step from `start_step`, with held-out evaluations; closes the env clients at the end."""
-        self.clients = {env_id: EnvClient(address) for env_id, address in self.env_addresses.items()}
-        self.restore(self.start_step)
+        """Every step from `next_step`, with held-out evaluations; closes the env clients at the end."""
         try:
-            if self.start_step == 0:
+            if self.next_step == 0:
                 await self.evaluate(0)
-            for step in range(self.start_step, self.config.steps):
-                version, model = await self.wait_policy(step)
-                samples, metrics = await self.collect(step, version, model)
-                exchange.write_batch(self.run_dir, step, samples, metrics)
-                self.save_state(step + 1)
-                self.log({"step": step, **metrics})
-                every = self.config.orchestrator.eval.every
-                if every and (step + 1) % every == 0 and step + 1 < self.config.steps:
-                    await self.evaluate(step + 1)
-            await self.evaluate(self.config.steps, wait=True)
+            while self.next_step < self.plan.steps:
+                await self.step(self.next_step)
+            await self.evaluate(self.plan.steps, wait=True)
         finally:
-            for client in self.clients.values():
-                await client.aclose()
+            await self.aclose()
 
-    async def wait_policy(self, step: int) -> tuple[int, str]:
-        """Block (without blocking the loop) until the trainer's version allows producing `step`'s batch."""
-        deadline = time.monotonic() + POLICY_WAIT_S
-        while True:
-            version, model = exchange.current_policy(self.run_dir, self.base_model)
-            if self.staleness.may_start(step, version):
-                return version, model
-            if time.monotonic() > deadline:
-                raise InfrastructureError(f"step {step}: the trainer published no policy >= "
-                                          f"{step - self.staleness.max_async_steps} in {POLICY_WAIT_S:.0f}s")
-            await asyncio.sleep(0.05)
+    async def step(self, step: int) -> None:
+        """Make the batch of `step`, hand it to the trainer with the state a resume after it needs, log it, and
+        evaluate when it is time."""
+        version, model = await self.policy_when(lambda v: self.staleness.may_start(step, v),
+                                                f"a policy fresh enough for step {step}")
+        self.hand_over(step, *await self.collect(step, version, model))
+        every = self.held_out.every
+        if every and self.next_step % every == 0 and self.next_step < self.plan.steps:
+            await self.evaluate(self.next_step)
+
+    def hand_over(self, step: int, samples: list[Sample], metrics: dict[str, Any]) -> None:
+        """Write the batch of `step` with the state a resume after it needs (the trainer checkpoints that state
+        with its own), and log its metrics."""
+        self.next_step = step + 1
+        self.folder.write_batch(step, samples, metrics, state=self.state_dict())
+        self.folder.metrics.append({"step": step, **metrics})
+
+    async def policy_when(self, accept: Callable[[int], bool], what: str) -> tuple[int, str]:
+        """The served policy (version, model name to request) once `accept(version)`; until then the trainer
+        has not published it, and this waits without blocking the loop."""
+
+        def accepted() -> tuple[int, str] | None:
+            version, model = self.folder.policy(self.endpoint.model)
+            return (version, model) if accept(version) else None
+
+        return await Poll(what, POLICY_WAIT_S).wait_async(accepted)
 
     async def collect(self, step: int, version: int, model: str) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics."""
         started = time.monotonic()
-        orch = self.config.orchestrator
-        endpoint = self.endpoint(model)
-        sampling = orch.train.sampling.to_sampling()
-        envs = self.rng.choices([e.id for e in orch.train.envs], [e.weight for e in orch.train.envs],
-                                k=orch.tasks_per_step)
-        gate = asyncio.Semaphore(max(1, orch.concurrency // orch.group_size))
+        endpoint = self.endpoint.model_copy(update={"model": model})
+        size = self.plan.group_size
+        gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
 
-        async def group(env_id: str) -> list[Trace]:
+        async def group(env: TrainEnv, data: TaskData) -> list[Trace]:
             async with gate:
-                stream = self.streams[env_id]
-                return await self.clients[env_id].run_group(stream.taskset, stream.next(), endpoint, orch.group_size,
-                                                            sampling=sampling)
+                return await env.client.run_group(env.stream.taskset, data, endpoint, size, sampling=self.sampling)
 
-        groups = await asyncio.gather(*(group(e) for e in envs))
+        groups = await asyncio.gather(*(group(env, data) for env, data in self.draw()))
         check_not_all_failed(step, groups)
         samples = self.to_samples(groups, version, step)
-        self.save_traces(step, groups)
+        self.folder.write_traces(step, itertools.chain.from_iterable(groups))
         metrics = step_metrics(groups, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
                         "traces_invalid": self.traces_invalid})
         return samples, metrics
+
+    def draw(self) -> list[tuple[TrainEnv, TaskData]]:
+        """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
+        chosen = self.rng.choices(list(self.envs), [e.weight for e in self.envs.values()], k=self.plan.tasks_per_step)
+        return [(self.envs[env_id], self.envs[env_id].stream.next()) for env_id in chosen]
 
     def to_samples(self, groups: list[list[Trace]], version: int, step: int) -> list[Sample]:
         """Advantages per group over its trainable rollouts, then every branch of each of those as a sample,
@@ -156,70 +213,84 @@ class Orchestrator:
         samples, problems = checked_samples(trace)
         if problems:  # not exactly trainable (e.g. no logprobs, greedy): dropped and counted
             self.traces_invalid += 1
-            self.log({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
+            self.folder.metrics.append({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
         stamp = {"advantage": advantage, "reward": trace.reward}
         return [s.model_copy(update={**stamp, "policy_version": _version(s.policy_version, version)})
                 for s in samples if s.num_trained]
 
     # --- state across a resume --------------------------------------------------------------------------
-    def save_state(self, next_step: int) -> None:
-        """What a resume from `next_step` needs: advantage state (e.g. EMA baselines) and counts."""
-        folder = self.run_dir / "orchestrator"
-        folder.mkdir(exist_ok=True)
-        state = {"advantages": self.advantages.state_dict(), "staleness": self.staleness.state_dict()}
-        (folder / f"step-{next_step:06d}.json").write_text(json.dumps(state))
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume from `next_step` needs to go on as if never stopped: advantage state (e.g. EMA
+        baselines), counts, the environment draw and how far each task stream got."""
+        version, internal, gauss = self.rng.getstate()
+        return {"next_step": self.next_step, "advantages": self.advantages.state_dict(),
+                "staleness": self.staleness.state_dict(), "traces_invalid": self.traces_invalid,
+                "rng": [version, list(internal), gauss],
+                "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()}}
 
-    def restore(self, step: int) -> None:
-        """Load the state saved when `step`'s batch was next, and drop batches the old run made from `step` on."""
-        for stale in (self.run_dir / "batches").glob("step-*.msgpack"):
-            if int(stale.stem.split("-")[1]) >= step:
-                stale.unlink()
-        path = self.run_dir / "orchestrator" / f"step-{step:06d}.json"
-        if step and path.exists():
-            state = json.loads(path.read_text())
-            self.advantages.load_state_dict(state["advantages"])
-            self.staleness.load_state_dict(state["staleness"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_step = int(state["next_step"])
+        self.advantages.load_state_dict(state["advantages"])
+        self.staleness.load_state_dict(state["staleness"])
+        self.traces_invalid = int(state["traces_invalid"])
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        for env_id, drawn in state["drawn"].items():
+            if env_id in self.envs:  # an environment the resumed config dropped has nothing to go on with
+                self.envs[env_id].stream.skip_to(drawn)
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
-        """Mean reward (with a 95% interval) on each held-out environment under the policy of `step`."""
-        phase = self.config.orchestrator.eval
-        if not phase.envs:
+        """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
+        once the trainer has published it; else the one served now)."""
+        if not self.held_out.envs:
             return
-        if wait:
-            await self.wait_version(step)
-        version, model = exchange.current_policy(self.run_dir, self.base_model)
-        for env in phase.envs:
-            client = self.clients.get(env_server_key(env, held_out=True)) or self.clients[env.id]
-            traces = await client.evaluate(load_taskset(env.id, env.options), self.endpoint(model),
-                                           num_tasks=phase.num_tasks, sampling=phase.sampling.to_sampling(),
-                                           concurrency=self.config.orchestrator.concurrency)
+        at_least = step if wait else 0
+        version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
+        endpoint = self.endpoint.model_copy(update={"model": model})
+        for env in self.held_out.envs:
+            traces = await env.client.evaluate(env.taskset, endpoint, num_tasks=self.held_out.num_tasks,
+                                               sampling=self.held_out.sampling, concurrency=self.plan.concurrency)
             estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
-            self.log({"eval_step": step, "env": env.id, "policy_version": version, "eval_reward": estimate.mean,
-                      "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
-                      "eval_unscored": len(traces) - estimate.n})
+            self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version,
+                                        "eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width,
+                                        "eval_n": estimate.n, "eval_unscored": len(traces) - estimate.n})
 
-    async def wait_version(self, version: int) -> None:
-        deadline = time.monotonic() + POLICY_WAIT_S
-        while exchange.current_policy(self.run_dir, self.base_model)[0] < version:
-            if time.monotonic() > deadline:
-                raise InfrastructureError(f"the trainer never published policy {version}")
-            await asyncio.sleep(0.1)
+    async def aclose(self) -> None:
+        """Close every env client (one may serve both training and held-out tasks)."""
+        clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
+        for client in clients.values():
+            await client.aclose()
 
-    # --- helpers -----------------------------------------------------------------------------------------
-    def endpoint(self, model: str) -> Endpoint:
-        return self.config.model.endpoint(self.base_url, model, weights=self.config.trainer.model)
 
-    def save_traces(self, step: int, groups: list[list[Trace]]) -> None:
-        folder = self.run_dir / "traces"
-        folder.mkdir(exist_ok=True)
-        with (folder / f"step-{step:06d}.jsonl").open("w") as f:
-            for trace in itertools.chain.from_iterable(groups):
-                f.write(trace.model_dump_json() + "\n")
+def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
+    """The orchestrator `config` describes, calling the servers in `endpoints`; when the folder has a checkpoint,
+    resumed from the orchestrator state saved with it."""
+    orch = config.orchestrator
+    clients = {name: EnvClient(address) for name, address in endpoints.envs.items()}
 
-    def log(self, record: dict[str, Any]) -> None:
-        with (self.run_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+    def client(env: EnvChoice, held_out: bool) -> EnvClient:
+        name = env_server_key(env, held_out)
+        if name not in clients:
+            raise UsageError(f"{folder.path / ENDPOINTS} names no env server {name!r}")
+        return clients[name]
+
+    envs = [TrainEnv(e.id, e.weight, TaskStream(e, orch.seed + i), client(e, held_out=False))
+            for i, e in enumerate(orch.train.envs)]
+    held_out = HeldOut([HeldOutEnv(e.id, load_taskset(e.id, e.options), client(e, held_out=True))
+                        for e in orch.eval.envs], orch.eval.sampling.to_sampling(), orch.eval.num_tasks,
+                       orch.eval.every)
+    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model)
+    fn = load_advantage_fn(orch.advantage, **({"std": True} if orch.std_normalize else {}))
+    orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
+                                GroupAdvantages(fn, filter_no_signal=orch.filter_no_signal),
+                                StalenessControl(orch.max_async_steps),
+                                StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
+                                held_out, seed=orch.seed)
+    checkpoint = folder.latest_checkpoint()
+    if checkpoint is not None:
+        orchestrator.load_state_dict(orchestrator_state(checkpoint))
+    return orchestrator
 
 
 def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import UsageError
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSONL file, skipping a line cut off by a killed writer."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
+from tracegym.train.rl_folder import RLFolder
 
 TRAIN_COLOR = "tab:blue"
 HELD_OUT_COLORS = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
@@ -36,17 +22,18 @@ def plot_run(run_dir: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    folder = RLFolder(run_dir)
+    metrics = folder.metrics.read()
     if not metrics:
-        raise UsageError(f"{run_dir} has no metrics.jsonl records to plot")
+        raise UsageError(f"{run_dir} has no {folder.metrics.path.name} records to plot")
     steps = [m for m in metrics if "step" in m and "reward" in m]
     evals = [m for m in metrics if "eval_reward" in m]
-    out = run_dir / "plots"
+    out = folder.plots
     out.mkdir(exist_ok=True)
     written = [_reward(out, steps, evals)]
     written.append(_series(out / "lengths.png", steps, "completion_tokens_mean", "completion tokens (mean)"))
     written.append(_series(out / "staleness.png", steps, "staleness", "staleness (steps)"))
-    trainer = read_jsonl(run_dir / "trainer_metrics.jsonl")
+    trainer = folder.trainer_metrics.read()
     if trainer:
         written.append(_series(out / "loss.png", trainer, "loss", "trainer loss"))
     return written

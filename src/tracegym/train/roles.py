@@ -9,52 +9,44 @@ whose launcher is gone (killed with -9, it could stop nothing) exits within a se
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import threading
-import tomllib
 from pathlib import Path
-from typing import Any
 
 from tracegym.core.errors import TracegymError
 from tracegym.runtimes.processes import Parent, watch_parent
 from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_folder import Endpoints, RLFolder
 
-ENDPOINTS = "endpoints.json"
 ORPHANED_EXIT = 3
 """Exit code of a role whose launcher died."""
 
 
-def load_run(run_dir: Path) -> tuple[RLConfig, dict[str, Any]]:
-    config = RLConfig.model_validate(tomllib.loads((run_dir / "config.toml").read_text()))
-    return config, json.loads((run_dir / ENDPOINTS).read_text())
+def load_run(run_dir: Path) -> tuple[RLConfig, RLFolder, Endpoints]:
+    folder = RLFolder(run_dir)
+    return RLConfig.model_validate(folder.read_config()), folder, folder.read_endpoints()
 
 
 def run_orchestrator(run_dir: Path) -> None:
-    from tracegym.train.orchestrator import Orchestrator
-    from tracegym.train.trainer_loop import checkpoint_step, latest_checkpoint
+    from tracegym.train.orchestrator import build_orchestrator
 
-    config, endpoints = load_run(run_dir)
-    checkpoint = latest_checkpoint(run_dir)
-    start = checkpoint_step(checkpoint) if checkpoint else 0
-    orchestrator = Orchestrator(config, run_dir, endpoints["base_url"], endpoints["base_model"], endpoints["envs"],
-                                start_step=start)
-    asyncio.run(orchestrator.run())
+    config, folder, endpoints = load_run(run_dir)
+    asyncio.run(build_orchestrator(config, folder, endpoints).run())
 
 
 def run_trainer(run_dir: Path) -> None:
     from tracegym.train.trainer import build_trainer
-    from tracegym.train.trainer_loop import train
+    from tracegym.train.trainer_loop import build_trainer_loop
     from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
-    config, endpoints = load_run(run_dir)
+    config, folder, endpoints = load_run(run_dir)
     trainer = build_trainer(config.trainer)
     if config.weight_sync == "merged":
-        sync: WeightSync = MergedWeightSync(endpoints["base_url"], endpoints["base_model"], announce=True)
+        sync: WeightSync = MergedWeightSync(endpoints.base_url, endpoints.base_model, announce=True)
     else:
-        sync = WeightSync(endpoints["base_url"], adapter_name="policy", announce=True)
-    train(config, run_dir, trainer, sync.publish, alive=Parent().alive)
+        sync = WeightSync(endpoints.base_url, adapter_name="policy", announce=True)
+    build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
 
 
 ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}

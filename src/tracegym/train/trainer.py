@@ -204,6 +204,15 @@ class Trainer:
         return dict(state["extra"])
 
 
+def checkpoint_extra_state(path: str | Path) -> dict[str, Any]:
+    """The `extra_state` a checkpoint was saved with, read without a model (by a process that has none, e.g.
+    the orchestrator's); the rest of the file is mapped, not read."""
+    state_file = Path(path) / STATE_FILE
+    if not state_file.is_file():
+        raise UsageError(f"{path} is not a trainer checkpoint (no {STATE_FILE})")
+    return dict(torch.load(state_file, weights_only=False, mmap=True)["extra"])
+
+
 def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: int, version: int,
              seconds: float) -> dict[str, float]:
     """The step's metrics from the micro-batches' summed loss statistics."""

@@ -1,85 +1,99 @@
 """Trainer loop: the trainer process of an RL run: wait for each step's batch, step, publish the new weights to
-vLLM, checkpoint. Resumes from the newest checkpoint in the run folder.
+vLLM, checkpoint (with the orchestrator's state that came with the batch). Resumes from the newest checkpoint in
+the run folder.
+
+`build_trainer_loop` makes one from an RLConfig; the class takes only its parts.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tracegym.train import exchange
+from tracegym.core.errors import UsageError
 from tracegym.train.rl_config import RLConfig
-from tracegym.train.trainer import Trainer
+from tracegym.train.rl_folder import Batch, Poll, RLFolder, step_of
+from tracegym.train.trainer import Trainer, checkpoint_extra_state
 
 Publish = Callable[[Path, int], str]
 """Make the weights in a directory the served policy of a version; returns the model name requests use."""
 
 BATCH_WAIT_S = 3600.0
+ORCHESTRATOR_STATE = "orchestrator"
+"""The key of the orchestrator's state in a checkpoint's extra state."""
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (`checkpoints/step-N/` with its DONE marker)."""
-    done = sorted((run_dir / "checkpoints").glob("step-*/DONE"))
-    return done[-1].parent if done else None
+class TrainerLoop:
+    """Trains steps until `steps`, each on the batch the orchestrator wrote for it."""
 
+    def __init__(self, folder: RLFolder, trainer: Trainer, publish: Publish, *, steps: int,
+                 checkpoint_every: int, merged: bool = False, alive: Callable[[], bool] = lambda: True) -> None:
+        """`merged`: vLLM loads full weights with the adapter merged in (else the adapter, or the full weights
+        when there is none); `alive` is False once the orchestrator's side is gone (stop waiting for batches)."""
+        self.folder, self.trainer, self.publish = folder, trainer, publish
+        self.steps, self.checkpoint_every, self.merged, self.alive = steps, checkpoint_every, merged, alive
 
-def checkpoint_step(path: Path) -> int:
-    return int(path.name.split("-")[1])
+    def run(self) -> None:
+        """Every step from the newest checkpoint (if there is one) on."""
+        for step in range(self.resume(), self.steps):
+            batch = Poll(f"the batch of step {step}", BATCH_WAIT_S, self.alive).wait(partial(self.folder.read_batch,
+                                                                                             step))
+            self.step(step, batch)
 
-
-def train(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish,
-          alive: Callable[[], bool] = lambda: True) -> None:
-    """Run trainer steps until `config.steps`, starting after the newest checkpoint if there is one."""
-    start = resume(config, run_dir, trainer, publish)
-    for step in range(start, config.steps):
-        samples, meta = exchange.wait_for(lambda s=step: exchange.read_batch(run_dir, s), f"the batch of step {step}",
-                                          BATCH_WAIT_S, alive)
+    def step(self, step: int, batch: Batch) -> None:
+        """Train on one batch, serve the new weights, log, and checkpoint when it is time."""
         started = time.perf_counter()
-        metrics = trainer.step(samples) if samples else {"skipped_empty_batch": 1.0}
-        if not samples:
-            trainer.version += 1  # an empty batch (every group filtered) still advances the step
+        metrics = self.trainer.step(batch.samples) if batch.samples else {"skipped_empty_batch": 1.0}
+        if not batch.samples:
+            self.trainer.version += 1  # an empty batch (every group filtered) still advances the step
         trained = time.perf_counter()
-        model = publish(save_for_vllm(config, trainer, run_dir), trainer.version)
-        exchange.publish_policy(run_dir, trainer.version, model)
+        self.serve_weights()
         synced = time.perf_counter()
-        log(run_dir, {"step": step, **metrics, "train_s": trained - started, "weight_sync_s": synced - trained,
-                      "generation_s": meta.get("generation_s")})
-        if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-            save_checkpoint(run_dir, trainer, step + 1)
+        self.folder.trainer_metrics.append({"step": step, **metrics, "train_s": trained - started,
+                                            "weight_sync_s": synced - trained,
+                                            "generation_s": batch.meta.get("generation_s")})
+        if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
+            self.checkpoint(step + 1, batch.state)
+
+    def serve_weights(self) -> None:
+        """Hand the trainer's weights to vLLM and record the policy version it now serves."""
+        folder = self.folder.weights(self.merged)
+        path = self.trainer.save_merged(folder) if self.merged else self.trainer.save_weights(folder)
+        self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))
+
+    def resume(self) -> int:
+        """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
+        path = self.folder.latest_checkpoint()
+        if path is None:
+            return 0
+        self.trainer.load(path)
+        self.serve_weights()
+        return step_of(path)
+
+    def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
+        """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
+        (what each resumes from), then marked complete."""
+        path = self.folder.new_checkpoint(step)
+        self.trainer.save(path, {ORCHESTRATOR_STATE: orchestrator})
+        self.folder.complete(path, self.trainer.version)
+        return path
 
 
-def save_for_vllm(config: RLConfig, trainer: Trainer, run_dir: Path) -> Path:
-    """The folder the weight sync publishes: the adapter, or the merged full weights."""
-    if config.weight_sync == "merged":
-        return trainer.save_merged(run_dir / "weights" / "merged")
-    return trainer.save_weights(run_dir / "weights" / "current")
+def orchestrator_state(checkpoint: Path) -> dict[str, Any]:
+    """The orchestrator's state saved with a checkpoint; a checkpoint without one is an error (resuming with
+    fresh advantage state would silently change the run)."""
+    state = checkpoint_extra_state(checkpoint).get(ORCHESTRATOR_STATE)
+    if not state:
+        raise UsageError(f"checkpoint {checkpoint} holds no orchestrator state (an older tracegym wrote it); "
+                         f"start a new run")
+    return dict(state)
 
 
-def resume(config: RLConfig, run_dir: Path, trainer: Trainer, publish: Publish) -> int:
-    """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
-    path = latest_checkpoint(run_dir)
-    if path is None:
-        return 0
-    trainer.load(path)
-    model = publish(save_for_vllm(config, trainer, run_dir), trainer.version)
-    exchange.publish_policy(run_dir, trainer.version, model)
-    return checkpoint_step(path)
-
-
-def save_checkpoint(run_dir: Path, trainer: Trainer, step: int, extra: dict[str, Any] | None = None) -> Path:
-    """`checkpoints/step-N/` written completely, then marked DONE (a kill mid-write leaves no DONE)."""
-    path = run_dir / "checkpoints" / f"step-{step:06d}"
-    if path.exists():
-        shutil.rmtree(path)
-    trainer.save(path, extra)
-    (path / "DONE").write_text(json.dumps({"step": step, "version": trainer.version}))
-    return path
-
-
-def log(run_dir: Path, record: dict[str, Any]) -> None:
-    with (run_dir / "trainer_metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"time": time.time(), **record}) + "\n")
+def build_trainer_loop(config: RLConfig, folder: RLFolder, trainer: Trainer, publish: Publish,
+                       alive: Callable[[], bool] = lambda: True) -> TrainerLoop:
+    """The loop `config` describes, stepping `trainer` and serving its weights through `publish`."""
+    return TrainerLoop(folder, trainer, publish, steps=config.steps, checkpoint_every=config.checkpoint_every,
+                       merged=config.weight_sync == "merged", alive=alive)

@@ -1,0 +1,285 @@
+"""RL run folder: where one training run lives, and the one place that knows its layout.
+
+    config.toml                     the resolved RLConfig (`tracegym rl` writes it; the processes read it)
+    endpoints.json                  vLLM's URL, the served base model, each env server's address (launcher -> roles)
+    policy.json                     {"version": 8, "model": "policy"}: the weights vLLM serves now
+    batches/step-000007.msgpack     trainer step 7: its samples, its metrics, the orchestrator's state after it
+    weights/current/, weights/merged/   what the trainer last handed to vLLM (adapter or weights / merged weights)
+    checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
+    metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
+    trainer_metrics.jsonl           the trainer's records: one per step
+    traces/step-000007.jsonl        the traces of step 7
+    logs/                           one log per process (vllm.log, trainer.log, orchestrator.log, env-<name>/)
+    plots/                          what `tracegym plot` draws
+
+The orchestrator and the trainer are separate processes that talk only through this folder. A file one of them
+reads is written whole (temp file + rename), so it never sees half of one; a JSONL file is appended a line at a
+time and read skipping a line cut off by a killed writer. Waiting for the other process's file is `Poll`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.core.sample import Sample
+from tracegym.core.trace import Trace
+
+CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
+STEP_PREFIX = "step-"
+
+
+def step_name(step: int) -> str:
+    """`step-000007`: how step 7 is named in every per-step folder (batches, checkpoints, traces)."""
+    return f"{STEP_PREFIX}{step:06d}"
+
+
+def step_of(path: Path) -> int:
+    """The step a per-step file or folder is named after (`batches/step-000007.msgpack` -> 7)."""
+    name = path.name.split(".", 1)[0]
+    if not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX):].isdigit():
+        raise UsageError(f"{str(path)!r} is not named {STEP_PREFIX}N")
+    return int(name[len(STEP_PREFIX):])
+
+
+class Endpoints(BaseModel):
+    """Where the launcher started what the processes call: vLLM, and each env server by name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    base_url: str
+    """vLLM's OpenAI-compatible API root."""
+    base_model: str
+    """The name vLLM serves the base model under (policy version 0)."""
+    envs: dict[str, str]
+    """Env server address by name (`env_servers` in rl_config)."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What the orchestrator hands the trainer for one step."""
+
+    samples: list[Sample]
+    meta: dict[str, Any]
+    """The step's metrics (generation time among them)."""
+    state: dict[str, Any]
+    """The orchestrator's state once this batch was made: what it resumes from after the next step trains."""
+
+
+class JsonlLog:
+    """An append-only JSONL file of metric records, each stamped with the time it was written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        """The records, skipping a line cut off by a killed writer (none when the file does not exist)."""
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+
+@dataclass(frozen=True)
+class Poll:
+    """Waiting for the other process's file: look every `every` seconds; give up after `timeout`, or at once
+    when `alive` says the other side is gone. `wait` blocks; `wait_async` yields to the event loop."""
+
+    what: str
+    timeout: float
+    alive: Callable[[], bool] = lambda: True
+    every: float = 0.05
+
+    def wait(self, condition: Callable[[], Any]) -> Any:
+        """The first truthy value of `condition()`."""
+        for _ in self._attempts():
+            if value := condition():
+                return value
+            time.sleep(self.every)
+
+    async def wait_async(self, condition: Callable[[], Any]) -> Any:
+        """The first truthy value of `condition()`, sleeping without blocking the loop in between."""
+        for _ in self._attempts():
+            if value := condition():
+                return value
+            await asyncio.sleep(self.every)
+
+    def _attempts(self) -> Iterator[None]:
+        """Once per look; raises InfrastructureError instead of the next look when waiting is over."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            yield
+            if not self.alive():
+                raise InfrastructureError(f"gave up waiting for {self.what}: the other process is gone")
+            if time.monotonic() > deadline:
+                raise InfrastructureError(f"gave up waiting for {self.what} after {self.timeout:.0f}s")
+
+
+class RLFolder:
+    """One RL run's folder; `create` a new one, `resume` an existing one, or wrap a path the launcher made."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config_path = path / CONFIG
+        self.logs = path / "logs"
+        self.plots = path / "plots"
+        self.metrics = JsonlLog(path / "metrics.jsonl")
+        """The orchestrator's records."""
+        self.trainer_metrics = JsonlLog(path / "trainer_metrics.jsonl")
+        """The trainer's records."""
+
+    @classmethod
+    def create(cls, output_dir: Path, run_id: str | None = None) -> RLFolder:
+        """A new, empty run folder `output_dir/<run-id>/` (run id: the start time); an existing one is an error."""
+        path = output_dir / (run_id or time.strftime("%Y%m%d-%H%M%S"))
+        if path.exists():
+            raise UsageError(f"run folder {path} already exists; pick another --run-id or --resume it")
+        try:
+            path.mkdir(parents=True)
+        except OSError as exc:
+            raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
+                             f"({exc.strerror or exc})") from None
+        return cls(path)
+
+    @classmethod
+    def resume(cls, path: Path) -> RLFolder:
+        """An existing run folder, its config moved aside (`config.before-<time>.toml`) for the new one."""
+        folder = cls(path)
+        if not folder.config_path.is_file():
+            raise UsageError(f"--resume {path}: not an RL run folder (no {CONFIG})")
+        folder.config_path.rename(path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
+        return folder
+
+    # --- what the launcher hands the processes --------------------------------------------------------------
+    def write_config(self, config: dict[str, Any]) -> None:
+        _write_atomic(self.config_path, tomli_w.dumps(config).encode())
+
+    def read_config(self) -> dict[str, Any]:
+        try:
+            return tomllib.loads(self.config_path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"cannot read {self.config_path}: {exc}") from None
+
+    def write_endpoints(self, endpoints: Endpoints) -> None:
+        _write_atomic(self.path / ENDPOINTS, endpoints.model_dump_json(indent=2).encode())
+
+    def read_endpoints(self) -> Endpoints:
+        path = self.path / ENDPOINTS
+        try:
+            return Endpoints.model_validate_json(path.read_text())
+        except (OSError, ValidationError) as exc:
+            raise UsageError(f"cannot read {path} (the launcher writes it): {exc}") from None
+
+    def log_path(self, process: str) -> Path:
+        """The log of one process (`vllm`, `trainer`, `orchestrator`)."""
+        return self.logs / f"{process}.log"
+
+    def env_log_dir(self, server: str) -> Path:
+        """The folder of one env server's logs (`eval:wordle` -> `logs/env-eval-wordle/`)."""
+        return self.logs / f"env-{server.replace(':', '-')}"
+
+    def rewind(self) -> int:
+        """Before the processes start: forget what was made past the newest checkpoint (batches from its step on,
+        and the served policy: a new vLLM serves none yet, the trainer republishes it). Returns that step."""
+        checkpoint = self.latest_checkpoint()
+        start = step_of(checkpoint) if checkpoint else 0
+        for batch in self._steps("batches", "*.msgpack"):
+            if step_of(batch) >= start:
+                batch.unlink()
+        (self.path / POLICY).unlink(missing_ok=True)
+        return start
+
+    # --- the exchange between orchestrator and trainer -----------------------------------------------------
+    def write_batch(self, step: int, samples: list[Sample], meta: dict[str, Any] | None = None,
+                    state: dict[str, Any] | None = None) -> Path:
+        """Hand the samples of `step` to the trainer, with the step's metrics and the orchestrator's state."""
+        path = self._batch_path(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"step": step, "samples": [s.model_dump(mode="json") for s in samples], "meta": meta or {},
+                "state": state or {}}
+        _write_atomic(path, msgpack.packb(body))
+        return path
+
+    def read_batch(self, step: int) -> Batch | None:
+        """The batch of `step` if it has been written."""
+        path = self._batch_path(step)
+        if not path.exists():
+            return None
+        body = msgpack.unpackb(path.read_bytes())
+        return Batch([Sample.model_validate(s) for s in body["samples"]], body.get("meta", {}), body.get("state", {}))
+
+    def publish_policy(self, version: int, model: str) -> None:
+        """Record that vLLM now serves policy `version` under the name `model`."""
+        _write_atomic(self.path / POLICY, json.dumps({"version": version, "model": model}).encode())
+
+    def policy(self, base_model: str) -> tuple[int, str]:
+        """(version, model name to request); version 0 is the base model before any step."""
+        path = self.path / POLICY
+        if not path.exists():
+            return 0, base_model
+        data = json.loads(path.read_text())
+        return int(data["version"]), str(data["model"])
+
+    def weights(self, merged: bool) -> Path:
+        """Where the trainer writes what vLLM loads: merged full weights, or the adapter (or full weights)."""
+        return self.path / "weights" / ("merged" if merged else "current")
+
+    # --- checkpoints and traces ----------------------------------------------------------------------------
+    def new_checkpoint(self, step: int) -> Path:
+        """The path of an empty `checkpoints/step-N/` (any older one is removed): a checkpoint is written from
+        scratch and then `complete`d."""
+        path = self.path / "checkpoints" / step_name(step)
+        if path.exists():
+            shutil.rmtree(path)
+        return path
+
+    def complete(self, checkpoint: Path, version: int) -> None:
+        """Mark a fully written checkpoint usable (a kill mid-write leaves none, so a resume skips it)."""
+        (checkpoint / DONE).write_text(json.dumps({"step": step_of(checkpoint), "version": version}))
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint."""
+        done = [marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")]
+        return max(done, key=step_of, default=None)
+
+    def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
+        path = self.path / "traces" / f"{step_name(step)}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        with path.open("w") as f:
+            for trace in traces:
+                f.write(trace.model_dump_json() + "\n")
+        return path
+
+    def _batch_path(self, step: int) -> Path:
+        return self.path / "batches" / f"{step_name(step)}.msgpack"
+
+    def _steps(self, folder: str, pattern: str) -> list[Path]:
+        """The per-step files or folders of `folder` matching `pattern` (under a `step-N` name)."""
+        return list((self.path / folder).glob(f"{STEP_PREFIX}{pattern}"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
