@@ -142,8 +142,7 @@ class Orchestrator:
             await self.aclose()
 
     async def step(self, step: int) -> None:
-        """Make the batch of `step`, hand it to the trainer with the state a resume after it needs, log it, and
-        evaluate when it is time."""
+        """Make and hand over the batch of `step` once the trainer's policy allows it; evaluate when it is time."""
         version, model = await self.policy_when(lambda v: self.staleness.may_start(step, v),
                                                 f"a policy fresh enough for step {step}")
         self.hand_over(step, *await self.collect(step, version, model))

@@ -39,9 +39,8 @@ class TrainerLoop:
     def run(self) -> None:
         """Every step from the newest checkpoint (if there is one) on."""
         for step in range(self.resume(), self.steps):
-            batch = Poll(f"the batch of step {step}", BATCH_WAIT_S, self.alive).wait(partial(self.folder.read_batch,
-                                                                                             step))
-            self.step(step, batch)
+            poll = Poll(f"the batch of step {step}", BATCH_WAIT_S, self.alive)
+            self.step(step, poll.wait(partial(self.folder.read_batch, step)))
 
     def step(self, step: int, batch: Batch) -> None:
         """Train on one batch, serve the new weights, log, and checkpoint when it is time."""
