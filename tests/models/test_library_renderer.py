@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tracegym.core.graph import TokenPrefix
 from tracegym.core.messages import assistant, tool, user
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.models.client import ModelRequest
@@ -103,8 +104,8 @@ def test_the_package_bridge_gets_openai_messages_and_tool_functions():
 
 def test_a_refused_bridge_makes_the_token_client_render_in_full():
     renderer = library(bridged=Bridged([1, 2, 3]))
-    request = ModelRequest(messages=[user("hi"), assistant("ok"), user("x")], prefix_token_ids=[*PROMPT, *COMPLETION],
-                           prefix_messages=2, prefix_completion_length=len(COMPLETION))
+    request = ModelRequest(messages=[user("hi"), assistant("ok"), user("x")],
+                           prefix=TokenPrefix([*PROMPT, *COMPLETION], 2, len(COMPLETION)))
     client = TokenClient(Endpoint(base_url="http://unused/v1", model="m"), renderer)
     assert client.prompt_ids(request) == renderer.render(request.messages)
     assert renderer.renderer.calls  # the bridge was asked first

@@ -50,6 +50,9 @@ class Recording:
     def name(self) -> str:
         return self.inner.name
 
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
     async def complete(self, request: ModelRequest) -> ModelResponse:
         if self.steer is not None:
             extra = {**request.sampling.extra, **self.steer(request)}

@@ -12,6 +12,7 @@ prompt extends the branch is one C-level list comparison (~1 ns a token), exact 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -39,13 +40,54 @@ class Node(BaseModel):
     """The policy version that sampled this node, when the endpoint reported it."""
 
 
+@dataclass(frozen=True)
+class TokenPrefix:
+    """The exact tokens along a branch, for a model client that extends them rather than re-render the
+    conversation (the renderer's bridge): which messages they cover and which of them the model last sampled."""
+
+    token_ids: list[int]
+    covered_messages: int
+    """How many of the conversation's messages the tokens cover; the rest are new since the model's last turn."""
+    completion_length: int
+    """How many of the last tokens the model sampled on its previous turn (that turn's completion)."""
+
+    def __post_init__(self) -> None:
+        if not (self.covered_messages > 0 and 0 < self.completion_length <= len(self.token_ids)):
+            raise ValueError(f"a token prefix covers at least one message and ends with a completion of 1 to "
+                             f"{len(self.token_ids)} tokens, not {self.covered_messages} messages, "
+                             f"{self.completion_length} sampled")
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The tokens before the last completion."""
+        return self.token_ids[: len(self.token_ids) - self.completion_length]
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """The tokens the model sampled on its previous turn."""
+        return self.token_ids[len(self.token_ids) - self.completion_length :]
+
+
+@dataclass
+class _BranchCache:
+    """The newest tokenized node of the current branch and its path's tokens (grown in place by
+    `add_model_turn`), with their count when cached: a copy of the graph shares the list, sees another length
+    and rebuilds."""
+
+    node: Node
+    tokens: list[int]
+    length: int
+
+    def holds(self, node: Node) -> bool:
+        """True when this cache is still the tokens up to `node`."""
+        return self.node is node and len(self.tokens) == self.length
+
+
 class MessageGraph(BaseModel):
     """The nodes of one rollout, appended in order; the newest node ends the current branch."""
 
     nodes: list[Node] = Field(default_factory=list)
-    _branch: tuple[Node, list[int], int] | None = PrivateAttr(default=None)
-    """Cache: the newest tokenized node of the current branch, its path's tokens (grown in place) and their
-    count when cached (a copy of the graph sharing the list sees a different length and rebuilds)."""
+    _branch: _BranchCache | None = PrivateAttr(default=None)
 
     def __eq__(self, other: object) -> bool:
         """Graphs are equal when their nodes are (the token cache is not part of the value)."""
@@ -118,6 +160,11 @@ class MessageGraph(BaseModel):
                 return index + 1, sampled
         return 0, 0
 
+    def token_prefix(self) -> TokenPrefix | None:
+        """The head's branch tokens as a TokenPrefix; None until the branch has a sampled completion."""
+        covered, sampled = self.prefix_split()
+        return TokenPrefix(self.tokens(), covered, sampled) if sampled else None
+
     def add_model_turn(
         self,
         message: Message,
@@ -150,7 +197,7 @@ class MessageGraph(BaseModel):
             policy_version=policy_version,
         )
         prefix += completion_ids
-        self._branch = (node, prefix, len(prefix))
+        self._branch = _BranchCache(node, prefix, len(prefix))
         return node
 
     def _branch_tokens(self) -> list[int]:
@@ -159,15 +206,15 @@ class MessageGraph(BaseModel):
         cached, node_id = self._branch, self.head
         while node_id is not None:
             node = self.nodes[node_id]
-            if cached is not None and cached[0] is node and len(cached[1]) == cached[2]:
-                return cached[1]
+            if cached is not None and cached.holds(node):
+                return cached.tokens
             if node.token_ids:
                 break
             node_id = node.parent
         if node_id is None:
             return []
         tokens = self._path_tokens(node_id)
-        self._branch = (self.nodes[node_id], tokens, len(tokens))
+        self._branch = _BranchCache(self.nodes[node_id], tokens, len(tokens))
         return tokens
 
     def oldest_version(self, nodes: Iterable[Node] | None = None) -> int | None:

@@ -128,14 +128,11 @@ class Rollout:
         raise _Ended(StopReason.MAX_TURNS)
 
     async def _model_turn(self) -> Message:
-        covered, sampled = self.trace.graph.prefix_split()
         request = ModelRequest(
             messages=self.trace.graph.messages(),
             tools=self.task.tool_specs(),
             sampling=self.sampling,
-            prefix_token_ids=self.trace.graph.tokens() or None,
-            prefix_messages=covered or None,
-            prefix_completion_length=sampled or None,
+            prefix=self.trace.graph.token_prefix(),
         )
         try:
             response = await self._timed("model", self.model.complete(request), self.timeouts.model)

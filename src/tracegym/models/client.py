@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from tracegym.core.graph import TokenPrefix
 from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.tool_spec import ToolSpec
@@ -17,12 +18,9 @@ class ModelRequest:
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
     sampling: Sampling = field(default_factory=Sampling)
-    prefix_token_ids: list[int] | None = None
-    """The exact tokens along the current branch, for clients that extend them instead of re-rendering."""
-    prefix_messages: int | None = None
-    """How many of `messages` the prefix tokens cover; the rest are new since the model's previous turn."""
-    prefix_completion_length: int | None = None
-    """How many of the prefix's last tokens the model sampled on its previous turn (that turn's completion)."""
+    prefix: TokenPrefix | None = None
+    """The exact tokens along the current branch, for clients that extend them instead of re-rendering (the
+    token client); None before the model's first sampled turn on the branch."""
 
 
 @dataclass(frozen=True)
@@ -53,4 +51,8 @@ class ModelClient(Protocol):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """Answer one turn."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the client holds (connections); a client without any does nothing."""
         ...

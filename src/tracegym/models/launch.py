@@ -12,15 +12,12 @@ started elsewhere (the RL launcher's) is reached through.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.core.errors import UsageError
+from tracegym.models import transport
 from tracegym.models.embedded import SERVED_MODEL_NAME, cache_root, embedded_model_dir
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.model_choice import ModelChoice
@@ -75,7 +72,7 @@ def server_record_path(config: VLLMServerConfig) -> Path:
 
 def only_served_model(base_url: str, api_key_env: str | None = None) -> str:
     """The single model an endpoint serves; a UsageError when it serves several (pass `-m`)."""
-    models = [m["id"] for m in _get_json(base_url.rstrip("/") + "/models", api_key_env).get("data", [])]
+    models = [str(m.get("id")) for m in transport.served_models(base_url, _api_key(api_key_env))]
     if len(models) != 1:
         raise UsageError(f"{base_url} serves {len(models)} models ({', '.join(models)}); choose one with -m")
     return models[0]
@@ -83,19 +80,10 @@ def only_served_model(base_url: str, api_key_env: str | None = None) -> str:
 
 def check_reachable(base_url: str, model: str | None, api_key_env: str | None = None) -> None:
     """Fail fast, before any task runs, when the endpoint does not answer or does not serve `model`."""
-    data = _get_json(base_url.rstrip("/") + "/models", api_key_env)
-    served = [m.get("id") for m in data.get("data", [])]
+    served = [m.get("id") for m in transport.served_models(base_url, _api_key(api_key_env))]
     if model is not None and served and model not in served:
         raise UsageError(f"{base_url} does not serve model {model!r} (it serves: {', '.join(map(str, served))})")
 
 
-def _get_json(url: str, api_key_env: str | None) -> dict[str, Any]:
-    request = urllib.request.Request(url)
-    if api_key_env and os.environ.get(api_key_env):
-        request.add_header("Authorization", f"Bearer {os.environ[api_key_env]}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise InfrastructureError(f"model endpoint {url} is unreachable: {reason}") from None
+def _api_key(api_key_env: str | None) -> str | None:
+    return os.environ.get(api_key_env) if api_key_env else None

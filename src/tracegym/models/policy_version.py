@@ -6,7 +6,8 @@ tracegym.models.policy_version.stamp`, see `VLLMServerConfig.report_policy_versi
 weight sync posts the new version to `ROUTE`, and every response carries the version current when its request
 *arrived* in the `HEADER` header. A reload during a long generation means some of its tokens came from newer
 weights; stamping the arrival version errs toward older, which is the safe side for dropping stale samples.
-The model clients read the header into `ModelResponse.policy_version`, and the rollout stamps the node.
+The transport reads the header (`read`) with each reply, the model clients put it on
+`ModelResponse.policy_version`, and the rollout stamps the node.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 
 HEADER = "x-tracegym-policy-version"
 ROUTE = "/tracegym/policy_version"
-BODY_KEY = "tracegym_policy_version"
-"""Where a model client puts the header's version in the reply body it parses (one value to parse)."""
 MIDDLEWARE = f"{__name__}.stamp"
 """What `vllm serve --middleware` takes to load `stamp`."""
 

@@ -6,32 +6,47 @@ rendered and the message graph forks if the render does not extend the branch. v
 with a token-id prompt, returning the sampled ids (`return_token_ids`) and their logprobs; the assistant
 message (content, tool calls) is parsed from those ids, never from re-tokenized text. A matched stop string
 stays in the ids (they are what was sampled) but not in the message, as with vLLM's chat endpoint. HTTP,
-retries and error mapping are the chat client's.
+retries and error mapping are the transport's (`models.transport`), as for the chat client.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-
-from tracegym.core.errors import ModelError
-from tracegym.models import policy_version
-from tracegym.models.chat_client import ChatClient
+from tracegym.core.errors import ModelError, TracegymError
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import Renderer
+from tracegym.models.transport import Transport, served_models
 
 
-class TokenClient(ChatClient):
-    """`TokenClient(Endpoint(base_url=..., model=...), load_renderer(model_dir))`; close like ChatClient."""
+class TokenClient:
+    """`TokenClient(Endpoint(base_url=..., model=...), load_renderer(model_dir))`; close with `await
+    client.aclose()` or `async with`."""
 
-    def __init__(self, endpoint: Endpoint, renderer: Renderer) -> None:
-        super().__init__(endpoint)
+    def __init__(self, endpoint: Endpoint, renderer: Renderer, *,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+        """`sleep` waits out each retry's backoff (tests pass one that records the delays)."""
+        self.endpoint = endpoint
         self.renderer = renderer
-        self._url = endpoint.base_url.rstrip("/") + "/completions"
+        self.transport = Transport(endpoint, sleep=sleep)
         self._max_model_len: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.endpoint.model
+
+    async def aclose(self) -> None:
+        """Close this event loop's connections."""
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> TokenClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One completion on this turn's prompt ids, retried on transient failures; raises tracegym errors."""
@@ -39,36 +54,39 @@ class TokenClient(ChatClient):
         body = completion_body(self.endpoint.model, request, prompt_ids, self.renderer.stop_token_ids)
         if body["max_tokens"] is None:  # vLLM's completions would stop at 16; ask for the rest of the context
             body["max_tokens"] = await self._context_length()
-        data = await self._retrying(lambda: self._send(self._url, body))
-        return self.parse_completion(data, prompt_ids, include_stop_str=bool(body.get("include_stop_str_in_output")))
+        reply = await self.transport.post("/completions", body)
+        include_stop_str = bool(body.get("include_stop_str_in_output"))
+        return self.parse_completion(reply.data, prompt_ids, include_stop_str=include_stop_str,
+                                     policy_version=reply.policy_version)
 
     async def _context_length(self) -> int | None:
-        """The served model's `max_model_len` from `/v1/models` (fetched once; None when not listed)."""
+        """The served model's `max_model_len` from the endpoint's model list (kept once known; None when the
+        list does not say or cannot be had: the server's default then applies)."""
         if self._max_model_len is None:
-            url = self.endpoint.base_url.rstrip("/") + "/models"
+            endpoint = self.endpoint
             try:
-                async with asyncio.timeout(self.endpoint.timeout), self._session().get(url) as http:
-                    listed = (await http.json()).get("data", [])
-            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                listed = await asyncio.to_thread(served_models, endpoint.base_url, endpoint.api_key(), endpoint.timeout)
+            except TracegymError:
                 return None
-            lengths = [m.get("max_model_len") for m in listed if m.get("id") == self.endpoint.model]
+            lengths = [m.get("max_model_len") for m in listed if m.get("id") == endpoint.model]
             self._max_model_len = lengths[0] if lengths and isinstance(lengths[0], int) else None
         return self._max_model_len
 
     def prompt_ids(self, request: ModelRequest) -> list[int]:
         """The bridge onto the branch's tokens when the request says which of them were sampled and the
         renderer proves the extension safe; else the whole conversation rendered."""
-        prefix, covered, sampled = request.prefix_token_ids, request.prefix_messages, request.prefix_completion_length
-        if prefix and covered and sampled and sampled <= len(prefix):
-            cut = len(prefix) - sampled
-            bridged = self.renderer.bridge(prefix[:cut], prefix[cut:], request.messages[covered:], request.tools)
+        prefix = request.prefix
+        if prefix is not None:
+            new = request.messages[prefix.covered_messages:]
+            bridged = self.renderer.bridge(prefix.prompt_ids, prefix.completion_ids, new, request.tools)
             if bridged is not None:
                 return bridged
         return self.renderer.render(request.messages, request.tools)
 
-    def parse_completion(self, data: dict[str, Any], prompt_ids: list[int], *,
-                         include_stop_str: bool = False) -> ModelResponse:
-        """A ModelResponse from vLLM's completions body: sampled ids, their logprobs, the parsed message.
+    def parse_completion(self, data: dict[str, Any], prompt_ids: list[int], *, include_stop_str: bool = False,
+                         policy_version: int | None = None) -> ModelResponse:
+        """A ModelResponse from vLLM's completions body (sampled ids, their logprobs, the parsed message) and the
+        policy version its headers reported.
 
         vLLM keeps the ids through a matched stop string but cuts it from the text; the message is cut the
         same way (as its chat endpoint would, unless `include_stop_str`), the ids and logprobs never are."""
@@ -89,7 +107,7 @@ class TokenClient(ChatClient):
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
             completion_logprobs=logprobs,
-            policy_version=data.get(policy_version.BODY_KEY),
+            policy_version=policy_version,
         )
 
 

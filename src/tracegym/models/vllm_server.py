@@ -20,16 +20,14 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.errors import InfrastructureError
-from tracegym.models import policy_version
+from tracegym.core.errors import InfrastructureError, TracegymError
+from tracegym.models import policy_version, transport
 from tracegym.runtimes import processes, supervisor
 from tracegym.runtimes.processes import process_alive
 
@@ -162,21 +160,19 @@ def server_env(config: VLLMServerConfig) -> dict[str, str]:
 def serves_model(base_url: str, name: str, timeout_s: float = 2.0) -> bool:
     """True when an OpenAI-compatible server answers at `base_url` and lists model `name`."""
     try:
-        with urllib.request.urlopen(f"{base_url.rstrip('/')}/models", timeout=timeout_s) as resp:
-            listed = json.load(resp).get("data", [])
-    except (OSError, ValueError, AttributeError):
+        return any(entry.get("id") == name for entry in transport.served_models(base_url, timeout=timeout_s))
+    except TracegymError:  # not answering, or not listing models: not (yet) a server to use
         return False
-    return any(entry.get("id") == name for entry in listed if isinstance(entry, dict))
 
 
 def is_healthy(base_url: str, timeout_s: float = 2.0) -> bool:
-    """True when vLLM's `/health` (beside `/v1`) answers 200."""
+    """True when vLLM's `/health` (beside `/v1`) answers 2xx."""
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with urllib.request.urlopen(f"{root}/health", timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (OSError, ValueError):
+        transport.call(f"{root}/health", timeout=timeout_s)
+    except TracegymError:  # no reply or an error status: not healthy (yet)
         return False
+    return True
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -64,4 +64,4 @@ class ModelClients:
 
 async def _close(model: ModelClient) -> None:
     with contextlib.suppress(Exception):  # a client that fails to close has nothing left to give back
-        await model.aclose()  # type: ignore[attr-defined] (both clients pool connections)
+        await model.aclose()

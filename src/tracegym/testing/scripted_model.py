@@ -53,6 +53,9 @@ class ScriptedModel:
     def name(self) -> str:
         return self._name
 
+    async def aclose(self) -> None:
+        """Nothing to release: the script lives in this process."""
+
     async def complete(self, request: ModelRequest) -> ModelResponse:
         self.requests.append(request)
         version = self.policy_version

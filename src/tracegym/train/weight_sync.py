@@ -8,8 +8,8 @@ folder (`<adapter_dir>.v<version>`): vLLM's prefix cache keys blocks by adapter 
 one path in place would let new requests reuse prompt KV computed by the old adapter; a fresh path per version
 makes that impossible, and the caller may keep overwriting one folder. The last `keep` snapshots stay on disk:
 a request sent before a publish still names the older path, and vLLM reloads an adapter from its path when it
-schedules such a request again; a missing folder there kills vLLM's engine. HTTP and network failures are
-translated into tracegym errors here, in one place: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
+schedules such a request again; a missing folder there kills vLLM's engine. HTTP goes through the transport
+(`models.transport`), one attempt per route: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
 files) is a UsageError, an unreachable or failing server (5xx) an InfrastructureError.
 
 >>> sync = WeightSync(server.base_url, adapter_name="policy")  # doctest: +SKIP
@@ -19,15 +19,12 @@ files) is a UsageError, an unreachable or failing server (5xx) an Infrastructure
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from tracegym.core.errors import InfrastructureError, UsageError
-from tracegym.models import policy_version
+from tracegym.core.errors import ModelError, UsageError
+from tracegym.models import policy_version, transport
 
 DEFAULT_ADAPTER_NAME = "policy"
 LORA_NEEDS = "vLLM started with LoRA enabled and runtime LoRA updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
@@ -89,25 +86,18 @@ class WeightSync:
 
     def _post(self, route: str, body: dict[str, object], base: str | None = None, what: str = "",
               needs: str = LORA_NEEDS) -> str:
-        """POST JSON to `base_url + route` (or `base + route`); the edge where HTTP and network errors become
-        tracegym errors. `what` the request carries and what a server missing `route` `needs` name them in one."""
+        """POST JSON to `base_url + route` (or `base + route`) once, through the transport (no reply or a 5xx is
+        its InfrastructureError); a refusal (4xx) is the user's setup, so a UsageError: a missing `route` says
+        what the server `needs`, any other names `what` the request carried."""
         url = (base or self.base_url) + route
-        what = what or f"adapter {self.adapter_name!r}"
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            message = _message(exc.read().decode("utf-8", errors="replace"))
-            if exc.code == 404:
-                raise UsageError(f"{url} not found: this needs {needs} ({message})") from None
-            if 400 <= exc.code < 500:
-                raise UsageError(f"vLLM refused {what} (HTTP {exc.code}): {message}") from None
-            raise InfrastructureError(f"vLLM failed to load {what} (HTTP {exc.code}): {message}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise InfrastructureError(f"vLLM at {self.base_url} is unreachable: {reason}") from None
+            return transport.call(url, body, timeout=self.timeout_s)
+        except ModelError as exc:  # a 4xx: Refused, or a 400 whose wording reads as a context overflow
+            status, detail = (exc.status, exc.detail) if isinstance(exc, transport.Refused) else (400, str(exc))
+            if status == 404:
+                raise UsageError(f"{url} not found: this needs {needs} ({detail})") from None
+            what = what or f"adapter {self.adapter_name!r}"
+            raise UsageError(f"vLLM refused {what} (HTTP {status}): {detail}") from None
 
 
 class MergedWeightSync(WeightSync):
@@ -135,17 +125,3 @@ class MergedWeightSync(WeightSync):
         return self._post(route, body, base=self.root, what="the merged weights",
                           needs="vLLM started with VLLM_SERVER_DEV_MODE=1 (merged weight sync)")
 
-
-def _message(text: str) -> str:
-    """The message of a vLLM error body (`{"error": {"message": ...}}` or `{"message": ...}`), else the text."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return text[:500]
-    if isinstance(data, dict):
-        error = data.get("error", data)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return text[:500]
