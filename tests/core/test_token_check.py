@@ -1,6 +1,8 @@
 """Token check: the branch invariant and per-node alignment, and where a branch's token prefix ends."""
 
-from tracegym.core.graph import MessageGraph
+import pytest
+
+from tracegym.core.graph import MessageGraph, TokenPrefix
 from tracegym.core.messages import assistant, tool, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.token_check import check_turn, validate_tokens
@@ -65,6 +67,26 @@ def test_prefix_split_of_an_untokenized_graph_is_empty():
     graph = MessageGraph()
     graph.add(user("p"))
     assert graph.prefix_split() == (0, 0)
+
+
+def test_the_token_prefix_is_the_branch_tokens_split_at_the_last_completion():
+    trace = two_turns()
+    trace.graph.add(user("again"))
+    prefix = trace.graph.token_prefix()
+    assert prefix == TokenPrefix([1, 2, 3, 4, 5, 6], covered_messages=4, completion_length=1)
+    assert (prefix.prompt_ids, prefix.completion_ids) == ([1, 2, 3, 4, 5], [6])
+
+
+def test_no_token_prefix_before_a_sampled_turn():
+    graph = MessageGraph()
+    graph.add(user("p"))
+    assert graph.token_prefix() is None
+
+
+@pytest.mark.parametrize(("ids", "covered", "sampled"), [([1, 2], 0, 1), ([1, 2], 1, 0), ([1, 2], 1, 3)])
+def test_a_token_prefix_whose_parts_do_not_fit_together_is_refused(ids, covered, sampled):
+    with pytest.raises(ValueError, match="token prefix"):
+        TokenPrefix(ids, covered, sampled)
 
 
 def test_a_sampled_turn_without_logprobs_is_reported():
