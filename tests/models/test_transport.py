@@ -3,6 +3,7 @@ version read from the reply's headers, and the one `/models` fetch."""
 
 import http.server
 import json
+import pickle
 import socket
 import threading
 from collections.abc import Iterator
@@ -42,6 +43,11 @@ def test_other_4xx_are_refused_with_their_status_and_message(status):
 def test_an_error_body_that_is_not_json_is_quoted_shortened():
     assert failure(URL, 418, "x" * 900).detail == "x" * 500
 
+
+def test_the_policys_errors_survive_pickling():
+    for error in (failure(URL, 503, "busy"), failure(URL, 404, "gone")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), str(copy), copy.status) == (type(error), str(error), error.status)
 
 def test_retries_back_off_from_the_first_delay_doubling_with_jitter():
     for attempt in range(5):
@@ -144,3 +150,4 @@ def closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
+

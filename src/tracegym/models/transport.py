@@ -51,6 +51,9 @@ class Unavailable(InfrastructureError):
         """This failure, saying it was the last of `attempts`."""
         return Unavailable(self.url, self.status, f"{self.what} (after {attempts} attempts)")
 
+    def __reduce__(self) -> tuple[type, tuple[str, int | None, str]]:
+        return Unavailable, (self.url, self.status, self.what)  # picklable, as exceptions crossing processes are
+
 
 class Refused(ModelError):
     """The server answered a 4xx other than a context overflow: the request itself is at fault."""
@@ -58,6 +61,9 @@ class Refused(ModelError):
     def __init__(self, url: str, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status} from {url}: {detail}")
         self.url, self.status, self.detail = url, status, detail
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, str]]:
+        return Refused, (self.url, self.status, self.detail)
 
 
 def failure(url: str, status: int, body: str) -> TracegymError:
