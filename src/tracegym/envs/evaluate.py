@@ -171,7 +171,7 @@ async def live(model: ModelArg) -> AsyncIterator[ModelClient]:
     try:
         yield client
     finally:
-        await client.aclose()  # type: ignore[attr-defined] (both clients pool connections)
+        await client.aclose()
 
 
 async def as_finished(items: Iterator[X], run: Callable[[X], Awaitable[R]], concurrency: int,
