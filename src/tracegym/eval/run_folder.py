@@ -9,19 +9,17 @@ moves errored traces aside into `traces.errored.jsonl`.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import tomli_w
 from pydantic import ValidationError
 
+from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import Trace
 
@@ -54,15 +52,9 @@ class RunFolder:
     def create(cls, output_dir: Path, taskset: str, model: str, run_id: str | None = None) -> RunFolder:
         """A new, empty run folder `output_dir/<taskset>--<model>/<run-id>/`; an existing one is an error."""
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-        path = output_dir / f"{_safe(taskset)}--{_safe(model)}" / run_id
-        if path.exists():
-            raise UsageError(f"run folder {str(path)!r} already exists; pick another --run-id or --resume it")
-        try:
-            (path / "logs").mkdir(parents=True)
-        except OSError as exc:
-            raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
-                             f"({exc.strerror or exc})") from None
-        return cls(path)
+        folder = cls(make_run_dir(output_dir, Path(f"{_safe(taskset)}--{_safe(model)}", run_id)))
+        folder.logs.mkdir()
+        return folder
 
     @classmethod
     def open(cls, path: Path) -> RunFolder:
@@ -77,13 +69,10 @@ class RunFolder:
 
     # --- config and summary ------------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
-        _write_atomic(self.config_path, tomli_w.dumps(config))
+        write_toml(self.config_path, config)
 
     def read_config(self) -> dict[str, Any]:
-        try:
-            return tomllib.loads(self.config_path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{str(self.config_path)!r} is not valid TOML: {exc}") from None
+        return read_toml(self.config_path)
 
     def earlier_wall_time(self) -> float:
         """Seconds the earlier sessions of this run took, as their last summary recorded (0 when none did; a
@@ -96,7 +85,7 @@ class RunFolder:
 
     def write_summary(self, summary: dict[str, Any], name: str = SUMMARY) -> Path:
         path = self.path / name
-        _write_atomic(path, json.dumps(summary, indent=2) + "\n")
+        write_atomic(path, json.dumps(summary, indent=2) + "\n")
         return path
 
     # --- traces ------------------------------------------------------------------------------------------
@@ -133,7 +122,7 @@ class RunFolder:
     def rewrite(self, traces: Iterable[Trace], name: str = TRACES) -> None:
         """Replace a traces file atomically."""
         self.close()
-        _write_atomic(self.path / name, "".join(t.model_dump_json() + "\n" for t in traces))
+        write_atomic(self.path / name, "".join(t.model_dump_json() + "\n" for t in traces))
 
     def close(self) -> None:
         if self._out is not None:
@@ -166,7 +155,3 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name.rstrip("/").rsplit("/", 1)[-1]) or "unnamed"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
-import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
@@ -152,15 +150,7 @@ class RLFolder:
     @classmethod
     def create(cls, output_dir: Path, run_id: str | None = None) -> RLFolder:
         """A new, empty run folder `output_dir/<run-id>/` (run id: the start time); an existing one is an error."""
-        path = output_dir / (run_id or time.strftime("%Y%m%d-%H%M%S"))
-        if path.exists():
-            raise UsageError(f"run folder {path} already exists; pick another --run-id or --resume it")
-        try:
-            path.mkdir(parents=True)
-        except OSError as exc:
-            raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
-                             f"({exc.strerror or exc})") from None
-        return cls(path)
+        return cls(make_run_dir(output_dir, run_id or time.strftime("%Y%m%d-%H%M%S")))
 
     @classmethod
     def resume(cls, path: Path) -> RLFolder:
@@ -173,16 +163,13 @@ class RLFolder:
 
     # --- what the launcher hands the processes --------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
-        _write_atomic(self.config_path, tomli_w.dumps(config).encode())
+        write_toml(self.config_path, config)
 
     def read_config(self) -> dict[str, Any]:
-        try:
-            return tomllib.loads(self.config_path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise UsageError(f"cannot read {self.config_path}: {exc}") from None
+        return read_toml(self.config_path)
 
     def write_endpoints(self, endpoints: Endpoints) -> None:
-        _write_atomic(self.path / ENDPOINTS, endpoints.model_dump_json(indent=2).encode())
+        write_atomic(self.path / ENDPOINTS, endpoints.model_dump_json(indent=2).encode())
 
     def read_endpoints(self) -> Endpoints:
         path = self.path / ENDPOINTS
@@ -218,7 +205,7 @@ class RLFolder:
         path.parent.mkdir(parents=True, exist_ok=True)
         body = {"step": step, "samples": [s.model_dump(mode="json") for s in samples], "meta": meta or {},
                 "state": state or {}}
-        _write_atomic(path, msgpack.packb(body))
+        write_atomic(path, msgpack.packb(body))
         return path
 
     def read_batch(self, step: int) -> Batch | None:
@@ -231,7 +218,7 @@ class RLFolder:
 
     def publish_policy(self, version: int, model: str) -> None:
         """Record that vLLM now serves policy `version` under the name `model`."""
-        _write_atomic(self.path / POLICY, json.dumps({"version": version, "model": model}).encode())
+        write_atomic(self.path / POLICY, json.dumps({"version": version, "model": model}).encode())
 
     def policy(self, base_model: str) -> tuple[int, str]:
         """(version, model name to request); version 0 is the base model before any step."""
@@ -279,7 +266,3 @@ class RLFolder:
         return list((self.path / folder).glob(f"{STEP_PREFIX}{pattern}"))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

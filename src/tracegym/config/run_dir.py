@@ -1,0 +1,47 @@
+"""Run directory: how a command makes its run folder under `--output-dir`, and writes and reads files there whole."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from tracegym.core.errors import UsageError
+
+
+def make_run_dir(output_dir: Path, name: Path | str) -> Path:
+    """A new, empty folder `output_dir/name`; an existing one, or one that cannot be made, is a UsageError."""
+    path = output_dir / name
+    if path.exists():
+        raise UsageError(f"run folder {str(path)!r} already exists; pick another --run-id or --resume it")
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
+                         f"({exc.strerror or exc})") from None
+    return path
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write `path` whole or not at all: a reader (or a resume after a kill) never sees half a file."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+
+
+def write_toml(path: Path, config: dict[str, Any]) -> None:
+    """A run's config, written atomically as TOML."""
+    write_atomic(path, tomli_w.dumps(config))
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A run's config; a file that cannot be read or parsed is a UsageError naming it."""
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{str(path)!r} is not valid TOML: {exc}") from None
