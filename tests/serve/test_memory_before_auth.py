@@ -1,6 +1,7 @@
 """Memory before authentication: a peer without the shared secret cannot make a server buffer its payload."""
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 
@@ -53,6 +54,41 @@ def burst(address: str, within: float = 20.0) -> str:
         finally:
             sock.disable_monitor()
             monitor.close(0)
+
+
+def raw_frame(address: str, size: int, within: float = 20.0) -> str:
+    """Open a plain TCP connection, send a ZMTP 3 greeting asking for CURVE and one command frame of `size` bytes
+    (what a peer can send before any key is checked), at most `within` seconds. Returns how it ended."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\0") + b"\0" * 32
+    header = b"\x06" + size.to_bytes(8, "big")  # a long command frame
+    chunk, deadline = b"\0" * (1 << 20), time.monotonic() + within
+    with socket.create_connection((host, int(port)), timeout=within) as sock:
+        try:
+            sock.sendall(greeting + header)
+            for _ in range(size // len(chunk)):
+                if time.monotonic() > deadline:
+                    return "timed out"
+                sock.sendall(chunk)
+        except OSError as exc:  # the server cut the connection: the frame was refused as its header arrived
+            return f"cut ({type(exc).__name__})"
+        time.sleep(1)  # let the server take in what it was sent before its peak is read
+        return "sent"
+
+
+def test_a_raw_peer_sending_one_long_frame_before_authentication_costs_at_most_the_size_limit(monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    with local_server(SPEC, {}, workers=1) as address:
+        monkeypatch.delenv(SECRET_ENV)
+        pid = asyncio.run(server_pid(address))
+        idle = status_mib(pid, "VmRSS")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        started = time.monotonic()
+        outcome = raw_frame(address, 120 * 1024 * 1024)
+        peak = status_mib(pid, "VmHWM")
+        assert peak - idle < 100, f"server RSS rose {peak - idle:.0f} MiB above idle ({outcome})"
+        assert time.monotonic() - started < 20, outcome
+        assert asyncio.run(server_pid(address)) == pid  # still serving, with the secret
 
 
 def test_an_unauthenticated_1gib_burst_leaves_server_memory_flat_and_it_keeps_serving(monkeypatch):

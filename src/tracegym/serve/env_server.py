@@ -53,6 +53,9 @@ MAX_PENDING_CHECK = 10_000
 """Most request ids one health ping may ask about."""
 WORKER_TIMEOUT = 60.0
 """Default seconds a busy worker may leave "which requests do you hold?" unanswered before it is killed as hung."""
+FRAME_MARGIN = 64 * 1024
+"""Bytes past the request size limit a single frame may have before libzmq cuts its connection unanswered: room
+for a request's envelope, so a request just over the limit is answered `TooLarge` rather than cut."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -109,10 +112,12 @@ class EnvServer:
         """Bind the client and worker sockets; returns the client address (a real port for port 0)."""
         self._ctx = zmq.Context()
         self.frontend = self._socket(zmq.ROUTER)
-        # A frame past this hard cap is cut by libzmq as its header arrives, before its sender is known: it costs
-        # no memory and cannot be answered (it shows as a dropped connection). Smaller ones are answered.
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame_bytes)
-        if self.secret:  # peers without it are refused in the handshake: their payload is never read
+        # A frame past this hard cap (handshake commands included) is cut by libzmq as its header arrives, before
+        # its sender is known or authenticated: it costs no memory and cannot be answered (it shows as a closed
+        # connection). So one connection, authenticated or not, makes the server hold at most about one request's
+        # worth; a frame within the margin past the limit is still answered (`TooLarge`).
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes + FRAME_MARGIN)
+        if self.secret:  # peers without it are refused in the handshake: none of their messages is handed over
             self._gatekeeper = Gatekeeper(self._ctx, self.secret)
             guard_server(self.frontend, self.secret)
         self.connections = self.frontend.get_monitor_socket(HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED)
