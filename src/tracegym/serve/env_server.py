@@ -9,7 +9,8 @@ kills a worker it ran on alone. That poison request is answered with a `WorkerDi
 the task's code that ends its process) once it has done so `max_redispatch` + 1 times; its neighbours finish,
 and the other workers keep serving new requests meanwhile. Busy workers are asked every few seconds which
 requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
-the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's.
+the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's; a
+starting worker not ready within `worker_timeout` is killed as a failed start.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class EnvServer:
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
         self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
-                               self.max_abandoned_threads)
+                               self.max_abandoned_threads, start_timeout=self.worker_timeout)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:
@@ -502,7 +503,8 @@ class EnvServer:
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"
-        return f"workers for taskset {self.taskset_id!r} keep exiting before they are ready{where}"
+        return (f"workers for taskset {self.taskset_id!r} keep failing to start (exiting, or not ready within the "
+                f"worker timeout, {self.worker_timeout:g} s){where}")
 
 
 def _qualname(cls: type) -> str:

@@ -2,7 +2,9 @@
 
 Static pools keep `min` workers alive (a dead one is replaced at once). Elastic pools keep between `min` and
 `max`, growing by one whenever the load per worker passes `grow_at` and retiring a worker idle for `idle_s`.
-A worker that dies before saying ready delays the next start (backoff), so a broken taskset cannot spin.
+A worker that dies before saying ready, or is killed for not saying it within `start_timeout`, is a failed start:
+it delays the next start (backoff), so a broken taskset cannot spin, and until a worker is ready again no request
+waits for growth.
 A worker the server reserves for suspects (`isolating`) gets no other work; `solo` names the request a worker
 has run alone, so a death can name its cause. A worker left with more than `max_abandoned_threads` threads of
 hung sync calls asks to be replaced: it retires (no new work), a replacement starts, and it stops once its
@@ -11,6 +13,7 @@ requests are answered.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.runtimes import processes
 
+START_TIMEOUT = 60.0
+"""Default seconds a worker may take to say ready before it is killed as a failed start."""
 MAX_ABANDONED_THREADS = 32
 """Threads of abandoned sync calls (a tool or scorer past its timeout, still running: Python cannot kill a thread)
 a worker may hold before it is replaced; each holds its stack and whatever the hung call holds."""
@@ -91,9 +96,10 @@ class WorkerPool:
     """Starts and tracks worker processes; the server asks it whom to send work to and who has died."""
 
     def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
-                 log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
+                 log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS,
+                 start_timeout: float = START_TIMEOUT) -> None:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
-        self.log_dir, self.max_abandoned_threads = log_dir, max_abandoned_threads
+        self.log_dir, self.max_abandoned_threads, self.start_timeout = log_dir, max_abandoned_threads, start_timeout
         self.workers: dict[bytes, WorkerHandle] = {}
         self._count = 0
         self._failed_starts = 0
@@ -151,10 +157,11 @@ class WorkerPool:
         return best
 
     def _can_grow(self) -> bool:
-        """Whether an elastic pool has fewer ready workers than its max and another one may come (one starting, or
-        one to start: starts are not failing)."""
+        """Whether an elastic pool has fewer ready workers than its max and another one is sure to come (one
+        starting, which says ready or is killed within `start_timeout`, or one to start): no start has failed since
+        a worker was last ready. After a failed start nothing waits for growth: the busy workers take the load."""
         ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
-        return self.size.elastic and ready < (self.size.max or 0) and not self.failing
+        return self.size.elastic and ready < (self.size.max or 0) and not self._failed_starts
 
     def assign(self, handle: WorkerHandle, key: bytes) -> None:
         handle.solo = None if handle.jobs else key
@@ -171,7 +178,9 @@ class WorkerPool:
 
     # --- supervision -------------------------------------------------------------------------------------
     def reap(self) -> list[WorkerHandle]:
-        """Workers whose process has exited (removed from the pool), retired ones included."""
+        """Workers whose process has exited (removed from the pool), retired ones included; a worker not ready
+        within `start_timeout` is killed first (a failed start, like one that exited)."""
+        self._kill_overdue_starts()
         dead = [h for h in self.workers.values() if h.proc.poll() is not None]
         for handle in dead:
             del self.workers[handle.name]
@@ -179,6 +188,14 @@ class WorkerPool:
                 self._failed_starts += 1
                 self._next_start = time.monotonic() + min(5.0, 0.1 * 2**self._failed_starts)
         return dead
+
+    def _kill_overdue_starts(self) -> None:
+        now = time.monotonic()
+        for handle in self.workers.values():
+            if not handle.ready and not handle.retiring and now - handle.started > self.start_timeout:
+                handle.proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL: gone at once, reaped next tick if not
+                    handle.proc.wait(1.0)
 
     def scale(self, load: int) -> list[WorkerHandle]:
         """Start workers the load calls for (or to replace dead ones); returns idle workers to retire."""
