@@ -46,8 +46,8 @@ class ServeConfig(BaseConfig):
     the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
     worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
     """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered before it is taken as
-    hung (its event loop blocked), killed and replaced, and its requests re-dispatched; also the most seconds a
-    starting worker may take to say ready (past it, it is killed as a failed start)."""
+    hung (its event loop blocked), killed and replaced, and its requests re-dispatched; also, when over 60, the most
+    seconds a starting worker may take to say ready (past them it is killed as a failed start)."""
     max_abandoned_threads: int = Field(default=MAX_ABANDONED_THREADS, ge=0)
     """Threads of hung sync calls (tools, scorers past their timeout) a worker may hold before it is replaced,
     once its requests are answered."""

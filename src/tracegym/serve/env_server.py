@@ -10,7 +10,7 @@ the task's code that ends its process) once it has done so `max_redispatch` + 1 
 and the other workers keep serving new requests meanwhile. Busy workers are asked every few seconds which
 requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
 the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's; a
-starting worker not ready within `worker_timeout` is killed as a failed start.
+starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.runtimes.processes import Parent
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server
-from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize, WorkerHandle, WorkerPool
+from tracegym.serve.pool import MAX_ABANDONED_THREADS, START_TIMEOUT, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
     PROTOCOL,
@@ -95,6 +95,7 @@ class EnvServer:
         if worker_timeout <= 0:
             raise UsageError(f"worker_timeout must be positive, got {worker_timeout}")
         self.worker_timeout, self.max_abandoned_threads = worker_timeout, max_abandoned_threads
+        self.start_timeout = max(worker_timeout, START_TIMEOUT)  # a short hang check must not cut a slow import
         self.stats = collections.Counter[str]()
         self.inflight: dict[bytes, InFlight] = {}
         self.index: dict[tuple[bytes, str], bytes] = {}
@@ -130,7 +131,7 @@ class EnvServer:
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
         self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
-                               self.max_abandoned_threads, start_timeout=self.worker_timeout)
+                               self.max_abandoned_threads, start_timeout=self.start_timeout)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:
@@ -503,8 +504,8 @@ class EnvServer:
 
     def _failing_message(self) -> str:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"
-        return (f"workers for taskset {self.taskset_id!r} keep failing to start (exiting, or not ready within the "
-                f"worker timeout, {self.worker_timeout:g} s){where}")
+        return (f"workers for taskset {self.taskset_id!r} keep failing to start (exiting, or not ready within "
+                f"{self.start_timeout:g} s){where}")
 
 
 def _qualname(cls: type) -> str:
