@@ -144,8 +144,8 @@ def test_a_serve_number_out_of_range_exits_2_naming_its_flag(flag, value, capsys
 
 def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_task_error(tmp_path, capsys,
                                                                                        monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    monkeypatch.setenv(SECRET_ENV, "s3cret-s3cret-s3cret")
     with local_server("reverse-text", workers=1) as address:
-        monkeypatch.setenv(SECRET_ENV, "guess")
+        monkeypatch.setenv(SECRET_ENV, "a-wrong-guess-of-it")
         err = refused(capsys, ["eval", "reverse-text", "--env-address", address, "--output-dir", str(tmp_path)])
     assert "authentication failed" in err and SECRET_ENV in err and "task error" not in err

@@ -30,7 +30,7 @@ def status_mib(pid: int, field: str) -> float:
 
 
 async def server_pid(address: str) -> int:
-    async with EnvClient(address, secret="s3cret", request_timeout=10) as client:
+    async with EnvClient(address, secret="s3cret-s3cret-s3cret", request_timeout=10) as client:
         return (await client.health())["pid"]
 
 
@@ -77,7 +77,7 @@ def raw_frame(address: str, size: int, within: float = 20.0) -> str:
 
 
 def test_a_raw_peer_sending_one_long_frame_before_authentication_costs_at_most_the_size_limit(monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    monkeypatch.setenv(SECRET_ENV, "s3cret-s3cret-s3cret")
     with local_server(SPEC, {}, workers=1) as address:
         monkeypatch.delenv(SECRET_ENV)
         pid = asyncio.run(server_pid(address))
@@ -92,7 +92,7 @@ def test_a_raw_peer_sending_one_long_frame_before_authentication_costs_at_most_t
 
 
 def test_an_unauthenticated_1gib_burst_leaves_server_memory_flat_and_it_keeps_serving(monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    monkeypatch.setenv(SECRET_ENV, "s3cret-s3cret-s3cret")
     with local_server(SPEC, {}, workers=1) as address:
         monkeypatch.delenv(SECRET_ENV)
         pid = asyncio.run(server_pid(address))

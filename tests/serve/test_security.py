@@ -2,15 +2,18 @@
 
 import asyncio
 import contextlib
+import hashlib
 import select
 import socket
 import threading
 
 import pytest
+import zmq
 from serve_helpers import running_server, task, wait_for
+from zmq.utils import z85
 
 from tracegym import UsageError
-from tracegym.serve import AuthenticationError, EnvClient, EnvServer
+from tracegym.serve import AuthenticationError, EnvClient, EnvServer, curve
 from tracegym.serve.wire import SECRET_ENV
 from tracegym.testing.echo import SPEC
 
@@ -21,9 +24,25 @@ def test_binding_off_loopback_without_a_secret_is_refused(monkeypatch):
         EnvServer(SPEC, address="tcp://0.0.0.0:0")
 
 
+@pytest.mark.parametrize("side", ["server", "client"])
+def test_a_secret_shorter_than_16_characters_is_refused_naming_where_it_comes_from(side, monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "short-secret")
+    with pytest.raises(UsageError, match=f"{SECRET_ENV}.*at least 16 characters"):
+        EnvServer(SPEC) if side == "server" else EnvClient("tcp://127.0.0.1:1")
+
+
+def test_the_curve_keys_are_derived_from_the_secret_by_scrypt_with_the_documented_salt():
+    secret = "s3cret-s3cret-s3cret"
+    derived = hashlib.scrypt(secret.encode(), salt=curve.SALT, n=2**14, r=8, p=1, dklen=64)
+    server, client = curve.key_pairs(secret)
+    assert server[1] == z85.encode(derived[:32]) and client[1] == z85.encode(derived[32:])
+    assert server[0] == zmq.curve_public(server[1]) and client[0] == zmq.curve_public(client[1])
+    assert curve.key_pairs(secret) is curve.key_pairs(secret)  # derived once per process
+
+
 @pytest.fixture(scope="module")
 def guarded():
-    with running_server(secret="s3cret") as server:
+    with running_server(secret="s3cret-s3cret-s3cret") as server:
         yield server
 
 
@@ -35,20 +54,20 @@ async def test_a_request_without_the_secret_is_rejected(guarded, monkeypatch):
 
 
 async def test_a_request_with_a_wrong_secret_is_rejected(guarded):
-    async with EnvClient(guarded.bound, secret="guess") as client:
+    async with EnvClient(guarded.bound, secret="a-wrong-guess-of-it") as client:
         with pytest.raises(AuthenticationError, match="refused this client's shared secret"):
             await client.info()
     assert guarded.stats["handshakes_failed"] >= 1
 
 
 async def test_a_client_with_a_secret_is_told_when_the_server_has_none(server):
-    async with EnvClient(server.bound, secret="s3cret") as client:
+    async with EnvClient(server.bound, secret="s3cret-s3cret-s3cret") as client:
         with pytest.raises(AuthenticationError, match="or unset it if the server has none"):
             await client.health()
 
 
 async def test_a_request_with_the_secret_from_the_environment_is_served(guarded, monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "s3cret")
+    monkeypatch.setenv(SECRET_ENV, "s3cret-s3cret-s3cret")
     async with EnvClient(guarded.bound) as client:
         assert (await client.health())["ok"]
 
@@ -100,7 +119,7 @@ def replay(address: str, captured: bytes) -> None:
 
 async def test_traffic_under_a_secret_is_encrypted_and_a_captured_session_replayed_runs_nothing(guarded, endpoint):
     tap = Tap(guarded.bound)
-    async with EnvClient(tap.address, secret="s3cret") as client:
+    async with EnvClient(tap.address, secret="s3cret-s3cret-s3cret") as client:
         [trace] = await client.run(task("confidential"), endpoint)
     assert trace.ok
     assert b"confidential" not in tap.sent

@@ -1,15 +1,18 @@
 """Curve: what a shared secret does to the env server's client-facing sockets: CURVE encryption, and admission of
 only the peers that hold the secret, decided in the handshake, before a peer can send a byte of payload.
 
-Both sides derive two CURVE key pairs from the secret (the server's and the clients'); the secret itself never
-crosses the wire. A client must know the server's public key to be understood at all, and the server's ZAP check
+Both sides derive two CURVE key pairs from the secret (the server's and the clients'), by scrypt with a fixed salt,
+once per process; the secret itself never crosses the wire, and a captured public key costs a guesser one scrypt
+per guess. A client must know the server's public key to be understood at all, and the server's ZAP check
 admits only the clients' public key, whose private half proves possession of the secret. Each connection then
 gets fresh session keys and numbered messages, so captured traffic can be neither read nor replayed.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 
 import zmq
 from zmq.utils import z85
@@ -19,6 +22,11 @@ from tracegym.serve.wire import SECRET_ENV
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 """Where libzmq asks a context's ZAP handler whether to admit a peer (fixed by the ZAP spec)."""
+SALT = b"tracegym-env-curve-v1"
+"""scrypt's salt for the keys (fixed: server and clients must derive the same keys from the same secret)."""
+SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+"""scrypt's cost: about 16 MiB and a few tens of milliseconds, paid once per process."""
+MIN_SECRET_CHARS = 16
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 """Socket monitor events of a connection refused during its handshake."""
@@ -31,10 +39,22 @@ class AuthenticationError(UsageError):
     kind = ErrorKind.INFRASTRUCTURE
 
 
-def _key_pair(secret: str, role: str) -> tuple[bytes, bytes]:
-    """(public, private) CURVE keys, z85-encoded, of `role` ("server" or "client") under `secret`."""
-    private = z85.encode(hashlib.sha256(f"tracegym-env-{role}\0{secret}".encode()).digest())
-    return zmq.curve_public(private), private
+def shared_secret(given: str | None) -> str | None:
+    """The shared secret in force: `given`, else $TRACEGYM_ENV_SECRET, else None; a UsageError when too short."""
+    secret = given if given is not None else os.environ.get(SECRET_ENV) or None
+    if secret is not None and len(secret) < MIN_SECRET_CHARS:
+        raise UsageError(f"the shared secret ({SECRET_ENV}, or `secret=`) must be at least {MIN_SECRET_CHARS} "
+                         f"characters, got {len(secret)}: use a long random string")
+    return secret
+
+
+@functools.cache
+def key_pairs(secret: str) -> tuple[tuple[bytes, bytes], tuple[bytes, bytes]]:
+    """The server's and the clients' (public, private) CURVE keys, z85-encoded, under `secret`: scrypt(secret,
+    SALT) gives 64 bytes, the server's private key then the clients'."""
+    derived = hashlib.scrypt(secret.encode(), salt=SALT, dklen=64, **SCRYPT)
+    server, client = z85.encode(derived[:32]), z85.encode(derived[32:])
+    return (zmq.curve_public(server), server), (zmq.curve_public(client), client)
 
 
 def _require_curve() -> None:
@@ -46,15 +66,16 @@ def guard_server(socket: zmq.Socket, secret: str) -> None:
     """Make `socket` (before it binds) a CURVE server under `secret`; its context needs a `Gatekeeper`."""
     _require_curve()
     socket.curve_server = True
-    socket.curve_secretkey = _key_pair(secret, "server")[1]
+    socket.curve_secretkey = key_pairs(secret)[0][1]
     socket.zap_domain = b"tracegym"
 
 
 def guard_client(socket: zmq.Socket, secret: str) -> None:
     """Make `socket` (before it connects) a CURVE client under `secret`."""
     _require_curve()
-    socket.curve_serverkey = _key_pair(secret, "server")[0]
-    socket.curve_publickey, socket.curve_secretkey = _key_pair(secret, "client")
+    server, client = key_pairs(secret)
+    socket.curve_serverkey = server[0]
+    socket.curve_publickey, socket.curve_secretkey = client
 
 
 class Gatekeeper:
@@ -62,7 +83,7 @@ class Gatekeeper:
     Answered from the server's own poll loop (`answer` when its socket is readable): no thread."""
 
     def __init__(self, ctx: zmq.Context, secret: str) -> None:
-        self.client_key = z85.decode(_key_pair(secret, "client")[0])
+        self.client_key = z85.decode(key_pairs(secret)[1][0])
         self.socket = ctx.socket(zmq.REP)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(ZAP_ENDPOINT)

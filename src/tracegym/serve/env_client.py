@@ -36,8 +36,8 @@ from tracegym.envs.evaluate import (
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
-from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal
-from tracegym.serve.wire import MAX_FRAME_BYTES, SECRET_ENV, RemoteError, decode_reply, encode_request
+from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal, shared_secret
+from tracegym.serve.wire import MAX_FRAME_BYTES, RemoteError, decode_reply, encode_request
 
 PING_AFTER = 1.0
 """Seconds of silence, with requests in flight, after which the client pings the server."""
@@ -54,7 +54,7 @@ class EnvClient:
             raise UsageError(f"per_request must be at least 1, got {per_request}")
         self.address, self.request_timeout, self.liveness_timeout = address, request_timeout, liveness_timeout
         self.max_request_bytes, self.per_request = max_request_bytes, per_request
-        self.secret = secret if secret is not None else os.environ.get(SECRET_ENV) or None
+        self.secret = shared_secret(secret)
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-{id(self):x}-"
         self._waiting: dict[str, asyncio.Future[Any]] = {}

@@ -30,7 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.runtimes.processes import Parent
-from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server
+from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server, shared_secret
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, START_TIMEOUT, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
@@ -88,7 +88,7 @@ class EnvServer:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
-        self.secret = secret if secret is not None else os.environ.get(SECRET_ENV) or None
+        self.secret = shared_secret(secret)
         if not is_loopback(address) and not self.secret:
             raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
         self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
