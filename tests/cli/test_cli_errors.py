@@ -148,4 +148,4 @@ def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_ta
     with local_server("reverse-text", workers=1) as address:
         monkeypatch.setenv(SECRET_ENV, "a-wrong-guess-of-it")
         err = refused(capsys, ["eval", "reverse-text", "--env-address", address, "--output-dir", str(tmp_path)])
-    assert "authentication failed" in err and SECRET_ENV in err and "task error" not in err
+    assert "handshake refused" in err and SECRET_ENV in err and "task error" not in err

@@ -55,7 +55,7 @@ async def test_a_request_without_the_secret_is_rejected(guarded, monkeypatch):
 
 async def test_a_request_with_a_wrong_secret_is_rejected(guarded):
     async with EnvClient(guarded.bound, secret="a-wrong-guess-of-it") as client:
-        with pytest.raises(AuthenticationError, match="refused this client's shared secret"):
+        with pytest.raises(AuthenticationError, match="its shared secret differs from this client's"):
             await client.info()
     assert guarded.stats["handshakes_failed"] >= 1
 
@@ -77,17 +77,28 @@ GREETING = 64
 
 
 class Tap:
-    """A TCP relay in front of a server that records what the client sends (a wire an attacker can read)."""
+    """A TCP relay in front of a server that records what its clients send (a wire an attacker can read); the
+    first `refuse` connections it answers the way an HTTP server would, then hangs up."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, refuse: int = 0) -> None:
         self.upstream = upstream.removeprefix("tcp://").rsplit(":", 1)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sent = bytearray()
-        threading.Thread(target=self._relay, daemon=True).start()
+        self.sent, self.refuse = bytearray(), refuse
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _relay(self) -> None:
-        client, _ = self.listener.accept()
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            if self.refuse:
+                self.refuse -= 1
+                with client:
+                    client.recv(GREETING)
+                    client.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                continue
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
         server = socket.create_connection((self.upstream[0], int(self.upstream[1])))
         peers = {client: server, server: client}
         while True:
@@ -99,6 +110,14 @@ class Tap:
                 if sock is client:
                     self.sent += data
                 peers[sock].sendall(data)
+
+
+async def test_a_client_of_something_not_an_env_server_hears_its_handshake_was_refused():
+    not_ours = Tap("tcp://127.0.0.1:1", refuse=10**6)
+    async with EnvClient(not_ours.address, request_timeout=10) as client:
+        with pytest.raises(AuthenticationError, match=f"handshake refused by {not_ours.address}: not a tracegym env "
+                                                      "server, or"):
+            await client.health()
 
 
 def replay(address: str, captured: bytes) -> None:

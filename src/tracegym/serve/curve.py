@@ -33,8 +33,8 @@ HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_F
 
 
 class AuthenticationError(UsageError):
-    """An env server refused this client's shared secret, or its lack of one (a setting to fix, not a fault of
-    the task or the network)."""
+    """A peer refused this client's handshake: an env server with another shared secret (or none, or one where
+    the client has none), or something that is not an env server (a setting to fix, not a fault of the task)."""
 
     kind = ErrorKind.INFRASTRUCTURE
 
@@ -105,11 +105,12 @@ class Gatekeeper:
 
 
 def refusal(address: str, has_secret: bool) -> AuthenticationError:
-    """What a refused handshake means for the user of a client with (or without) a shared secret. Which side
-    lacked what cannot be told reliably: the side that notices a mismatch first hangs up on the other."""
+    """What refused handshakes mean for the user of a client with (or without) a shared secret. Which side lacked
+    what cannot be told reliably (the side that notices a mismatch first hangs up on the other), nor whether the
+    peer is an env server at all (a wrong port fails the handshake too)."""
     if has_secret:
-        why = (f"refused this client's shared secret ({SECRET_ENV}): set it to the one the server was started "
-               "with, or unset it if the server has none")
+        why = (f"its shared secret differs from this client's ({SECRET_ENV}): set it to the one the server was "
+               "started with, or unset it if the server has none")
     else:
-        why = f"requires a shared secret: set {SECRET_ENV} to the one it was started with"
-    return AuthenticationError(f"authentication failed: the env server at {address} {why}")
+        why = f"it requires a shared secret: set {SECRET_ENV} to the one it was started with"
+    return AuthenticationError(f"handshake refused by {address}: not a tracegym env server, or {why}")

@@ -121,8 +121,10 @@ class EnvClient:
             future.set_result(result)
 
     async def _watch_handshakes(self) -> None:
-        """Fail every waiting request when the server refuses our handshake (no, or another, shared secret):
-        ZMQ would retry the connection forever, and the user must hear why."""
+        """Fail every waiting request when the server refuses our handshake (no, or another, shared secret; or no
+        env server at all): ZMQ would retry the connection forever, or not at all, and the user must hear why. A
+        request sent on a refused connection is lost to libzmq even if the next handshake succeeds, so waiting for
+        one would save nothing."""
         assert self._handshakes is not None
         while True:
             await self._handshakes.recv_multipart()
