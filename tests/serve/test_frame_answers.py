@@ -36,14 +36,17 @@ def test_a_request_over_the_limit_is_answered_with_a_typed_error_and_counted(sma
     assert small.stats["oversized"] == before + 1
 
 
-def test_a_frame_over_the_sockets_hard_cap_is_counted_though_its_sender_cannot_be_answered(small):
-    before = small.stats["connections_dropped"]
-    with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:  # stays connected: only the cut can count
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(small.bound)
+def test_a_frame_over_the_sockets_hard_cap_is_counted_though_its_sender_cannot_be_answered():
+    with running_server(max_frame_bytes=LIMIT) as server, zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
+        sock.setsockopt(zmq.LINGER, 0)  # its own server: no other connection's close can count
+        cut = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.connect(server.bound)
         sock.send_multipart([b"\x80", b"x" * (4 * LIMIT)])
-        assert wait_for(lambda: small.stats["connections_dropped"] > before, 5)
+        assert cut.poll(5000), "the server did not cut the connection"  # this socket stays open: the server cut it
+        assert wait_for(lambda: server.stats["connections_closed"] == 1, 5), server.stats
         assert not sock.poll(100)  # libzmq cut it before its sender was known: nothing to answer
+        sock.disable_monitor()
+        cut.close(0)
 
 
 async def test_a_client_that_learned_the_servers_limit_refuses_a_larger_request_at_once(small, endpoint):

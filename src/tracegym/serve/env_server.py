@@ -221,7 +221,7 @@ class EnvServer:
         """Count a connection event: a peer refused in its handshake (without the shared secret, or not speaking
         ZMTP), or a connection that ended (its peer left, or libzmq cut it over a frame past the hard cap)."""
         event = parse_monitor_message(frames)["event"]
-        self.stats["connections_dropped" if event == zmq.EVENT_DISCONNECTED else "handshakes_failed"] += 1
+        self.stats["connections_closed" if event == zmq.EVENT_DISCONNECTED else "handshakes_failed"] += 1
 
     def _send(self, client: bytes, frames: list[bytes]) -> None:
         try:
