@@ -81,3 +81,45 @@ async def test_a_model_client_dropped_while_a_rollout_uses_it_is_closed_when_tha
     assert busy.closed
     async with clients.use(second) as again:
         assert again is other
+
+
+class SlowClosing(Closing):
+    """A model client whose close takes until `gate` opens (so an eviction awaits, and others run meanwhile)."""
+
+    gate: asyncio.Event
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self.gate.wait()
+
+
+async def until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0)
+
+
+async def test_a_new_client_is_not_closed_by_another_new_endpoint_while_its_own_eviction_awaits(endpoint):
+    SlowClosing.gate = asyncio.Event()
+    made: list[SlowClosing] = []
+    clients = ModelClients(lambda ep: made.append(SlowClosing(ep)) or made[-1], limit=1)
+    endpoints = [endpoint.model_copy(update={"timeout": 1.0 + n}) for n in range(3)]
+    async with clients.use(endpoints[0]):
+        pass
+    leave = asyncio.Event()
+    used: list[bool] = []
+
+    async def use(ep: Endpoint) -> None:
+        async with clients.use(ep) as model:
+            used.append(model.closed)
+            await leave.wait()
+
+    a = asyncio.create_task(use(endpoints[1]))
+    await until(lambda: made[0].closed)  # a evicts the first client and awaits its close
+    b = asyncio.create_task(use(endpoints[2]))
+    await until(lambda: len(made) == 3 and (made[1].closed or used))  # b evicted a's client, or is using its own
+    SlowClosing.gate.set()
+    await until(lambda: len(used) == 2)
+    assert used == [False, False], "a client was closed while handed out"
+    leave.set()
+    await asyncio.gather(a, b)
+    assert made[1].closed and not made[2].closed  # a's client went once a was done with it

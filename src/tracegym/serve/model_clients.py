@@ -34,12 +34,12 @@ class ModelClients:
         model = self._kept.get(endpoint)
         if model is None:
             model = self._kept[endpoint] = self._make(endpoint)
-            while len(self._kept) > self.limit:
-                await self._drop(self._kept.popitem(last=False)[1])
         else:
             self._kept.move_to_end(endpoint)
-        self._users[id(model)] += 1
+        self._users[id(model)] += 1  # before any await: another new endpoint's eviction must see it in use
         try:
+            while len(self._kept) > self.limit:
+                await self._drop(self._kept.popitem(last=False)[1])
             yield model
         finally:
             self._users[id(model)] -= 1
