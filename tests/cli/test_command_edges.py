@@ -1,12 +1,18 @@
 """Command-line settings of the env servers a command starts: the worker timeout from eval and rl, the elastic
 pool's growth threshold from serve."""
 
+import contextlib
+import io
+
 import pytest
 
 from tracegym.cli.main import main
 from tracegym.cli.serve import ServeConfig
 from tracegym.config.command_line import parse_command
 from tracegym.testing import FakeOpenAIServer
+from tracegym.train.launcher import start_env_servers
+from tracegym.train.rl_config import parse_rl_args
+from tracegym.train.rl_folder import RLFolder
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +34,16 @@ def test_rl_sets_the_worker_timeout_of_each_env_server_it_starts(tmp_path, capsy
     config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nworker_timeout = 7\n')
     assert main(["rl", "@", str(config), "--dry-run"]) == 0
     assert "worker_timeout = 7" in capsys.readouterr().out
+
+
+def test_rls_worker_timeout_reaches_the_env_server_it_starts(tmp_path):
+    config = tmp_path / "rl.toml"
+    config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nworker_timeout = 7\n')
+    rl_config, _ = parse_rl_args(["@", str(config)])
+    with contextlib.ExitStack() as stack:
+        [key] = start_env_servers(rl_config, tmp_path, stack, io.StringIO())
+    [log] = RLFolder(tmp_path).env_log_dir(key).glob("server.log")
+    assert "worker timeout 7 s" in log.read_text()
 
 
 def test_serve_grow_at_sets_the_elastic_pools_threshold():
