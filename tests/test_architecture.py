@@ -11,7 +11,7 @@ ROOT = "tracegym"
 """Stands for the top-level `tracegym` module (its __init__), which imports core, envs and models."""
 
 FORBIDDEN = {
-    "core": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
+    "core": {ROOT, "runtimes", "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
     "runtimes": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "config", "cli", "testing"},
     "config": {ROOT, "envs", "tasksets", "models", "serve", "eval", "train", "cli", "testing"},
     "models": {ROOT, "envs", "tasksets", "serve", "eval", "train", "config", "cli", "testing"},
