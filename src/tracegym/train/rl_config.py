@@ -13,7 +13,8 @@ from pydantic_config import BaseConfig
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import Rename, moved_into
 from tracegym.core.sampling import Sampling
-from tracegym.models.model_choice import ClientKind, ModelChoice
+from tracegym.models.client_settings import ClientKind
+from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Address
 from tracegym.train.trainer import TrainerConfig
 
