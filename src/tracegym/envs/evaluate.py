@@ -31,7 +31,10 @@ X = TypeVar("X")
 R = TypeVar("R")
 
 INFRA_RETRIES = 1
-"""Default reruns of a rollout that ended on an infrastructure error (here and in an env server's `run`)."""
+"""Default reruns of a rollout that ended on an infrastructure error (here, in an env server's `run`, in eval)."""
+
+CONCURRENCY = 32
+"""Default number of rollouts an evaluation runs at once (here, on an env client, in `tracegym eval`)."""
 
 
 class RolloutOptions(TypedDict, total=False):
@@ -42,7 +45,7 @@ class RolloutOptions(TypedDict, total=False):
     timeouts: Timeouts | None
     """Seconds each stage may take (default `Timeouts()`)."""
     infra_retries: int
-    """Reruns of a rollout that ended on an infrastructure error, each with a fresh Task (default 1)."""
+    """Reruns of a rollout that ended on an infrastructure error, each with a fresh Task (default `INFRA_RETRIES`)."""
 
 
 class EvaluateOptions(RolloutOptions, total=False):
@@ -53,7 +56,7 @@ class EvaluateOptions(RolloutOptions, total=False):
     rollouts: int
     """Rollouts per task (default 1)."""
     concurrency: int
-    """Rollouts running at once, at most (default 32)."""
+    """Rollouts running at once, at most (default `CONCURRENCY`)."""
     pairs: Iterable[tuple[TaskData, int]] | None
     """(task, rollout index) pairs to run instead of every task x `rollouts`: e.g. what a resumed run lacks."""
 
@@ -117,7 +120,7 @@ class Plan:
     options: RolloutOptions
 
 
-def plan(taskset: str | Taskset, *, num_tasks: int | None = None, rollouts: int = 1, concurrency: int = 32,
+def plan(taskset: str | Taskset, *, num_tasks: int | None = None, rollouts: int = 1, concurrency: int = CONCURRENCY,
          pairs: Iterable[tuple[TaskData, int]] | None = None, **options: Unpack[RolloutOptions]) -> Plan:
     """The evaluation `evaluate_iter` runs (in process or on an env server), with the defaults of its options."""
     if unknown := sorted(options.keys() - RolloutOptions.__optional_keys__):

@@ -24,6 +24,7 @@ from tracegym.config.renames import migrate, moved_into
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
+from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset, TasksetConfig
@@ -55,9 +56,9 @@ class EvalConfig(BaseConfig):
     """Rollouts per task (pass@k is reported for every k up to this)."""
     sampling: Sampling = Sampling()
     timeouts: Timeouts = Timeouts()
-    concurrency: Annotated[int, _short("concurrency", "c"), Field(gt=0)] = 32
+    concurrency: Annotated[int, _short("concurrency", "c"), Field(gt=0)] = CONCURRENCY
     """Rollouts running at once."""
-    infra_retries: int = Field(default=1, ge=0)
+    infra_retries: int = Field(default=INFRA_RETRIES, ge=0)
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
     serve: bool = True
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""

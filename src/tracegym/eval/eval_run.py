@@ -20,7 +20,7 @@ from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
+from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, bounded_taskset, evaluate_iter
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
@@ -41,13 +41,14 @@ class RolloutSettings:
 
     sampling: Sampling = field(default_factory=Sampling)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    concurrency: int = 32
-    infra_retries: int = 1
+    concurrency: int = CONCURRENCY
+    infra_retries: int = INFRA_RETRIES
 
-    def options(self) -> dict[str, Any]:
-        """These settings as the keyword arguments of `evaluate_iter` (in process and on an env client alike)."""
-        return {"sampling": self.sampling, "timeouts": self.timeouts, "concurrency": self.concurrency,
-                "infra_retries": self.infra_retries}
+    def options(self, pairs: list[tuple[TaskData, int]]) -> EvaluateOptions:
+        """These settings as the keyword arguments of `evaluate_iter` over `pairs` (in process and on an env
+        client alike)."""
+        return EvaluateOptions(sampling=self.sampling, timeouts=self.timeouts, concurrency=self.concurrency,
+                               infra_retries=self.infra_retries, pairs=pairs)
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,9 @@ async def run_rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint
 async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
     """Traces of the planned work as they finish: through an env server (one already running, or one started
     here with worker logs in the run folder) or in this process."""
-    options = parts.settings.options()
+    options = parts.settings.options(work.todo)
     if parts.env is None:
-        async for trace in evaluate_iter(parts.taskset, endpoint, pairs=work.todo, **options):
+        async for trace in evaluate_iter(parts.taskset, endpoint, **options):
             yield trace
         return
     with contextlib.ExitStack() as stack:
@@ -201,7 +202,7 @@ async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: En
             local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
                          worker_timeout=parts.env.worker_timeout))
         async with EnvClient(address) as client:
-            async for trace in client.evaluate_iter(parts.taskset, endpoint, pairs=work.todo, **options):
+            async for trace in client.evaluate_iter(parts.taskset, endpoint, **options):
                 yield trace
 
 

@@ -22,6 +22,7 @@ from tracegym.core.messages import ToolCall
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
+from tracegym.envs.evaluate import CONCURRENCY
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
@@ -66,7 +67,8 @@ async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> T
     return new
 
 
-async def rescore(taskset: Taskset, traces: list[Trace], timeouts: Timeouts, concurrency: int = 32) -> Rescored:
+async def rescore(taskset: Taskset, traces: list[Trace], timeouts: Timeouts,
+                  concurrency: int = CONCURRENCY) -> Rescored:
     """Every trace rescored, in the same order, `concurrency` at a time, with the divergences found."""
     gate = asyncio.Semaphore(concurrency)
 
