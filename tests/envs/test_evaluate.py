@@ -29,6 +29,13 @@ async def test_a_misspelt_option_is_a_usage_error_naming_it():
         await tg.evaluate(TASKSET, ScriptedModel(["yes"]), rollout=2)
 
 
+async def test_a_misspelt_option_of_one_rollout_or_group_is_the_same_usage_error():
+    with pytest.raises(tg.UsageError, match=r"unknown option 'seed' \(options: infra_retries, sampling, timeouts\)"):
+        await tg.run_rollout(TASKSET, TASKSET[0], ScriptedModel(["yes"]), seed=2)  # type: ignore[call-arg]
+    with pytest.raises(tg.UsageError, match="unknown option 'rollout'"):
+        await tg.run_group(TASKSET, TASKSET[0], ScriptedModel(["yes"]), 2, rollout=2)  # type: ignore[call-arg]
+
+
 class NamelessModel:
     """A model client with a bug: reading its name raises."""
 

@@ -51,8 +51,10 @@ async def test_a_misspelt_option_is_a_usage_error_naming_it(server, endpoint):
     async with EnvClient(server.bound) as env:
         with pytest.raises(tg.UsageError, match="unknown option 'rollout'"):
             await env.evaluate(Echo(), endpoint, rollout=2)
-        with pytest.raises(TypeError, match="rollout"):
+        with pytest.raises(tg.UsageError, match="unknown option 'rollout'"):
             await env.run_group(Echo(), task(), endpoint, 2, rollout=2)
+        with pytest.raises(tg.UsageError, match=r"unknown option 'seed' \(options: infra_retries, sampling"):
+            await env.run_rollout(Echo(), task(), endpoint, seed=2)
 
 
 def test_per_request_below_one_is_a_usage_error():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
@@ -66,9 +66,12 @@ ModelArg = ModelClient | Endpoint
 
 
 async def run_rollout(taskset: Taskset, data: TaskData, model: ModelArg, *, rollout_index: int = 0,
-                      sampling: Sampling | None = None, timeouts: Timeouts | None = None,
-                      infra_retries: int = INFRA_RETRIES) -> Trace:
-    """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times; never raises."""
+                      **options: Unpack[RolloutOptions]) -> Trace:
+    """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times; never raises for
+    the rollout (a misspelt option is a UsageError)."""
+    check_options(options)
+    sampling, timeouts = options.get("sampling"), options.get("timeouts")
+    infra_retries = options.get("infra_retries", INFRA_RETRIES)
     async with live(model) as client:
         for attempt in range(infra_retries + 1):
             try:
@@ -85,6 +88,7 @@ async def run_rollout(taskset: Taskset, data: TaskData, model: ModelArg, *, roll
 async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts: int,
                     **options: Unpack[RolloutOptions]) -> list[Trace]:
     """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
+    check_options(options)
     async with live(model) as client:
         return list(await asyncio.gather(
             *(run_rollout(taskset, data, client, rollout_index=i, **options) for i in range(rollouts))))
@@ -123,13 +127,18 @@ class Plan:
 def plan(taskset: str | Taskset, *, num_tasks: int | None = None, rollouts: int = 1, concurrency: int = CONCURRENCY,
          pairs: Iterable[tuple[TaskData, int]] | None = None, **options: Unpack[RolloutOptions]) -> Plan:
     """The evaluation `evaluate_iter` runs (in process or on an env server), with the defaults of its options."""
-    if unknown := sorted(options.keys() - RolloutOptions.__optional_keys__):
-        known = ", ".join(sorted(EvaluateOptions.__optional_keys__))
-        raise UsageError(f"unknown option {unknown[0]!r} (options: {known})")
+    check_options(options, EvaluateOptions.__optional_keys__)  # the others are this function's own arguments
     ts = bounded_taskset(taskset, num_tasks, need_bound=pairs is None)
     if pairs is None:
         pairs = ((d, i) for d in ts for i in range(rollouts))
     return Plan(ts, iter(pairs), concurrency, options)
+
+
+def check_options(options: Mapping[str, object], known: Collection[str] = RolloutOptions.__optional_keys__) -> None:
+    """A UsageError naming the first of `options` that is not `known` (a misspelt keyword of a run function, in
+    process or on an env client), and listing the known ones."""
+    if unknown := sorted(options.keys() - set(known)):
+        raise UsageError(f"unknown option {unknown[0]!r} (options: {', '.join(sorted(known))})")
 
 
 async def in_task_order(evaluate_iter: Callable[..., AsyncIterator[Trace]], taskset: str | Taskset, model: Any,

@@ -29,6 +29,7 @@ from tracegym.envs.evaluate import (
     EvaluateOptions,
     RolloutOptions,
     as_finished,
+    check_options,
     failed_trace,
     in_task_order,
     plan,
@@ -257,10 +258,8 @@ class EnvClient:
 
     # --- the in-process API, run on the server ------------------------------------------------------------
     async def run_rollout(self, taskset: Taskset, data: TaskData, model: Endpoint, *, rollout_index: int = 0,
-                          sampling: Sampling | None = None, timeouts: Timeouts | None = None,
-                          infra_retries: int = INFRA_RETRIES) -> Trace:
+                          **options: Unpack[RolloutOptions]) -> Trace:
         """As `envs.evaluate.run_rollout`, on the server; a failed request is a failed trace."""
-        options: RolloutOptions = {"sampling": sampling, "timeouts": timeouts, "infra_retries": infra_retries}
         [trace] = await self._traces(taskset.id, data, model, [rollout_index], options)
         return trace
 
@@ -294,7 +293,8 @@ class EnvClient:
     async def _traces(self, taskset_id: str, data: TaskData, model: Endpoint, indices: list[int],
                       options: RolloutOptions) -> list[Trace]:
         """The traces of one `run` request, a failed trace per rollout when the request failed."""
-        request = self.run(data, _endpoint(model), rollout_indices=indices, **options)  # a misspelt option raises
+        check_options(options)
+        request = self.run(data, _endpoint(model), rollout_indices=indices, **options)
         try:
             return await request
         except Exception as exc:  # the request is the boundary: whatever ended it (server gone, timed out, worker
