@@ -25,6 +25,7 @@ def endpoint(fake: FakeOpenAIServer) -> Endpoint:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[EnvServer]:
-    """A shared one-worker echo server (tasks sleep 0 s in setup unless the test's own server says otherwise)."""
-    with running_server({"num_tasks": 20}) as srv:
+    """A shared one-worker echo server with `Echo()`'s options (tasks sleep 0 s in setup unless the test's own server
+    says otherwise)."""
+    with running_server() as srv:
         yield srv

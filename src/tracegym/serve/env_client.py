@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -64,6 +65,7 @@ class EnvClient:
         self._handshakes: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
+        self._checked: dict[tuple[str, str], asyncio.Future[None]] = {}
 
     # --- connection --------------------------------------------------------------------------------------
     def _connect(self) -> zmq.asyncio.Socket:
@@ -260,12 +262,16 @@ class EnvClient:
     async def run_rollout(self, taskset: Taskset, data: TaskData, model: Endpoint, *, rollout_index: int = 0,
                           **options: Unpack[RolloutOptions]) -> Trace:
         """As `envs.evaluate.run_rollout`, on the server; a failed request is a failed trace."""
+        check_options(options)
+        await self._check_serves_once(taskset)
         [trace] = await self._traces(taskset.id, data, model, [rollout_index], options)
         return trace
 
     async def run_group(self, taskset: Taskset, data: TaskData, model: Endpoint, rollouts: int,
                         **options: Unpack[RolloutOptions]) -> list[Trace]:
         """As `envs.evaluate.run_group`, on the server, in one request; a failed request is a failed trace each."""
+        check_options(options)
+        await self._check_serves_once(taskset)
         return await self._traces(taskset.id, data, model, list(range(rollouts)), options)
 
     async def evaluate_iter(self, taskset: str | Taskset, model: Endpoint,
@@ -275,6 +281,7 @@ class EnvClient:
         (their traces arrive together): fewer, larger messages cost the server path less per rollout."""
         work = plan(taskset, **options)
         endpoint = _endpoint(model)
+        await self._check_serves_once(work.taskset)
 
         async def one(group: list[tuple[TaskData, int]]) -> list[Trace]:
             indices = [index for _, index in group]
@@ -293,7 +300,6 @@ class EnvClient:
     async def _traces(self, taskset_id: str, data: TaskData, model: Endpoint, indices: list[int],
                       options: RolloutOptions) -> list[Trace]:
         """The traces of one `run` request, a failed trace per rollout when the request failed."""
-        check_options(options)
         request = self.run(data, _endpoint(model), rollout_indices=indices, **options)
         try:
             return await request
@@ -301,6 +307,24 @@ class EnvClient:
             # died too often, refused) fails its rollouts only, as data, the way a failed rollout does in process
             return [failed_trace(data, taskset_id, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
                     for i in indices]
+
+    async def _check_serves_once(self, taskset: Taskset) -> None:
+        """`check_serves(taskset)` the first time this client runs that taskset with that config (callers at once
+        share one check): a UsageError when the server runs another taskset, or this one with other options, so
+        rollouts are never scored by the wrong rules. A server that did not answer is asked again next time; until
+        then its run requests meet the same failure and fail as data."""
+        key = (taskset.id, json.dumps(taskset.config.model_dump(mode="json"), sort_keys=True))
+        check = self._checked.get(key)
+        if check is None:
+            check = self._checked[key] = asyncio.ensure_future(self.check_serves(taskset))
+            check.add_done_callback(_ignore)  # a caller cancelled meanwhile leaves no unretrieved exception
+        try:
+            await asyncio.shield(check)
+        except UsageError:
+            raise
+        except Exception:  # not answered (server gone, timed out): the run request below is the boundary for that
+            if self._checked.get(key) is check:
+                del self._checked[key]
 
 
 async def check_env_server(address: str, taskset: Taskset, timeout_s: float = 30.0) -> None:
