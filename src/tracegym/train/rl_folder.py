@@ -251,11 +251,10 @@ class RLFolder:
         return max(done, key=step_of, default=None)
 
     def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
+        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none)."""
         path = self.path / "traces" / f"{step_name(step)}.jsonl"
         path.parent.mkdir(exist_ok=True)
-        with path.open("w") as f:
-            for trace in traces:
-                f.write(trace.model_dump_json() + "\n")
+        write_atomic(path, "".join(trace.model_dump_json() + "\n" for trace in traces))
         return path
 
     def _batch_path(self, step: int) -> Path:
