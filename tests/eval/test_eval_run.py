@@ -1,4 +1,4 @@
-"""Eval run: the plan refuses keys it cannot tell apart, and a run that leaves a planned rollout without a
+"""Eval run: finding the work refuses keys it cannot tell apart, and a run that leaves an expected rollout without a
 trace says so instead of exiting as if it were done."""
 
 import io
@@ -11,12 +11,12 @@ from tracegym.eval.eval_config import parse_eval_args
 from tracegym.eval.eval_run import (
     EvalParts,
     LocalEnvServer,
-    Plan,
+    Work,
     check_complete,
     check_unique_keys,
     eval_parts,
     execute,
-    plan,
+    work_for,
 )
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.model_choice import ModelChoice
@@ -38,7 +38,7 @@ def test_a_run_whose_traces_came_back_under_other_keys_is_not_complete(tmp_path)
     folder.append(make_trace(task=tg.TaskData(prompt="same")))  # keyed by content, not by its position
     folder.close()
     with pytest.raises(InfrastructureError, match=r"1 of 2 rollouts have no trace after the run \(first: task '1'"):
-        check_complete(Plan(pairs, pairs), folder.read_traces().traces, folder)
+        check_complete(Work(pairs, pairs), folder.read_traces().traces, folder)
 
 
 def test_the_builder_picks_where_rollouts_run_from_the_config():
@@ -60,6 +60,6 @@ def test_a_run_is_made_of_its_parts_without_a_config(tmp_path):
     out = io.StringIO()
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text[::-1], model="m") as server:
         parts = EvalParts(taskset, "t", ModelChoice(name="m", base_url=server.base_url), rollouts=2, rich=False)
-        summary = execute(parts, folder, plan(parts), out=out)
+        summary = execute(parts, folder, work_for(parts), out=out)
     assert (summary.num_traces, summary.reward) == (4, 1.0)
     assert "run folder:" in out.getvalue()

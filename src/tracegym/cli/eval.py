@@ -12,7 +12,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
-from tracegym.eval.eval_run import eval_parts, execute, plan
+from tracegym.eval.eval_run import eval_parts, execute, work_for
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import reach
 from tracegym.serve.env_client import check_env_server
@@ -45,9 +45,9 @@ def run(args: list[str]) -> int:
         config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
     parts = eval_parts(config, taskset)
     if resume_dir is not None:
-        execute(parts, folder, plan(parts, folder), resume=True, endpoint=endpoint)
+        execute(parts, folder, work_for(parts, folder), resume=True, endpoint=endpoint)
         return 0
-    work = plan(parts)  # planned before the folder is made: a taskset whose loading fails leaves none
+    work = work_for(parts)  # found before the folder is made: a taskset whose loading fails leaves none
     folder = RunFolder.create(config.output_dir, config.taskset.id, parts.model.display_name(), config.run_id)
     folder.write_config(config.to_toml_dict())
     execute(parts, folder, work, endpoint=endpoint)

@@ -1,4 +1,4 @@
-"""Eval run: one `tracegym eval` from its parts to run folder: plan the work (all of it, or what a resume lacks),
+"""Eval run: one `tracegym eval` from its parts to run folder: find the work (all of it, or what a resume lacks),
 reach the model, run the rollouts with a dashboard, append every trace as it finishes, write the summary.
 
 The run takes its parts (`EvalParts`: the taskset, the model, where and how the rollouts run), never the command's
@@ -96,7 +96,7 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
 
 
 @dataclass
-class Plan:
+class Work:
     """The work of one run: every (task, rollout index) pair, those still to run, and the traces kept."""
 
     expected: list[tuple[TaskData, int]]
@@ -104,14 +104,14 @@ class Plan:
     kept: list[Trace] = field(default_factory=list)
 
 
-def plan(parts: EvalParts, folder: RunFolder | None = None) -> Plan:
-    """What to run: all of it for a new run (`folder` None, so it can be planned before the folder is made);
+def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
+    """What to run: all of it for a new run (`folder` None, so it can be found before the folder is made);
     on resume, keep the folder's good traces, set the errored ones aside, and run the rest."""
     tasks = load_rows(parts.taskset, parts.num_tasks, parts.name)
     check_unique_keys(parts.taskset.id, tasks)
     expected = [(d, i) for d in tasks for i in range(parts.rollouts)]
     if folder is None:
-        return Plan(expected, expected)
+        return Work(expected, expected)
     folder.repair()
     stored = folder.read_traces().traces
     check_same_tasks(stored, tasks, folder)
@@ -124,7 +124,7 @@ def plan(parts: EvalParts, folder: RunFolder | None = None) -> Plan:
         folder.rewrite([*old, *errored], ERRORED)
     folder.rewrite(good.values())
     todo = [(d, i) for d, i in expected if (d.key, i) not in good]
-    return Plan(expected, todo, kept=list(good.values()))
+    return Work(expected, todo, kept=list(good.values()))
 
 
 def load_rows(taskset: Taskset, num_tasks: int | None, name: str) -> list[TaskData]:
@@ -165,8 +165,8 @@ def check_same_tasks(stored: list[Trace], tasks: list[TaskData], folder: RunFold
                          "with that key now (the taskset changed since the run started); start a new run")
 
 
-def check_complete(work: Plan, traces: list[Trace], folder: RunFolder) -> None:
-    """An error unless the folder's `traces` cover every planned (task key, rollout index) pair."""
+def check_complete(work: Work, traces: list[Trace], folder: RunFolder) -> None:
+    """An error unless the folder's `traces` cover every expected (task key, rollout index) pair."""
     held = {(t.task_key, t.rollout_index) for t in traces}
     missing = [(d.key, i) for d, i in work.expected if (d.key, i) not in held]
     if missing:
@@ -176,9 +176,9 @@ def check_complete(work: Plan, traces: list[Trace], folder: RunFolder) -> None:
                                   f"of other task keys; --resume {folder.path} reruns them")
 
 
-async def run_rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: Endpoint, tally: Tally,
+async def run_rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: Endpoint, tally: Tally,
                        boards: list[Dashboard]) -> None:
-    """Run the planned rollouts, appending each trace to the folder and showing it on the dashboards."""
+    """Run the work's rollouts, appending each trace to the folder and showing it on the dashboards."""
     with contextlib.ExitStack() as shown:
         for board in boards:
             shown.enter_context(board)
@@ -189,8 +189,8 @@ async def run_rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint
                 board.update(trace)
 
 
-async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
-    """Traces of the planned work as they finish: through an env server (one already running, or one started
+async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
+    """Traces of the work as they finish: through an env server (one already running, or one started
     here with worker logs in the run folder) or in this process."""
     options = parts.settings.options(work.todo)
     if parts.env is None:
@@ -206,9 +206,9 @@ async def rollouts(parts: EvalParts, work: Plan, folder: RunFolder, endpoint: En
                 yield trace
 
 
-def execute(parts: EvalParts, folder: RunFolder, work: Plan, *, resume: bool = False,
+def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = False,
             out: IO[str] | None = None, endpoint: Endpoint | None = None) -> Summary:
-    """Run the planned `work` into `folder`; return its summary (also written to `summary.json` and printed).
+    """Run `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
     that of every session of the run (a resume adds its own to the earlier ones). `endpoint`: the model endpoint
     the command reached already (at `--model.base-url`); None: serve `parts.model`."""
