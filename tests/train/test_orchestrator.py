@@ -35,19 +35,21 @@ def alternating_per_prompt():
 
 
 @pytest.fixture(scope="module")
-def env_address():
-    with local_server("reverse-text", {"seed": 0}, workers=1) as address:
-        yield address
+def env_addresses():
+    """The run's env servers by name: training's, and the held-out one with its own seed (as `make` configures)."""
+    with local_server("reverse-text", {"seed": 0}, workers=1) as train, \
+            local_server("reverse-text", {"seed": 9}, workers=1) as held_out:
+        yield {"reverse-text": train, "eval:reverse-text": held_out}
 
 
-def make(tmp_path, server, env_address, base_model: str | None = None, **orchestrator) -> Orchestrator:
+def make(tmp_path, server, env_addresses, base_model: str | None = None, **orchestrator) -> Orchestrator:
     config = RLConfig.model_validate({
         "steps": orchestrator.pop("steps", 2), "trainer": {"model": "unused"}, "model": {"client": "chat"},
         "orchestrator": {"tasks_per_step": 2, "group_size": 4, "max_async_steps": 0,
                          "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 3},
                          **orchestrator}})
     endpoints = Endpoints(base_url=server.base_url, base_model=base_model or server.model,
-                          envs={"reverse-text": env_address, "eval:reverse-text": env_address})
+                          envs=env_addresses)
     return build_orchestrator(config, RLFolder(tmp_path), endpoints)
 
 
@@ -58,9 +60,9 @@ async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
         await orchestrator.aclose()
 
 
-def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_address):
+def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_addresses):
     with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
-        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_address), version=0))
+        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_addresses), version=0))
     assert len(samples) == 8 and metrics["rollouts"] == 8
     assert {s.policy_version for s in samples} == {0}
     assert any(s.advantage > 0 for s in samples) and any(s.advantage < 0 for s in samples)
@@ -69,13 +71,13 @@ def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, 
     assert len((tmp_path / "traces" / "step-000000.jsonl").read_text().splitlines()) == 8
 
 
-def test_groups_without_signal_are_dropped_and_counted(tmp_path, env_address):
+def test_groups_without_signal_are_dropped_and_counted(tmp_path, env_addresses):
     with FakeOpenAIServer(rule=lambda r: "same answer") as server:
-        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_address)))
+        samples, metrics = asyncio.run(collect(make(tmp_path, server, env_addresses)))
     assert samples == [] and metrics["groups_filtered"] == 2
 
 
-def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp_path, env_address):
+def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp_path, env_addresses):
     published = []
 
     folder = RLFolder(tmp_path)
@@ -89,7 +91,7 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
             published.append(step + 1)
 
     with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
-        orchestrator = make(tmp_path, server, env_address, steps=2)
+        orchestrator = make(tmp_path, server, env_addresses, steps=2)
         thread = threading.Thread(target=fake_trainer)
         thread.start()
         asyncio.run(orchestrator.run())
@@ -100,14 +102,14 @@ def test_the_orchestrator_waits_for_the_trainer_and_evaluates_held_out_tasks(tmp
     assert [r["eval_step"] for r in records if "eval_step" in r] == [0, 2]
 
 
-def test_a_step_whose_every_rollout_failed_stops_the_run_with_the_reason(tmp_path, env_address):
+def test_a_step_whose_every_rollout_failed_stops_the_run_with_the_reason(tmp_path, env_addresses):
     with FakeOpenAIServer(rule=alternating_per_prompt(), model="another-model") as server:
-        orchestrator = make(tmp_path, server, env_address, base_model="fake-model")  # a name it does not serve
+        orchestrator = make(tmp_path, server, env_addresses, base_model="fake-model")  # a name it does not serve
         with pytest.raises(InfrastructureError, match=r"all 8 rollouts failed.*does not exist"):
             asyncio.run(collect(orchestrator))
 
 
-def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp_path, env_address):
+def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp_path, env_addresses):
     """One held-out rollout fails at the endpoint: the mean is over the two that scored (it was 0.0 before)."""
     prompts: list[str] = []
 
@@ -117,7 +119,7 @@ def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp
         return Fail(400, "scripted refusal") if len(set(prompts)) == 1 else text[::-1]
 
     with FakeOpenAIServer(rule=right_but_one_fails) as server:
-        orchestrator = make(tmp_path, server, env_address)
+        orchestrator = make(tmp_path, server, env_addresses)
 
         async def held_out():
             try:
