@@ -127,7 +127,8 @@ async def contained(aw: Awaitable[T]) -> T:
         return await aw
     except (Exception, *PASSING):
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # SystemExit and the like from user code: caught so it ends one rollout, not
+        # the worker or the eval (an Exception is the rollout loop's to classify; PASSING ones are not task code's)
         raise TaskExit(exc) from exc
 
 
@@ -137,7 +138,7 @@ def contained_call(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     except (Exception, *PASSING):
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # as in `contained`: a SystemExit from building a Task ends this rollout only
         raise TaskExit(exc) from exc
 
 

@@ -27,6 +27,7 @@ from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained
+from tracegym.models.client import ModelRequest, ModelResponse
 
 SHOWN = 80
 """Characters of a stored or replayed answer kept in a divergence record."""
@@ -117,13 +118,25 @@ async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | 
         return None
     await within("setup", contained(task.setup()), timeouts.setup)
     # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
-    steps = Rollout(task, None, Sampling(), timeouts, Trace(task=task.data))  # type: ignore[arg-type]
+    steps = Rollout(task, NoModel(), Sampling(), timeouts, Trace(task=task.data))
     for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
         replayed = await steps.run_tool(call)
         if replayed != stored:
             return Divergence(task_key=trace.task_key, rollout_index=trace.rollout_index, call=position,
                               tool=call.name, stored=_short(stored), replayed=_short(replayed))
     return None
+
+
+class NoModel:
+    """The model client of a replay, which runs tools only: asking it for a turn is a bug."""
+
+    name = "replay"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise AssertionError("a replay never calls the model")
+
+    async def aclose(self) -> None:
+        return None
 
 
 def _answered_calls(trace: Trace) -> list[tuple[ToolCall, str]]:

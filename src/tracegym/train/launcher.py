@@ -76,11 +76,11 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
     folder.logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         say(out, "starting vLLM ...")
-        server = stack.enter_context(VLLMServer(vllm_config(config, run_dir)))
+        served = vllm_config(config, run_dir)
+        server = stack.enter_context(VLLMServer(served))
         envs = start_env_servers(config, run_dir, stack, out)
-        base_model = vllm_config(config, run_dir).name
         folder.rewind()  # both processes go on from the newest checkpoint
-        folder.write_endpoints(Endpoints(base_url=server.base_url, base_model=base_model, envs=envs))
+        folder.write_endpoints(Endpoints(base_url=server.base_url, base_model=served.name, envs=envs))
         roles = [start_role("trainer", run_dir), start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:

@@ -316,7 +316,8 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
     traces = [t for g in groups for t in g]
     failed = Counter(t.failure or "no_reward" for t in traces if not trainable(t))
-    reward = mean_ci([t.reward for t in traces if trainable(t)])  # the estimate `tracegym eval` reports
+    # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
+    reward = mean_ci([t.reward for t in traces if trainable(t)])
     advantages = [s.advantage for s in samples]
     lengths = [t.usage.completion_tokens for t in traces]
     return {
