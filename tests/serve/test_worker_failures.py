@@ -9,7 +9,7 @@ import time
 import pytest
 from serve_helpers import alive, running_server, task, wait_for, wait_ready
 
-from tracegym import TaskData
+from tracegym import TaskData, Trace
 from tracegym.envs.registry import load_taskset
 from tracegym.serve import EnvClient, EnvServer, PoolSize, RemoteError
 from tracegym.serve.env_server import InFlight
@@ -165,24 +165,26 @@ async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serv
 
 @pytest.mark.parametrize("how", ["segfault", "kill"])
 async def test_a_task_that_segfaults_or_is_killed_like_by_the_oom_killer_costs_only_its_request(endpoint, how):
+    traces, server = await six_rollouts_one_poisoned(endpoint, how)
+    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
+    assert server.stats["poison_requests"] == 1
+
+
+async def test_a_task_whose_interrupt_stops_the_worker_loop_costs_only_its_request(endpoint):
+    traces, _ = await six_rollouts_one_poisoned(endpoint, "interrupt")  # the worker's loop ends, cancelling the rest
+    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
+
+
+async def six_rollouts_one_poisoned(endpoint, how: str) -> tuple[list[Trace], EnvServer]:
+    """Six one-rollout requests through a one-worker pool that never redispatches; the third task's code ends
+    its worker `how`. The traces as they finished, and the (stopped) server for its stats."""
     options = {"poison_task": "poison", "poison_how": how}
     with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
         async with EnvClient(server.bound, per_request=1) as client:
             pairs = poison_pairs(6, 1, poison_at=2)
             traces = [t async for t in client.evaluate_iter(load_taskset(SPEC, options), endpoint, pairs=pairs,
                                                             concurrency=6)]
-    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
-    assert server.stats["poison_requests"] == 1
-
-
-async def test_a_task_whose_interrupt_stops_the_worker_loop_costs_only_its_request(endpoint):
-    options = {"poison_task": "poison", "poison_how": "interrupt"}  # the worker's loop ends, cancelling the rest
-    with running_server(options, size=PoolSize(min=1), max_redispatch=0) as server:
-        async with EnvClient(server.bound, per_request=1) as client:
-            pairs = poison_pairs(6, 1, poison_at=2)
-            traces = [t async for t in client.evaluate_iter(load_taskset(SPEC, options), endpoint, pairs=pairs,
-                                                            concurrency=6)]
-    assert sorted(t.task.id for t in traces if not t.ok) == ["poison"] and len(traces) == 6
+    return traces, server
 
 
 class RecordingSocket:
