@@ -21,6 +21,7 @@ FORBIDDEN = {
     "serve": {ROOT, "tasksets", "eval", "train", "cli", "testing"},
     "eval": {ROOT, "tasksets", "train", "cli", "testing"},
     "train": {ROOT, "tasksets", "eval", "cli", "testing"},
+    "interop": {ROOT, "tasksets", "eval", "train", "cli", "testing"},
 }
 """Packages each package must not import. `cli` sits on top and may import anything."""
 

@@ -84,6 +84,10 @@ class Trace(BaseModel):
     stop_reason: StopReason | None = None
     stopped_by: str | None = None
     started_at: float = Field(default_factory=time.time)
+    member: str | None = None
+    """The member (seat) id whose trace this is, in a multi-agent episode; None for a single-agent rollout."""
+    episode_id: str | None = None
+    """The episode this member trace belongs to (`core.episode.Episode.id`)."""
 
     @field_validator("schema_version")
     @classmethod

@@ -1,0 +1,92 @@
+"""Episode: the record of one multi-agent run: one Trace per member plus what belongs to the episode as a whole.
+
+Each member's trace is an ordinary Trace (its own message graph and exact tokens, `member` and `episode_id` set),
+so everything that reads traces (training samples, rescoring, the run folder) reads a member's trace unchanged.
+The episode adds what no single trace owns: the members in seat order, which of them train, each one's reward
+and outcome, episode-wide metrics, and the error that ended the episode, if one did.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+
+from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_validator
+
+from tracegym.core.errors import TraceError
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import SCHEMA_VERSION, StopReason, Trace
+
+
+class Outcome(StrEnum):
+    """How a game ended for one member (None on the episode when the taskset is not a game)."""
+
+    WIN = "win"
+    LOSS = "loss"
+    DRAW = "draw"
+    FORFEIT = "forfeit"
+    """Lost by breaking the rules (e.g. too many invalid moves)."""
+
+
+class Episode(BaseModel):
+    """One episode's full record. `traces[m]` is member m's trace; rewards and metrics per member live on the
+    episode (the member's own trace carries the same reward, so single-agent readers still see it)."""
+
+    schema_version: int = SCHEMA_VERSION
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    taskset: str = ""
+    task: SerializeAsAny[TaskData]
+    task_key: str = ""
+    episode_index: int = 0
+    """Which episode of its task this is (the multi-agent counterpart of a rollout index)."""
+    members: list[str]
+    """Member ids in seat order."""
+    trainable: dict[str, bool] = Field(default_factory=dict)
+    """Which members' traces may be trained on (a pinned opponent or a judge is not, by default)."""
+    models: dict[str, str] = Field(default_factory=dict)
+    """The model name each member was bound to in this episode."""
+    traces: dict[str, Trace] = Field(default_factory=dict)
+    rewards: dict[str, float | None] = Field(default_factory=dict)
+    """Each member's reward (None: it could not be decided, e.g. the judge's verdict did not parse)."""
+    outcomes: dict[str, Outcome] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    """Episode-wide metrics (turns, parse errors, forfeits, ...)."""
+    member_metrics: dict[str, dict[str, float | None]] = Field(default_factory=dict)
+    error: TraceError | None = None
+    """The error that ended the episode (a failed slot, an unparseable verdict, a member's endpoint down)."""
+    stop_reason: StopReason | None = None
+    started_at: float = Field(default_factory=time.time)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value > SCHEMA_VERSION:
+            raise ValueError(f"episode schema version {value} is newer than this tracegym reads ({SCHEMA_VERSION})")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Episode:
+        if len(set(self.members)) != len(self.members):
+            raise ValueError(f"episode members must be unique, got {self.members}")
+        unknown = (set(self.traces) | set(self.rewards) | set(self.trainable)) - set(self.members)
+        if unknown:
+            raise ValueError(f"episode names members it does not have: {sorted(unknown)} (members: {self.members})")
+        if not self.task_key:
+            self.task_key = self.task.key
+        return self
+
+    @property
+    def ended_normally(self) -> bool:
+        """True when the episode reached a normal end (`StopReason.is_normal_end`) with no episode error."""
+        return self.error is None and self.stop_reason is not None and self.stop_reason.is_normal_end
+
+    @property
+    def ok(self) -> bool:
+        """True when the episode ended normally and every member's reward was decided."""
+        return self.ended_normally and all(self.rewards.get(m) is not None for m in self.members)
+
+    @property
+    def trainable_members(self) -> list[str]:
+        """Members whose traces training may use, in seat order."""
+        return [m for m in self.members if self.trainable.get(m, False)]

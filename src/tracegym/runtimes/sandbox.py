@@ -1,0 +1,104 @@
+"""Sandbox: one rollout's place to run programs: a fresh working directory, resource limits, and the Runtime that
+makes it (a limited subprocess, bubblewrap, a container).
+
+The contract every runtime keeps: `Runtime.open()` gives a Sandbox with its own empty working directory;
+`Sandbox.run()` runs one program there under the sandbox's limits and always returns a ProgramResult (a program
+that fails, hangs, floods its output or breaks a limit is data, never an exception); `Sandbox.close()` reaps every
+process the sandbox started, daemons included, and removes the working directory. Closing twice is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tracegym.core.errors import ErrorKind, TracegymError
+
+
+class Limits(BaseModel):
+    """What one program may use. Every limit is enforced per program run, not per sandbox."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    wall_seconds: float = Field(60.0, gt=0)
+    """Wall-clock time; past it the program's whole process tree is killed."""
+    cpu_seconds: int = Field(60, gt=0)
+    """CPU time of each process (RLIMIT_CPU)."""
+    memory_mb: int = Field(1024, gt=0)
+    """Address space of each process (RLIMIT_AS)."""
+    file_size_mb: int = Field(64, gt=0)
+    """Largest file a process may write (RLIMIT_FSIZE)."""
+    open_files: int = Field(256, gt=0)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    processes: int = Field(64, gt=0)
+    """Processes the program may have at once (RLIMIT_NPROC, or the PID cgroup where there is one)."""
+    output_bytes: int = Field(1_000_000, gt=0)
+    """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
+    network: bool = False
+    """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
+
+
+class ProgramResult(BaseModel):
+    """How one program run ended. `limit` names the limit that ended it (`wall`, `cpu`, `memory`, `file_size`,
+    `processes`, `output`), None when it ended on its own."""
+
+    argv: list[str]
+    exit_code: int | None
+    """The exit status; None when the program never started or was killed by a signal."""
+    signal: int | None = None
+    """The signal that ended it, if one did."""
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    limit: str | None = None
+    duration_s: float = 0.0
+    start_error: str | None = None
+    """Why the program could not start at all (no such command, not executable)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the program started, ended on its own and exited 0."""
+        return self.start_error is None and self.limit is None and self.exit_code == 0
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One rollout's sandbox: a working directory and the programs run in it."""
+
+    @property
+    def workdir(self) -> Path:
+        """The working directory on the host (readable by rewards after the program ran, until `close`)."""
+        ...
+
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                  limits: Limits | None = None) -> ProgramResult:
+        """Run one program in the working directory with a scrubbed environment plus `env`, and wait for it."""
+        ...
+
+    async def close(self) -> None:
+        """Reap every process the sandbox started and remove its working directory."""
+        ...
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Makes sandboxes of one kind."""
+
+    name: str
+
+    def unavailable(self) -> str | None:
+        """Why this runtime cannot run on this host (e.g. `bwrap` is not installed), or None when it can."""
+        ...
+
+    async def open(self) -> Sandbox:
+        """A new sandbox with an empty working directory."""
+        ...
+
+
+class RuntimeUnavailable(TracegymError):
+    """The runtime a task or harness asked for cannot run on this host; says which and why."""
+
+    kind = ErrorKind.INFRASTRUCTURE
