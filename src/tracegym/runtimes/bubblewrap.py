@@ -1,0 +1,98 @@
+"""Bubblewrap: the `bubblewrap` runtime; programs run inside `bwrap` (Debian's `bubblewrap`) with the host's
+filesystem read-only, a private /tmp and working directory, no network and a PID namespace of their own.
+
+Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; `Limits.network` keeps the
+host's network). The host's root is bound read-only; /tmp, /var/tmp, /dev/shm and the host user's home are
+empty tmpfs; /dev and /proc are the sandbox's own; only the working directory is bound writable. bwrap sets
+no_new_privs and drops every capability, starts a new session (no terminal to inject into) and, with
+`--die-with-parent`, kills the whole sandbox when it dies; the program init it runs is not pid 1, bwrap's own
+init is, and reaps what the program orphans. As root, bwrap itself runs under the sandbox's own host uid (so
+RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces, which the probe checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tracegym.runtimes.process_sandbox import UID_RANGE, ProcessSandbox
+from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+
+PROBE_TIMEOUT_S = 10.0
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+"""Folders a program may write that become empty, private tmpfs in the sandbox."""
+
+
+class BwrapConfinement:
+    """`bwrap` around the init: read-only host, private scratch folders, the working directory writable."""
+
+    private_tmp = True
+    kills_on_init_exit = True
+
+    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
+        return [*bwrap_flags(workdir, limits.network), "--", *init]
+
+    def spawn_user(self, uid: int | None) -> int | None:
+        return uid
+
+    def init_drops_to(self, uid: int | None) -> int | None:
+        return None
+
+
+def bwrap_flags(workdir: Path, network: bool) -> list[str]:
+    """The `bwrap` command line (without the command) for a sandbox with this working directory."""
+    flags = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
+             "--dev", "/dev", "--proc", "/proc"]
+    if network:
+        flags.append("--share-net")
+    home = Path.home()
+    for folder in (*SCRATCH, *([str(home)] if home != Path("/") and home.is_dir() else [])):
+        flags += ["--tmpfs", folder]
+    return [*flags, "--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+
+
+@functools.cache
+def probe() -> str | None:
+    """Why bwrap cannot run here, or None when a trial sandbox started; tried once per process."""
+    if not shutil.which("bwrap"):
+        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    root = os.geteuid() == 0
+    uid = random.randrange(*UID_RANGE) if root else None
+    with tempfile.TemporaryDirectory(prefix="tracegym-bwrap-probe-") as folder:
+        if uid is not None:
+            os.chown(folder, uid, uid)
+        ids = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+        try:
+            done = subprocess.run([*bwrap_flags(Path(folder), network=False), "--", "true"], capture_output=True,
+                                  timeout=PROBE_TIMEOUT_S, **ids)  # type: ignore[call-overload]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bwrap could not start: {exc}"
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        why = said[-1] if said else f"exit status {done.returncode}"
+        needs = " (it needs unprivileged user namespaces)" if root else ""
+        return f"bwrap cannot create its sandbox here{needs}: {why}"
+    return None
+
+
+class Bubblewrap:
+    """The `bubblewrap` runtime: see the module docstring for what its sandboxes guarantee."""
+
+    name = "bubblewrap"
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+
+    def unavailable(self) -> str | None:
+        return probe()
+
+    async def open(self) -> ProcessSandbox:
+        reason = self.unavailable()
+        if reason:
+            raise RuntimeUnavailable(f"runtime {self.name!r} is unavailable on this host: {reason}")
+        return ProcessSandbox(BwrapConfinement(), self.limits)

@@ -1,0 +1,344 @@
+"""Process sandbox: the Sandbox every process-based runtime gives; a working directory, a host uid of its own
+where we are root, and programs run through the program init inside the runtime's confinement.
+
+A runtime differs from another only in its Confinement: the command that wraps the init (namespaces, bubblewrap,
+a container) and how it is spawned. Everything else is here, once: the scrubbed environment, the bounded
+capture of stdout and stderr, the wall-clock limit, how an ending is read (`ProgramResult.limit`), and the
+sweep that leaves no process and no file of the sandbox behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tracegym.runtimes.processes import process_alive
+from tracegym.runtimes.sandbox import Limits, ProgramResult
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""PATH inside every sandbox: the system's programs, never the host user's own folders or virtualenvs."""
+MARKER = "TRACEGYM_SANDBOX"
+"""Environment variable naming the sandbox in each of its processes (found by the sweep where no namespace is)."""
+UID_RANGE = (1_000_000, 2_000_000_000)
+"""Host uids handed to sandboxes when we are root: far above any account's, one random draw per sandbox."""
+INIT_SOURCE = (Path(__file__).parent / "program_init.py").read_text()
+WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+"""Where a sandbox without a private /tmp can leave files; what its uid left there is removed at close."""
+READ_GRACE_S = 1.0
+"""How long the output pipes may stay open after the program ended (a survivor holding them is then killed)."""
+_MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+_PROCESS_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: retry")
+_FILE_SIZE_SIGNS = ("File too large",)
+
+
+class Confinement(Protocol):
+    """What makes one runtime's sandboxes: the wrapper around the program init, and how it is spawned."""
+
+    private_tmp: bool
+    """True when the sandbox has its own /tmp (nothing it writes there reaches the host)."""
+    kills_on_init_exit: bool
+    """True when the init's exit ends every process of the sandbox (a PID namespace); else a sweep finds them."""
+
+    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
+        """The command that runs `init` confined, with `workdir` as its working directory."""
+        ...
+
+    def spawn_user(self, uid: int | None) -> int | None:
+        """The host uid to spawn the wrapper as (None: ours); `uid` is the sandbox's own, when we are root."""
+        ...
+
+    def init_drops_to(self, uid: int | None) -> int | None:
+        """The uid the program init drops to before exec (None: it keeps the one it starts with)."""
+        ...
+
+
+@dataclass(eq=False)
+class _Run:
+    """One program run in flight: its wrapper process and the pipes to its init."""
+
+    proc: asyncio.subprocess.Process
+    status_r: int
+    marker: str
+    """The value of MARKER in this run's processes (`<sandbox id>/<run number>/`)."""
+
+
+class ProcessSandbox:
+    """A Sandbox over a Confinement (see `runtimes.sandbox` for the contract)."""
+
+    def __init__(self, confinement: Confinement, limits: Limits, *, root: bool | None = None) -> None:
+        self.confinement, self.limits = confinement, limits
+        self.id = secrets.token_hex(8)
+        self.uid = random.randrange(*UID_RANGE) if (os.geteuid() == 0 if root is None else root) else None
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"tracegym-sandbox-{self.id}-"))
+        if self.uid is not None:
+            os.chown(self._workdir, self.uid, self.uid)
+        self._running: set[_Run] = set()
+        self._runs = 0
+        self._closed = False
+
+    @property
+    def workdir(self) -> Path:
+        return self._workdir
+
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                  limits: Limits | None = None) -> ProgramResult:
+        if self._closed:
+            return ProgramResult(argv=list(argv), exit_code=None, start_error="the sandbox is closed")
+        if not argv:
+            return ProgramResult(argv=[], exit_code=None, start_error="no command given")
+        limits = limits or self.limits
+        start = time.monotonic()
+        status_r, status_w = os.pipe()
+        lifeline_r, lifeline_w = os.pipe()  # our end stays open while we live; the init ends all at its EOF
+        self._runs += 1
+        marker = f"{self.id}/{self._runs}/"
+        try:
+            proc = await self._spawn(list(argv), env or {}, marker, stdin is not None, limits, status_w, lifeline_r)
+        except OSError as exc:  # the wrapper itself could not start: say so, as for a missing program
+            os.close(status_r)
+            os.close(lifeline_w)
+            return ProgramResult(argv=list(argv), exit_code=None, start_error=f"{type(exc).__name__}: {exc}")
+        finally:
+            os.close(status_w)
+            os.close(lifeline_r)
+        run = _Run(proc, status_r, marker)
+        self._running.add(run)
+        try:
+            return await self._wait(run, list(argv), stdin, limits, start)
+        finally:
+            self._running.discard(run)
+            os.close(lifeline_w)
+            os.close(status_r)
+
+    async def _spawn(self, argv: list[str], env: Mapping[str, str], marker: str, with_stdin: bool,
+                     limits: Limits, status_w: int, lifeline_r: int) -> asyncio.subprocess.Process:
+        spec = {"argv": argv, "cwd": str(self._workdir), "status_fd": status_w, "lifeline_fd": lifeline_r,
+                "uid": self.confinement.init_drops_to(self.uid), "rlimits": self._rlimits(limits)}
+        init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, json.dumps(spec)]
+        user = self.confinement.spawn_user(self.uid)
+        ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        return await asyncio.create_subprocess_exec(
+            *self.confinement.wrap(init, self._workdir, limits),
+            stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=self._environment(env, marker), start_new_session=True, pass_fds=(status_w, lifeline_r), **ids)
+
+    def _environment(self, extra: Mapping[str, str], marker: str) -> dict[str, str]:
+        """Nothing of the host's environment: a fixed base, the caller's `env`, and the run's marker."""
+        home = str(self._workdir)
+        return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home, **extra, MARKER: marker}
+
+    def _rlimits(self, limits: Limits) -> dict[str, int]:
+        """The init's rlimits. RLIMIT_NPROC counts every process of a uid: exact under a uid of our own, else the
+        user's processes now plus the limit (approximate: the user's other processes come and go)."""
+        own_uid = self.uid is not None
+        processes = limits.processes + (3 if own_uid else _processes_of(os.getuid()))  # + init and wrapper
+        return {"cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
+                "file_size_mb": limits.file_size_mb, "open_files": limits.open_files, "processes": processes}
+
+    async def _wait(self, run: _Run, argv: list[str], stdin: bytes | None, limits: Limits,
+                    start: float) -> ProgramResult:
+        proc = run.proc
+        assert proc.stdout is not None and proc.stderr is not None
+        out = asyncio.ensure_future(_capture(proc.stdout, limits.output_bytes))
+        err = asyncio.ensure_future(_capture(proc.stderr, limits.output_bytes))
+        feed = asyncio.ensure_future(_feed(proc.stdin, stdin))
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), limits.wall_seconds)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc)
+        except asyncio.CancelledError:
+            _kill_group(proc)
+            for task in (out, err, feed):
+                task.cancel()
+            raise
+        if not self.confinement.kills_on_init_exit:
+            _kill_all(sandbox_processes(run.marker))  # outside a PID namespace, what the program started outlives it
+        (stdout, out_cut), (stderr, err_cut) = await _finish(out), await _finish(err)
+        feed.cancel()
+        status = _read_status(run.status_r)
+        return classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
+                        time.monotonic() - start)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for run in list(self._running):
+            _kill_group(run.proc)
+        self.sweep()
+        if self.uid is not None and not self.confinement.private_tmp:
+            _remove_files_of(self.uid)
+        shutil.rmtree(self._workdir, onerror=_force_remove)
+
+    def sweep(self) -> list[int]:
+        """SIGKILL every process of this sandbox still alive (found by its uid or its environment marker);
+        their pids. Under a PID namespace none should be left: this is the proof, and the fallback's reaper."""
+        found = sandbox_processes(f"{self.id}/", self.uid)
+        _kill_all(found)
+        return found
+
+
+def sandbox_processes(marker: str, uid: int | None = None) -> list[int]:
+    """Live processes of a sandbox: run by its `uid`, or carrying a MARKER that starts with `marker` (a sandbox's
+    id and a slash: all its runs; a run's marker: that run)."""
+    prefix = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or not process_alive(int(entry.name)):
+            continue
+        try:
+            if (uid is not None and entry.stat().st_uid == uid) or _carries(entry / "environ", prefix):
+                found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def _carries(environ: Path, prefix: bytes) -> bool:
+    return any(variable.startswith(prefix) for variable in environ.read_bytes().split(b"\0"))
+
+
+def sandbox_python() -> str:
+    """The interpreter that runs the program init: the system's python3 (any sandbox uid can execute it), else
+    ours."""
+    return shutil.which("python3", path=SANDBOX_PATH) or sys.executable
+
+
+async def _capture(stream: asyncio.StreamReader, keep: int) -> tuple[bytes, bool]:
+    """Read `stream` to its end, keeping the first `keep` bytes; whether any were dropped."""
+    kept, dropped = bytearray(), False
+    while chunk := await stream.read(1 << 16):
+        room = keep - len(kept)
+        dropped = dropped or len(chunk) > room
+        kept += chunk[:max(room, 0)]
+    return bytes(kept), dropped
+
+
+async def _feed(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
+    if pipe is None or data is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
+
+
+async def _finish(capture: asyncio.Future[tuple[bytes, bool]]) -> tuple[bytes, bool]:
+    """A capture's result, waiting at most READ_GRACE_S for its EOF (a survivor may hold the pipe open)."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(capture), READ_GRACE_S)
+    except TimeoutError:
+        capture.cancel()
+        return b"", True
+
+
+def _read_status(fd: int) -> dict[str, Any] | None:
+    """The init's report, or None when it never wrote one (it was killed: wall limit, cancel)."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    try:
+        return json.loads(data.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | None, timed_out: bool,
+             stdout: bytes, stderr: bytes, out_cut: bool, err_cut: bool, limits: Limits,
+             duration: float) -> ProgramResult:
+    """How a run ended, as a ProgramResult. The wall limit and signals are certain; memory, processes and file
+    size are read from the program's own complaint on stderr (it got ENOMEM, EAGAIN or EFBIG and said so)."""
+    err_text = stderr.decode(errors="replace")
+    result = ProgramResult(argv=argv, exit_code=None, stdout=stdout.decode(errors="replace"), stderr=err_text,
+                           stdout_truncated=out_cut, stderr_truncated=err_cut, duration_s=duration)
+    if status is None:
+        result.signal = -returncode if returncode is not None and returncode < 0 else None
+        result.limit = "wall" if timed_out else None
+        if not timed_out:
+            result.start_error = f"the sandbox ended before the program did (wrapper exit status {returncode})"
+        return result
+    if status.get("start_error"):
+        result.start_error = status["start_error"]
+        return result
+    result.exit_code, result.signal = status.get("exit_code"), status.get("signal")
+    result.limit = _limit_hit(result, float(status.get("cpu_s") or 0.0), limits)
+    return result
+
+
+def _limit_hit(result: ProgramResult, cpu_s: float, limits: Limits) -> str | None:
+    if result.signal == signal.SIGXCPU or (result.signal == signal.SIGKILL and cpu_s >= limits.cpu_seconds):
+        return "cpu"
+    if result.signal == signal.SIGXFSZ:
+        return "file_size"
+    if result.exit_code != 0:
+        tail = result.stderr[-4000:]
+        for limit, signs in (("memory", _MEMORY_SIGNS), ("processes", _PROCESS_SIGNS),
+                             ("file_size", _FILE_SIZE_SIGNS)):
+            if any(sign in tail for sign in signs):
+                return limit
+    if result.stdout_truncated or result.stderr_truncated:
+        return "output"
+    return None
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the wrapper's process group while its leader is unreaped (so the group id cannot be reused)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes `uid` runs now."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            count += entry.name.isdigit() and entry.stat().st_uid == uid
+    return count
+
+
+def _remove_files_of(uid: int) -> None:
+    """Remove what `uid` left at the top of the world-writable folders."""
+    for folder in WORLD_WRITABLE:
+        with contextlib.suppress(OSError):
+            for entry in Path(folder).iterdir():
+                with contextlib.suppress(OSError):
+                    if entry.lstat().st_uid != uid:
+                        continue
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, onerror=_force_remove)
+                    else:
+                        entry.unlink()
+
+
+def _force_remove(function: Any, path: str, _exc: Any) -> None:
+    """rmtree's retry for what a program made unwritable (a folder chmod 0500): make its parent writable."""
+    with contextlib.suppress(OSError):
+        parent = os.path.dirname(path)
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+        function(path)

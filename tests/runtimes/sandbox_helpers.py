@@ -1,0 +1,30 @@
+"""Helpers for the sandbox tests: every runtime this host can run, with short limits, and a sandbox per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracegym.runtimes.catalog import runtime_for
+from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
+from tracegym.runtimes.sandbox import Limits, Runtime
+
+QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, open_files=64, processes=16,
+               output_bytes=10_000)
+"""Limits that end a hostile program within seconds."""
+
+
+def runtimes(limits: Limits = QUICK) -> list[object]:
+    """pytest params: the subprocess runtime as detected, its process-group fallback when that is not the one
+    detected, and bubblewrap; each skipped where this host lacks it."""
+    params: list[object] = [pytest.param(runtime_for("subprocess", limits), id=f"subprocess-{detect_isolation()}")]
+    if detect_isolation() != "process-group":
+        params.append(pytest.param(LimitedProcess(limits, isolation="process-group"), id="subprocess-process-group"))
+    bwrap = runtime_for("bubblewrap", limits)
+    params.append(pytest.param(bwrap, id="bubblewrap",
+                               marks=pytest.mark.skipif(bool(bwrap.unavailable()), reason=str(bwrap.unavailable()))))
+    return params
+
+
+def isolated(runtime: Runtime) -> bool:
+    """True when the runtime gives network and PID namespaces (not the process-group fallback)."""
+    return not (isinstance(runtime, LimitedProcess) and runtime.isolation == "process-group")
