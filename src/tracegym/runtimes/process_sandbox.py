@@ -154,8 +154,7 @@ class ProcessSandbox:
                     start: float) -> ProgramResult:
         proc = run.proc
         assert proc.stdout is not None and proc.stderr is not None
-        out = asyncio.ensure_future(_capture(proc.stdout, limits.output_bytes))
-        err = asyncio.ensure_future(_capture(proc.stderr, limits.output_bytes))
+        out, err = _Capture(proc.stdout, limits.output_bytes), _Capture(proc.stderr, limits.output_bytes)
         feed = asyncio.ensure_future(_feed(proc.stdin, stdin))
         timed_out = False
         try:
@@ -165,12 +164,13 @@ class ProcessSandbox:
             _kill_group(proc)
         except asyncio.CancelledError:
             _kill_group(proc)
-            for task in (out, err, feed):
+            for task in (out.reading, err.reading, feed):
                 task.cancel()
             raise
-        if not self.confinement.kills_on_init_exit:
-            _kill_all(sandbox_processes(run.marker))  # outside a PID namespace, what the program started outlives it
-        (stdout, out_cut), (stderr, err_cut) = await _finish(out), await _finish(err)
+        if not self.confinement.kills_on_init_exit:  # outside a PID namespace, what the program started outlives it
+            alone = self._running == {run}  # the sandbox's uid is this run's alone: sweep by it too
+            _kill_all(sandbox_processes(run.marker, self.uid if alone else None))
+        (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
         status = _read_status(run.status_r)
         return classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
@@ -221,14 +221,26 @@ def sandbox_python() -> str:
     return shutil.which("python3", path=SANDBOX_PATH) or sys.executable
 
 
-async def _capture(stream: asyncio.StreamReader, keep: int) -> tuple[bytes, bool]:
-    """Read `stream` to its end, keeping the first `keep` bytes; whether any were dropped."""
-    kept, dropped = bytearray(), False
-    while chunk := await stream.read(1 << 16):
-        room = keep - len(kept)
-        dropped = dropped or len(chunk) > room
-        kept += chunk[:max(room, 0)]
-    return bytes(kept), dropped
+class _Capture:
+    """Reads one output pipe to its end, keeping its first `keep` bytes (what was read survives a cut-off)."""
+
+    def __init__(self, stream: asyncio.StreamReader, keep: int) -> None:
+        self.kept, self.dropped, self.keep = bytearray(), False, keep
+        self.reading = asyncio.ensure_future(self._read(stream))
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(1 << 16):
+            room = self.keep - len(self.kept)
+            self.dropped = self.dropped or len(chunk) > room
+            self.kept += chunk[:max(room, 0)]
+
+    async def finish(self, grace_s: float) -> tuple[bytes, bool]:
+        """What was kept and whether any was dropped, waiting at most `grace_s` for the pipe's end (a process that
+        outlived the program may hold it open)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.reading), grace_s)
+        self.reading.cancel()
+        return bytes(self.kept), self.dropped
 
 
 async def _feed(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
@@ -238,15 +250,6 @@ async def _feed(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
         pipe.write(data)
         await pipe.drain()
         pipe.close()
-
-
-async def _finish(capture: asyncio.Future[tuple[bytes, bool]]) -> tuple[bytes, bool]:
-    """A capture's result, waiting at most READ_GRACE_S for its EOF (a survivor may hold the pipe open)."""
-    try:
-        return await asyncio.wait_for(asyncio.shield(capture), READ_GRACE_S)
-    except TimeoutError:
-        capture.cancel()
-        return b"", True
 
 
 def _read_status(fd: int) -> dict[str, Any] | None:

@@ -1,0 +1,200 @@
+"""The escape battery: hostile programs under every runtime this host has. Each is contained: it ends with a
+classified result, nothing of it survives the sandbox's close, host files and processes are untouched, and the
+sandbox (and this process) keep working. The nastiest cases also run as rollouts through a real env server
+(tests/tasksets/test_escape_rollouts.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from runtime_helpers import wait_until
+from sandbox_helpers import QUICK, isolated, runtimes
+
+from tracegym.runtimes.process_sandbox import sandbox_processes
+from tracegym.runtimes.processes import process_alive
+from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, Sandbox
+
+PY = "python3"
+
+
+@pytest.fixture(params=runtimes())
+async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
+    """A sandbox of one runtime; after the test, its close must leave no process of it alive."""
+    runtime: Runtime = request.param
+    box = await runtime.open()
+    try:
+        yield box
+    finally:
+        await box.close()
+        left = sandbox_processes(f"{box.id}/", box.uid)  # type: ignore[attr-defined]
+        assert not left, f"processes of the sandbox outlived its close: {left}"
+        assert not box.workdir.exists()
+
+
+def processes_with(token: str) -> list[int]:
+    """Live processes whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def still_works(box: Sandbox) -> None:
+    """The sandbox runs a well-behaved program afterwards, and this process can still start one."""
+    after = await box.run([PY, "-c", "print(6 * 7)"])
+    assert after.ok and after.stdout.strip() == "42", after
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def ended_by(result: ProgramResult, *limits: str) -> None:
+    assert not result.ok
+    assert result.limit in limits, result
+
+
+async def test_escape_fork_bomb(sandbox: Sandbox) -> None:
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    result = await sandbox.run([PY, "-c", bomb], limits=QUICK.model_copy(update={"wall_seconds": 2.0}))
+    ended_by(result, "processes", "wall")
+    await still_works(sandbox)
+
+
+async def test_escape_memory_hog(sandbox: Sandbox) -> None:
+    hog = "chunks = []\nwhile True:\n    chunks.append(bytearray(10_000_000))"
+    result = await sandbox.run([PY, "-c", hog])
+    ended_by(result, "memory")
+    assert "MemoryError" in result.stderr
+    await still_works(sandbox)
+
+
+async def test_escape_cpu_spin(sandbox: Sandbox) -> None:
+    result = await sandbox.run([PY, "-c", "while True: pass"],
+                               limits=QUICK.model_copy(update={"cpu_seconds": 1, "wall_seconds": 4.0}))
+    ended_by(result, "cpu", "wall")  # cpu unless this machine's other load starves it past the wall
+    assert result.duration_s < 6
+    await still_works(sandbox)
+
+
+async def test_escape_infinite_output(sandbox: Sandbox) -> None:
+    flood = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)"
+    result = await sandbox.run([PY, "-c", flood], limits=QUICK.model_copy(update={"wall_seconds": 1.5}))
+    ended_by(result, "wall")
+    assert result.stdout_truncated and result.stderr_truncated
+    assert len(result.stdout) == len(result.stderr) == QUICK.output_bytes
+    await still_works(sandbox)
+
+
+async def test_escape_writing_outside_the_workdir(sandbox: Sandbox, tmp_path: Path) -> None:
+    host_file = tmp_path / "host.txt"
+    host_file.write_text("precious")
+    shared_tmp = Path("/tmp") / f"tracegym-escape-{secrets.token_hex(4)}"
+    program = (f"import pathlib\nfor target in [{str(host_file)!r}, {str(tmp_path / 'new.txt')!r}, "
+               f"'/etc/tracegym-escape', {str(shared_tmp)!r}]:\n"
+               "    try:\n        pathlib.Path(target).write_text('owned')\n        print('wrote', target)\n"
+               "    except OSError as exc:\n        print('refused', target, exc.errno)")
+    result = await sandbox.run([PY, "-c", program])
+    assert result.exit_code == 0, result
+    assert f"refused {host_file}" in result.stdout and "refused /etc/tracegym-escape" in result.stdout
+    await sandbox.close()
+    assert host_file.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.txt"]
+    assert not Path("/etc/tracegym-escape").exists()
+    assert not shared_tmp.exists()  # a private /tmp, or the sandbox uid's files removed at close
+
+
+async def test_escape_reading_a_host_secret(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = f"hunter2-{secrets.token_hex(8)}"
+    monkeypatch.setenv("TRACEGYM_HOST_SECRET", secret)
+    program = ("import os, pathlib, sys\nprint(dict(os.environ))\n"
+               f"for pid in ['1', 'self', '{os.getpid()}', '{os.getppid()}']:\n"
+               "    try:\n        print(pathlib.Path(f'/proc/{pid}/environ').read_bytes())\n"
+               "    except OSError as exc:\n        print('refused', pid, exc.errno)")
+    result = await sandbox.run([PY, "-c", program])
+    assert result.exit_code == 0, result
+    assert secret not in result.stdout and "TRACEGYM_HOST_SECRET" not in result.stdout
+
+
+async def test_escape_connecting_to_a_canary_on_loopback(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
+    if not isolated(request.node.callspec.params["sandbox"]):
+        pytest.skip("the process-group fallback has no network namespace (documented: no network isolation)")
+    connections: list[bytes] = []
+
+    async def canary(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(await reader.read(100))
+        writer.close()
+
+    server = await asyncio.start_server(canary, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    program = ("import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', "
+               f"{port}), timeout=2)\n    s.sendall(b'escaped')\n    print('connected')\nexcept OSError as exc:\n"
+               "    print('refused', exc)\n    raise SystemExit(1)")
+    async with server:
+        result = await sandbox.run([PY, "-c", program])
+        await asyncio.sleep(0.2)
+    assert result.exit_code == 1 and "refused" in result.stdout, result
+    assert connections == []
+
+
+async def test_escape_leaving_a_setsid_daemon(sandbox: Sandbox) -> None:
+    token = f"{secrets.randbelow(10**6) + 10**6}.{secrets.randbelow(10**6)}"  # a sleep no one else runs
+    program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+               f"        os.execve('/bin/sleep', ['sleep', '{token}'], {{}})\n    os._exit(0)\n"
+               "time.sleep(0.3)\nprint('parent leaves')")
+    result = await sandbox.run([PY, "-c", program])
+    assert result.exit_code == 0 and "parent leaves" in result.stdout, result
+    await sandbox.close()
+    assert wait_until(lambda: not processes_with(token), 5), f"the daemon survived: {processes_with(token)}"
+
+
+async def test_escape_killing_its_parent(sandbox: Sandbox) -> None:
+    bystander = subprocess.Popen(["sleep", "60"])  # a host process the program is told about
+    try:
+        program = ("import os, signal\nfor pid in (os.getppid(), "
+                   f"{bystander.pid}, {os.getpid()}):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                   "        print('killed', pid)\n    except OSError as exc:\n        print('refused', pid, exc.errno)")
+        result = await sandbox.run([PY, "-c", program])
+        assert result.exit_code is not None or result.start_error, result
+        assert bystander.poll() is None, "the sandbox killed a host process"
+        await still_works(sandbox)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+@pytest.mark.parametrize("runtime", runtimes())
+async def test_escape_outliving_a_killed_host(runtime: Runtime, tmp_path: Path) -> None:
+    """The host process itself dies by SIGKILL mid-run: the lifeline ends the sandbox's program anyway."""
+    token = f"{secrets.randbelow(10**6) + 10**6}.{secrets.randbelow(10**6)}"
+    script = tmp_path / "host.py"
+    script.write_text(
+        "import asyncio, sys\nfrom tracegym.runtimes.catalog import runtime_for\n"
+        "from tracegym.runtimes.limited_process import LimitedProcess\n"
+        "async def main():\n"
+        f"    runtime = LimitedProcess(isolation={getattr(runtime, 'isolation', None)!r}) "
+        f"if {runtime.name!r} == 'subprocess' else runtime_for({runtime.name!r})\n"
+        "    box = await runtime.open()\n    print('started', flush=True)\n"
+        f"    await box.run(['sleep', '{token}'])\nasyncio.run(main())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == b"started\n"
+        assert wait_until(lambda: bool(processes_with(token)), 10), "the program never started"
+    finally:
+        host.kill()
+        host.wait()
+    assert wait_until(lambda: not processes_with(token), 5), "the program outlived its host"
+
+
+def test_escape_battery_limits_are_quick() -> None:
+    assert QUICK.wall_seconds <= 3 and isinstance(QUICK, Limits)
