@@ -24,6 +24,7 @@ BUILTINS: dict[str, str] = {
     "wordle": "tracegym.tasksets.wordle:Wordle",
     "tool-calculator": "tracegym.tasksets.tool_calculator:ToolCalculator",
     "counter-env": "tracegym.tasksets.counter_env:counter_env",
+    "python-functions": "tracegym.tasksets.python_functions:PythonFunctions",
 }
 
 

@@ -16,6 +16,7 @@ replace them; `exact = None` in the subclass makes `exact` no scorer at all.
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast
@@ -26,8 +27,11 @@ from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.envs.scorers import Scorer, as_scorer, call_maybe_async, scorers_of
+from tracegym.envs.task_sandbox import TaskSandbox
 from tracegym.envs.taskset_config import ConfigT, TasksetConfig
 from tracegym.envs.tools import Tool
+from tracegym.runtimes.catalog import runtime_for
+from tracegym.runtimes.sandbox import Runtime, Sandbox
 
 if TYPE_CHECKING:
     from tracegym.core.trace import Trace
@@ -77,6 +81,7 @@ class Task(Generic[DataT, ConfigT]):
         own = [s.bind(self) for s in scorers_of(type(self))]
         self.scorers: list[Scorer] = sorted([*own, *scorers], key=lambda s: s.order)
         self._tools: dict[str, Tool] = {t.name: t for t in [*class_tools(type(self)), *tools]}
+        self._sandbox: TaskSandbox | None = None
 
     # --- hooks to override -------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -91,12 +96,33 @@ class Task(Generic[DataT, ConfigT]):
         return None
 
     async def cleanup(self) -> None:
-        """Release per-rollout resources; runs however the rollout ended."""
+        """Release per-rollout resources; runs however the rollout ended. The base closes the rollout's sandbox:
+        an override of a task that uses one calls `await super().cleanup()`."""
+        if self._sandbox is not None:
+            await self._sandbox.close()
+
+    def runtime(self) -> Runtime:
+        """Where this rollout's sandboxed tools and programs run (`sandbox()`): a limited subprocess under default
+        limits; override to choose another runtime or limits (from the taskset's config, say)."""
+        return runtime_for("subprocess")
+
+    async def sandbox(self) -> Sandbox:
+        """This rollout's sandbox, opened on first use (RuntimeUnavailable when `runtime()` cannot run on this
+        host) and closed by `cleanup`."""
+        return await self._rollout_sandbox().get()
+
+    def _rollout_sandbox(self) -> TaskSandbox:
+        if self._sandbox is None:
+            self._sandbox = TaskSandbox(self.runtime())
+        return self._sandbox
 
     # --- used by the rollout loop ------------------------------------------------------------------------
     def tool(self, name: str) -> Tool | None:
-        """The tool of that name, if the task offers it."""
-        return self._tools.get(name)
+        """The tool of that name, if the task offers it; a sandboxed one calls into this rollout's sandbox."""
+        found = self._tools.get(name)
+        if found is None or not found.sandboxed:
+            return found
+        return found.bound_to(functools.partial(self._rollout_sandbox().call_tool, found.fn))
 
     def tool_specs(self) -> list[ToolSpec]:
         """Specs of every tool offered to the model."""

@@ -17,6 +17,7 @@ from typing_extensions import TypedDict  # pydantic reads a typing.TypedDict onl
 
 from tracegym.core.errors import ToolError, UsageError
 from tracegym.core.tool_spec import ToolSpec
+from tracegym.envs.task_sandbox import sandboxed_source
 from tracegym.envs.thread_lane import TOOLS
 
 _SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
@@ -31,6 +32,8 @@ class Tool:
     fn: Callable[..., Any]
     spec: ToolSpec
     arguments: TypeAdapter[dict[str, Any]]
+    sandboxed: bool = False
+    """Runs in the rollout's sandbox, not in the worker (`envs.task_sandbox.sandboxed`)."""
 
     @property
     def name(self) -> str:
@@ -46,11 +49,12 @@ class Tool:
             raise UsageError(f"tool {tool_name!r} has no docstring; describe it and its arguments under 'Args:'")
         summary, arg_docs = parse_docstring(doc)
         adapter = arguments_adapter(fn, tool_name, arg_docs, skip_self)
-        return cls(fn, ToolSpec(name=tool_name, description=summary, parameters=_schema(adapter)), adapter)
+        spec = ToolSpec(name=tool_name, description=summary, parameters=_schema(adapter))
+        return cls(fn, spec, adapter, sandboxed_source(fn) is not None)
 
     def bound_to(self, fn: Callable[..., Any]) -> Tool:
         """The same spec over another callable (a class tool bound to one environment instance)."""
-        return Tool(fn, self.spec, self.arguments)
+        return Tool(fn, self.spec, self.arguments, self.sandboxed)
 
     async def call(self, arguments: dict[str, Any]) -> str:
         """Run the tool on its arguments, validated and converted by its hints (ToolError naming each argument

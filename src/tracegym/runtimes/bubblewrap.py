@@ -5,9 +5,11 @@ Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; 
 host's network). The host's root is bound read-only; /tmp, /var/tmp, /dev/shm and the host user's home are
 empty tmpfs; /dev and /proc are the sandbox's own; only the working directory is bound writable. bwrap sets
 no_new_privs and drops every capability, starts a new session (no terminal to inject into) and, with
-`--die-with-parent`, kills the whole sandbox when it dies; the program init it runs is not pid 1, bwrap's own
-init is, and reaps what the program orphans. As root, bwrap itself runs under the sandbox's own host uid (so
-RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces, which the probe checks.
+`--die-with-parent`, kills the whole sandbox when it dies. The program init is the namespace's pid 1
+(`--as-pid-1`): it reaps what the program orphans, the kernel ignores the program's signals to it (a program
+cannot end its own sandbox early), and its exit ends every process left. As root, bwrap itself runs under the
+sandbox's own host uid (so RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces,
+which the probe checks.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class BwrapConfinement:
 
 def bwrap_flags(workdir: Path, network: bool) -> list[str]:
     """The `bwrap` command line (without the command) for a sandbox with this working directory."""
-    flags = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
+    flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
              "--dev", "/dev", "--proc", "/proc"]
     if network:
         flags.append("--share-net")

@@ -275,9 +275,7 @@ def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | N
                            stdout_truncated=out_cut, stderr_truncated=err_cut, duration_s=duration)
     if status is None:
         result.signal = -returncode if returncode is not None and returncode < 0 else None
-        result.limit = "wall" if timed_out else None
-        if not timed_out:
-            result.start_error = f"the sandbox ended before the program did (wrapper exit status {returncode})"
+        result.limit = "wall" if timed_out else "sandbox"
         return result
     if status.get("start_error"):
         result.start_error = status["start_error"]

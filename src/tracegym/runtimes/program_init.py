@@ -30,6 +30,7 @@ LIMITS = {
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
     status_fd, lifeline_fd = spec["status_fd"], spec["lifeline_fd"]
     os.set_inheritable(status_fd, False)
     os.set_inheritable(lifeline_fd, False)

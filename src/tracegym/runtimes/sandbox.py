@@ -42,7 +42,8 @@ class Limits(BaseModel):
 
 class ProgramResult(BaseModel):
     """How one program run ended. `limit` names the limit that ended it (`wall`, `cpu`, `memory`, `file_size`,
-    `processes`, `output`), None when it ended on its own."""
+    `processes`, `output`; `sandbox` when the sandbox's init was killed before the program reported, which
+    only a program outside a PID namespace and under our own uid can do), None when it ended on its own."""
 
     argv: list[str]
     exit_code: int | None
