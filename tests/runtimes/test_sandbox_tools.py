@@ -1,0 +1,90 @@
+"""Per-tool opt-in: a `@sandboxed` tool of a Task runs in the rollout's sandbox (another process, in the sandbox's
+working directory, under its limits), a plain tool beside it in the worker; the sandbox closes with the rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import tracegym as tg
+from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.envs.task_sandbox import sandboxed
+from tracegym.runtimes.catalog import runtime_for
+from tracegym.runtimes.sandbox import Limits, Runtime
+from tracegym.testing import ScriptedModel
+from tracegym.testing.script import reply, tool_call
+
+
+@sandboxed
+def where_sandboxed(note: str) -> dict:
+    """Say which process runs this tool.
+
+    Args:
+        note: Echoed back.
+    """
+    import os
+
+    return {"pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd(), "note": note}
+
+
+def where_worker(note: str) -> dict:
+    """Say which process runs this tool.
+
+    Args:
+        note: Echoed back.
+    """
+    return {"pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd(), "note": note}
+
+
+@sandboxed
+def spin(seconds: float) -> str:
+    """Busy-wait.
+
+    Args:
+        seconds: How long.
+    """
+    while True:
+        pass
+
+
+class ToolTask(tg.Task):
+    tools = (where_sandboxed, where_worker, spin)
+
+    def runtime(self) -> Runtime:
+        return runtime_for("subprocess", Limits(wall_seconds=1.5, cpu_seconds=5))
+
+
+async def test_a_sandboxed_tool_runs_in_the_rollouts_sandbox_and_a_plain_one_in_the_worker() -> None:
+    script = [reply(None, tool_call("where_sandboxed", {"note": "in"}), tool_call("where_worker", {"note": "out"})),
+              reply(None, tool_call("spin", {"seconds": 9})), "done"]
+    taskset = tg.Taskset(id="tools", data=[tg.TaskData(prompt="Where?")])
+    taskset.task_class = ToolTask
+    [trace] = await tg.evaluate(taskset, ScriptedModel(script), num_tasks=1, rollouts=1)
+    inside, outside, spun = (json.loads(m.text) if m.text.startswith("{") else m.text
+                             for m in trace.completion if m.role == "tool")
+    assert outside == {"pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd(), "note": "out"}
+    assert inside["note"] == "in" and inside["pid"] != os.getpid()
+    assert Path(inside["cwd"]).name.startswith("tracegym-sandbox-")
+    assert not Path(inside["cwd"]).exists(), "the rollout's sandbox outlived its cleanup"
+    if os.geteuid() == 0:
+        assert inside["uid"] != 0
+    assert spun.startswith("Error: ToolError: sandboxed tool 'spin' broke the sandbox's ")
+    assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.TOOL, "tool:spin")]
+    assert trace.stop_reason == tg.StopReason.COMPLETED
+
+
+def test_a_tool_that_cannot_be_sandboxed_is_refused_at_import() -> None:
+    with pytest.raises(UsageError, match="sandboxed tool 'coroutine' is async"):
+        @sandboxed
+        async def coroutine(x: int) -> int:
+            """Nothing.
+
+            Args:
+                x: A number.
+            """
+            return x
+    with pytest.raises(UsageError, match="sandboxed tool 'len': its source cannot be read"):
+        sandboxed(len)
