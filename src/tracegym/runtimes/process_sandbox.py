@@ -156,7 +156,7 @@ class ProcessSandbox:
         assert proc.stdout is not None and proc.stderr is not None
         out, err = _Capture(proc.stdout, limits.output_bytes), _Capture(proc.stderr, limits.output_bytes)
         feed = asyncio.ensure_future(_feed(proc.stdin, stdin))
-        timed_out = False
+        timed_out, swept = False, 0
         try:
             await asyncio.wait_for(proc.wait(), limits.wall_seconds)
         except TimeoutError:
@@ -169,12 +169,16 @@ class ProcessSandbox:
             raise
         if not self.confinement.kills_on_init_exit:  # outside a PID namespace, what the program started outlives it
             alone = self._running == {run}  # the sandbox's uid is this run's alone: sweep by it too
-            _kill_all(sandbox_processes(run.marker, self.uid if alone else None))
+            left = sandbox_processes(run.marker, self.uid if alone else None)
+            _kill_all(left)
+            swept = len(left)
         (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
         status = _read_status(run.status_r)
-        return classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
-                        time.monotonic() - start)
+        result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
+                          time.monotonic() - start)
+        result.left_running = (status or {}).get("left_running") or swept
+        return result
 
     async def close(self) -> None:
         if self._closed:

@@ -56,6 +56,8 @@ class ProgramResult(BaseModel):
     stderr_truncated: bool = False
     limit: str | None = None
     duration_s: float = 0.0
+    left_running: int = 0
+    """Processes the program started that were still running when it ended (the sandbox killed them: a daemon)."""
     start_error: str | None = None
     """Why the program could not start at all (no such command, not executable)."""
 

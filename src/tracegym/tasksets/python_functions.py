@@ -9,10 +9,10 @@ enter the sandbox. Reward `passed`: the fraction of hidden tests passed. Metric 
 
 With `attempts` above 1 the task is multi-turn: after a reply that fails a test, the environment answers with
 the first failing test's call and what it returned, raised or broke (and the end of stderr), and the model tries
-again; the last reply is scored. A program that breaks a sandbox limit is the model's error (kind `model`, at
-the stage where it ran: `env_response`, or `scoring:passed` when rescored): the rollout is still scored and
-trained on. A sandbox that cannot start python3 is an infrastructure error; a runtime this host lacks fails the
-rollout at `setup`, naming the runtime and why.
+again; the last reply is scored. A program that breaks a sandbox limit, dies by a signal or leaves processes
+running is the model's error (kind `model`, at the stage where it ran: `env_response`, or `scoring:passed` when
+rescored): the rollout is still scored and trained on. A sandbox that cannot start python3 is an infrastructure
+error; a runtime this host lacks fails the rollout at `setup`, naming the runtime and why.
 """
 
 from __future__ import annotations
@@ -145,6 +145,16 @@ def grade(data: FunctionData, result: ProgramResult, sentinel: str) -> Grade:
     return Grade(passed, len(data.tests), failure)
 
 
+def misbehaviour(result: ProgramResult) -> str | None:
+    """What went wrong with a run beyond failing tests (a trace error): it could not start, broke a limit, was
+    killed by a signal, or left processes running; None for a run that ended on its own (passing or not)."""
+    if result.start_error or result.limit or result.signal:
+        return f"the solution {how_it_failed(result)}"
+    if result.left_running:
+        return f"the solution left {result.left_running} process(es) running; the sandbox killed them"
+    return None
+
+
 class PythonFunctionTask(Task[FunctionData, PythonFunctionsConfig]):
     """One function to write, checked in the rollout's sandbox."""
 
@@ -176,11 +186,11 @@ class PythonFunctionTask(Task[FunctionData, PythonFunctionsConfig]):
         (sandbox.workdir / "check.py").write_text(CHECKER)
         (sandbox.workdir / "calls.json").write_text(json.dumps([t.args for t in self.data.tests]))
         result = await sandbox.run(["python3", "check.py", self.data.function, sentinel])
-        if result.start_error or result.limit:
+        misbehaved = misbehaviour(result)
+        if misbehaved:
             kind = ErrorKind.INFRASTRUCTURE if result.start_error else ErrorKind.MODEL
             turn = sum(m.role == "assistant" for m in trace.completion) - 1
-            trace.errors.append(TraceError(kind=kind, stage=stage, message=f"the solution {how_it_failed(result)}",
-                                           turn=turn))
+            trace.errors.append(TraceError(kind=kind, stage=stage, message=misbehaved, turn=turn))
         return grade(self.data, result, sentinel)
 
     async def env_response(self, trace: Trace) -> EnvResponse:
