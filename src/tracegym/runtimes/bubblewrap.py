@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tracegym.runtimes.process_sandbox import UID_RANGE, ProcessSandbox
+from tracegym.runtimes.process_sandbox import UID_RANGE, Confinement, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 PROBE_TIMEOUT_S = 10.0
@@ -30,14 +30,13 @@ SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 """Folders a program may write that become empty, private tmpfs in the sandbox."""
 
 
-class BwrapConfinement:
+class BwrapConfinement(Confinement):
     """`bwrap` around the init: read-only host, private scratch folders, the working directory writable."""
 
     private_tmp = True
-    kills_on_init_exit = True
 
-    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
-        return [*bwrap_flags(workdir, limits.network), "--", *init]
+    def wrap(self, launch: Launch) -> list[str]:
+        return [*bwrap_flags(launch.workdir, launch.limits.network), "--", *launch.init]
 
     def spawn_user(self, uid: int | None) -> int | None:
         return uid

@@ -30,50 +30,33 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Literal
 
-from tracegym.runtimes.process_sandbox import ProcessSandbox
+from tracegym.runtimes.process_sandbox import Confinement, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 Isolation = Literal["namespaces", "user-namespaces", "process-group"]
 PROBE_TIMEOUT_S = 10.0
 
 
-class NamespaceConfinement:
+class NamespaceConfinement(Confinement):
     """`unshare` wraps the init in PID, mount (for /proc) and network namespaces; a user namespace too when we
     are not root."""
-
-    private_tmp = False
-    kills_on_init_exit = True
 
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root
 
-    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
-        return [*unshare_flags(self.as_root, limits.network), "--", *_no_new_privs(), *init]
-
-    def spawn_user(self, uid: int | None) -> int | None:
-        return None
-
-    def init_drops_to(self, uid: int | None) -> int | None:
-        return uid
+    def wrap(self, launch: Launch) -> list[str]:
+        return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), *launch.init]
 
 
-class GroupConfinement:
+class GroupConfinement(Confinement):
     """No namespaces: the init leads a process group of its own; a sweep by environment marker does the rest."""
 
-    private_tmp = False
     kills_on_init_exit = False
 
-    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
-        return [*_no_new_privs(), *init]
-
-    def spawn_user(self, uid: int | None) -> int | None:
-        return None
-
-    def init_drops_to(self, uid: int | None) -> int | None:
-        return uid
+    def wrap(self, launch: Launch) -> list[str]:
+        return [*_no_new_privs(), *launch.init]
 
 
 def unshare_flags(as_root: bool, network: bool) -> list[str]:

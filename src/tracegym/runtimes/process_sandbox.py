@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, ProgramResult
@@ -45,25 +45,57 @@ _PROCESS_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: 
 _FILE_SIZE_SIGNS = ("File too large",)
 
 
-class Confinement(Protocol):
-    """What makes one runtime's sandboxes: the wrapper around the program init, and how it is spawned."""
+@dataclass(frozen=True)
+class Launch:
+    """What one run starts: the program, the program init that runs it, where, and under what."""
 
-    private_tmp: bool
+    argv: list[str]
+    init: list[str]
+    workdir: Path
+    limits: Limits
+    env: Mapping[str, str]
+    """The program's whole environment (the wrapper is started with it too)."""
+    marker: str
+    uid: int | None
+    """The sandbox's own host uid (None when we are not root)."""
+
+
+class Confinement:
+    """What makes one runtime's sandboxes: the command that wraps a run, and how it is spawned and cleaned up.
+    The defaults suit a wrapper that runs the program init on this host; a runtime overrides what differs."""
+
+    private_tmp: bool = False
     """True when the sandbox has its own /tmp (nothing it writes there reaches the host)."""
-    kills_on_init_exit: bool
+    kills_on_init_exit: bool = True
     """True when the init's exit ends every process of the sandbox (a PID namespace); else a sweep finds them."""
 
-    def wrap(self, init: list[str], workdir: Path, limits: Limits) -> list[str]:
-        """The command that runs `init` confined, with `workdir` as its working directory."""
-        ...
+    def wrap(self, launch: Launch) -> list[str]:
+        """The command that runs `launch` confined."""
+        raise NotImplementedError
 
     def spawn_user(self, uid: int | None) -> int | None:
         """The host uid to spawn the wrapper as (None: ours); `uid` is the sandbox's own, when we are root."""
-        ...
+        return None
 
     def init_drops_to(self, uid: int | None) -> int | None:
         """The uid the program init drops to before exec (None: it keeps the one it starts with)."""
-        ...
+        return uid
+
+    def spawn_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The environment the wrapper starts with: the program's (a wrapper that passes on only what it is
+        told adds what it needs itself)."""
+        return dict(env)
+
+    def exit_status(self, returncode: int | None) -> dict[str, Any] | None:
+        """How the program ended, read from the wrapper's exit status where no program init reports it (a
+        container engine's); None: read the init's report."""
+        return None
+
+    async def reap(self, marker: str) -> None:
+        """After a run was killed (wall limit, cancel): end what of it lives outside our process tree."""
+
+    async def release(self, sandbox_id: str) -> None:
+        """At the sandbox's close: remove what of it lives outside our process tree."""
 
 
 @dataclass(eq=False)
@@ -74,6 +106,8 @@ class _Run:
     status_r: int
     marker: str
     """The value of MARKER in this run's processes (`<sandbox id>/<run number>/`)."""
+    killed: bool = False
+    """True once we killed it (wall limit, cancel)."""
 
 
 class ProcessSandbox:
@@ -123,19 +157,22 @@ class ProcessSandbox:
             self._running.discard(run)
             os.close(lifeline_w)
             os.close(status_r)
+            if run.killed:
+                await self.confinement.reap(marker)
 
     async def _spawn(self, argv: list[str], env: Mapping[str, str], marker: str, with_stdin: bool,
                      limits: Limits, status_w: int, lifeline_r: int) -> asyncio.subprocess.Process:
         spec = {"argv": argv, "cwd": str(self._workdir), "status_fd": status_w, "lifeline_fd": lifeline_r,
                 "uid": self.confinement.init_drops_to(self.uid), "rlimits": self._rlimits(limits)}
         init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, json.dumps(spec)]
+        launch = Launch(argv, init, self._workdir, limits, self._environment(env, marker), marker, self.uid)
         user = self.confinement.spawn_user(self.uid)
         ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
         return await asyncio.create_subprocess_exec(
-            *self.confinement.wrap(init, self._workdir, limits),
+            *self.confinement.wrap(launch),
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=self._environment(env, marker), start_new_session=True, pass_fds=(status_w, lifeline_r), **ids)
+            env=self.confinement.spawn_env(launch.env), start_new_session=True, pass_fds=(status_w, lifeline_r), **ids)
 
     def _environment(self, extra: Mapping[str, str], marker: str) -> dict[str, str]:
         """Nothing of the host's environment: a fixed base, the caller's `env`, and the run's marker."""
@@ -160,9 +197,10 @@ class ProcessSandbox:
         try:
             await asyncio.wait_for(proc.wait(), limits.wall_seconds)
         except TimeoutError:
-            timed_out = True
+            timed_out = run.killed = True
             _kill_group(proc)
         except asyncio.CancelledError:
+            run.killed = True
             _kill_group(proc)
             for task in (out.reading, err.reading, feed):
                 task.cancel()
@@ -174,7 +212,8 @@ class ProcessSandbox:
             swept = len(left)
         (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
-        status = _read_status(run.status_r)
+        status = self.confinement.exit_status(proc.returncode) if not timed_out else None
+        status = status or _read_status(run.status_r)
         result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
                           time.monotonic() - start)
         result.left_running = (status or {}).get("left_running") or swept
@@ -185,8 +224,10 @@ class ProcessSandbox:
             return
         self._closed = True
         for run in list(self._running):
+            run.killed = True
             _kill_group(run.proc)
         self.sweep()
+        await self.confinement.release(self.id)
         if self.uid is not None and not self.confinement.private_tmp:
             _remove_files_of(self.uid)
         shutil.rmtree(self._workdir, onerror=_force_remove)
