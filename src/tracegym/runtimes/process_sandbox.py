@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import secrets
@@ -162,9 +161,10 @@ class ProcessSandbox:
 
     async def _spawn(self, argv: list[str], env: Mapping[str, str], marker: str, with_stdin: bool,
                      limits: Limits, status_w: int, lifeline_r: int) -> asyncio.subprocess.Process:
-        spec = {"argv": argv, "cwd": str(self._workdir), "status_fd": status_w, "lifeline_fd": lifeline_r,
-                "uid": self.confinement.init_drops_to(self.uid), "rlimits": self._rlimits(limits)}
-        init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, json.dumps(spec)]
+        drops_to = self.confinement.init_drops_to(self.uid)
+        init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, str(status_w), str(lifeline_r),
+                "-" if drops_to is None else str(drops_to), str(self._workdir), *map(str, self._rlimits(limits)),
+                "--", *argv]
         launch = Launch(argv, init, self._workdir, limits, self._environment(env, marker), marker, self.uid)
         user = self.confinement.spawn_user(self.uid)
         ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
@@ -179,13 +179,12 @@ class ProcessSandbox:
         home = str(self._workdir)
         return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home, **extra, MARKER: marker}
 
-    def _rlimits(self, limits: Limits) -> dict[str, int]:
-        """The init's rlimits. RLIMIT_NPROC counts every process of a uid: exact under a uid of our own, else the
-        user's processes now plus the limit (approximate: the user's other processes come and go)."""
+    def _rlimits(self, limits: Limits) -> list[int]:
+        """The init's rlimits, in its order. RLIMIT_NPROC counts every process of a uid: exact under a uid of our
+        own, else the user's processes now plus the limit (approximate: the user's other processes come and go)."""
         own_uid = self.uid is not None
         processes = limits.processes + (3 if own_uid else _processes_of(os.getuid()))  # + init and wrapper
-        return {"cpu_seconds": limits.cpu_seconds, "memory_mb": limits.memory_mb,
-                "file_size_mb": limits.file_size_mb, "open_files": limits.open_files, "processes": processes}
+        return [limits.cpu_seconds, limits.memory_mb, limits.file_size_mb, limits.open_files, processes]
 
     async def _wait(self, run: _Run, argv: list[str], stdin: bytes | None, limits: Limits,
                     start: float) -> ProgramResult:
@@ -298,16 +297,20 @@ async def _feed(pipe: asyncio.StreamWriter | None, data: bytes | None) -> None:
 
 
 def _read_status(fd: int) -> dict[str, Any] | None:
-    """The init's report, or None when it never wrote one (it was killed: wall limit, cancel)."""
+    """The init's report (see `program_init`), or None when it never wrote one (it was killed: wall limit,
+    cancel)."""
     os.set_blocking(fd, False)
     data = b""
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(fd, 1 << 16):
             data += chunk
-    try:
-        return json.loads(data.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    lines = data.decode(errors="replace").split("\n")
+    fields = lines[0].split()
+    if len(fields) != 4:
         return None
+    exit_code, sig, cpu, left = (None if f == "-" else f for f in fields)
+    return {"exit_code": None if exit_code is None else int(exit_code), "signal": None if sig is None else int(sig),
+            "cpu_s": float(cpu or 0), "left_running": int(left or 0), "start_error": lines[1] if len(lines) > 1 else ""}
 
 
 def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | None, timed_out: bool,

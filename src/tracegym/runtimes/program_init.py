@@ -1,94 +1,92 @@
 """Program init: the first process of a sandbox; it limits, un-privileges and runs one program, and says how it ended.
 
-A sandbox runs `python -I -S -c <this file's source> SPEC` (SPEC: JSON of what is below), wrapped in the runtime's
-namespaces. Standard library only and no tracegym import, so any Python 3 the sandbox can execute runs it.
-It forks the program; in the child it resets the signals Python ignores, applies the rlimits, drops to `uid`
-(when it is root and given one: every sandbox gets a host uid of its own, so RLIMIT_NPROC counts only its
-processes and it can signal nothing of the host's), changes to the working directory and execs. The parent
-reaps every child it is given (as a PID namespace's init it inherits orphans) until the program ends, writes one
-JSON line to `status_fd` (exit code or signal, CPU seconds, or why the program could not start) and exits;
-as a namespace's init, its exit kills whatever the program left behind. When the host closes the other end of
-`lifeline_fd` (the host process died, even by SIGKILL), it kills its process group and exits.
+A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD LIMIT... -- PROGRAM...`
+(UID `-` for none; LIMITs in the order of LIMITS), wrapped in the runtime's namespaces. Builtin modules only,
+no json and no tracegym import: it starts in the time of a bare interpreter, and any Python 3 the sandbox can
+execute runs it. It forks the program; in the child it resets the signals Python ignores, applies the rlimits,
+drops to UID (when it is root and given one: every sandbox gets a host uid of its own, so RLIMIT_NPROC counts
+only its processes and it can signal nothing of the host's), changes to CWD and execs. The parent reaps every
+child it is given (as a PID namespace's init it inherits orphans) until the program ends, then writes one line
+to STATUS_FD, `EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), and a second with why the program
+could not start, if it could not; and exits: as a namespace's init, its exit kills whatever the program left
+behind. When the host closes the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its
+process group and exits.
 """
 
-import json
+import _signal as signal  # the C module: `signal` imports enum, which doubles our start-up
+import _thread
 import os
 import resource
-import signal
 import sys
-import threading
 
-LIMITS = {
-    "cpu_seconds": (resource.RLIMIT_CPU, 1),
-    "memory_mb": (resource.RLIMIT_AS, 1 << 20),
-    "file_size_mb": (resource.RLIMIT_FSIZE, 1 << 20),
-    "open_files": (resource.RLIMIT_NOFILE, 1),
-    "processes": (resource.RLIMIT_NPROC, 1),
-}
-"""Each limit's rlimit and the unit its value is multiplied by."""
+LIMITS = (
+    (resource.RLIMIT_CPU, 1),
+    (resource.RLIMIT_AS, 1 << 20),
+    (resource.RLIMIT_FSIZE, 1 << 20),
+    (resource.RLIMIT_NOFILE, 1),
+    (resource.RLIMIT_NPROC, 1),
+)
+"""The rlimits given on the command line, in order (CPU seconds, address space MB, file size MB, open files,
+processes), and the unit each value is multiplied by."""
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    status_fd, lifeline_fd, uid, cwd = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    limits = [int(v) for v in sys.argv[5:5 + len(LIMITS)]]
+    argv = sys.argv[6 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
-    status_fd, lifeline_fd = spec["status_fd"], spec["lifeline_fd"]
     os.set_inheritable(status_fd, False)
     os.set_inheritable(lifeline_fd, False)
-    threading.Thread(target=watch_lifeline, args=(lifeline_fd,), daemon=True).start()
+    _thread.start_new_thread(watch_lifeline, (lifeline_fd,))
     exec_errors, exec_error_w = os.pipe()  # close-on-exec: EOF with no bytes means the exec succeeded
     pid = os.fork()
     if pid == 0:
         os.close(exec_errors)
-        start(spec, exec_error_w)
+        start(argv, cwd, None if uid == "-" else int(uid), limits, exec_error_w)
     os.close(exec_error_w)
-    start_error = read_all(exec_errors).decode(errors="replace") or None
-    report = wait_for(pid)
-    report["start_error"] = start_error
-    report["left_running"] = left_running() if os.getpid() == 1 else None
-    os.write(status_fd, (json.dumps(report) + "\n").encode())
+    start_error = read_all(exec_errors).decode(errors="replace").replace("\n", " ")
+    exit_code, sig, cpu = wait_for(pid)
+    left = left_running() if os.getpid() == 1 else None
+    line = " ".join("-" if v is None else str(v) for v in (exit_code, sig, cpu, left))
+    os.write(status_fd, f"{line}\n{start_error}\n".encode())
     os._exit(0)
 
 
-def start(spec: dict, exec_error_w: int) -> None:
+def start(argv: list, cwd: str, uid: object, limits: list, exec_error_w: int) -> None:
     """In the forked child: limits, credentials, working directory, then exec the program (never returns)."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
-        for name, value in spec["rlimits"].items():
-            which, unit = LIMITS[name]
+        for (which, unit), value in zip(LIMITS, limits, strict=False):
             # soft below hard for CPU: SIGXCPU first (a program may report it), SIGKILL a second later
-            hard = value * unit + (1 if name == "cpu_seconds" else 0)
+            hard = value * unit + (1 if which == resource.RLIMIT_CPU else 0)
             resource.setrlimit(which, (value * unit, hard))
-        uid = spec.get("uid")
         if uid is not None and os.getuid() == 0:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-        os.chdir(spec["cwd"])
-        argv = spec["argv"]
+        os.chdir(cwd)
         os.execvpe(argv[0], argv, os.environ)
     except FileNotFoundError:
-        os.write(exec_error_w, f"no such program: {spec['argv'][0]!r} (PATH {os.environ.get('PATH')})".encode())
+        os.write(exec_error_w, f"no such program: {argv[0]!r} (PATH {os.environ.get('PATH')})".encode())
     except BaseException as exc:
         os.write(exec_error_w, f"{type(exc).__name__}: {exc}".encode())
     os._exit(127)
 
 
-def wait_for(pid: int) -> dict:
-    """Reap children (orphans too) until `pid` ends; how it ended and the CPU it used."""
+def wait_for(pid: int) -> tuple:
+    """Reap children (orphans too) until `pid` ends: its exit code, signal and CPU seconds."""
     while True:
         try:
             done, status, usage = os.wait4(-1, 0)
         except ChildProcessError:
-            return {"exit_code": None, "signal": None, "cpu_s": 0.0}
+            return None, None, 0.0
         except InterruptedError:
             continue
         if done == pid:
-            return {
-                "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                "cpu_s": usage.ru_utime + usage.ru_stime,
-            }
+            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                    os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+                    round(usage.ru_utime + usage.ru_stime, 3))
 
 
 def left_running() -> int:
