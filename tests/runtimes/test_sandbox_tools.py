@@ -88,3 +88,26 @@ def test_a_tool_that_cannot_be_sandboxed_is_refused_at_import() -> None:
             return x
     with pytest.raises(UsageError, match="sandboxed tool 'len': its source cannot be read"):
         sandboxed(len)
+
+
+async def test_the_readmes_sandboxed_tool_runs_as_printed(tmp_path: Path) -> None:
+    import importlib.util
+    import re
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "@sandboxed" in block)
+    (tmp_path / "readme_tool.py").write_text(code)  # a module of its own, as a user's would be (source readable)
+    spec = importlib.util.spec_from_file_location("readme_tool", tmp_path / "readme_tool.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Snippet(tg.Task):
+        tools = (module.run_python,)
+
+    script = [reply(None, tool_call("run_python", {"code": "import os; print(6 * 7, os.getcwd())"})), "done"]
+    taskset = tg.Taskset(id="snippet", data=[tg.TaskData(prompt="Run it.")])
+    taskset.task_class = Snippet
+    [trace] = await tg.evaluate(taskset, ScriptedModel(script), num_tasks=1, rollouts=1)
+    [answer] = [m.text for m in trace.completion if m.role == "tool"]
+    assert answer.startswith("42 ") and "tracegym-sandbox-" in answer and trace.errors == []
