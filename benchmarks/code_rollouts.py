@@ -27,6 +27,7 @@ from pathlib import Path
 import tracegym as tg
 from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.process_sandbox import sandbox_processes
+from tracegym.runtimes.processes import descendants
 from tracegym.tasksets.python_functions import FunctionData, PythonFunctions
 from tracegym.testing import ScriptedModel
 
@@ -53,18 +54,7 @@ def oracle(rows: list[FunctionData]) -> str:
 
 def tree_rss_mb() -> float:
     """Resident memory of this process and all its descendants, in MB."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    family, grew = {os.getpid()}, True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in family} - family
-        family |= more
-        grew = bool(more)
+    family = {os.getpid(), *descendants(os.getpid())}
     total = 0
     for pid in family:
         try:

@@ -102,6 +102,21 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry (by parent pid, read from /proc) leads to `pid`."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and fields[0] not in ("Z", "X"):
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 def process_alive(pid: int) -> bool:
     """True while `pid` exists and has not exited (a zombie has)."""
     fields = _stat(pid)
