@@ -112,10 +112,11 @@ class _Run:
 class ProcessSandbox:
     """A Sandbox over a Confinement (see `runtimes.sandbox` for the contract)."""
 
-    def __init__(self, confinement: Confinement, limits: Limits, *, root: bool | None = None) -> None:
+    def __init__(self, confinement: Confinement, limits: Limits) -> None:
         self.confinement, self.limits = confinement, limits
         self.id = secrets.token_hex(8)
-        self.uid = random.randrange(*UID_RANGE) if (os.geteuid() == 0 if root is None else root) else None
+        self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
+        """The sandbox's own host uid when we are root (its programs run as it), else None."""
         self._workdir = Path(tempfile.mkdtemp(prefix=f"tracegym-sandbox-{self.id}-"))
         if self.uid is not None:
             os.chown(self._workdir, self.uid, self.uid)
