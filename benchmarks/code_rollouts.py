@@ -4,9 +4,9 @@ Every rollout opens its own sandbox (setup), gets a right answer at once from a 
 solution, so every kind of function is exercised), runs it against the hidden tests in the sandbox, is scored
 and closes its sandbox (cleanup); `--concurrency` rollouts are in flight at once, in this process. Peak memory
 is the largest sum of the resident memory of this process and all its descendants (wrappers, inits, the
-programs), sampled every 50 ms. Leaks, counted after the last rollout: processes still carrying a sandbox marker,
-sandbox working directories left in the temp folder, and file descriptors this process holds beyond those it
-held before. Each runtime's rate is also given as a ratio to the first runtime's.
+programs), sampled every 50 ms. Leaks, counted after the last rollout: processes still carrying the marker of
+one of our sandboxes, our sandboxes' working directories left in the temp folder, and file descriptors this
+process holds beyond those it held before. Each runtime's rate is also given as a ratio to the first runtime's.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/code_rollouts.py [--rollouts 256] [--concurrency 64]
 """
@@ -86,7 +86,8 @@ class PeakSampler:
 
 
 def workdirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("tracegym-sandbox-*")}
+    """This process's sandbox working directories (other processes on the machine may have theirs)."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"tracegym-sandbox-{os.getpid()}-*")}
 
 
 async def bench(runtime: str, rollouts: int, concurrency: int) -> Outcome:
@@ -103,7 +104,8 @@ async def bench(runtime: str, rollouts: int, concurrency: int) -> Outcome:
     await asyncio.sleep(0.5)  # let the last SIGKILLs land before counting survivors
     return Outcome(rate=len(traces) / elapsed, peak_mb=sampler.peak,
                    rewards=sum(t.reward or 0.0 for t in traces) / len(traces),
-                   errors=sum(bool(t.errors) for t in traces), leaked_processes=len(sandbox_processes("")),
+                   errors=sum(bool(t.errors) for t in traces),
+                   leaked_processes=len(sandbox_processes(f"{os.getpid()}-")),
                    leaked_workdirs=len(workdirs() - dirs), leaked_fds=len(os.listdir("/proc/self/fd")) - fds)
 
 

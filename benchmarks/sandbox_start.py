@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from tracegym.runtimes.catalog import RUNTIMES, runtime_for
 from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
-from tracegym.runtimes.sandbox import Runtime
+from tracegym.runtimes.sandbox import Runtime, Sandbox
 
 PROGRAM = ["date", "+%s.%N"]
 
@@ -32,14 +32,10 @@ async def plain_start() -> float:
     return float(out) - before
 
 
-def sandboxed_start(runtime: Runtime) -> Callable[[], Awaitable[float]]:
-    sandbox_of: list = []
-
+def sandboxed_start(sandbox: Sandbox) -> Callable[[], Awaitable[float]]:
     async def sample() -> float:
-        if not sandbox_of:
-            sandbox_of.append(await runtime.open())
         before = time.time()
-        result = await sandbox_of[0].run(PROGRAM)
+        result = await sandbox.run(PROGRAM)
         assert result.ok, result
         return float(result.stdout) - before
 
@@ -81,7 +77,11 @@ async def main(samples: int) -> None:
         if reason:
             print(f"{label:38} unavailable: {reason}")
             continue
-        p50, p99 = await measure(sandboxed_start(runtime), samples)
+        sandbox = await runtime.open()
+        try:
+            p50, p99 = await measure(sandboxed_start(sandbox), samples)
+        finally:
+            await sandbox.close()
         opened = await open_cost(runtime, 20) * 1e3
         print(f"{label:38} {p50:8.1f} {p99:8.1f} {p50 / base50:12.1f} {opened:14.1f}")
 

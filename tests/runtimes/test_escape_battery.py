@@ -10,6 +10,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from runtime_helpers import wait_until
 from sandbox_helpers import QUICK, isolated, runtimes
 
-from tracegym.runtimes.process_sandbox import sandbox_processes
+from tracegym.runtimes.process_sandbox import remove_abandoned_workdirs, sandbox_processes
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, Sandbox
 
@@ -194,6 +195,9 @@ async def test_escape_outliving_a_killed_host(runtime: Runtime, tmp_path: Path) 
         host.kill()
         host.wait()
     assert wait_until(lambda: not processes_with(token), 5), "the program outlived its host"
+    [abandoned] = Path(tempfile.gettempdir()).glob(f"tracegym-sandbox-{host.pid}-*")  # no one left to remove it
+    remove_abandoned_workdirs.cache_clear()
+    assert abandoned in remove_abandoned_workdirs() and not abandoned.exists()  # the next process's first sandbox
 
 
 def test_escape_battery_limits_are_quick() -> None:

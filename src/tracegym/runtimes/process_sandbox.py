@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import secrets
@@ -37,6 +38,8 @@ UID_RANGE = (1_000_000, 2_000_000_000)
 INIT_SOURCE = (Path(__file__).parent / "program_init.py").read_text()
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 """Where a sandbox without a private /tmp can leave files; what its uid left there is removed at close."""
+WORKDIR_PREFIX = "tracegym-sandbox-"
+"""Working directories are `<temp>/tracegym-sandbox-<sandbox id>-<random>`, the id starting with the owner's pid."""
 READ_GRACE_S = 1.0
 """How long the output pipes may stay open after the program ended (a survivor holding them is then killed)."""
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -114,10 +117,12 @@ class ProcessSandbox:
 
     def __init__(self, confinement: Confinement, limits: Limits) -> None:
         self.confinement, self.limits = confinement, limits
-        self.id = secrets.token_hex(8)
+        self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
+        """`<owner pid>-<random>`: its processes' markers and its working directory's name start with it."""
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"tracegym-sandbox-{self.id}-"))
+        remove_abandoned_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{self.id}-"))
         if self.uid is not None:
             os.chown(self._workdir, self.uid, self.uid)
         self._running: set[_Run] = set()
@@ -238,6 +243,19 @@ class ProcessSandbox:
         found = sandbox_processes(f"{self.id}/", self.uid)
         _kill_all(found)
         return found
+
+
+@functools.cache
+def remove_abandoned_workdirs() -> list[Path]:
+    """Remove the working directories whose owner process is gone (killed before its sandboxes closed); the ones
+    removed. Once per process, at its first sandbox."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        owner = folder.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not process_alive(int(owner)):
+            shutil.rmtree(folder, onerror=_force_remove)
+            removed.append(folder)
+    return removed
 
 
 def sandbox_processes(marker: str, uid: int | None = None) -> list[int]:
