@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +30,7 @@ from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
-from tracegym.models.client import ModelClient, ModelRequest
+from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
 
 T = TypeVar("T")
 LOOP_METRICS = ("tool_calls", "tool_errors")
@@ -59,8 +59,8 @@ class Timeouts(BaseModel):
     """The whole rollout, scoring included."""
 
 
-class _Ended(Exception):
-    """Internal: the loop ended for `reason`."""
+class Ended(Exception):
+    """The loop ended for `reason` (raised by a turn step; a harness's model calls end the same way)."""
 
     def __init__(self, reason: StopReason, by: str | None = None) -> None:
         self.reason, self.by = reason, by
@@ -74,6 +74,8 @@ class Rollout:
         self.task, self.model, self.sampling, self.timeouts, self.trace = task, model, sampling, timeouts, trace
         self._t0 = time.monotonic()
         self.turn = 0
+        self.cleanups: list[Callable[[], Awaitable[object]]] = []
+        """Releases to run after scoring, newest first (a harness's sandbox), each as the task's cleanup is."""
 
     async def run(self) -> Trace:
         """Run the loop, then scoring and cleanup, all inside the rollout timeout."""
@@ -95,10 +97,10 @@ class Rollout:
     async def _loop_and_score(self) -> None:
         try:
             await contained(self._loop())  # setup, prompt and env_response run in this task: one wrap covers them
-        except _Ended as ended:
+        except Ended as ended:
             self._end(ended.reason, ended.by)
         except Exception as exc:  # every failure becomes data on the trace
-            self._error_from(exc, self._stage)
+            self.error_from(exc, self._stage)
             self._end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
         if not self.trace.ended_normally:
             self._mark_unscored()
@@ -110,7 +112,9 @@ class Rollout:
 
     async def _loop(self) -> None:
         graph = self.trace.graph
-        await self._timed("setup", self.task.setup(), self.timeouts.setup)
+        await self.timed("setup", self.task.setup(), self.timeouts.setup)
+        if self.task.harness is not None:  # an agent program drives this rollout instead of the turns below
+            raise Ended(await self.task.harness.drive(self))
         for message in self.task.prompt():
             graph.add(message)
         self.trace.prompt_length = len(graph.nodes)
@@ -120,12 +124,12 @@ class Rollout:
             if reply.tool_calls:
                 await self._run_tools(reply.tool_calls)
             else:
-                response = await self._timed("env_response", self.task.env_response(self.trace),
+                response = await self.timed("env_response", self.task.env_response(self.trace),
                                              self.timeouts.env_response)
                 if not _append_response(self.trace, response):
-                    raise _Ended(StopReason.COMPLETED)
+                    raise Ended(StopReason.COMPLETED)
             await self._check_stops()
-        raise _Ended(StopReason.MAX_TURNS)
+        raise Ended(StopReason.MAX_TURNS)
 
     async def _model_turn(self) -> Message:
         request = ModelRequest(
@@ -134,24 +138,31 @@ class Rollout:
             sampling=self.sampling,
             prefix=self.trace.graph.token_prefix(),
         )
+        response = await self.call_model(request)
+        if response.finish_reason == "length":
+            raise Ended(StopReason.TRUNCATED)
+        return response.message
+
+    async def call_model(self, request: ModelRequest) -> ModelResponse:
+        """One model call within the model timeout, its reply appended to the graph's head with its tokens and
+        its usage counted; `Ended(TRUNCATED)` (the error recorded) when the prompt overflowed the context. The
+        loop's turns and the interception proxy's calls (`envs.proxy`) both go through here."""
         try:
-            response = await self._timed("model", self.model.complete(request), self.timeouts.model)
+            response = await self.timed("model", self.model.complete(request), self.timeouts.model)
         except ContextLengthError as exc:
-            self._error_from(exc, "model")
-            raise _Ended(StopReason.TRUNCATED) from None
+            self.error_from(exc, "model")
+            raise Ended(StopReason.TRUNCATED) from None
         self.trace.graph.add_model_turn(
             response.message,
             response.prompt_token_ids,
             response.completion_token_ids,
             response.completion_logprobs,
-            temperature=self.sampling.temperature,
+            temperature=request.sampling.temperature,
             policy_version=response.policy_version,
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens
-        if response.finish_reason == "length":
-            raise _Ended(StopReason.TRUNCATED)
-        return response.message
+        return response
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         self._count(LOOP_METRICS[0], len(calls))
@@ -172,7 +183,7 @@ class Rollout:
                 known = ", ".join(s.name for s in self.task.tool_specs()) or "none"
                 raise ValueError(f"unknown tool {call.name!r} (tools: {known})")
             arguments = call.parsed_arguments()
-            return await self._timed(stage, impl.call(arguments), self.timeouts.tool)
+            return await self.timed(stage, impl.call(arguments), self.timeouts.tool)
         except StageTimeout as exc:
             self._tool_failed(ErrorKind.TIMEOUT, stage, str(exc))
             return f"Error: {exc}"
@@ -190,10 +201,10 @@ class Rollout:
         the error at stage `stop:<name>` and leaves it unscored, like any failure of task code mid-rollout:
         where a healthy stop would have ended it is unknown, so no reward would be honest (re-score later)."""
         for scorer in self.task.scorers_of_kind("stop"):
-            fired = await self._timed(f"stop:{scorer.name}", self.task.call_scorer(scorer, self.trace),
+            fired = await self.timed(f"stop:{scorer.name}", self.task.call_scorer(scorer, self.trace),
                                       self.timeouts.scoring)
             if fired:
-                raise _Ended(StopReason.STOP_CONDITION, scorer.name)
+                raise Ended(StopReason.STOP_CONDITION, scorer.name)
 
     # --- scoring -----------------------------------------------------------------------------------------
     async def _score(self) -> None:
@@ -207,8 +218,9 @@ class Rollout:
                 _record_score(self.trace, scorer.kind, scorer.name, scorer.weight, None)
 
     # --- helpers -----------------------------------------------------------------------------------------
-    async def _timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
-        """Await one stage within its timeout (see `within`) and record its span."""
+    async def timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
+        """Await one stage within its timeout (see `within`) and record its span; an error it raises into the
+        loop is recorded at it."""
         self._stage = stage
         start = self._now()
         try:
@@ -221,9 +233,15 @@ class Rollout:
         try:
             await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
-            self._error_from(exc, "cleanup")
+            self.error_from(exc, "cleanup")
+        for release in reversed(self.cleanups):
+            try:
+                await asyncio.wait_for(contained(release()), self.timeouts.setup)
+            except Exception as exc:  # as the task's cleanup: recorded, never raised
+                self.error_from(exc, "cleanup")
 
-    def _error_from(self, exc: BaseException, stage: str) -> None:
+    def error_from(self, exc: BaseException, stage: str) -> None:
+        """Record `exc` on the trace at `stage`, classified (its own kind; else a model or a task error)."""
         if isinstance(exc, TracegymError):
             kind = exc.kind
         elif stage == "model":

@@ -35,6 +35,7 @@ from tracegym.runtimes.sandbox import Runtime, Sandbox
 
 if TYPE_CHECKING:
     from tracegym.core.trace import Trace
+    from tracegym.envs.harness import Harness, ProgramRun
 
 EnvResponse = str | Message | list[Message] | None
 DataT = TypeVar("DataT", bound=TaskData, default=TaskData, covariant=True)
@@ -55,6 +56,12 @@ class Task(Generic[DataT, ConfigT]):
     """Model turns before the rollout ends with `max_turns` (the taskset's `max_turns=` overrides it)."""
     parallel_tools: ClassVar[bool] = True
     """Run several tool calls of one turn concurrently (False for tools that share mutable state)."""
+    harness: Harness | None = None
+    """What drives a rollout after `setup`: None runs tracegym's own turn loop; a `ProgramHarness` runs an agent
+    program whose model calls come through the interception proxy (`envs.harness`)."""
+    program: ProgramRun | None = None
+    """This rollout's agent program once a program harness has started it: exit status, bounded output, working
+    directory (for rewards; the directory is removed after scoring)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,0 +1,440 @@
+"""Interception proxy: an OpenAI-compatible chat-completions endpoint through which an agent program calls its
+rollout's model, every call landing in that rollout's message graph.
+
+One aiohttp server per event loop (an env worker's) on 127.0.0.1 serves every rollout running there; a rollout
+is named by a secret key, in the path (`/r/<key>/v1`, the base URL a program is given) or as the API key at
+`/v1`. A call goes through the rollout's own model client (`Rollout.call_model`: the model stage's timeout and
+the client's retries, exact tokens and logprobs from the token client), so the graph records it as a loop's turn:
+a request that resends the branch's conversation extends it; one whose history was rewritten or compacted is
+attached where it stops matching, a new branch, and the token check of `add_model_turn` never lets stale tokens
+stand in for the new prompt. Calls of one rollout are answered one at a time, in order of arrival.
+
+Sampling is the rollout's (temperature, top-p, seed: what training needs recorded); a request may lower
+`max_tokens` and add stop strings. `stream: true` is answered as server-sent events: the whole reply in one
+chunk once the model call returns (agent SDKs that stream read it as usual). A call with an unknown key gets 401,
+one for a finished rollout 404, a malformed one 400, each with an OpenAI-style error body. A call that fails (a
+malformed body, the model stage's timeout, the endpoint down, the context overflowing, `max_turns` spent) is
+recorded on the trace at its stage and ends the rollout, as the same failure ends a loop's rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from tracegym.core.errors import ErrorKind, StageTimeout, TaskError, TracegymError
+from tracegym.core.graph import MessageGraph
+from tracegym.core.messages import Message
+from tracegym.core.sampling import Sampling
+from tracegym.core.tool_spec import ToolSpec
+from tracegym.core.trace import StopReason
+from tracegym.envs.rollout import Ended, Rollout
+from tracegym.models.client import ModelRequest, ModelResponse
+
+FINISHED_KEYS_KEPT = 4096
+"""Keys of finished rollouts remembered, so that a late call hears 404 (finished) rather than 401 (unknown)."""
+_ids = itertools.count(1)
+
+
+class CallRefused(Exception):
+    """A call the proxy answers with an OpenAI-style error (status, message, type, code)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+
+    def response(self) -> web.Response:
+        """The error as OpenAI's API answers one."""
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return web.json_response(body, status=self.status)
+
+
+@dataclass
+class ProxyLease:
+    """One rollout's lease on the proxy: its key and base URL, how many calls it made, whether the last reply was
+    cut by the completion budget, and `ended`, set to the stop reason when a call's failure ended the rollout."""
+
+    rollout: Rollout
+    key: str
+    base_url: str
+    calls: int = 0
+    truncated: bool = False
+    ended: asyncio.Future[StopReason] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Its model calls under way, cancelled when the lease ends."""
+    handlers: set[asyncio.Task[Any]] = field(default_factory=set)
+    """The HTTP handlers awaiting them, given a moment to answer when it ends."""
+
+    def end(self, reason: StopReason) -> None:
+        """End the rollout for `reason` (its error already recorded); the first reason stays."""
+        if not self.ended.done():
+            self.ended.set_result(reason)
+
+
+class InterceptionProxy:
+    """`async with InterceptionProxy.shared().lease(rollout) as lease:` gives a program `lease.base_url`
+    and `lease.key`; the server runs while any lease is open."""
+
+    _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, InterceptionProxy] = weakref.WeakKeyDictionary()
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._leases: dict[str, ProxyLease] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._starting = asyncio.Lock()
+
+    @classmethod
+    def shared(cls) -> InterceptionProxy:
+        """This event loop's proxy (one per env worker), made on first use."""
+        loop = asyncio.get_running_loop()
+        proxy = cls._per_loop.get(loop)
+        if proxy is None:
+            proxy = cls._per_loop[loop] = cls()
+        return proxy
+
+    @property
+    def url(self) -> str:
+        """The server's root URL (while it runs)."""
+        return f"http://{self.host}:{self.port}"
+
+    @contextlib.asynccontextmanager
+    async def lease(self, rollout: Rollout) -> AsyncIterator[ProxyLease]:
+        """A key for `rollout`, valid until the block exits; then its calls still in flight are cancelled and
+        later ones refused."""
+        await self._start()
+        key = secrets.token_urlsafe(18)
+        lease = ProxyLease(rollout, key, f"{self.url}/r/{key}/v1")
+        self._leases[key] = lease
+        try:
+            yield lease
+        finally:
+            del self._leases[key]
+            self._finished[key] = None
+            while len(self._finished) > FINISHED_KEYS_KEPT:
+                self._finished.popitem(last=False)
+            calls, handlers = list(lease.in_flight), list(lease.handlers)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            if handlers:  # let them answer 404 before the server may stop
+                await asyncio.wait(handlers, timeout=1.0)
+            if not self._leases:
+                await self._stop()
+
+    # --- the server --------------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        async with self._starting:
+            if self._runner is not None:
+                return
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            for prefix in ("/r/{key}/v1", "/v1"):
+                app.router.add_post(prefix + "/chat/completions", self._chat)
+                app.router.add_get(prefix + "/models", self._models)
+            app.router.add_route("*", "/{tail:.*}", self._not_found)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+            await runner.setup()
+            await web.TCPSite(runner, self.host, 0).start()
+            self._runner, self.port = runner, runner.addresses[0][1]
+
+    async def _stop(self) -> None:
+        async with self._starting:
+            if self._runner is not None and not self._leases:
+                runner, self._runner, self.port = self._runner, None, None
+                await runner.cleanup()
+
+    # --- handlers ----------------------------------------------------------------------------------------
+    async def _chat(self, http: web.Request) -> web.StreamResponse:
+        try:
+            lease = self._lease_of(http)
+            call = asyncio.create_task(self._answer(lease, await http.read()))
+            _track(lease.in_flight, call)
+            _track(lease.handlers, asyncio.current_task())
+            try:
+                body, program_call = await call
+            except asyncio.CancelledError:
+                if not call.cancelled() or _cancelling():  # the handler itself is being cancelled
+                    raise
+                raise self._finished_refusal(lease.key) from None
+        except CallRefused as refused:
+            return refused.response()
+        if program_call.stream:
+            return await _stream(http, body, program_call.include_usage)
+        return web.json_response(body)
+
+    async def _models(self, http: web.Request) -> web.Response:
+        try:
+            lease = self._lease_of(http)
+        except CallRefused as refused:
+            return refused.response()
+        model = {"id": lease.rollout.model.name, "object": "model", "created": 0, "owned_by": "tracegym"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _not_found(self, http: web.Request) -> web.Response:
+        return CallRefused(404, f"no route {http.method} {http.path}: this proxy answers POST "
+                                f"/r/<key>/v1/chat/completions", code="unknown_url").response()
+
+    def _lease_of(self, http: web.Request) -> ProxyLease:
+        """The lease the path's key (else the bearer API key) names; 401 unknown, 404 finished."""
+        key = http.match_info.get("key") or _bearer(http.headers.get("Authorization", ""))
+        lease = self._leases.get(key or "")
+        if lease is not None:
+            return lease
+        if key in self._finished:
+            raise self._finished_refusal(key)
+        raise CallRefused(401, "Incorrect API key provided: this proxy knows no running rollout by that key "
+                               "(it is in the base URL /r/<key>/v1 or the Authorization header)",
+                          code="invalid_api_key")
+
+    @staticmethod
+    def _finished_refusal(key: str) -> CallRefused:
+        return CallRefused(404, f"the rollout of key {key[:6]}... has finished (or passed its deadline); it takes "
+                                f"no more calls", code="rollout_finished")
+
+    # --- one call ----------------------------------------------------------------------------------------
+    async def _answer(self, lease: ProxyLease, raw: bytes) -> tuple[dict[str, Any], ProgramCall]:
+        """The chat-completion body for one call (and the call, which says how to send it), recorded on the
+        rollout; a failure is recorded there too, ends the rollout, and is raised as the program's CallRefused."""
+        async with lease.lock:
+            if lease.ended.done():
+                raise self._finished_refusal(lease.key)
+            rollout = lease.rollout
+            try:
+                call = parse_call(raw, rollout.sampling)
+            except CallRefused as refused:
+                rollout.error_from(TaskError(f"the program sent a malformed chat-completions request: "
+                                             f"{refused.message}"), "model")
+                lease.end(StopReason.ERROR)
+                raise
+            if lease.calls >= rollout.task.max_turns:
+                lease.end(StopReason.MAX_TURNS)
+                raise CallRefused(429, f"this rollout allows {rollout.task.max_turns} model calls (max_turns); "
+                                       f"it has ended", type="rate_limit_error", code="max_turns")
+            response = await self._call_model(lease, call)
+        lease.truncated = response.finish_reason == "length"
+        return completion_body(response, rollout.model.name), call
+
+    async def _call_model(self, lease: ProxyLease, call: ProgramCall) -> ModelResponse:
+        rollout = lease.rollout
+        graph = rollout.trace.graph
+        if not graph.nodes:
+            rollout.trace.prompt_length = len(call.messages)
+        attach(graph, call.messages)
+        request = ModelRequest(messages=graph.messages(), tools=list(call.tools), sampling=call.sampling,
+                               prefix=graph.token_prefix())
+        rollout.turn, lease.calls = lease.calls, lease.calls + 1
+        try:
+            return await rollout.call_model(request)
+        except Ended as ended:  # the context overflowed: recorded by call_model
+            lease.end(ended.reason)
+            raise CallRefused(400, rollout.trace.errors[-1].message, code="context_length_exceeded") from None
+        except Exception as exc:  # recorded and ended as a loop's model stage is
+            rollout.error_from(exc, "model")
+            lease.end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
+            raise _refusal_for(exc) from None
+
+
+def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any] | None) -> None:
+    if task is not None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, token = header.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _refusal_for(exc: BaseException) -> CallRefused:
+    """What the program hears when the model call failed (a 5xx its SDK may retry: the rollout has ended, so a
+    retry hears 404)."""
+    if isinstance(exc, StageTimeout):
+        return CallRefused(504, str(exc), type="timeout", code="model_timeout")
+    kind = exc.kind if isinstance(exc, TracegymError) else ErrorKind.MODEL
+    return CallRefused(502, f"the model call failed ({kind.value}): {exc}", type="api_error", code="model_failed")
+
+
+# --- requests and replies in OpenAI's shape ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ProgramCall:
+    """One chat-completions request of a program, checked: its conversation, tools, sampling, streaming."""
+
+    messages: list[Message]
+    tools: Sequence[ToolSpec]
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+
+
+def parse_call(raw: bytes, sampling: Sampling) -> ProgramCall:
+    """The call in `raw`, sampled with the rollout's `sampling` (the request may lower `max_tokens` and add stop
+    strings); a CallRefused (400) naming the field at fault."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CallRefused(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise CallRefused(400, "the body must be a JSON object")
+    messages = _messages(body.get("messages"))
+    if body.get("n", 1) != 1:
+        raise CallRefused(400, "n must be 1: a rollout samples one reply per call", param="n")
+    stream_options = body.get("stream_options") or {}
+    return ProgramCall(messages, _tools(body.get("tools")), _sampling(body, sampling), bool(body.get("stream")),
+                       bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
+
+
+def _messages(value: Any) -> list[Message]:
+    if not isinstance(value, list) or not value:
+        raise CallRefused(400, "'messages' must be a non-empty list of messages", param="messages")
+    out = []
+    for index, item in enumerate(value):
+        try:
+            if not isinstance(item, dict):
+                raise ValueError("not an object")
+            out.append(Message.from_openai(item))
+        except (KeyError, ValueError, ValidationError) as exc:
+            said = _first_line(exc) if not isinstance(exc, KeyError) else f"missing {exc}"
+            raise CallRefused(400, f"messages[{index}] is not a chat message: {said}",
+                              param=f"messages[{index}]") from None
+    return out
+
+
+def _tools(value: Any) -> list[ToolSpec]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise CallRefused(400, "'tools' must be a list", param="tools")
+    out = []
+    for index, item in enumerate(value):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise CallRefused(400, f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                              param=f"tools[{index}]")
+        out.append(ToolSpec(name=function["name"], description=function.get("description") or "",
+                            parameters=function.get("parameters") or {"type": "object", "properties": {}}))
+    return out
+
+
+def _sampling(body: dict[str, Any], sampling: Sampling) -> Sampling:
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    if asked is not None and (not isinstance(asked, int) or asked < 1):
+        raise CallRefused(400, f"max_tokens must be a positive integer, not {asked!r}", param="max_tokens")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise CallRefused(400, "'stop' must be a string or a list of strings", param="stop")
+    limit = sampling.max_tokens if asked is None else min(asked, sampling.max_tokens or asked)
+    if limit == sampling.max_tokens and not stop:
+        return sampling
+    return sampling.model_copy(update={"max_tokens": limit, "stop": [*sampling.stop, *stop]})
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def usage_of(response: ModelResponse) -> dict[str, int]:
+    """The call's usage block."""
+    return {"prompt_tokens": response.prompt_tokens, "completion_tokens": response.completion_tokens,
+            "total_tokens": response.prompt_tokens + response.completion_tokens}
+
+
+def completion_body(response: ModelResponse, model: str) -> dict[str, Any]:
+    """A `chat.completion` body for the model's reply."""
+    message = _reply_message(response.message)
+    finish = response.finish_reason or ("tool_calls" if response.message.tool_calls else "stop")
+    return {"id": f"chatcmpl-tg{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": usage_of(response)}
+
+
+def _reply_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.text if message.content is not None else None}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in message.tool_calls]
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
+    return out
+
+
+def stream_chunks(body: dict[str, Any], usage: dict[str, int] | None) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` events that carry `body`'s reply: the message, its tool calls, the finish
+    reason, then (when asked) the usage."""
+    choice = body["choices"][0]
+    message = choice["message"]
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    first = {"role": "assistant", "content": message["content"] or ""}
+    if "reasoning_content" in message:
+        first["reasoning_content"] = message["reasoning_content"]
+    chunks = [chunk(first)]
+    if message.get("tool_calls"):
+        chunks.append(chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if usage is not None:
+        chunks.append({**head, "choices": [], "usage": usage})
+    return chunks
+
+
+async def _stream(http: web.Request, body: dict[str, Any], include_usage: bool) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(http)
+    chunks = stream_chunks(body, body["usage"] if include_usage else None)
+    await response.write(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+# --- the graph ---------------------------------------------------------------------------------------------
+def attach(graph: MessageGraph, messages: Sequence[Message]) -> None:
+    """Make the graph's head end a path whose conversation is `messages`: the longest path already there that
+    starts the conversation (the newest among equals) is extended by the rest; a conversation that matches
+    nothing starts a new root. Assistant turns the program resends match the reply they were given (extra fields
+    its SDK dropped or added aside), so a resent history reuses those nodes and their tokens."""
+    depth: dict[int, int] = {}
+    best, best_depth = None, 0
+    for node in graph.nodes:  # parents come before children, so one pass finds every matching path
+        matched = 0 if node.parent is None else depth.get(node.parent)
+        if matched is None or matched >= len(messages) or not same_message(node.message, messages[matched]):
+            continue
+        depth[node.id] = matched + 1
+        if matched + 1 >= best_depth:
+            best, best_depth = node.id, matched + 1
+    rest = list(messages[best_depth:])
+    if not rest and best != graph.head:  # the whole conversation is an older path: answer it on a sibling
+        assert best is not None
+        best, rest = graph.nodes[best].parent, [messages[-1]]
+    parent = best
+    for message in rest:
+        parent = graph.add(message, parent=parent).id
+
+
+def same_message(stored: Message, sent: Message) -> bool:
+    """Whether a resent message is the stored one: role, content (None and "" alike), tool calls and the call
+    answered; a name or reasoning text the program's SDK dropped or added does not count."""
+    return (stored.role == sent.role and (stored.content or "") == (sent.content or "")
+            and stored.tool_calls == sent.tool_calls and stored.tool_call_id == sent.tool_call_id)
