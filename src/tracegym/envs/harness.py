@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tracegym.core.errors import StageTimeout, TaskError, UsageError
 from tracegym.core.trace import StopReason
 from tracegym.envs.proxy import InterceptionProxy, ProxyLease
+from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, RuntimeUnavailable, Sandbox
 
 if TYPE_CHECKING:
@@ -102,6 +104,7 @@ class ProgramHarness:
         _check_template("harness command", self.command, PLACEHOLDERS)
         _check_template("harness env", list(self.env.values()), PLACEHOLDERS)
         _check_template("harness setup", self.setup, _BEFORE_THE_PROXY)
+        self._runtime()  # an unknown runtime name fails here, when the task is defined
 
     async def drive(self, rollout: Rollout) -> StopReason:
         """Prepare the sandbox (`setup:program`), run the program with a proxy lease (`program`), and end as the
@@ -157,11 +160,7 @@ class ProgramHarness:
         return None if program.cancelled() else program.result()
 
     def _runtime(self) -> Runtime:
-        if not isinstance(self.runtime, str):
-            return self.runtime
-        from tracegym.runtimes.catalog import runtime_for  # the catalog imports every runtime: load it when used
-
-        return runtime_for(self.runtime, self.limits)
+        return runtime_for(self.runtime, self.limits) if isinstance(self.runtime, str) else self.runtime
 
 
 def _ending(rollout: Rollout, run: ProgramRun, truncated: bool) -> StopReason:
@@ -177,12 +176,12 @@ def _ending(rollout: Rollout, run: ProgramRun, truncated: bool) -> StopReason:
         rollout.error_from(TaskError(f"the program {_how_it_ended(result)}"), "program")
         return StopReason.ERROR
     if run.calls == 0:
-        rollout.error_from(TaskError(f"the program {_how_it_ended(result)} without calling the model"), "program")
+        rollout.error_from(TaskError(f"the program {_how_it_ended(result, ' without calling the model')}"), "program")
         return StopReason.ERROR
     return StopReason.TRUNCATED if truncated else StopReason.COMPLETED
 
 
-def _how_it_ended(result: ProgramResult) -> str:
+def _how_it_ended(result: ProgramResult, also: str = "") -> str:
     if result.start_error is not None:
         return f"could not start: {result.start_error}"
     if result.limit is not None:
@@ -191,22 +190,27 @@ def _how_it_ended(result: ProgramResult) -> str:
         said = f"was killed by signal {result.signal}"
     else:
         said = f"exited with status {result.exit_code}"
+    said += also
     tail = result.stderr.strip()[-STDERR_SHOWN:]
     return f"{said} (stderr: {tail!r})" if tail else said
 
 
 def install(workdir: Path, files: Mapping[str, str | bytes]) -> None:
-    """Write `files` into `workdir`; a path that is absolute or leaves the directory is a TaskError."""
+    """Write `files` into `workdir`, owned as the directory is (a sandbox's program may run under a uid of its
+    own); a path that is absolute or leaves the directory is a TaskError."""
+    owner = workdir.stat()
     for name, content in files.items():
         relative = PurePosixPath(name)
         if relative.is_absolute() or ".." in relative.parts or not relative.parts:
             raise TaskError(f"task file {name!r} must be a relative path inside the working directory")
-        path = workdir.joinpath(*relative.parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content)
+        path = workdir
+        for part in relative.parts[:-1]:
+            path = path / part
+            path.mkdir(exist_ok=True)
+            os.chown(path, owner.st_uid, owner.st_gid)
+        path = path / relative.parts[-1]
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        os.chown(path, owner.st_uid, owner.st_gid)
 
 
 # --- the program's arguments and environment ---------------------------------------------------------------
