@@ -21,8 +21,8 @@ from tracegym.testing import ScriptedModel, Stall
 ASK = """
 import json, os, sys, urllib.request
 def ask(messages):
-    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-                                     data=json.dumps({"model": os.environ["OPENAI_MODEL"], "messages": messages}).encode(),
+    body = json.dumps({"model": os.environ["OPENAI_MODEL"], "messages": messages}).encode()
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     return json.load(urllib.request.urlopen(request, timeout=30))["choices"][0]["message"]
 """
@@ -131,7 +131,7 @@ import time; time.sleep(30)  # the harness ends it: the rollout is over
 
 
 async def test_a_model_call_past_its_timeout_ends_the_rollout_and_the_program():
-    task, trace = await run(ProgramHarness(python(ONE_CALL), limits=QUICK), ScriptedModel([Stall(None)]), model=0.5)
+    _, trace = await run(ProgramHarness(python(ONE_CALL), limits=QUICK), ScriptedModel([Stall(None)]), model=0.5)
     [error] = trace.errors
     assert (error.stage, error.kind) == ("model", ErrorKind.TIMEOUT)
     assert trace.stop_reason == StopReason.TIMEOUT and trace.duration("program") < 5
