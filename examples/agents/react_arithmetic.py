@@ -1,0 +1,58 @@
+"""An agent taskset: the arithmetic taskset's expressions, each solved by the shipped ReAct agent
+(`react_agent.py`, an `openai` SDK program) run in the subprocess runtime; its model calls reach the model through
+tracegym's interception proxy, so the trace holds every call's exact tokens.
+
+    tracegym eval examples/agents/react_arithmetic.py:ReactArithmetic -n 4 -r 2
+
+The reward reads the answer the agent wrote to `answer.txt` in its working directory; a metric says whether it
+used its `calculate` tool. The sandbox runs programs under a uid of its own with the system's PATH, so the agent
+runs on the system's `python3`, with the folder the `openai` package is installed in on its PYTHONPATH (this
+machine's virtualenv interpreter lives in a folder other users cannot read).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import tracegym as tg
+from tracegym.envs.harness import ProgramHarness
+from tracegym.envs.taskset import seeded_rows
+from tracegym.runtimes.sandbox import Limits
+from tracegym.tasksets.arithmetic import ArithmeticConfig, ExpressionData, last_integer, make_row
+
+AGENT = Path(__file__).with_name("react_agent.py")
+OPENAI_SPEC = importlib.util.find_spec("openai")
+OPENAI_HOME = str(Path(OPENAI_SPEC.origin).parents[1]) if OPENAI_SPEC and OPENAI_SPEC.origin else ""
+"""The folder holding the `openai` package, for the agent's PYTHONPATH."""
+
+
+class ReactArithmeticTask(tg.Task[ExpressionData, ArithmeticConfig]):
+    """One expression, solved by the ReAct agent."""
+
+    max_turns = 8
+    harness = ProgramHarness(["python3", str(AGENT), "--stream", "--max-steps", "6"],
+                             env={"PYTHONPATH": OPENAI_HOME},
+                             limits=Limits(wall_seconds=300, memory_mb=4096, network=True))
+
+    @tg.reward
+    def exact(self, trace: tg.Trace) -> float:
+        answer = self.program.file("answer.txt") if self.program else None
+        return float(last_integer(answer or "") == self.data.answer)
+
+    @tg.metric
+    def used_calculator(self, trace: tg.Trace) -> float:
+        return float(any(c.name == "calculate" for m in trace.messages for c in m.tool_calls))
+
+
+class ReactArithmetic(tg.Taskset[ArithmeticConfig]):
+    """Arithmetic by a ReAct agent program; reward: the exact integer in its answer file."""
+
+    id = "react-arithmetic"
+    description = "Integer expressions solved by an openai-SDK ReAct agent run through the proxy (reward: exact)."
+    task_class = ReactArithmeticTask
+    infinite = True
+
+    def load(self) -> Iterator[ExpressionData]:
+        return seeded_rows(make_row, self.config, None)
