@@ -78,6 +78,8 @@ class ProxyLease:
     """Its model calls under way, cancelled when the lease ends."""
     handlers: set[asyncio.Task[Any]] = field(default_factory=set)
     """The HTTP handlers awaiting them, given a moment to answer when it ends."""
+    seen: list[tuple[Any, Message]] = field(default_factory=list)
+    """The last call's messages as sent and as read (see `parse_call`)."""
 
     def end(self, reason: StopReason) -> None:
         """End the rollout for `reason` (its error already recorded); the first reason stays."""
@@ -215,7 +217,7 @@ class InterceptionProxy:
                 raise self._finished_refusal(lease.key)
             rollout = lease.rollout
             try:
-                call = parse_call(raw, rollout.sampling)
+                call = parse_call(raw, rollout.sampling, lease.seen)
             except CallRefused as refused:
                 rollout.error_from(TaskError(f"the program sent a malformed chat-completions request: "
                                              f"{refused.message}"), "model")
@@ -286,16 +288,17 @@ class ProgramCall:
     include_usage: bool
 
 
-def parse_call(raw: bytes, sampling: Sampling) -> ProgramCall:
+def parse_call(raw: bytes, sampling: Sampling, seen: list[tuple[Any, Message]] | None = None) -> ProgramCall:
     """The call in `raw`, sampled with the rollout's `sampling` (the request may lower `max_tokens` and add stop
-    strings); a CallRefused (400) naming the field at fault."""
+    strings); a CallRefused (400) naming the field at fault. `seen` holds the previous call's messages as sent and
+    as read: those sent again, in the same places, are not read again (an agent resends its whole history)."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CallRefused(400, f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise CallRefused(400, "the body must be a JSON object")
-    messages = _messages(body.get("messages"))
+    messages = _messages(body.get("messages"), [] if seen is None else seen)
     if body.get("n", 1) != 1:
         raise CallRefused(400, "n must be 1: a rollout samples one reply per call", param="n")
     stream_options = body.get("stream_options") or {}
@@ -303,11 +306,14 @@ def parse_call(raw: bytes, sampling: Sampling) -> ProgramCall:
                        bool(isinstance(stream_options, dict) and stream_options.get("include_usage")))
 
 
-def _messages(value: Any) -> list[Message]:
+def _messages(value: Any, seen: list[tuple[Any, Message]]) -> list[Message]:
     if not isinstance(value, list) or not value:
         raise CallRefused(400, "'messages' must be a non-empty list of messages", param="messages")
     out = []
     for index, item in enumerate(value):
+        if index < len(seen) and seen[index][0] == item:
+            out.append(seen[index][1])
+            continue
         try:
             if not isinstance(item, dict):
                 raise ValueError("not an object")
@@ -316,6 +322,7 @@ def _messages(value: Any) -> list[Message]:
             said = _first_line(exc) if not isinstance(exc, KeyError) else f"missing {exc}"
             raise CallRefused(400, f"messages[{index}] is not a chat message: {said}",
                               param=f"messages[{index}]") from None
+    seen[:] = zip(value, out, strict=True)
     return out
 
 
@@ -415,6 +422,32 @@ def attach(graph: MessageGraph, messages: Sequence[Message]) -> None:
     starts the conversation (the newest among equals) is extended by the rest; a conversation that matches
     nothing starts a new root. Assistant turns the program resends match the reply they were given (extra fields
     its SDK dropped or added aside), so a resent history reuses those nodes and their tokens."""
+    best, best_depth = _along_the_head(graph, messages)
+    if best is None:
+        best, best_depth = _longest_match(graph, messages)
+    rest = list(messages[best_depth:])
+    if not rest and best != graph.head:  # the whole conversation is an older path: answer it on a sibling
+        assert best is not None
+        best, rest = graph.nodes[best].parent, [messages[-1]]
+    parent = best
+    for message in rest:
+        parent = graph.add(message, parent=parent).id
+
+
+def _along_the_head(graph: MessageGraph, messages: Sequence[Message]) -> tuple[int | None, int]:
+    """The head and its depth when its whole path starts the conversation (an agent resending its history: the
+    common case, checked first); else (None, 0)."""
+    path = graph.path()
+    if not path or len(path) > len(messages):
+        return None, 0
+    for node, sent in zip(path, messages, strict=False):
+        if node.message is not sent and not same_message(node.message, sent):
+            return None, 0
+    return path[-1].id, len(path)
+
+
+def _longest_match(graph: MessageGraph, messages: Sequence[Message]) -> tuple[int | None, int]:
+    """The deepest node whose path starts the conversation (the newest among equals) and its depth."""
     depth: dict[int, int] = {}
     best, best_depth = None, 0
     for node in graph.nodes:  # parents come before children, so one pass finds every matching path
@@ -424,13 +457,7 @@ def attach(graph: MessageGraph, messages: Sequence[Message]) -> None:
         depth[node.id] = matched + 1
         if matched + 1 >= best_depth:
             best, best_depth = node.id, matched + 1
-    rest = list(messages[best_depth:])
-    if not rest and best != graph.head:  # the whole conversation is an older path: answer it on a sibling
-        assert best is not None
-        best, rest = graph.nodes[best].parent, [messages[-1]]
-    parent = best
-    for message in rest:
-        parent = graph.add(message, parent=parent).id
+    return best, best_depth
 
 
 def same_message(stored: Message, sent: Message) -> bool:

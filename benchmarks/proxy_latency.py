@@ -1,0 +1,110 @@
+"""Benchmark: the latency a model call gains by going through the interception proxy, side by side with the
+same call made directly, at concurrency 1.
+
+The fake OpenAI server runs in its own process and answers at once. An "agent" (a plain aiohttp client, the same
+for both paths) runs episodes of `--turns` calls whose history grows by one reply and one user message per call,
+as an agent's does. Direct: it posts each call to the fake server. Through the proxy: it posts the same call to a
+rollout's proxy key; the proxy matches the history onto the rollout's graph, calls the fake server through the
+rollout's ChatClient (asking for token ids and logprobs, which the direct call does not) and records the reply
+with its tokens. The proxy and the agent share this process's event loop (at concurrency 1 they never run at the
+same moment). Paths alternate by episode; p50/p99 per call and the p50 difference are printed. Target (issue 17):
+at most 1 ms added at p50.
+
+    .venv/bin/python benchmarks/proxy_latency.py [--episodes 40] [--turns 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_endpoint import fake_endpoint
+
+from tracegym import Endpoint, Sampling
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import Trace
+from tracegym.envs.proxy import InterceptionProxy
+from tracegym.envs.rollout import Rollout, Timeouts
+from tracegym.envs.task import Task
+from tracegym.models.chat_client import ChatClient
+
+MODEL = "fake-model"
+
+
+async def episode(http: aiohttp.ClientSession, url: str, turns: int) -> list[float]:
+    """Seconds per call of one agent episode against `url` (a chat-completions URL)."""
+    history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me of foxes."}]
+    took = []
+    for turn in range(turns):
+        body = json.dumps({"model": MODEL, "messages": history, "max_tokens": 32})
+        start = time.perf_counter()
+        async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+            data = await answer.json()
+        took.append(time.perf_counter() - start)
+        history += [data["choices"][0]["message"], {"role": "user", "content": f"And then? ({turn})"}]
+    return took
+
+
+async def proxied(http: aiohttp.ClientSession, client: ChatClient, turns: int) -> list[float]:
+    """One episode through a fresh rollout's proxy key (the lease's setup is outside the timings)."""
+    task = Task(TaskData(prompt="foxes"), max_turns=turns)
+    rollout = Rollout(task, client, Sampling(max_tokens=32), Timeouts(), Trace(task=task.data, model=MODEL))
+    async with InterceptionProxy.shared().lease(rollout) as lease:
+        took = await episode(http, lease.base_url + "/chat/completions", turns)
+    assert rollout.trace.num_turns == turns and len(rollout.trace.branches) == 1 and not rollout.trace.errors
+    assert rollout.trace.graph.nodes[-1].token_ids, "the proxy's calls carry token ids"
+    return took
+
+
+def quantiles(seconds: list[float]) -> tuple[float, float]:
+    """(p50, p99) in milliseconds."""
+    cuts = statistics.quantiles(seconds, n=100, method="inclusive")
+    return cuts[49] * 1000, cuts[98] * 1000
+
+
+async def measure(base_url: str, episodes: int, turns: int) -> tuple[list[float], list[float]]:
+    direct: list[float] = []
+    through: list[float] = []
+    client = ChatClient(Endpoint(base_url=base_url, model=MODEL, api_key_env=None, max_retries=0))
+    keep = InterceptionProxy.shared()
+    async with aiohttp.ClientSession() as http, keep.lease(Rollout(  # one idle lease keeps the server up
+            Task(TaskData(prompt="-")), client, Sampling(), Timeouts(), Trace(task=TaskData(prompt="-")))):
+        await episode(http, base_url + "/chat/completions", turns)  # warm both paths' connections
+        await proxied(http, client, turns)
+        for i in range(episodes):
+            if i % 2 == 0:
+                direct += await episode(http, base_url + "/chat/completions", turns)
+                through += await proxied(http, client, turns)
+            else:
+                through += await proxied(http, client, turns)
+                direct += await episode(http, base_url + "/chat/completions", turns)
+    await client.aclose()
+    return direct, through
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=40, help="episodes per path")
+    parser.add_argument("--turns", type=int, default=16, help="calls per episode (the history grows each call)")
+    args = parser.parse_args()
+    with fake_endpoint() as base_url:
+        direct, through = asyncio.run(measure(base_url, args.episodes, args.turns))
+    (d50, d99), (p50, p99) = quantiles(direct), quantiles(through)
+    print(f"calls per path: {len(direct)} ({args.episodes} episodes of {args.turns} turns), concurrency 1")
+    print(f"{'path':<14}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'direct':<14}{d50:>10.3f}{d99:>10.3f}")
+    print(f"{'via proxy':<14}{p50:>10.3f}{p99:>10.3f}")
+    print(f"added at p50: {p50 - d50:.3f} ms, at p99: {p99 - d99:.3f} ms (target: <= 1 ms at p50); "
+          f"ratio p50 {p50 / d50:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
