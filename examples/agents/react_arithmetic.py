@@ -13,14 +13,12 @@ machine's virtualenv interpreter lives in a folder other users cannot read).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from pathlib import Path
 
 import tracegym as tg
 from tracegym.envs.harness import ProgramHarness
-from tracegym.envs.taskset import seeded_rows
 from tracegym.runtimes.sandbox import Limits
-from tracegym.tasksets.arithmetic import ArithmeticConfig, ExpressionData, last_integer, make_row
+from tracegym.tasksets.arithmetic import Arithmetic, ArithmeticConfig, ExpressionData, last_integer
 
 AGENT = Path(__file__).with_name("react_agent.py")
 OPENAI_SPEC = importlib.util.find_spec("openai")
@@ -46,13 +44,9 @@ class ReactArithmeticTask(tg.Task[ExpressionData, ArithmeticConfig]):
         return float(any(c.name == "calculate" for m in trace.messages for c in m.tool_calls))
 
 
-class ReactArithmetic(tg.Taskset[ArithmeticConfig]):
+class ReactArithmetic(Arithmetic):
     """Arithmetic by a ReAct agent program; reward: the exact integer in its answer file."""
 
     id = "react-arithmetic"
     description = "Integer expressions solved by an openai-SDK ReAct agent run through the proxy (reward: exact)."
     task_class = ReactArithmeticTask
-    infinite = True
-
-    def load(self) -> Iterator[ExpressionData]:
-        return seeded_rows(make_row, self.config, None)

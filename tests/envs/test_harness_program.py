@@ -15,6 +15,7 @@ from tracegym.envs.harness import ProgramHarness
 from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.scorers import reward
 from tracegym.envs.task import Task
+from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.sandbox import Limits
 from tracegym.testing import ScriptedModel, Stall
 
@@ -61,8 +62,13 @@ async def run(harness: ProgramHarness, client=None, task_class=Echoed, **timeout
     return task, await rollout(task, client, Sampling(max_tokens=32), timeouts=Timeouts(**timeouts))
 
 
-async def test_a_program_run_is_recorded_on_its_trace_and_read_by_rewards():
-    task, trace = await run(ProgramHarness(python(ONE_CALL), limits=QUICK))
+BWRAP = runtime_for("bubblewrap").unavailable()
+
+
+@pytest.mark.parametrize("runtime", ["subprocess", pytest.param("bubblewrap", marks=pytest.mark.skipif(
+    BWRAP is not None, reason=str(BWRAP)))])
+async def test_a_program_run_is_recorded_on_its_trace_and_read_by_rewards(runtime):
+    task, trace = await run(ProgramHarness(python(ONE_CALL), runtime=runtime, limits=QUICK))
     assert not trace.errors and trace.stop_reason == StopReason.COMPLETED
     assert trace.reward == 2.0
     assert [m.role for m in trace.messages] == ["system", "user", "assistant"] and trace.prompt_length == 2
