@@ -151,8 +151,9 @@ class ProgramHarness:
         argv = [_fill(part, values) for part in self.command]
         env = {**_env(values), **{name: _fill(value, values) for name, value in self.env.items()}}
         program = asyncio.create_task(run.sandbox.run(argv, env=env, limits=self.limits))
+        either: set[asyncio.Future[Any]] = {program, lease.ended}
         try:
-            await asyncio.wait({program, lease.ended}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not program.done():
                 program.cancel()

@@ -197,7 +197,7 @@ class InterceptionProxy:
         lease = self._leases.get(key or "")
         if lease is not None:
             return lease
-        if key in self._finished:
+        if key is not None and key in self._finished:
             raise self._finished_refusal(key)
         raise CallRefused(401, "Incorrect API key provided: this proxy knows no running rollout by that key "
                                "(it is in the base URL /r/<key>/v1 or the Authorization header)",
