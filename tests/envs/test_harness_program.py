@@ -1,7 +1,7 @@
-"""A program harness runs a program per rollout in the subprocess runtime, its model calls through the proxy onto
-the rollout's trace; its exit status, output and working directory are the rewards' (then removed); its stages
-are timed spans; and every way a program can go wrong ends its own rollout with a clear error naming the stage,
-while the rollouts beside it, and the proxy, go on."""
+"""A program harness runs a program per rollout in the task's sandbox (subprocess, bubblewrap), its model calls
+through the proxy onto the rollout's trace; its exit status, output and working directory are the rewards' (then
+removed); its stages are timed spans; and every way a program can go wrong ends its own rollout with a clear error
+naming the stage, while the rollouts beside it, and the proxy, go on."""
 
 import asyncio
 
@@ -55,8 +55,18 @@ def python(code: str, *args: str) -> list[str]:
     return ["python3", "-c", code.replace("{", "{{").replace("}", "}}"), *args]
 
 
-async def run(harness: ProgramHarness, client=None, task_class=Echoed, **timeouts):
-    task = task_class(TaskData(prompt="say hello", system_prompt="be brief"))
+class InRuntime(Echoed):
+    """Runs in the runtime its `runtime_name` names."""
+
+    runtime_name = "subprocess"
+
+    def runtime(self):
+        return runtime_for(self.runtime_name)
+
+
+async def run(harness: ProgramHarness, client=None, runtime: str = "subprocess", **timeouts):
+    task = InRuntime(TaskData(prompt="say hello", system_prompt="be brief"))
+    task.runtime_name = runtime
     task.harness = harness
     client = client or ScriptedModel(["hello"], tokens=True)
     return task, await rollout(task, client, Sampling(max_tokens=32), timeouts=Timeouts(**timeouts))
@@ -68,7 +78,7 @@ BWRAP = runtime_for("bubblewrap").unavailable()
 @pytest.mark.parametrize("runtime", ["subprocess", pytest.param("bubblewrap", marks=pytest.mark.skipif(
     BWRAP is not None, reason=str(BWRAP)))])
 async def test_a_program_run_is_recorded_on_its_trace_and_read_by_rewards(runtime):
-    task, trace = await run(ProgramHarness(python(ONE_CALL), runtime=runtime, limits=QUICK))
+    task, trace = await run(ProgramHarness(python(ONE_CALL), limits=QUICK), runtime=runtime)
     assert not trace.errors and trace.stop_reason == StopReason.COMPLETED
     assert trace.reward == 2.0
     assert [m.role for m in trace.messages] == ["system", "user", "assistant"] and trace.prompt_length == 2
@@ -96,23 +106,24 @@ async def test_files_and_a_setup_command_prepare_the_working_directory_in_their_
     assert task.program.setup.ok and trace.duration("setup") >= trace.duration("setup:program") > 0
 
 
-@pytest.mark.parametrize(("harness", "stage", "kind", "said"), [
-    (ProgramHarness(["no-such-agent-program", "--go"]), "program", ErrorKind.TASK, "could not start"),
+@pytest.mark.parametrize(("harness", "stage", "kind", "said", "runtime"), [
+    (ProgramHarness(["no-such-agent-program", "--go"]), "program", ErrorKind.TASK, "could not start", "subprocess"),
     (ProgramHarness(python("print('thinking, never asking')")), "program", ErrorKind.TASK,
-     "exited with status 0 without calling the model"),
+     "never called the model: it exited with status 0", "subprocess"),
     (ProgramHarness(python("import sys; sys.exit('gave up at once')")), "program", ErrorKind.TASK,
-     "exited with status 1 without calling the model (stderr: 'gave up at once')"),
+     "never called the model: it exited with status 1: gave up at once", "subprocess"),
     (ProgramHarness(python("print('never')"), setup=["sh", "-c", "echo no room >&2; exit 4"]), "setup:program",
-     ErrorKind.TASK, "the setup command 'sh' exited with status 4 (stderr: 'no room')"),
-    (ProgramHarness(python(ONE_CALL), runtime="container"), "setup:program", ErrorKind.INFRASTRUCTURE,
-     "runtime 'container' cannot run on this host"),
+     ErrorKind.TASK, "the setup command 'sh' exited with status 4: no room", "subprocess"),
+    (ProgramHarness(python(ONE_CALL)), "setup:program", ErrorKind.INFRASTRUCTURE,
+     "runtime 'container' is unavailable on this host", "container"),
     (ProgramHarness(python(ONE_CALL), files=lambda task: {"../escape.txt": "x"}), "setup:program", ErrorKind.TASK,
-     "must be a relative path inside the working directory"),
+     "must be a relative path inside the working directory", "subprocess"),
     (ProgramHarness(python("import time; time.sleep(60)"), limits=Limits(wall_seconds=1, network=True)),
-     "program", ErrorKind.TIMEOUT, "ran past its time limit"),
+     "program", ErrorKind.TIMEOUT, "ran past its time limit", "subprocess"),
 ])
-async def test_a_program_gone_wrong_ends_its_rollout_with_an_error_naming_the_stage(harness, stage, kind, said):
-    task, trace = await run(harness)
+async def test_a_program_gone_wrong_ends_its_rollout_with_an_error_naming_the_stage(harness, stage, kind, said,
+                                                                                    runtime):
+    task, trace = await run(harness, runtime=runtime)
     [error] = trace.errors
     assert (error.stage, error.kind) == (stage, kind) and said in error.message, error
     assert trace.stop_reason == (StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
@@ -166,7 +177,6 @@ async def test_a_bad_rollout_leaves_the_ones_beside_it_whole():
     (lambda: ProgramHarness(["agent"], env={"X": "{key}"}), "harness env"),
     (lambda: ProgramHarness(["agent"], setup=["fetch", "{base_url}"]), "harness setup"),
     (lambda: ProgramHarness(["agent", "{"]), "not a valid template"),
-    (lambda: ProgramHarness(["agent"], runtime="docker"), "unknown runtime 'docker'"),
 ])
 def test_a_harness_that_cannot_work_is_refused_when_it_is_made(make, said):
     with pytest.raises(UsageError) as raised:

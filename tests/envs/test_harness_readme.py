@@ -5,9 +5,12 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
+
 from tracegym.core.task_data import TaskData
 from tracegym.envs.harness import ProgramHarness
 from tracegym.envs.rollout import rollout
+from tracegym.runtimes.catalog import runtime_for
 from tracegym.testing import ScriptedModel
 
 README = Path(__file__).parents[2] / "README.md"
@@ -28,6 +31,7 @@ def example() -> dict:
     return scope
 
 
+@pytest.mark.skipif(runtime_for("bubblewrap").unavailable() is not None, reason="the example runs in bubblewrap")
 async def test_the_readme_agent_example_runs_with_a_real_program_in_place_of_my_agent():
     solve = example()["Solve"]
     assert isinstance(solve.harness, ProgramHarness) and solve.harness.command[0] == "my-agent"

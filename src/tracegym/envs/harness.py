@@ -1,5 +1,6 @@
 """Harness: what drives a rollout after its setup: tracegym's own turn loop (`Task.harness = None`, the default) or
-an agent program (`ProgramHarness`) run in a runtime, whose model calls come through the interception proxy.
+an agent program (`ProgramHarness`) run in the rollout's sandbox, whose model calls come through the
+interception proxy.
 
 A program harness is the rollout's turn machinery for a program that owns its loop: its stages are timed spans
 on the same trace (`setup:program`, `program`, and one `model` span per call), its failures are classified as the
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tracegym.core.errors import StageTimeout, TaskError, UsageError
 from tracegym.core.trace import StopReason
 from tracegym.envs.proxy import InterceptionProxy, ProxyLease
-from tracegym.runtimes.catalog import runtime_for
-from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, RuntimeUnavailable, Sandbox
+from tracegym.envs.task_sandbox import how_it_failed
+from tracegym.runtimes.sandbox import Limits, ProgramResult, Sandbox
 
 if TYPE_CHECKING:
     from tracegym.envs.rollout import Rollout
@@ -40,8 +41,6 @@ _BEFORE_THE_PROXY = ("prompt", "model", "workdir", "task_key")
 """The names a setup command may use (it runs before the proxy has a key for the rollout)."""
 WALL_GRACE_S = 10.0
 """How long past its wall limit the program stage waits for the runtime to end the program itself."""
-STDERR_SHOWN = 400
-"""Characters of a failed program's stderr quoted in its error."""
 
 Files = Callable[["Task[Any, Any]"], Mapping[str, str | bytes]]
 """What to install in a rollout's working directory: relative path -> text or bytes, from its task."""
@@ -84,18 +83,18 @@ class ProgramRun:
 
 @dataclass(frozen=True)
 class ProgramHarness:
-    """Run `command` (a template, see the module) in a fresh sandbox of `runtime` for each rollout.
+    """Run `command` (a template, see the module) in each rollout's sandbox (`Task.sandbox()`: a fresh one of the
+    task's `runtime()`, closed by its cleanup after scoring).
 
     `files` are installed in the working directory and `setup` (a command) is run there first, both in the
-    rollout's `setup:program` stage (under `Timeouts.setup`). `limits.wall_seconds` is the program's time limit;
-    `limits.network` is on by default because the program reaches the proxy on 127.0.0.1 (a network namespace
-    has its own loopback)."""
+    rollout's `setup:program` stage (under `Timeouts.setup`). The program runs under `limits`:
+    `limits.wall_seconds` is its time limit; `limits.network` is on by default because the program reaches the
+    proxy on 127.0.0.1 (a network namespace has its own loopback)."""
 
     command: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     files: Files | None = None
     setup: Sequence[str] = ()
-    runtime: str | Runtime = "subprocess"
     limits: Limits = field(default_factory=lambda: Limits(wall_seconds=600.0, network=True))
 
     def __post_init__(self) -> None:
@@ -104,7 +103,6 @@ class ProgramHarness:
         _check_template("harness command", self.command, PLACEHOLDERS)
         _check_template("harness env", list(self.env.values()), PLACEHOLDERS)
         _check_template("harness setup", self.setup, _BEFORE_THE_PROXY)
-        self._runtime()  # an unknown runtime name fails here, when the task is defined
 
     async def drive(self, rollout: Rollout) -> StopReason:
         """Prepare the sandbox (`setup:program`), run the program with a proxy lease (`program`), and end as the
@@ -126,13 +124,9 @@ class ProgramHarness:
 
     # --- stages ------------------------------------------------------------------------------------------
     async def _prepare(self, rollout: Rollout) -> ProgramRun:
-        runtime = self._runtime()
-        if (why := runtime.unavailable()) is not None:
-            raise RuntimeUnavailable(f"runtime {runtime.name!r} cannot run on this host: {why}")
-        sandbox = await runtime.open()
-        rollout.cleanups.append(sandbox.close)
-        run = ProgramRun(sandbox)
+        run = ProgramRun(await rollout.task.sandbox())  # the task's runtime; closed by the task's cleanup
         rollout.task.program = run
+        sandbox = run.sandbox
         if self.files is not None:
             install(sandbox.workdir, self.files(rollout.task))
         if self.setup:
@@ -141,7 +135,7 @@ class ProgramHarness:
             run.setup = await sandbox.run([_fill(part, values) for part in self.setup], env=_env(values),
                                           limits=limits)
             if not run.setup.ok:
-                raise TaskError(f"the setup command {_fill(self.setup[0], values)!r} {_how_it_ended(run.setup)}")
+                raise TaskError(f"the setup command {_fill(self.setup[0], values)!r} {how_it_failed(run.setup)}")
         return run
 
     async def _run(self, rollout: Rollout, run: ProgramRun, lease: ProxyLease) -> ProgramResult | None:
@@ -160,8 +154,6 @@ class ProgramHarness:
             await asyncio.gather(program, return_exceptions=True)
         return None if program.cancelled() else program.result()
 
-    def _runtime(self) -> Runtime:
-        return runtime_for(self.runtime, self.limits) if isinstance(self.runtime, str) else self.runtime
 
 
 def _ending(rollout: Rollout, run: ProgramRun, truncated: bool) -> StopReason:
@@ -174,26 +166,12 @@ def _ending(rollout: Rollout, run: ProgramRun, truncated: bool) -> StopReason:
         rollout.error_from(StageTimeout(said), "program")
         return StopReason.TIMEOUT
     if result.start_error is not None or result.limit is not None or result.signal is not None:
-        rollout.error_from(TaskError(f"the program {_how_it_ended(result)}"), "program")
+        rollout.error_from(TaskError(f"the program {how_it_failed(result)}"), "program")
         return StopReason.ERROR
     if run.calls == 0:
-        rollout.error_from(TaskError(f"the program {_how_it_ended(result, ' without calling the model')}"), "program")
+        rollout.error_from(TaskError(f"the program never called the model: it {how_it_failed(result)}"), "program")
         return StopReason.ERROR
     return StopReason.TRUNCATED if truncated else StopReason.COMPLETED
-
-
-def _how_it_ended(result: ProgramResult, also: str = "") -> str:
-    if result.start_error is not None:
-        return f"could not start: {result.start_error}"
-    if result.limit is not None:
-        said = f"broke its {result.limit} limit"
-    elif result.signal is not None:
-        said = f"was killed by signal {result.signal}"
-    else:
-        said = f"exited with status {result.exit_code}"
-    said += also
-    tail = result.stderr.strip()[-STDERR_SHOWN:]
-    return f"{said} (stderr: {tail!r})" if tail else said
 
 
 def install(workdir: Path, files: Mapping[str, str | bytes]) -> None:

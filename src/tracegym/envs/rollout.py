@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -74,8 +74,6 @@ class Rollout:
         self.task, self.model, self.sampling, self.timeouts, self.trace = task, model, sampling, timeouts, trace
         self._t0 = time.monotonic()
         self.turn = 0
-        self.cleanups: list[Callable[[], Awaitable[object]]] = []
-        """Releases to run after scoring, newest first (a harness's sandbox), each as the task's cleanup is."""
 
     async def run(self) -> Trace:
         """Run the loop, then scoring and cleanup, all inside the rollout timeout."""
@@ -234,11 +232,6 @@ class Rollout:
             await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
             self.error_from(exc, "cleanup")
-        for release in reversed(self.cleanups):
-            try:
-                await asyncio.wait_for(contained(release()), self.timeouts.setup)
-            except Exception as exc:  # as the task's cleanup: recorded, never raised
-                self.error_from(exc, "cleanup")
 
     def error_from(self, exc: BaseException, stage: str) -> None:
         """Record `exc` on the trace at `stage`, classified (its own kind; else a model or a task error)."""
