@@ -18,7 +18,6 @@ import contextlib
 import hmac
 import json
 import logging
-import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -52,15 +51,13 @@ from tracegym.interop.openenv_protocol import (
     step_result,
 )
 from tracegym.interop.openenv_session import SessionError, TaskPicker, TasksetSession
+from tracegym.interop.openenv_settings import OpenEnvSettings
+from tracegym.serve.curve import shared_secret
 from tracegym.serve.wire import SECRET_ENV, is_loopback
 
 log = logging.getLogger("tracegym.interop.openenv_server")
 
-MAX_CONCURRENT_ENVS = 64
-SESSION_TIMEOUT_S = 300.0
-MAX_FRAME_BYTES = 1 << 20
-"""Largest frame answered; a larger one gets a VALIDATION_ERROR (up to uvicorn's limit, past which the socket closes
-with 1009 "message too big" before the frame is read)."""
+DEFAULTS = OpenEnvSettings()
 Reply = tuple[dict[str, Any] | None, bool]
 """A WebSocket message's answer (None: none) and whether the session goes on."""
 
@@ -68,9 +65,9 @@ Reply = tuple[dict[str, Any] | None, bool]
 class OpenEnvServer:
     """The ASGI app (`.app`) serving one taskset; `serve` runs it in the foreground, `running` in a thread."""
 
-    def __init__(self, taskset: Taskset, *, max_concurrent_envs: int = MAX_CONCURRENT_ENVS,
-                 session_timeout: float | None = SESSION_TIMEOUT_S, max_frame_bytes: int = MAX_FRAME_BYTES,
-                 secret: str | None = None) -> None:
+    def __init__(self, taskset: Taskset, *, max_concurrent_envs: int = DEFAULTS.max_concurrent_envs,
+                 session_timeout: float | None = DEFAULTS.session_timeout,
+                 max_frame_bytes: int = DEFAULTS.max_frame_bytes, secret: str | None = None) -> None:
         self.taskset, self.picker = taskset, TaskPicker(taskset)
         self.max_concurrent_envs, self.session_timeout = max_concurrent_envs, session_timeout
         self.max_frame_bytes, self.secret = max_frame_bytes, secret
@@ -89,6 +86,12 @@ class OpenEnvServer:
         ])
         self._handlers: dict[str, Callable[[TasksetSession, dict[str, Any]], Awaitable[Reply]]] = {
             "reset": self._reset, "step": self._step, "state": self._state, "close": self._close, "mcp": self._mcp}
+
+    @classmethod
+    def from_settings(cls, taskset: Taskset, settings: OpenEnvSettings) -> OpenEnvServer:
+        """A server with these settings and the shared secret in force ($TRACEGYM_ENV_SECRET), if any."""
+        return cls(taskset, max_concurrent_envs=settings.max_concurrent_envs, session_timeout=settings.session_timeout,
+                   max_frame_bytes=settings.max_frame_bytes, secret=shared_secret(None))
 
     # --- running -----------------------------------------------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -305,8 +308,3 @@ def serving(app: Any, host: str = "127.0.0.1", port: int = 0, *, server: uvicorn
         server.should_exit = True
         thread.join(10)
         sock.close()
-
-
-def secret_from_env() -> str | None:
-    """The shared secret in force for the OpenEnv server ($TRACEGYM_ENV_SECRET), if any."""
-    return os.environ.get(SECRET_ENV) or None
