@@ -257,3 +257,23 @@ def test_a_trl_style_environment_class_wrapping_openenvs_client_plays_and_is_rew
     finally:
         for env in environments:
             env.client.close()
+
+
+def test_a_taskset_as_an_openenv_environment_runs_on_openenvs_own_create_app():
+    from openenv.core.env_server.http_server import create_app
+
+    from tracegym.interop.openenv_environment import TasksetEnvironment
+    from tracegym.interop.openenv_protocol import TasksetAction, TasksetObservation, TasksetState
+    from tracegym.interop.openenv_server import serving
+
+    taskset = registry_load("tool-calculator")
+    app = create_app(TasksetEnvironment.of(taskset), TasksetAction, TasksetObservation, max_concurrent_envs=4,
+                     state_cls=TasksetState)
+    with serving(app) as url:
+        reset, tooled, answered = play(url, {"tool_calls": [{"name": "multiply", "arguments": {"a": 6, "b": 7}}]},
+                                       {"message": f"It is {taskset[1].answer}"}, index=1)
+        with httpx.Client(base_url=url.replace("ws://", "http://")) as client:
+            assert client.get("/metadata").json()["name"] == "tool-calculator"
+    assert reset.observation["task"] == taskset[1].key and len(reset.observation["tools"]) == 4
+    assert tooled.observation["messages"][0]["content"] == "42.0"
+    assert answered.done and answered.reward == 1.0

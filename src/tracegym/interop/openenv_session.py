@@ -106,6 +106,7 @@ class TasksetSession:
         self._agent = AgentTurns(self._turns)
         self._running: asyncio.Task[None] | None = None
         self._shown = 0
+        self._steps = 0
         self._ended = False
 
     # --- the protocol ------------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ class TasksetSession:
         data = self.picker.pick(choice)
         await self.close()
         self.task = task = self.taskset.task(data)
-        self.episode_id, self._shown, self._ended = choice.episode_id, 0, False
+        self.episode_id, self._shown, self._ended, self._steps = choice.episode_id, 0, False, 0
         self.trace = Trace(task=task.data, taskset=task.taskset_id, model=AGENT,
                            sampling=Sampling().model_dump(mode="json"))
         self._running = asyncio.create_task(self._play(Rollout(task, self._agent, Sampling(), self.timeouts,
@@ -127,7 +128,8 @@ class TasksetSession:
     async def step(self, action: TasksetAction) -> TasksetObservation:
         """Play one agent turn; what the rollout added until the agent's next turn or the episode's end."""
         reply = self._waiting()
-        reply.set_result(action.to_message(self.trace.num_turns if self.trace else 0))
+        self._steps += 1
+        reply.set_result(action.to_message(self._steps))
         return await self._advance()
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
