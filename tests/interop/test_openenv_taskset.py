@@ -144,3 +144,33 @@ def test_tool_result_text_reads_mcp_content_parts():
     with pytest.raises(Exception, match="boom"):
         tool_result_text({"content": [{"type": "text", "text": "boom"}], "isError": True})
     assert re.fullmatch(r"\d+", tool_result_text(7))
+
+
+def test_a_tracegym_taskset_served_over_openenv_runs_back_as_an_openenv_taskset():
+    """Both directions at once: reverse-text (a chat: the reply is the action) and tool-calculator (MCP tools, then
+    the answer as the action) on our OpenEnv server, evaluated through `openenv:URL` with the scores it gives."""
+    from tracegym.interop.openenv_server import OpenEnvServer
+
+    def reverse(request):
+        return request.messages[-1].text.splitlines()[-1][::-1]
+
+    answer = float(load_taskset("tool-calculator")[0].answer)
+
+    def calculate(request):
+        if request.messages[-1].role == "tool":
+            return f"The answer is {request.messages[-1].text}"
+        return reply(None, tool_call("multiply", {"a": answer, "b": 1}))
+
+    options = {"text_action": "message", "observation_field": "text", "instructions": "", "num_tasks": 2}
+    with OpenEnvServer(load_taskset("reverse-text")).running() as url:
+        chat = OpenEnvTaskset({"url": url, **options, "reset_args": {"index": 4}})
+        chats = [asyncio.run(run_rollout(chat, row, ScriptedModel(rule=reverse))) for row in chat]
+    with OpenEnvServer(load_taskset("tool-calculator")).running() as url:
+        tools = OpenEnvTaskset({"url": url, **options})
+        model = ScriptedModel(rule=calculate)
+        calc = asyncio.run(run_rollout(tools, tools[0], model))
+    assert [t.reward for t in chats] == [1.0, 1.0] and chats[0].prompt[-1].text.endswith(
+        load_taskset("reverse-text")[4].prompt)
+    assert [t.name for t in model.requests[0].tools] == ["add", "subtract", "multiply", "divide"]
+    assert [m.text for m in calc.messages if m.role == "tool"] == [str(answer)]
+    assert calc.ok and calc.reward == 1.0 and calc.metrics["env_steps"] == 1 and calc.metrics["env_done"] == 1.0

@@ -54,7 +54,7 @@ class OpenEnvConfig(TasksetConfig):
     """A system prompt before it."""
     tools: Literal["auto", "mcp", "action"] = "auto"
     """What the model is offered: the server's MCP tools (`mcp`), one tool taking an action of the server's action
-    schema (`action`), or its MCP tools when it lists any, else the action tool (`auto`)."""
+    schema (`action`), or its MCP tools when it lists any, else the action tool unless `text_action` is set (`auto`)."""
     action_tool: str = "act"
     """Name of the tool that takes one action."""
     text_action: str | None = None
@@ -195,6 +195,8 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
             if not listed:
                 raise TaskError(f"OpenEnv server {self.config.url} lists no MCP tools (tools = 'mcp')")
             return listed
+        if self.config.text_action is not None and self.config.tools == "auto":
+            return []  # the reply itself is the action
         return [self._tool(self.config.action_tool, schema.get("description") or "Take one action in the "
                            "environment; returns its observation.", without_metadata(schema), self._act)]
 
