@@ -166,7 +166,7 @@ def test_a_tracegym_taskset_served_over_openenv_runs_back_as_an_openenv_taskset(
         chat = OpenEnvTaskset({"url": url, **options, "reset_args": {"index": 4}})
         chats = [asyncio.run(run_rollout(chat, row, ScriptedModel(rule=reverse))) for row in chat]
     with OpenEnvServer(load_taskset("tool-calculator")).running() as url:
-        tools = OpenEnvTaskset({"url": url, **options})
+        tools = OpenEnvTaskset({"url": url, **options, "reset_args": {"index": 0}})
         model = ScriptedModel(rule=calculate)
         calc = asyncio.run(run_rollout(tools, tools[0], model))
     assert [t.reward for t in chats] == [1.0, 1.0] and chats[0].prompt[-1].text.endswith(
