@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 from typing import Any
 
-from openenv.core.generic_client import GenericEnvClient
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from tracegym.core.errors import ErrorKind, InfrastructureError, TracegymError
@@ -40,17 +40,24 @@ class OpenEnvError(TracegymError):
         return f"{self.data.get('message', self.code)}" + (f": {'; '.join(problems)}" if problems else "")
 
 
-class _Client(GenericEnvClient):
-    """openenv's client, raising OpenEnvError with the frame's code instead of a RuntimeError with it in text."""
+@functools.cache
+def _client_class() -> type[Any]:
+    """openenv's client, raising OpenEnvError with the frame's code instead of a RuntimeError with it in text.
+    Made on first use: importing openenv takes seconds (it loads gradio), which processes that only list tasks
+    (an eval's own, an env server's router) never pay."""
+    from openenv.core.generic_client import GenericEnvClient
 
-    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
-        with contextlib.suppress(ConnectionClosed):  # a refused session sends its error frame, then closes
-            await self._send(message)
-        response = await self._receive()
-        if response.get("type") == "error":
-            data = response.get("data") or {}
-            raise OpenEnvError(str(data.get("code", "UNKNOWN")), str(data.get("message", "error")), data)
-        return response
+    class Client(GenericEnvClient):
+        async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+            with contextlib.suppress(ConnectionClosed):  # a refused session sends its error frame, then closes
+                await self._send(message)
+            response = await self._receive()
+            if response.get("type") == "error":
+                data = response.get("data") or {}
+                raise OpenEnvError(str(data.get("code", "UNKNOWN")), str(data.get("message", "error")), data)
+            return response
+
+    return Client
 
 
 class OpenEnvConnection:
@@ -60,7 +67,7 @@ class OpenEnvConnection:
                  message_timeout: float = 60.0) -> None:
         self.url, self.retries, self.backoff = url, retries, backoff
         self._timeouts = {"connect_timeout_s": connect_timeout, "message_timeout_s": message_timeout}
-        self._client: _Client | None = None
+        self._client: Any = None
         self._ids = itertools.count(1)
 
     async def open(self, **reset_args: Any) -> dict[str, Any]:
@@ -68,7 +75,7 @@ class OpenEnvConnection:
         failures are retried `retries` times with backoff, then an InfrastructureError says what happened."""
         for attempt in itertools.count():
             try:
-                self._client = _Client(base_url=self.url, **self._timeouts)
+                self._client = _client_class()(base_url=self.url, **self._timeouts)
                 return _result(await self._guarded("reset", self._client.reset(**reset_args)))
             except TracegymError as exc:
                 await self.close()
@@ -99,7 +106,7 @@ class OpenEnvConnection:
             with contextlib.suppress(Exception):  # a broken socket fails to close in many ways; it is over anyway
                 await client.close()
 
-    def _live(self) -> _Client:
+    def _live(self) -> Any:
         if self._client is None:
             raise InfrastructureError(f"OpenEnv session with {self.url} is not open")
         return self._client
