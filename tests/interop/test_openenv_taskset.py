@@ -174,3 +174,15 @@ def test_a_tracegym_taskset_served_over_openenv_runs_back_as_an_openenv_taskset(
     assert [t.name for t in model.requests[0].tools] == ["add", "subtract", "multiply", "divide"]
     assert [m.text for m in calc.messages if m.role == "tool"] == [str(answer)]
     assert calc.ok and calc.reward == 1.0 and calc.metrics["env_steps"] == 1 and calc.metrics["env_done"] == 1.0
+
+
+def test_rescoring_a_stored_trace_says_the_reward_was_the_servers_instead_of_scoring_zero(guess_url):
+    from tracegym.envs.rollout import Timeouts
+    from tracegym.eval.rescore import rescore_trace
+
+    taskset = OpenEnvTaskset({"url": guess_url, "num_tasks": 1, "max_turns": GUESSES + 1})
+    trace = asyncio.run(run_rollout(taskset, taskset[0], ScriptedModel(rule=bisect)))
+    assert trace.reward == 1.0
+    again = asyncio.run(rescore_trace(taskset, trace, Timeouts()))
+    assert again.rewards["env_reward"].score is None and again.reward is None
+    assert "cannot be rescored" in again.errors[-1].message

@@ -158,6 +158,7 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     @reward
     def env_reward(self, trace: Trace) -> float:
         """The environment's reward: the sum of the steps' rewards (or the last one), 0.0 when it gave none."""
+        self._played()
         if not self.rewards:
             return 0.0
         return self.rewards[-1] if self.config.reward_over_steps == "last" else sum(self.rewards)
@@ -165,12 +166,21 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     @metric
     def env_steps(self, trace: Trace) -> float:
         """Steps taken in the environment."""
+        self._played()
         return float(self.steps)
 
     @metric
     def env_done(self, trace: Trace) -> float:
         """1 when the environment ended the episode."""
+        self._played()
         return float(self.done)
+
+    def _played(self) -> None:
+        """Scores come from the episode played on the server: a task that never opened it (a stored trace being
+        rescored) has none to give, and says so rather than score 0."""
+        if self.connection is None:
+            raise TaskError("the reward was given by the OpenEnv server during the episode; a stored trace cannot "
+                            "be rescored without playing it again")
 
     # --- stepping ----------------------------------------------------------------------------------------
     async def _step(self, action: dict[str, Any]) -> dict[str, Any]:
