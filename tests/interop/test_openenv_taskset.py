@@ -38,7 +38,7 @@ def test_an_openenv_game_runs_as_a_taskset_id_with_its_action_schema_as_the_tool
     traces = [asyncio.run(run_rollout(taskset, row, model)) for row in taskset]
     for index, trace in enumerate(traces):
         assert trace.ok and trace.reward == 1.0 and trace.metrics["env_done"] == 1.0, trace.errors
-        assert trace.stop_reason == "stop_condition" and trace.stopped_by == "episode_done"
+        assert trace.stop_reason == "stop_condition" and trace.stopped_by == "said_done"
         guesses = [json.loads(m.tool_calls[0].arguments)["guess"] for m in trace.messages if m.tool_calls]
         assert guesses[-1] == target_of(5 + index) and trace.metrics["env_steps"] == len(guesses)
         assert "I am thinking of a number" in trace.prompt[-1].text  # the reset's observation is in the prompt
@@ -118,7 +118,7 @@ def test_a_connection_dropped_mid_episode_ends_the_rollout_as_an_infrastructure_
     trace = loop.run_until_complete(running)
     loop.close()
     assert trace.failure == "infrastructure" and trace.stop_reason == "error"
-    assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.INFRASTRUCTURE, "stop:episode_done")]
+    assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.INFRASTRUCTURE, "stop:said_done")]
     assert "step failed" in trace.errors[0].message and trace.rewards["env_reward"].score is None
 
 

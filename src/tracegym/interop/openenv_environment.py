@@ -57,6 +57,6 @@ class TasksetEnvironment(Environment[TasksetAction, TasksetObservation, TasksetS
         return EnvironmentMetadata(name=taskset.id, description=taskset.description or f"tracegym taskset {taskset.id}")
 
     def close(self) -> None:
-        """End the running episode; openenv calls this from a worker thread, so it is handed to the session's loop."""
+        """End the running rollout; openenv calls this from a worker thread, so it is handed to the session's loop."""
         if self._loop is not None and not self._loop.is_closed():
             asyncio.run_coroutine_threadsafe(self.session.close(), self._loop)

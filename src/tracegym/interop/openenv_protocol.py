@@ -11,6 +11,7 @@ from openenv.core.env_server.types import Action, Observation, State, WSErrorCod
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.core.messages import Message, ToolCall, assistant
+from tracegym.core.tool_spec import ToolSpec
 
 
 class ToolCallAction(BaseModel):
@@ -68,7 +69,7 @@ class TasksetObservation(Observation):
 
 
 class TasksetState(State):
-    """A session's state: its task, the turns taken, and how the episode ended."""
+    """A session's state: its task, the turns taken, and how its rollout ended."""
 
     task: str | None = None
     done: bool = False
@@ -87,7 +88,12 @@ class ResetChoice(BaseModel):
     key: str | None = None
     """The task's key (its id)."""
     episode_id: str | None = Field(default=None, max_length=255)
-    """A name the client gives the episode (kept in the state)."""
+    """A name the client gives the rollout (OpenEnv's episode; kept in the state)."""
+
+
+def mcp_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
+    """Tools as MCP's `tools/list` lists them."""
+    return [{"name": s.name, "description": s.description, "inputSchema": s.parameters} for s in specs]
 
 
 def error_frame(code: WSErrorCode, message: str, **data: Any) -> dict[str, Any]:

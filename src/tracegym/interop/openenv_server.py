@@ -6,7 +6,7 @@ added, and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/
 isolated (each its own rollout), at most `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`), and one idle
 for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets OpenEnv's error frames
 (`INVALID_JSON`, `UNKNOWN_TYPE`, `VALIDATION_ERROR`, `EXECUTION_ERROR`) and the session goes on; other sessions never
-notice. HTTP: `/health`, `/schema`, `/metadata`, `/state`, `/reset` (a one-off episode's prompt), `/step` (refused:
+notice. HTTP: `/health`, `/schema`, `/metadata`, `/state`, `/reset` (a one-off rollout's prompt), `/step` (refused:
 steps need a session) and `/mcp` (`tools/list`). Binding anywhere but loopback needs a shared secret
 (`TRACEGYM_ENV_SECRET`), which clients send as `Authorization: Bearer SECRET`.
 """
@@ -47,6 +47,7 @@ from tracegym.interop.openenv_protocol import (
     TasksetAction,
     TasksetState,
     error_frame,
+    mcp_tools,
     schemas,
     step_result,
 )
@@ -204,9 +205,9 @@ class OpenEnvServer:
         return {"type": "mcp", "data": await self._rpc(request, session)}, True
 
     async def _rpc(self, request: JsonRpcRequest, session: TasksetSession | None) -> dict[str, Any]:
-        """One MCP JSON-RPC call: `tools/list`, or `tools/call` as one turn of the session's episode."""
+        """One MCP JSON-RPC call: `tools/list`, or `tools/call` as one turn of the session's rollout."""
         if request.method == "tools/list":
-            tools = session.tools() if session is not None else TasksetSession(self.taskset, self.picker).tools()
+            tools = session.tools() if session is not None else mcp_tools(self.picker.first_tools)
             return rpc_result(request, {"tools": tools})
         if request.method != "tools/call":
             return rpc_error(request, JsonRpcErrorCode.METHOD_NOT_FOUND, f"Method not found: {request.method}")
@@ -225,7 +226,7 @@ class OpenEnvServer:
 
     # --- HTTP --------------------------------------------------------------------------------------------
     async def _http_reset(self, request: Request) -> JSONResponse:
-        """A one-off episode's prompt (OpenEnv's HTTP reset keeps no session)."""
+        """A one-off rollout's prompt (OpenEnv's HTTP reset keeps no session)."""
         try:
             choice = ResetChoice.model_validate(await _body(request))
             session = TasksetSession(self.taskset, self.picker)

@@ -1,9 +1,9 @@
-"""OpenEnv session: one remote agent playing a taskset's tasks, one episode at a time, each episode a rollout of
-one task through the one rollout loop, whose model turns are the agent's steps.
+"""OpenEnv session: one remote agent playing a taskset's tasks, one rollout at a time (what OpenEnv calls an
+episode) through the one rollout loop, whose model turns are the agent's steps.
 
 The loop asks its model client for a turn; here that client (`AgentTurns`) hands the request to the session and
 waits for the agent's next `step`. So tools, environment answers, stops, `max_turns` and scoring behave exactly as
-in any rollout, and the episode's trace is an ordinary one (without token ids: the agent's model is not ours).
+in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from tracegym.interop.openenv_protocol import (
     TasksetObservation,
     TasksetState,
     ToolCallAction,
+    mcp_tools,
 )
 from tracegym.models.client import ModelRequest, ModelResponse
 
 AGENT = "openenv-agent"
-"""The model name on the traces of served episodes."""
+"""The model name on the traces of served rollouts."""
 WAIT_S = 10.0**9
 """The model stage's timeout: the agent may think as long as it likes; the server's idle timeout ends a session
 that stopped talking."""
@@ -43,7 +44,7 @@ class SessionError(Exception):
 
 
 class AgentTurns:
-    """The model client of a served episode: each turn's request goes out to the agent, its step comes back."""
+    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back."""
 
     name = AGENT
 
@@ -68,7 +69,7 @@ class TaskPicker:
         self.taskset = taskset
         self.rows: list[TaskData] | None = list(taskset) if taskset.bounded else None
         self._turn = itertools.count()
-        self.first_tools = [s.to_openai() for s in taskset.task(self.row(0)).tool_specs()]
+        self.first_tools = taskset.task(self.row(0)).tool_specs()
         """The tools of the first task, for `tools/list` before any reset (the same for most tasksets)."""
 
     def pick(self, choice: ResetChoice) -> TaskData:
@@ -93,14 +94,14 @@ class TaskPicker:
 
 
 class TasksetSession:
-    """One agent's session: `reset` starts an episode (ending any running one), `step` plays a turn of it."""
+    """One agent's session: `reset` starts a rollout (ending any running one), `step` plays a turn of it."""
 
     def __init__(self, taskset: Taskset, picker: TaskPicker, timeouts: Timeouts | None = None) -> None:
         self.taskset, self.picker = taskset, picker
         self.timeouts = timeouts or Timeouts(model=WAIT_S, rollout=WAIT_S)
         self.task: Task[Any, Any] | None = None
         self.trace: Trace | None = None
-        """The running (or last) episode's trace."""
+        """The running (or last) rollout's trace."""
         self.episode_id: str | None = None
         self._turns: asyncio.Queue[ModelRequest | None] = asyncio.Queue()
         self._agent = AgentTurns(self._turns)
@@ -111,7 +112,7 @@ class TasksetSession:
 
     # --- the protocol ------------------------------------------------------------------------------------
     async def reset(self, choice: ResetChoice) -> TasksetObservation:
-        """Start an episode of the chosen task; its prompt (and tools) as the first observation."""
+        """Start a rollout of the chosen task; its prompt (and tools) as the first observation."""
         data = self.picker.pick(choice)
         await self.close()
         self.task = task = self.taskset.task(data)
@@ -126,7 +127,7 @@ class TasksetSession:
         return observation.model_copy(update={"tools": [s.to_openai() for s in task.tool_specs()], "task": data.key})
 
     async def step(self, action: TasksetAction) -> TasksetObservation:
-        """Play one agent turn; what the rollout added until the agent's next turn or the episode's end."""
+        """Play one agent turn; what the rollout added until the agent's next turn or its end."""
         reply = self._waiting()
         self._steps += 1
         reply.set_result(action.to_message(self._steps))
@@ -140,10 +141,8 @@ class TasksetSession:
         return (results[0] if results else observation.text), self._tool_errors() > before
 
     def tools(self) -> list[dict[str, Any]]:
-        """The tools of the episode's task (of the first task before any reset), MCP-shaped."""
-        specs = [s.to_openai() for s in self.task.tool_specs()] if self.task is not None else self.picker.first_tools
-        return [{"name": t["function"]["name"], "description": t["function"]["description"],
-                 "inputSchema": t["function"]["parameters"]} for t in specs]
+        """The tools of the rollout's task (of the first task before any reset), MCP-shaped."""
+        return mcp_tools(self.task.tool_specs() if self.task is not None else self.picker.first_tools)
 
     def state(self) -> TasksetState:
         trace = self.trace
@@ -153,7 +152,7 @@ class TasksetSession:
                             stop_reason=trace.stop_reason.value if trace and trace.stop_reason else None)
 
     async def close(self) -> None:
-        """End the running episode (cancelled: its cleanup runs)."""
+        """End the running rollout (cancelled: its cleanup runs)."""
         running, self._running = self._running, None
         if running is not None and not running.done():
             running.cancel()
@@ -167,10 +166,10 @@ class TasksetSession:
         try:
             await rollout.run()
         finally:
-            self._turns.put_nowait(None)  # the episode is over: wake whoever waits for its next turn
+            self._turns.put_nowait(None)  # the rollout is over: wake whoever waits for its next turn
 
     async def _advance(self) -> TasksetObservation:
-        """Run the episode to the agent's next turn (or its end) and say what it added."""
+        """Run the rollout to the agent's next turn (or its end) and say what it added."""
         request = await self._turns.get()
         assert self.trace is not None
         if request is None:
@@ -193,7 +192,7 @@ class TasksetSession:
             "metadata": {"errors": [e.model_dump(mode="json") for e in trace.errors]} if trace.errors else {}})
 
     def _waiting(self) -> asyncio.Future[Message]:
-        """The loop's pending request for the agent's turn; SessionError when there is no episode to play."""
+        """The loop's pending request for the agent's turn; SessionError when there is none to play."""
         if self.trace is None:
             raise SessionError("no episode: send `reset` first")
         reply = self._agent.reply

@@ -81,16 +81,16 @@ class OpenEnvConfig(TasksetConfig):
 
 
 class OpenEnvData(TaskData):
-    """One episode: the reset's arguments."""
+    """One task: the arguments of its reset."""
 
     reset: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the reset (the seed among them)."""
 
 
 class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
-    """One episode on its own session: the reset's observation in the prompt, the server's tools as tools."""
+    """One rollout on its own session: the reset's observation in the prompt, the server's tools as tools."""
 
-    parallel_tools = False  # steps of one episode happen in order
+    parallel_tools = False  # one session's steps happen in order
 
     def __init__(self, data: OpenEnvData, *, server: ServerFacts, **options: Any) -> None:
         super().__init__(data, **options)
@@ -149,7 +149,7 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
             await self.connection.close()
 
     @stop
-    def episode_done(self, trace: Trace) -> bool:
+    def said_done(self, trace: Trace) -> bool:
         """The environment said `done`; a session lost mid-episode ends the rollout as an infrastructure error."""
         if self.lost is not None:
             raise self.lost
@@ -176,10 +176,10 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
         return float(self.done)
 
     def _played(self) -> None:
-        """Scores come from the episode played on the server: a task that never opened it (a stored trace being
+        """Scores come from the steps played on the server: a task that never opened it (a stored trace being
         rescored) has none to give, and says so rather than score 0."""
         if self.connection is None:
-            raise TaskError("the reward was given by the OpenEnv server during the episode; a stored trace cannot "
+            raise TaskError("the reward was given by the OpenEnv server during the rollout; a stored trace cannot "
                             "be rescored without playing it again")
 
     # --- stepping ----------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ class ServerFacts:
 
 
 class OpenEnvTaskset(Taskset[OpenEnvConfig]):
-    """Episodes of an OpenEnv server's environment; `OpenEnvTaskset({"url": "ws://127.0.0.1:8001"})`."""
+    """Rollouts on an OpenEnv server's environment; `OpenEnvTaskset({"url": "ws://127.0.0.1:8001"})`."""
 
     id = "openenv"
     description = "An environment on an OpenEnv server, one WebSocket session per rollout."
