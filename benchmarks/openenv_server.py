@@ -7,8 +7,9 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
 2. The same environment (the taskset as an openenv Environment, `TasksetEnvironment`) on openenv's own server
    (`create_app` under uvicorn) vs on ours: the agent answers at once, without a model, so the figures measure
    the servers.
-`concurrency` callers each run one rollout at a time until `rollouts` are done; latency is per rollout as the caller
-sees it (p50). Figures are printed side by side, with the ratio to the first path.
+`concurrency` callers each run one rollout at a time until `rollouts` are done; an OpenEnv caller keeps its session
+(WebSocket) open and resets it for the next rollout, as a trainer's environments do. Latency is per rollout as the
+caller sees it (p50). Figures are printed side by side, with the ratio to the first path.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/openenv_server.py [--rollouts 2000]
 """
@@ -104,17 +105,22 @@ def over_openenv(url: str, endpoint: Endpoint | None, raw: bool = False) -> Call
                 return messages[-1].text.removeprefix("Say ").removesuffix(".")
             return (await model.complete(ModelRequest(messages=messages, sampling=SAMPLING))).message.text
 
+        idle: list[GenericEnvClient | RawAgent] = []  # sessions kept open between rollouts, as a trainer's are
+
         async def rollout(n: int) -> bool:
-            async with (RawAgent(url) if raw else GenericEnvClient(base_url=url)) as env:
-                result = await env.reset(index=n % 100)
-                messages = [Message.from_openai(m) for m in result.observation["messages"]]
-                while not result.done:
-                    result = await env.step({"message": await answer(messages)})
-                    messages += [Message.from_openai(m) for m in result.observation["messages"]]
-                return result.reward is not None
+            env = idle.pop() if idle else await (RawAgent(url) if raw else GenericEnvClient(base_url=url)).__aenter__()
+            result = await env.reset(index=n % 100)
+            messages = [Message.from_openai(m) for m in result.observation["messages"]]
+            while not result.done:
+                result = await env.step({"message": await answer(messages)})
+                messages += [Message.from_openai(m) for m in result.observation["messages"]]
+            idle.append(env)
+            return result.reward is not None
         try:
             return await measure(rollout, concurrency, total)
         finally:
+            for env in idle:
+                await env.__aexit__(None, None, None)
             if model is not None:
                 await model.aclose()
     return go

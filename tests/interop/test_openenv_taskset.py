@@ -186,3 +186,21 @@ def test_rescoring_a_stored_trace_says_the_reward_was_the_servers_instead_of_sco
     again = asyncio.run(rescore_trace(taskset, trace, Timeouts()))
     assert again.rewards["env_reward"].score is None and again.reward is None
     assert "cannot be rescored" in again.errors[-1].message
+
+
+def test_a_server_behind_a_secret_is_reached_with_the_token_named_by_token_env(monkeypatch):
+    from tracegym.interop.openenv_server import OpenEnvServer
+
+    secret = "t" * 24
+    monkeypatch.setenv("MY_OPENENV_TOKEN", secret)
+    options = {"text_action": "message", "observation_field": "text", "num_tasks": 1, "retries": 0}
+    with OpenEnvServer(load_taskset("reverse-text"), secret=secret).running() as url:
+        allowed = OpenEnvTaskset({"url": url, **options, "token_env": "MY_OPENENV_TOKEN"})
+        served = asyncio.run(run_rollout(allowed, allowed[0], ScriptedModel(["x"]), infra_retries=0))
+        refused = OpenEnvTaskset({"url": url, **options})
+        turned_away = asyncio.run(run_rollout(refused, refused[0], ScriptedModel(["x"]), infra_retries=0))
+    assert served.ok and served.reward is not None
+    assert turned_away.failure == "infrastructure" and "unauthorized" in turned_away.errors[0].message
+    with pytest.raises(UsageError, match="MY_OTHER_TOKEN"):
+        asyncio.run(OpenEnvTaskset({"url": "ws://x", "token_env": "MY_OTHER_TOKEN"}).task(
+            OpenEnvTaskset({"url": "ws://x"})[0]).setup())

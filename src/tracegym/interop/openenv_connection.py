@@ -64,9 +64,10 @@ class OpenEnvConnection:
     """One OpenEnv session (one WebSocket); `open` resets it, `step` and `mcp` act in it, `close` ends it."""
 
     def __init__(self, url: str, *, retries: int = 3, backoff: float = 0.5, connect_timeout: float = 10.0,
-                 message_timeout: float = 60.0) -> None:
+                 message_timeout: float = 60.0, headers: dict[str, str] | None = None) -> None:
         self.url, self.retries, self.backoff = url, retries, backoff
-        self._timeouts = {"connect_timeout_s": connect_timeout, "message_timeout_s": message_timeout}
+        self._options = {"connect_timeout_s": connect_timeout, "message_timeout_s": message_timeout,
+                         "headers": headers}
         self._client: Any = None
         self._ids = itertools.count(1)
 
@@ -75,7 +76,7 @@ class OpenEnvConnection:
         failures are retried `retries` times with backoff, then an InfrastructureError says what happened."""
         for attempt in itertools.count():
             try:
-                self._client = _client_class()(base_url=self.url, **self._timeouts)
+                self._client = _client_class()(base_url=self.url, **self._options)
                 return _result(await self._guarded("reset", self._client.reset(**reset_args)))
             except TracegymError as exc:
                 await self.close()

@@ -16,6 +16,7 @@ To read rewards or observations another way, subclass `OpenEnvTask` (override `r
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -74,6 +75,9 @@ class OpenEnvConfig(TasksetConfig):
     """Retries of opening a session (server at capacity, connection refused or dropped)."""
     backoff: float = Field(default=0.5, ge=0)
     """Seconds before the first retry; doubled for each next one (with jitter)."""
+    token_env: str | None = None
+    """An environment variable holding a token sent as `Authorization: Bearer TOKEN` (a private Hugging Face Space;
+    our own server's TRACEGYM_ENV_SECRET); the token itself never goes into configs or traces."""
     connect_timeout: float = Field(default=10.0, gt=0)
     """Seconds to open the WebSocket."""
     message_timeout: float = Field(default=60.0, gt=0)
@@ -126,7 +130,7 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     # --- the rollout's hooks -----------------------------------------------------------------------------
     async def setup(self) -> None:
         cfg = self.config
-        self.connection = OpenEnvConnection(cfg.url, retries=cfg.retries, backoff=cfg.backoff,
+        self.connection = OpenEnvConnection(cfg.url, retries=cfg.retries, backoff=cfg.backoff, headers=headers(cfg),
                                             connect_timeout=cfg.connect_timeout, message_timeout=cfg.message_timeout)
         first = await self.connection.open(**self.data.reset)
         self._first = self.observation_text(first)
@@ -199,7 +203,7 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
 
     async def _offered_tools(self) -> list[Tool]:
         """The server's MCP tools, else (or with `tools = "action"`) the one action tool."""
-        schema = await self.server.action_schema(self.config.url)
+        schema = await self.server.action_schema(self.config.url, headers(self.config))
         listed = [] if self.config.tools == "action" else await self._mcp_tools(schema)
         if listed or self.config.tools == "mcp":
             if not listed:
@@ -276,6 +280,16 @@ def tool_result_text(result: Any) -> str:
     return result if isinstance(result, str) else json.dumps(result)
 
 
+def headers(config: OpenEnvConfig) -> dict[str, str] | None:
+    """The request headers `token_env` asks for; a UsageError naming it when it is unset."""
+    if config.token_env is None:
+        return None
+    token = os.environ.get(config.token_env)
+    if not token:
+        raise UsageError(f"taskset option token_env = {config.token_env!r}: that environment variable is not set")
+    return {"Authorization": f"Bearer {token}"}
+
+
 def dig(value: Any, path: str) -> Any:
     """`value` at a dotted path of dict keys; None where a key is missing."""
     for key in path.split(".") if path else ():
@@ -298,11 +312,11 @@ class ServerFacts:
     def __init__(self) -> None:
         self._schema: dict[str, Any] | None = None
 
-    async def action_schema(self, url: str) -> dict[str, Any]:
+    async def action_schema(self, url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
         if self._schema is None:
             http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
             try:
-                async with httpx.AsyncClient(timeout=10.0) as client:
+                async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
                     response = await client.get(f"{http}/schema")
                     response.raise_for_status()
                     self._schema = response.json().get("action") or {}
