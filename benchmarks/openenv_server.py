@@ -7,11 +7,12 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
 2. The same environment (the taskset as an openenv Environment, `TasksetEnvironment`) on openenv's own server
    (`create_app` under uvicorn) vs on ours: the agent answers at once, without a model, so the figures measure
    the servers.
-`concurrency` callers each run one rollout at a time until `rollouts` are done; an OpenEnv caller keeps its session
-(WebSocket) open and resets it for the next rollout, as a trainer's environments do. Latency is per rollout as the
-caller sees it (p50). Figures are printed side by side, with the ratio to the first path.
+`concurrency` callers each run one rollout at a time until `rollouts` are done; each path is measured `--repeats`
+times, interleaved, and the medians are printed side by side with the ratio to the first path. An OpenEnv caller keeps
+its session (WebSocket) open and resets it for the next rollout, as a trainer's environments do; with "raw WS" it
+sends plain frames instead of using openenv's client. Latency is per rollout as the caller sees it (p50).
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/openenv_server.py [--rollouts 2000]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/openenv_server.py [--rollouts 1000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -191,17 +192,30 @@ def ours(turns: int) -> Iterator[str]:
         yield url
 
 
-def row(turns: int, concurrency: int, path: str, result: Result, base: Result | None) -> str:
-    ratio = f"{result.rate / base.rate:5.2f}x" if base else "     -"
-    return (f"| {turns} | {concurrency:>3} | {path:<30} | {result.rate:8.0f} | {ratio} | {result.p50_ms:7.2f} | "
-            f"{result.failed} |")
+def compare(paths: dict[str, Callable[[int, int], Awaitable[Result]]], turns: int, concurrency: int, total: int,
+            repeats: int) -> None:
+    """Measure each path `repeats` times, interleaved (so a busy moment of the machine hits them all), and print
+    each one's median rate and median p50, with its ratio to the first path's."""
+    runs: dict[str, list[Result]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, path in paths.items():
+            runs[name].append(asyncio.run(path(concurrency, total)))
+    medians = {name: Result(statistics.median(r.rate for r in results),
+                            statistics.median(r.p50_ms for r in results), sum(r.failed for r in results))
+               for name, results in runs.items()}
+    base = next(iter(medians.values()))
+    for name, result in medians.items():
+        ratio = f"{result.rate / base.rate:5.2f}x" if result is not base else "     -"
+        print(f"| {turns} | {concurrency:>3} | {name:<30} | {result.rate:8.0f} | {ratio} | {result.p50_ms:7.2f} | "
+              f"{result.failed} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=2000,
+    parser.add_argument("--rollouts", type=int, default=1000,
                         help="single-turn rollouts per measurement at the highest concurrency (5-turn: a fifth; "
                              "concurrency 1: a quarter)")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per path, interleaved; medians shown")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--workers", type=int, default=1, help="workers of the ZMQ env server")
@@ -216,24 +230,20 @@ def main() -> None:
         endpoint = Endpoint(base_url=base_url, model="fake-model", api_key_env=None, max_retries=0)
         for turns in args.turns:
             with local_server(SPEC, {"turns": turns}, workers=args.workers) as zmq, ours(turns) as url:
+                paths = {f"ZMQ env server ({args.workers}w)": through_zmq(zmq, endpoint),
+                         "our OpenEnv server": over_openenv(url, endpoint),
+                         "our OpenEnv server, raw WS": over_openenv(url, endpoint, raw=True)}
                 for c in args.concurrency:
-                    base = asyncio.run(through_zmq(zmq, endpoint)(c, count(turns, c)))
-                    print(row(turns, c, f"ZMQ env server ({args.workers}w)", base, None), flush=True)
-                    result = asyncio.run(over_openenv(url, endpoint)(c, count(turns, c)))
-                    print(row(turns, c, "our OpenEnv server", result, base), flush=True)
-                    result = asyncio.run(over_openenv(url, endpoint, raw=True)(c, count(turns, c)))
-                    print(row(turns, c, "our OpenEnv server, raw WS", result, base), flush=True)
+                    compare(paths, turns, c, count(turns, c), args.repeats)
     print("\n## 2. The same environment on openenv's own server vs ours (agent answers at once)\n" + header)
     for turns in args.turns:
         with openenv_create_app(turns) as theirs, openenv_create_app(turns, deflate=False) as plain, \
                 ours(turns) as url:
+            paths = {"openenv create_app": over_openenv(theirs, None),
+                     "openenv create_app, no deflate": over_openenv(plain, None),
+                     "our OpenEnv server": over_openenv(url, None)}
             for c in args.concurrency:
-                base = asyncio.run(over_openenv(theirs, None)(c, count(turns, c)))
-                print(row(turns, c, "openenv create_app", base, None), flush=True)
-                result = asyncio.run(over_openenv(plain, None)(c, count(turns, c)))
-                print(row(turns, c, "openenv create_app, no deflate", result, base), flush=True)
-                result = asyncio.run(over_openenv(url, None)(c, count(turns, c)))
-                print(row(turns, c, "our OpenEnv server", result, base), flush=True)
+                compare(paths, turns, c, count(turns, c), args.repeats)
 
 
 if __name__ == "__main__":
