@@ -162,8 +162,8 @@ class OpenEnvServer:
 
     async def _answer(self, session: TasksetSession, frame: str | bytes) -> Reply:
         """The answer to one frame; bad input is answered with an error frame and the session goes on."""
-        size = len(frame.encode() if isinstance(frame, str) else frame)
-        if size > self.max_frame_bytes:
+        size = len(frame) if isinstance(frame, bytes) or 4 * len(frame) <= self.max_frame_bytes else len(frame.encode())
+        if size > self.max_frame_bytes:  # (a text frame that short cannot be over, however it encodes)
             return error_frame(WSErrorCode.VALIDATION_ERROR, f"frame of {size} bytes is over this server's limit of "
                                f"{self.max_frame_bytes} bytes"), True
         try:
