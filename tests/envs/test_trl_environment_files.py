@@ -9,7 +9,7 @@ import pytest
 
 import tracegym as tg
 from tracegym.cli.main import main
-from tracegym.testing import FakeOpenAIServer, reply, tool_call
+from tracegym.testing import FakeOpenAIServer, ScriptedModel, reply, tool_call
 
 FILE = Path(__file__).parent / "trl_classes.py"
 
@@ -78,3 +78,22 @@ def test_eval_runs_a_class_over_a_rows_file_with_weighted_rewards_and_its_own(tm
         {"lit_photos": (1.0, 0.5), "Darkroom": (1.0, 1.0)}] * 2
     assert sorted(t["task"]["room"] for t in traces) == ["attic", "cellar"]  # traces.jsonl is in finishing order
     assert all(t["stopped_by"] == "done" for t in traces)
+
+
+ROWS = {
+    "MULTIPLE_ENVIRONMENTS": [{"environment": "counter"}, {"environment": "echo"}],
+    "DOCS_ENVIRONMENTS": [{"environment": "coding"}, {"environment": "game"}],
+    "Game2048Env": [{"prompt": [{"role": "user", "content": "Play."}]}],
+    "DummyEnvironment": [{"prompt": [{"role": "user", "content": "Hi."}]}],
+    "Darkroom": [{"prompt": [{"role": "user", "content": "Hi."}], "room": "attic"}],
+}
+
+
+@pytest.mark.parametrize("name", [*ROWS, "GuessTheWordEnvironment"])
+async def test_every_module_level_trl_class_runs_by_its_file_path(name, tmp_path):
+    options = {"rewards": ["reward_len"]}
+    if name in ROWS:
+        (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(row) for row in ROWS[name]))
+        options["rows"] = str(tmp_path / "rows.jsonl")
+    traces = await tg.evaluate(tg.load_taskset(spec(name), options), ScriptedModel(["Done!"]), num_tasks=2)
+    assert [t.rewards["reward_len"].score for t in traces] == [5.0] * len(traces) and all(t.ok for t in traces)
