@@ -277,8 +277,7 @@ async def within(stage: str, aw: Awaitable[T], timeout: float) -> T:
 async def score(task: Task, trace: Trace, timeout: float, turn: int | None = None) -> None:
     """Run every reward and metric of `task` on `trace` (in order); one that raises, runs past `timeout` or
     returns something other than a number is recorded as an error and scored None; one that raises
-    NotApplicable is not recorded. Used at the end of a
-    rollout and to re-score stored traces."""
+    NotApplicable is not recorded. Used at the end of a rollout and to re-score stored traces."""
     for scorer in task.scorers:
         if scorer.kind == "stop":
             continue

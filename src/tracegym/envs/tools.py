@@ -62,9 +62,8 @@ class Tool:
     async def call(self, arguments: dict[str, Any]) -> str | list[ContentPart]:
         """Run the tool on its arguments, validated and converted by its hints (ToolError naming each argument
         at fault otherwise); the result becomes text, or parts when it holds images, see `as_content`. A sync
-        tool runs on a daemon thread of the
-        tool lane: one that hangs past its timeout is abandoned (Python cannot kill a thread) and neither holds
-        a slot nor blocks exit, see `thread_lane`."""
+        tool runs on a daemon thread of the tool lane: one that hangs past its timeout is abandoned (Python
+        cannot kill a thread) and neither holds a slot nor blocks exit, see `thread_lane`."""
         try:
             kwargs = self.arguments.validate_python(arguments)
         except ValidationError as exc:
