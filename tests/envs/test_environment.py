@@ -4,7 +4,7 @@ from typing import ClassVar
 
 import tracegym as tg
 from tracegym.envs.environment import environment_tools
-from tracegym.tasksets.counter_env import PROMPT, CounterEnv, reached_target
+from tracegym.tasksets.counter_env import PROMPT, CounterEnv, reached_target, rules
 from tracegym.testing import ScriptedModel, Stall, reply, tool_call
 
 ROW = {"id": "c", "prompt": PROMPT, "start": 0, "target": 3, "max_step": 5}
@@ -38,7 +38,7 @@ async def test_model_is_offered_exactly_the_environment_tools():
 async def test_reset_text_is_appended_to_the_prompt():
     [trace] = await tg.evaluate(_taskset(), ScriptedModel(["done"]))
     assert trace.prompt_length == 1
-    assert trace.prompt[0].text == f"{PROMPT}\n\n{CounterEnv.rules(0, 3, 5)}"
+    assert trace.prompt[0].text == f"{PROMPT}\n\n{rules(0, 3, 5)}"
 
 
 async def test_each_concurrent_rollout_gets_its_own_instance():

@@ -64,12 +64,13 @@ class Walker:
         return x
 
 
-def test_class_and_static_methods_properties_and_private_methods_are_not_tools():
-    assert [t.name for t in environment_tools(Walker)] == ["step"]
+def test_class_methods_properties_and_private_methods_are_not_tools_but_static_methods_are():
+    """TRL lists tools with `inspect.getmembers(cls, inspect.isfunction)`, which a static method passes."""
+    assert [t.name for t in environment_tools(Walker)] == ["distance", "step"]
 
 
 def test_a_tool_spec_leaves_out_self():
-    [tool] = environment_tools(Walker)
+    [_, tool] = environment_tools(Walker)
     assert tool.spec.parameters["properties"].keys() == {"steps"} and tool.spec.parameters["required"] == ["steps"]
 
 

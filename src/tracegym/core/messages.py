@@ -119,6 +119,6 @@ def assistant(text: str | None = None, tool_calls: list[ToolCall] | None = None)
     return Message(role="assistant", content=text, tool_calls=tool_calls or [])
 
 
-def tool(text: str, tool_call_id: str, name: str | None = None) -> Message:
-    """A tool-result message answering the call `tool_call_id`."""
-    return Message(role="tool", content=text, tool_call_id=tool_call_id, name=name)
+def tool(content: str | list[ContentPart], tool_call_id: str, name: str | None = None) -> Message:
+    """A tool-result message answering the call `tool_call_id` (text, or parts when the tool returned images)."""
+    return Message(role="tool", content=content, tool_call_id=tool_call_id, name=name)

@@ -1,5 +1,6 @@
-"""Registry: finds a taskset by id: built-ins, installed entry points, `package.module:Name`, `file.py:Name`,
-and servers by URL (`openenv:ws://HOST:PORT`)."""
+"""Registry: finds a taskset by id: built-ins, installed entry points, `package.module:Name`, `file.py:Name` (a
+Taskset class, instance or factory, or a TRL environment class or dict of them), and servers by URL
+(`openenv:ws://HOST:PORT`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.environment_options import environment_target
 from tracegym.envs.taskset import Taskset, TasksetConfig
 
 ENTRY_POINT_GROUP = "tracegym.tasksets"
@@ -110,9 +112,10 @@ def _import(target: str, spec: str) -> Any:
     except ModuleNotFoundError as exc:
         raise UsageError(f"taskset {spec!r}: cannot import {module_name!r} ({exc})") from None
     try:
-        return getattr(module, attr)
+        target = getattr(module, attr)
     except AttributeError:
         raise UsageError(f"taskset {spec!r}: {module_name!r} has no {attr!r}") from None
+    return environment_target(target, attr)  # a TRL environment class takes no config: built by a factory
 
 
 def _load_file(path: str) -> Any:

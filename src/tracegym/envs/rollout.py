@@ -24,10 +24,11 @@ from tracegym.core.errors import (
     TraceError,
     TracegymError,
 )
-from tracegym.core.messages import Message, ToolCall, tool, user
+from tracegym.core.messages import ContentPart, Message, ToolCall, tool, user
 from tracegym.core.sampling import Sampling
 from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.envs.scorers import NotApplicable
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
@@ -168,10 +169,10 @@ class Rollout:
             results = await asyncio.gather(*(self.run_tool(c) for c in calls))
         else:
             results = [await self.run_tool(c) for c in calls]
-        for call, text in zip(calls, results, strict=True):
-            self.trace.graph.add(tool(text, tool_call_id=call.id, name=call.name))
+        for call, content in zip(calls, results, strict=True):
+            self.trace.graph.add(tool(content, tool_call_id=call.id, name=call.name))
 
-    async def run_tool(self, call: ToolCall) -> str:
+    async def run_tool(self, call: ToolCall) -> str | list[ContentPart]:
         """One tool call; any failure is returned as the text the model sees, and recorded (rescore replays
         stored calls through this too, so its answers compare with the stored ones)."""
         stage = f"tool:{call.name}"
@@ -275,8 +276,8 @@ async def within(stage: str, aw: Awaitable[T], timeout: float) -> T:
 
 async def score(task: Task, trace: Trace, timeout: float, turn: int | None = None) -> None:
     """Run every reward and metric of `task` on `trace` (in order); one that raises, runs past `timeout` or
-    returns something other than a number is recorded as an error and scored None. Used at the end of a
-    rollout and to re-score stored traces."""
+    returns something other than a number is recorded as an error and scored None; one that raises
+    NotApplicable is not recorded. Used at the end of a rollout and to re-score stored traces."""
     for scorer in task.scorers:
         if scorer.kind == "stop":
             continue
@@ -284,6 +285,8 @@ async def score(task: Task, trace: Trace, timeout: float, turn: int | None = Non
         result: float | None = None
         try:
             result = scorer.number(await within(stage, task.call_scorer(scorer, trace), timeout))
+        except NotApplicable:
+            continue
         except StageTimeout as exc:
             trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=str(exc), turn=turn))
         except Exception as exc:  # task code's failure is this scorer's error; the others still score

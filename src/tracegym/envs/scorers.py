@@ -22,6 +22,11 @@ _MARK = "__tracegym_scorer__"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class NotApplicable(Exception):
+    """Raised by a reward or metric that does not apply to this rollout (TRL's `None`, e.g. a reward of another
+    environment in a multi-environment run): nothing is recorded for it, and the total is over the others."""
+
+
 @dataclass(frozen=True)
 class Scorer:
     """A scoring function with what the rollout loop needs to know about it."""

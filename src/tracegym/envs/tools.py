@@ -3,7 +3,9 @@ its arguments validated and converted by those same hints."""
 
 from __future__ import annotations
 
+import base64
 import inspect
+import io
 import json
 import re
 import typing
@@ -16,6 +18,7 @@ from pydantic_core import to_jsonable_python
 from typing_extensions import TypedDict  # pydantic reads a typing.TypedDict only from Python 3.12
 
 from tracegym.core.errors import ToolError, UsageError
+from tracegym.core.messages import ContentPart, ImagePart, TextPart
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.envs.task_sandbox import sandboxed_source
 from tracegym.envs.thread_lane import TOOLS
@@ -56,17 +59,67 @@ class Tool:
         """The same spec over another callable (a class tool bound to one environment instance)."""
         return Tool(fn, self.spec, self.arguments, self.sandboxed)
 
-    async def call(self, arguments: dict[str, Any]) -> str:
+    async def call(self, arguments: dict[str, Any]) -> str | list[ContentPart]:
         """Run the tool on its arguments, validated and converted by its hints (ToolError naming each argument
-        at fault otherwise); the result becomes text, see `as_text`. A sync tool runs on a daemon thread of the
-        tool lane: one that hangs past its timeout is abandoned (Python cannot kill a thread) and neither holds
-        a slot nor blocks exit, see `thread_lane`."""
+        at fault otherwise); the result becomes text, or parts when it holds images, see `as_content`. A sync
+        tool runs on a daemon thread of the tool lane: one that hangs past its timeout is abandoned (Python
+        cannot kill a thread) and neither holds a slot nor blocks exit, see `thread_lane`."""
         try:
             kwargs = self.arguments.validate_python(arguments)
         except ValidationError as exc:
             problems = "; ".join(_problem(e) for e in exc.errors(include_url=False))
             raise ToolError(f"invalid arguments for tool {self.name!r}: {problems}") from None
-        return as_text(await TOOLS.call(self.fn, **kwargs))
+        return as_content(await TOOLS.call(self.fn, **kwargs))
+
+
+def as_content(result: Any) -> str | list[ContentPart]:
+    """A tool's result as the tool message's content: an image (a PIL image), or a list of content blocks as
+    TRL's multimodal tools return them (`[{"type": "image", "image": img}, {"type": "text", "text": ...}]`),
+    becomes content parts, each image a `data:` URI; anything else becomes text, see `as_text`."""
+    if _is_image(result):
+        return [image_part(result)]
+    if isinstance(result, list) and result and all(_is_block(item) for item in result):
+        return content_parts(result)
+    return as_text(result)
+
+
+def content_parts(blocks: list[Any]) -> list[ContentPart]:
+    """Content blocks (TRL's `{"type": "text" | "image", ...}` dicts, OpenAI's `image_url` ones, parts, images)
+    as content parts."""
+    parts: list[ContentPart] = []
+    for block in blocks:
+        if isinstance(block, TextPart | ImagePart):
+            parts.append(block)
+        elif _is_image(block):
+            parts.append(image_part(block))
+        elif block["type"] == "text":
+            parts.append(TextPart(text=str(block["text"])))
+        elif block["type"] == "image_url":
+            parts.append(ImagePart(image_url=dict(block["image_url"])))
+        else:
+            image = block["image"]
+            parts.append(image_part(image) if _is_image(image) else ImagePart(image_url={"url": str(image)}))
+    return parts
+
+
+def image_part(image: Any) -> ImagePart:
+    """A PIL image as an image part holding it as a PNG `data:` URI (encoded in memory)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return ImagePart(image_url={"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()})
+
+
+def _is_image(value: Any) -> bool:
+    """A PIL image, known by its class's module (PIL is not a dependency, so it is never imported here)."""
+    return type(value).__module__.startswith("PIL.") and callable(getattr(value, "save", None))
+
+
+def _is_block(value: Any) -> bool:
+    if isinstance(value, TextPart | ImagePart) or _is_image(value):
+        return True
+    kind = value.get("type") if isinstance(value, dict) else None
+    return (kind == "text" and "text" in value) or (kind == "image" and "image" in value) or (
+        kind == "image_url" and isinstance(value.get("image_url"), dict))
 
 
 def as_text(result: Any) -> str:

@@ -18,7 +18,7 @@ import itertools
 from pydantic import BaseModel
 
 from tracegym.core.errors import ErrorKind, TraceError
-from tracegym.core.messages import ToolCall
+from tracegym.core.messages import ToolCall, tool
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
@@ -120,7 +120,7 @@ async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | 
     # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
     steps = Rollout(task, NoModel(), Sampling(), timeouts, Trace(task=task.data))
     for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
-        replayed = await steps.run_tool(call)
+        replayed = tool(await steps.run_tool(call), call.id).text  # the text the stored answer is compared on
         if replayed != stored:
             return Divergence(task_key=trace.task_key, rollout_index=trace.rollout_index, call=position,
                               tool=call.name, stored=_short(stored), replayed=_short(replayed))

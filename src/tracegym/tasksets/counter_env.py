@@ -1,9 +1,10 @@
 """Counter env: a TRL `environment_factory`-shaped class (a counter driven by tool methods) run as a taskset.
 
 `CounterEnv` is written exactly as TRL expects, with no tracegym import: a zero-argument constructor, `reset(**row)`
-that returns text appended to the prompt, and public methods `increment`, `decrement` and `get_count` that become
-tools (the private `_check_step` and the staticmethod `rules` do not). A step outside 1..`max_step` raises, and
-the model sees the error as the tool's answer. The reward `reached_target` is TRL-shaped: it reads each
+that returns text appended as is to the prompt (so it opens with its own blank line), and public methods
+`increment`, `decrement` and `get_count` that become tools (the private `_check_step` does not; the rules text is
+a module function, since TRL would offer a public static method as a tool). A step outside 1..`max_step` raises,
+and the model sees the error as the tool's answer. The reward `reached_target` is TRL-shaped: it reads each
 environment's `count` against its `target` (1.0 on the target, else 0.0); the metric `distance` is
 tracegym-shaped and reads the instance at `task.env`. `counter_env(config)` builds the taskset.
 """
@@ -48,7 +49,7 @@ class CounterEnv:
         self.count = int(kwargs.get("start", 0))
         self.target = int(kwargs.get("target", 0))
         self.max_step = int(kwargs.get("max_step", 1))
-        return self.rules(self.count, self.target, self.max_step)
+        return "\n\n" + rules(self.count, self.target, self.max_step)
 
     def increment(self, amount: int) -> str:
         """Add to the counter.
@@ -78,10 +79,10 @@ class CounterEnv:
         if not 1 <= amount <= self.max_step:
             raise ValueError(f"amount must be from 1 to {self.max_step}, got {amount}")
 
-    @staticmethod
-    def rules(start: int, target: int, max_step: int) -> str:
-        """The episode's rules as the model reads them."""
-        return f"The counter starts at {start} and the target is {target}. Each call moves it by 1 to {max_step}."
+
+def rules(start: int, target: int, max_step: int) -> str:
+    """The episode's rules as the model reads them."""
+    return f"The counter starts at {start} and the target is {target}. Each call moves it by 1 to {max_step}."
 
 
 def reached_target(prompts: list[Any], completions: list[Any], environments: list[CounterEnv],
