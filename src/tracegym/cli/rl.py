@@ -1,4 +1,5 @@
-"""`tracegym rl @ config.toml [--resume RUN_DIR] [--dry-run]`: train a model with RL on tracegym environments."""
+"""`tracegym rl @ config.toml [--resume RUN_DIR] [--dry-run] [--cluster slurm]`: train a model with RL on tracegym
+environments (here, or through a Slurm batch script it writes)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.toml_data import toml_ready
+from tracegym.train.cluster import write_sbatch
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
@@ -22,12 +24,17 @@ def run(args: list[str]) -> int:
     config = with_model_paths(config)
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
-    if config.dry_run:
+    if config.dry_run and config.cluster == "local":
         print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
         return 0
     folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
                                                                                        config.run_id)
     folder.write_config(_toml(config))
+    if config.cluster == "slurm":  # nothing runs here: the script does, on the allocation
+        script = write_sbatch(config, folder.path)
+        print(f"tracegym rl: wrote {script} (run folder {folder.path.resolve()}; it must be on storage every node "
+              f"sees); submit it with: sbatch {script}")
+        return 0
     sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
     return launch(config, folder.path)
 
@@ -43,4 +50,4 @@ def resolved(config: RLConfig, run_dir: Path) -> str:
 
 
 def _toml(config: RLConfig) -> dict:
-    return toml_ready(config.model_dump(mode="json", exclude={"dry_run"}))
+    return toml_ready(config.model_dump(mode="json", exclude={"dry_run", "cluster"}))

@@ -8,12 +8,16 @@ budget counts padded tokens (rows x longest row), which is what memory and compu
 
 Left padding puts every row's completion at the right edge, so the trainer asks the model for logits of only
 the last `keep` positions (`logits_to_keep`) instead of the whole sequence times a 49k-word vocabulary.
+
+With several trainer ranks, `balance` first deals the step's samples out so every rank gets about as many tokens
+(what its compute scales with); each rank then packs its share. A rank with fewer micro-batches than the others
+runs `idle` ones (no loss tokens), since every rank must take part in each forward and backward of a sharded model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -38,6 +42,21 @@ def pack(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
     if current:
         batches.append(current)
     return batches
+
+
+def balance(samples: Sequence[Sample], ranks: int) -> list[list[Sample]]:
+    """Deal `samples` out to `ranks` shares of about equal tokens: longest first, each to the share with the fewest
+    tokens so far (ties: the lowest rank). Deterministic, so every rank computes the same split of the same batch;
+    with fewer samples than ranks some shares are empty."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    shares: list[list[Sample]] = [[] for _ in range(ranks)]
+    tokens = [0] * ranks
+    for sample in sorted(samples, key=len, reverse=True):
+        rank = min(range(ranks), key=lambda r: (tokens[r], r))
+        shares[rank].append(sample)
+        tokens[rank] += len(sample)
+    return shares
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,11 @@ class MicroBatch:
         """Columns of the tokens predicted by the kept logits (all but the last)."""
         return slice(self.input_ids.shape[1] - self.keep + 1, None)
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with its tensors on `device`."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "keep"}
+        return MicroBatch(**moved, keep=self.keep)
+
 
 def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
     """Left-pad `samples` into one MicroBatch (loss on a sample's first token is dropped: nothing predicts it)."""
@@ -99,3 +123,8 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         keep=width - first_loss + 1,
     )
+
+
+def idle(pad_id: int = 0) -> MicroBatch:
+    """A micro-batch that carries no loss: what a rank runs while others still have micro-batches to train."""
+    return collate([Sample(token_ids=[pad_id, pad_id], loss_mask=[False, False], logprobs=[0.0, 0.0])], pad_id)

@@ -2,12 +2,16 @@
 trainer), each with its own log in the run folder, and supervises them: if one dies, all are stopped and the
 user is told which one and shown the tail of its log. Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
 stops everything; a launcher killed outright leaves nothing either: each process exits with it.
+
+With `trainer.num_processes` N > 1 the trainer role is started under `torchrun` (torch's `torch.distributed.run`,
+one node, N ranks that find each other on loopback); torchrun stops every rank when one fails or it is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +29,7 @@ from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
 from tracegym.train.rl_config import RLConfig, env_servers
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import LAUNCHER_PID_ENV
 
 STOP_GRACE_S = 20.0
 
@@ -62,11 +67,22 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
                                      "report_policy_version": True})
 
 
-def start_role(name: str, run_dir: Path) -> Role:
+def role_command(name: str, run_dir: Path, processes: int = 1) -> list[str]:
+    """The command of one role: `python -m tracegym.train.roles NAME RUN_DIR`, under torchrun with `processes`
+    ranks on this machine when there are several."""
+    role = ["-m", "tracegym.train.roles", name, str(run_dir)]
+    if processes == 1:
+        return [sys.executable, *role]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *role]
+
+
+def start_role(name: str, run_dir: Path, processes: int = 1) -> Role:
+    """Start one role (`processes` ranks of it under torchrun when several), logging to its log file."""
     log_path = RLFolder(run_dir).log_path(name)
     log = log_path.open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "tracegym.train.roles", name, str(run_dir)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+    proc = subprocess.Popen(role_command(name, run_dir, processes), stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
     return Role(name, proc, log_path, log)
 
 
@@ -81,7 +97,7 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
         envs = start_env_servers(config, run_dir, stack, out)
         folder.rewind()  # both processes go on from the newest checkpoint
         folder.write_endpoints(Endpoints(base_url=server.base_url, base_model=served.name, envs=envs))
-        roles = [start_role("trainer", run_dir), start_role("orchestrator", run_dir)]
+        roles = [start_role("trainer", run_dir, config.trainer.num_processes), start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:
             return supervise(roles, server, out)

@@ -12,10 +12,12 @@ from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import Rename, moved_into
+from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Address
+from tracegym.train.cluster import SlurmConfig
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
@@ -155,6 +157,10 @@ class RLConfig(BaseConfig):
     trainer: TrainerConfig
     dry_run: bool = False
     """Print the resolved config of every process and exit."""
+    cluster: Literal["local", "slurm"] = "local"
+    """`local`: run every process on this machine; `slurm`: write the run folder and the batch script that runs
+    them on a Slurm allocation (`sbatch RUN_DIR/rl.sbatch`), laid out as the `slurm` section says, and exit."""
+    slurm: SlurmConfig = SlurmConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +188,17 @@ def env_servers(config: RLConfig) -> dict[str, EnvChoice]:
             **{env_server_key(e, held_out=True): e for e in orch.eval.envs}}
 
 
+def trainer_ranks(config: RLConfig) -> int:
+    """How many trainer processes the run has: `trainer.num_processes` on each trainer node."""
+    return config.trainer.num_processes * (config.slurm.trainer_nodes if config.cluster == "slurm" else 1)
+
+
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
-    """The validated config and the rename warnings."""
-    return parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)
+    """The validated config and the rename warnings; more trainer ranks than a step has rollouts (some would
+    have nothing to train) is a UsageError naming the flag."""
+    config, warnings = parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)
+    ranks, rollouts = trainer_ranks(config), config.orchestrator.tasks_per_step * config.orchestrator.group_size
+    if ranks > rollouts:
+        raise UsageError(f"--trainer.num-processes: {ranks} trainer ranks, but a step has only {rollouts} rollouts "
+                         f"to share among them (orchestrator.tasks-per-step x group-size); use at most {rollouts}")
+    return config, warnings

@@ -236,10 +236,14 @@ class RLFolder:
     def new_checkpoint(self, step: int) -> Path:
         """The path of an empty `checkpoints/step-N/` (any older one is removed): a checkpoint is written from
         scratch and then `complete`d."""
-        path = self.path / "checkpoints" / step_name(step)
+        path = self.checkpoint_path(step)
         if path.exists():
             shutil.rmtree(path)
         return path
+
+    def checkpoint_path(self, step: int) -> Path:
+        """Where the checkpoint after `step` steps lives (`checkpoints/step-N/`)."""
+        return self.path / "checkpoints" / step_name(step)
 
     def complete(self, checkpoint: Path, version: int) -> None:
         """Mark a fully written checkpoint usable (a kill mid-write leaves none, so a resume skips it)."""

@@ -4,6 +4,9 @@
 `endpoints.json` the launcher wrote (vLLM's URL, the served base model, each env server's address).
 A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log. A role
 whose launcher is gone (killed with -9, it could stop nothing) exits within a second rather than linger.
+
+With `trainer.num_processes > 1` the trainer role runs once per rank under `torchrun`, whose agent is then each
+rank's parent; the launcher passes its own pid down (`LAUNCHER_PID_ENV`) so the ranks still exit with it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,18 @@ from tracegym.train.rl_folder import Endpoints, RLFolder
 
 ORPHANED_EXIT = 3
 """Exit code of a role whose launcher died."""
+LAUNCHER_PID_ENV = "TRACEGYM_LAUNCHER_PID"
+"""Set by the launcher for roles it does not start itself (trainer ranks under torchrun): the pid to exit with."""
+
+
+def load_config(run_dir: Path) -> RLConfig:
+    """The run's resolved config (`tracegym rl` wrote it)."""
+    return RLConfig.model_validate(RLFolder(run_dir).read_config())
 
 
 def load_run(run_dir: Path) -> tuple[RLConfig, RLFolder, Endpoints]:
     folder = RLFolder(run_dir)
-    return RLConfig.model_validate(folder.read_config()), folder, folder.read_endpoints()
+    return load_config(run_dir), folder, folder.read_endpoints()
 
 
 def run_orchestrator(run_dir: Path) -> None:
@@ -36,39 +46,57 @@ def run_orchestrator(run_dir: Path) -> None:
 
 
 def run_trainer(run_dir: Path) -> None:
+    from tracegym.train.data_parallel import join
     from tracegym.train.trainer import build_trainer
     from tracegym.train.trainer_loop import build_trainer_loop
     from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
     config, folder, endpoints = load_run(run_dir)
-    trainer = build_trainer(config.trainer)
-    if config.weight_sync == "merged":
+    dp = join(config.trainer.device)
+    trainer = build_trainer(config.trainer, dp)
+    if config.weight_sync == "merged":  # only rank 0 publishes (TrainerLoop.serve_weights)
         sync: WeightSync = MergedWeightSync(endpoints.base_url, endpoints.base_model, announce=True)
     else:
         sync = WeightSync(endpoints.base_url, adapter_name="policy", announce=True)
-    build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
+    try:
+        build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
+    finally:
+        dp.close()
 
 
 ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}
 
 
 def exit_with_parent(parent: int, every_s: float = 0.5) -> threading.Thread:
-    """Watch, on a daemon thread, that `parent` is still this process's parent; end the process when not.
-    `os._exit`, since the main thread may be deep in a training step: what a resume needs is on disk already
-    (a checkpoint counts only once its DONE marker is written)."""
+    """Watch, on a daemon thread, that `parent` is still this process's parent (or, when it is not our parent
+    but the launcher above torchrun's agent, still alive); end the process when not. `os._exit`, since the main
+    thread may be deep in a training step: what a resume needs is on disk already (a checkpoint counts only once
+    its DONE marker is written)."""
 
     def orphaned() -> None:
         print(f"the launcher (pid {parent}) is gone; exiting", file=sys.stderr, flush=True)
         os._exit(ORPHANED_EXIT)
 
-    return watch_parent(orphaned, every_s, Parent(parent))
+    return watch_parent(orphaned, every_s, Parent(parent) if parent == os.getppid() else Ancestor(parent))
+
+
+class Ancestor(Parent):
+    """Our parent's parent (the launcher above torchrun's agent): it has exited once our parent's parent pid is
+    another, as `Parent` reasons one level up (an agent that itself died re-parents us, which counts too)."""
+
+    def alive(self) -> bool:
+        try:
+            stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+        except OSError:
+            return False
+        return int(stat.rsplit(")", 1)[-1].split()[1]) == self.pid
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ROLES:
         print(f"usage: python -m tracegym.train.roles {{{'|'.join(ROLES)}}} RUN_DIR", file=sys.stderr)
         return 2
-    exit_with_parent(os.getppid())
+    exit_with_parent(int(os.environ.get(LAUNCHER_PID_ENV, os.getppid())))
     try:
         ROLES[argv[0]](Path(argv[1]))
     except TracegymError as exc:

@@ -6,6 +6,11 @@ one AdamW step; the policy version goes up by one. `save_weights(dir)` writes wh
 directory for LoRA, a model directory otherwise); `save(dir)` / `load(dir)` checkpoint everything a resumed
 run needs to continue bit for bit: trainable weights, optimizer, version, RNG and the caller's own state.
 
+Under `torchrun` the trainer is one of several ranks (`data_parallel`): the model is sharded over them, each rank
+trains its token-balanced share of the step's samples, and the summed gradient is the one a single process would
+get on the whole batch. Checkpoints and served weights hold full tensors written by rank 0, so a run saved at one
+world size resumes at any other.
+
 >>> trainer = build_trainer(TrainerConfig(model=str(embedded_model_dir())))  # doctest: +SKIP
 >>> metrics = trainer.step(samples)  # doctest: +SKIP
 >>> trainer.save_weights("outputs/adapters/step_1")  # doctest: +SKIP
@@ -24,12 +29,23 @@ from safetensors.torch import load_file, save_file
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.batching import MicroBatch, collate, pack
+from tracegym.train.batching import MicroBatch, balance, collate, idle, pack
+from tracegym.train.data_parallel import (
+    DataParallel,
+    full,
+    full_optimizer_state,
+    gathered,
+    resolve_device,
+    shard_like,
+    sharded_optimizer_state,
+)
 from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
 STATE_FILE = "trainer.pt"
+LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio")
+"""The per-micro-batch sums a step adds up (over micro-batches, then over ranks, in this order)."""
 
 
 class TrainerConfig(BaseModel):
@@ -69,7 +85,12 @@ class TrainerConfig(BaseModel):
     max_ratio: float = 8.0
     """Tokens whose trainer/sampler probability ratio is above this carry no gradient."""
     num_threads: int | None = None
-    """Torch CPU threads; None leaves torch's default."""
+    """Torch CPU threads (per process); None leaves torch's default."""
+    num_processes: int = Field(default=1, ge=1)
+    """Data-parallel trainer processes on this node (`tracegym rl` starts them under `torchrun`; on a GPU machine
+    one per GPU). Each trains a token-balanced share of every step's samples on an FSDP-sharded model."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: `auto` takes a GPU where torch sees one (each rank its own), else the CPU."""
     seed: int = 0
     """Seeds the adapter's initialisation."""
 
@@ -77,10 +98,13 @@ class TrainerConfig(BaseModel):
 class Trainer:
     """Steps one model with AdamW on the policy-gradient loss; `version` counts the steps taken."""
 
-    def __init__(self, model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0,
+                 dp: DataParallel | None = None) -> None:
+        """`dp`: this process's rank, when `model` is sharded over several (`make_trainer` shards it)."""
         self.model = model
         self.config = config
         self.pad_id = pad_id
+        self.dp = dp or DataParallel()
         self.loss_config = LossConfig(min_ratio=config.min_ratio, max_ratio=config.max_ratio)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -95,24 +119,35 @@ class Trainer:
         return hasattr(self.model, "peft_config")
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One optimizer step on `samples`; returns the step's metrics."""
+        """One optimizer step on `samples` (every rank passes the whole step's samples and trains its share);
+        returns the step's metrics."""
         if not samples:
             raise UsageError("a training step needs at least one sample")
         start = time.perf_counter()
-        batches = [collate(group, self.pad_id) for group in pack(samples, self.config.micro_batch_tokens)]
-        num_tokens = sum(b.num_loss_tokens for b in batches)
+        batches = self._micro_batches(samples)
+        trained = len(batches)
+        batches += [idle(self.pad_id).to(self.dp.device)] * (self.dp.max(trained) - trained)
+        num_tokens = int(self.dp.sum([sum(b.num_loss_tokens for b in batches)])[0])
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        sums = dict.fromkeys(LOSS_SUMS, 0.0)
         for batch in batches:
             loss, stats = self._loss(batch, num_tokens)
             loss.backward()
             for name, value in {"loss": loss.item(), **stats}.items():
-                sums[name] = sums.get(name, 0.0) + value
+                sums[name] += value
+        totals = self.dp.sum([*sums.values(), trained])
         grad_norm = self._clip()
         self.optimizer.step()
         self.version += 1
-        return _metrics(sums, grad_norm, len(samples), len(batches), self.version, time.perf_counter() - start)
+        step_sums = dict(zip(LOSS_SUMS, totals[:-1], strict=True))  # over every rank's micro-batches
+        metrics = _metrics(step_sums, grad_norm, len(samples), int(totals[-1]), self.version, time.perf_counter() - start)
+        return {**metrics, "ranks": float(self.dp.world)}
+
+    def _micro_batches(self, samples: Sequence[Sample]) -> list[MicroBatch]:
+        """This rank's micro-batches: its token-balanced share of `samples`, packed by the token budget."""
+        share = balance(samples, self.dp.world)[self.dp.rank]
+        return [collate(group, self.pad_id).to(self.dp.device) for group in pack(share, self.config.micro_batch_tokens)]
 
     def _loss(self, batch: MicroBatch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = self._logprobs(batch)
@@ -131,7 +166,7 @@ class Trainer:
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""
         limit = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(self.params, limit))
+        return float(full(torch.nn.utils.clip_grad_norm_(self.params, limit)))
 
     @torch.no_grad()
     def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
@@ -139,8 +174,8 @@ class Trainer:
         self.model.eval()
         out: list[list[float]] = [[] for _ in samples]
         order = {id(s): i for i, s in enumerate(samples)}
-        for group in pack(samples, self.config.micro_batch_tokens):
-            batch = collate(group, self.pad_id)
+        for group in pack(samples, self.config.micro_batch_tokens):  # every rank runs all: the forwards are collective
+            batch = collate(group, self.pad_id).to(self.dp.device)
             values = torch.zeros_like(batch.sampler_logprobs)
             values[:, batch.targets] = self._logprobs(batch)
             values[~batch.loss_mask] = 0.0
@@ -150,10 +185,15 @@ class Trainer:
 
     # --- weights and checkpoints -------------------------------------------------------------------------
     def save_weights(self, path: str | Path) -> Path:
-        """Write what vLLM serves: the adapter directory (LoRA) or the model directory (full weights)."""
+        """Write what vLLM serves: the adapter directory (LoRA) or the model directory (full weights). With several
+        ranks every rank calls it (the weights are gathered) and rank 0 writes."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        with gathered(self.model):
+            if self.dp.main:
+                path.mkdir(parents=True, exist_ok=True)
+                # a sharded model's state_dict() holds shards even while gathered: hand over the whole parameters
+                whole = {"state_dict": dict(self.model.named_parameters())} if self.dp.world > 1 else {}
+                self.model.save_pretrained(path, **whole)
         return path
 
     def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -161,25 +201,30 @@ class Trainer:
         that reloads its base weights in place. Each LoRA delta is added to a copy, so the base weights stay
         bit-identical (peft's merge then unmerge would round them a little every step)."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        with torch.no_grad():
-            layers = _lora_layers(self.model) if self.is_lora else {}
-            weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous()
-                       for n, p in self.model.named_parameters() if "lora_" not in n}
-        tmp = path / "model.safetensors.tmp"
-        save_file(weights, str(tmp))
-        tmp.replace(path / "model.safetensors")
+        with torch.no_grad(), gathered(self.model):
+            if self.dp.main:
+                path.mkdir(parents=True, exist_ok=True)
+                layers = _lora_layers(self.model) if self.is_lora else {}
+                weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous().cpu()
+                           for n, p in self.model.named_parameters() if "lora_" not in n}
+                tmp = path / "model.safetensors.tmp"
+                save_file(weights, str(tmp))
+                tmp.replace(path / "model.safetensors")
         return path
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state)."""
+        """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state), as full
+        tensors whatever the world size. With several ranks every rank calls it and rank 0 writes."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        trainable = {n: p.detach().contiguous() for n, p in self.model.named_parameters() if p.requires_grad}
-        save_file(trainable, str(path / WEIGHTS_FILE))
-        state = {"version": self.version, "optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state(),
-                 "config": self.config.model_dump(mode="json"), "extra": extra_state or {}}
-        torch.save(state, path / STATE_FILE)
+        trainable = {n: full(p.detach()).contiguous().cpu() for n, p in self.model.named_parameters()
+                     if p.requires_grad}
+        optimizer = full_optimizer_state(self.optimizer.state_dict())
+        if self.dp.main:
+            path.mkdir(parents=True, exist_ok=True)
+            save_file(trainable, str(path / WEIGHTS_FILE))
+            state = {"version": self.version, "optimizer": optimizer, "rng": torch.get_rng_state(),
+                     "config": self.config.model_dump(mode="json"), "extra": extra_state or {}}
+            torch.save(state, path / STATE_FILE)
         if self.is_lora:
             self.save_weights(path / "adapter")
         return path
@@ -196,9 +241,9 @@ class Trainer:
             raise UsageError(f"checkpoint {path} does not match the model (missing {missing[:3]} ...)")
         with torch.no_grad():
             for name, value in weights.items():
-                params[name].copy_(value)
+                params[name].copy_(shard_like(value, params[name]))
         state = torch.load(path / STATE_FILE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(sharded_optimizer_state(state["optimizer"], self.params))
         torch.set_rng_state(state["rng"])
         self.version = int(state["version"])
         return dict(state["extra"])
@@ -265,8 +310,8 @@ def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module
     return get_peft_model(model, lora)
 
 
-def build_trainer(config: TrainerConfig) -> Trainer:
-    """Load `config.model` in float32 (with a LoRA adapter unless `lora` is off) and build its Trainer."""
+def build_trainer(config: TrainerConfig, dp: DataParallel | None = None) -> Trainer:
+    """Load `config.model` in float32 and make its Trainer (`make_trainer`) on `dp`'s rank (default: alone)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if config.num_threads:
@@ -277,11 +322,19 @@ def build_trainer(config: TrainerConfig) -> Trainer:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
     except OSError as exc:
         raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return make_trainer(model, config, pad_id, dp or DataParallel(device=resolve_device(config.device)))
+
+
+def make_trainer(model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0,
+                 dp: DataParallel | None = None) -> Trainer:
+    """The Trainer of a loaded float32 `model`: gradient checkpointing and a LoRA adapter as `config` says, on
+    `dp`'s device and sharded over its ranks (every rank passes the same model, e.g. loaded with the same seed)."""
+    dp = dp or DataParallel()
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora:
         model = apply_lora(model, config)
         if config.gradient_checkpointing:
             model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Trainer(model, config, pad_id=pad_id)
+    return Trainer(dp.shard(model), config, pad_id=pad_id, dp=dp)

@@ -51,17 +51,25 @@ class TrainerLoop:
         trained = time.perf_counter()
         self.serve_weights()
         synced = time.perf_counter()
-        self.folder.trainer_metrics.append({"step": step, **metrics, "train_s": trained - started,
-                                            "weight_sync_s": synced - trained,
-                                            "generation_s": batch.meta.get("generation_s")})
+        if self.main:
+            self.folder.trainer_metrics.append({"step": step, **metrics, "train_s": trained - started,
+                                                "weight_sync_s": synced - trained,
+                                                "generation_s": batch.meta.get("generation_s")})
         if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
             self.checkpoint(step + 1, batch.state)
 
+    @property
+    def main(self) -> bool:
+        """Rank 0 (or the only process): the one that writes what others read and publishes weights."""
+        return self.trainer.dp.main
+
     def serve_weights(self) -> None:
-        """Hand the trainer's weights to vLLM and record the policy version it now serves."""
+        """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
+        the weights; rank 0 writes and publishes them)."""
         folder = self.folder.weights(self.merged)
         path = self.trainer.save_merged(folder) if self.merged else self.trainer.save_weights(folder)
-        self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))
+        if self.main:
+            self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))
 
     def resume(self) -> int:
         """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
@@ -75,9 +83,10 @@ class TrainerLoop:
     def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
         (what each resumes from), then marked complete."""
-        path = self.folder.new_checkpoint(step)
+        path = self.folder.new_checkpoint(step) if self.main else self.folder.checkpoint_path(step)
         self.trainer.save(path, {ORCHESTRATOR_STATE: orchestrator})
-        self.folder.complete(path, self.trainer.version)
+        if self.main:
+            self.folder.complete(path, self.trainer.version)
         return path
 
 

@@ -1,0 +1,181 @@
+"""Data parallelism: the trainer's ranks (one process, or several started by `torchrun`), the model sharded across
+them with FSDP2 (`torch.distributed.fsdp.fully_shard`), and the few collectives a training step needs.
+
+One process is the world of size 1: nothing is sharded and every collective returns its input, so the trainer
+runs the same code either way. Several processes join one process group (`gloo` on CPU, `nccl` on GPU, chosen by
+what this machine has); each decoder block and then the whole model are sharded (FSDP2 runs on CPU with gloo in
+this torch, so FSDP1's flat parameters, which mix badly with LoRA's frozen weights, are not needed). Gradients are
+summed across ranks, not averaged: the loss is already divided by the whole step's loss tokens.
+
+Checkpoints and served weights hold full tensors: `full` gathers a sharded one (every rank must call it, in the
+same order), `shard_like` cuts a full one down to what this rank holds, so a checkpoint saved at any world size
+loads at any other.
+
+>>> dp = join()  # under torchrun: this rank of WORLD_SIZE; otherwise the world of one  # doctest: +SKIP
+>>> model = dp.shard(model)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
+"""How long a rank waits in a collective for the others: longer than the trainer waits for a batch (an hour),
+so a slow orchestrator is never mistaken for a dead rank; a rank that dies ends the others through torchrun."""
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place among the trainer's ranks (rank 0 of 1 when it trains alone)."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    """Where this rank's model and micro-batches live (`cuda:LOCAL_RANK` on a GPU machine)."""
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes metrics, checkpoints and served weights, and publishes them."""
+        return self.rank == 0
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """`values` summed over every rank (each rank passes as many, in the same order)."""
+        if self.world == 1:
+            return [float(v) for v in values]
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def max(self, value: int) -> int:
+        """The largest `value` any rank passed."""
+        if self.world == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def barrier(self) -> None:
+        """Wait until every rank got here."""
+        if self.world > 1:
+            dist.barrier()
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` on this rank's device, sharded over the ranks (each block the model names as unsplittable,
+        then the rest), with gradients summed rather than averaged; the model itself when training alone."""
+        model = model.to(self.device)
+        if self.world == 1:
+            return model
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        blocks = set(_unsplittable(model))
+        for module in [m for m in model.modules() if type(m).__name__ in blocks]:
+            fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+        return model
+
+    def close(self) -> None:
+        """Leave the process group once every rank is done (a rank that left while rank 0 still wrote its last
+        files could take the group's connections down under it)."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def join(device: str = "auto") -> DataParallel:
+    """This process's rank: under `torchrun` (WORLD_SIZE > 1) it joins the process group (`nccl` where this
+    rank has a GPU, else `gloo`); otherwise it trains alone. `device`: `cpu`, `cuda`, or `auto` (a GPU if any)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    target = resolve_device(device, local_rank)
+    if target.type == "cuda":
+        torch.cuda.set_device(target)
+    if world == 1:
+        return DataParallel(device=target)
+    backend = "nccl" if target.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT, device_id=target if backend == "nccl" else None)
+    return DataParallel(rank=dist.get_rank(), world=dist.get_world_size(), device=target)
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """`auto`: this rank's GPU where torch sees one, else the CPU; `cuda`: this rank's GPU (an error without one)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but torch sees no GPU")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device(device)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole of a sharded tensor (a collective: every rank calls it); any other tensor as it is."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def shard_like(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A full tensor cut down to this rank's share of `like` (a sharded parameter; every rank holds `value`, so
+    nothing is sent); `value` itself when `like` is not sharded."""
+    if not isinstance(like, DTensor):
+        return value.to(like.device)
+    return distribute_tensor(value.to(like.device_mesh.device_type), like.device_mesh, like.placements,
+                             src_data_rank=None)
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Inside: the model's parameters are whole on every rank (plain tensors, as if it were not sharded), e.g. to
+    merge or save them; afterwards sharded again. A collective: every rank enters it. Writes to the whole
+    parameters are not kept (load through `shard_like`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in modules:
+        module.unshard()
+    try:
+        yield model
+    finally:
+        for module in modules:
+            module.reshard()
+
+
+def full_optimizer_state(state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer's `state_dict()` with every sharded tensor gathered whole (a collective)."""
+    return {**state, "state": {index: {key: full(value) if isinstance(value, torch.Tensor) else value
+                                       for key, value in entries.items()}
+                               for index, entries in sorted(state["state"].items())}}
+
+
+def sharded_optimizer_state(state: dict[str, Any], params: Sequence[torch.Tensor]) -> dict[str, Any]:
+    """A full optimizer state dict cut down to this rank's shards of `params` (in the optimizer's order)."""
+    def local(value: Any, param: torch.Tensor) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == param.shape:
+            return shard_like(value, param)
+        return value
+
+    return {**state, "state": {index: {key: local(value, params[int(index)]) for key, value in entries.items()}
+                               for index, entries in state["state"].items()}}
+
+
+def _unsplittable(model: torch.nn.Module) -> list[str]:
+    """Class names of the blocks a transformers model says must stay whole (`_no_split_modules`: its decoder
+    layers), found through peft's wrapper too; FSDP shards each such block as one unit."""
+    for module in model.modules():
+        names = getattr(module, "_no_split_modules", None)
+        if names:
+            return list(names)
+    return []

@@ -1,0 +1,88 @@
+"""The Slurm batch script of an RL run: what it is for a fixture config, and what it starts on which node when
+run on a simulated allocation (stand-ins for `scontrol`, `srun`, `python` and `tracegym` that record their calls)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tracegym.core.errors import UsageError
+from tracegym.train.cluster import check_resolves, sbatch_script, write_sbatch
+from tracegym.train.rl_config import parse_rl_args
+
+SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rl" / "reverse_text.toml"
+FIXTURE = Path(__file__).with_name("data") / "slurm_reverse_text.sbatch"
+LAYOUT = ["--cluster", "slurm", "--trainer.num-processes", "4", "--slurm.trainer-nodes", "2",
+          "--slurm.env-nodes", "1", "--slurm.partition", "gpu", "--slurm.time", "04:00:00",
+          "--slurm.project-dir", "/shared/tracegym"]
+
+
+def config(*args: str):
+    return parse_rl_args(["@", str(SHIPPED), *LAYOUT, *args])[0]
+
+
+def test_the_script_for_the_shipped_config_matches_the_fixture():
+    script = sbatch_script(config(), Path("/shared/runs/reverse-text"))
+    if os.environ.get("TRACEGYM_UPDATE_FIXTURES"):
+        FIXTURE.write_text(script)
+    assert script == FIXTURE.read_text()
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_more_ranks_than_rollouts_per_step_names_the_flag():
+    with pytest.raises(UsageError, match=r"--trainer.num-processes: 64 trainer ranks.*only 32 rollouts"):
+        config("--trainer.num-processes", "32")
+
+
+def test_a_node_that_does_not_resolve_is_named():
+    with pytest.raises(UsageError, match=r"node 'no-such-node\.invalid'"):
+        check_resolves("http://no-such-node.invalid:8000/v1")
+
+
+FAKES = {
+    "scontrol": 'printf "%s\\n" $SIM_NODES',
+    "srun": """while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done
+for pid in "${pids[@]}"; do wait "$pid"; done""",
+    # servers run until the script stops them; everything else records its call and ends at once
+    "python": """echo "node=$SLURM_PROCID python $*" >> "$SIM_LOG"
+case "$*" in *"cluster vllm"*) exec sleep 60;; esac""",
+    "tracegym": """echo "node=$SLURM_PROCID tracegym $*" >> "$SIM_LOG"
+exec sleep 60""",
+}
+
+
+def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKES.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = write_sbatch(config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path)), run_dir)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": "gpu1 cpu1 gpu2 gpu3",
+           "SIM_LOG": str(log), "SLURM_JOB_NODELIST": "sim[1-4]", "SLURM_JOB_NUM_NODES": "4",
+           "SLURM_JOB_ID": "77"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = sorted(log.read_text().splitlines())
+    run = str(run_dir.resolve())
+    torchrun = ("python -m torch.distributed.run --nnodes=2 --node-rank={} --nproc-per-node=4 --master-addr=gpu2 "
+                f"--master-port=29500 -m tracegym.train.roles trainer {run}")
+    assert calls == sorted([
+        f"node=0 python -m tracegym.train.cluster vllm {run} 8000 0",
+        "node=1 tracegym serve --taskset.id reverse-text --taskset-json {\"seed\": 0} "
+        f"--log-dir {run}/logs/env-reverse-text --address tcp://0.0.0.0:5555",
+        "node=1 tracegym serve --taskset.id reverse-text --taskset-json {\"seed\": 12345} "
+        f"--log-dir {run}/logs/env-eval-reverse-text --address tcp://0.0.0.0:5556",
+        f"node=2 python -m tracegym.train.cluster endpoints {run} --vllm http://gpu1:8000/v1 "
+        "--env reverse-text=tcp://cpu1:5555 --env eval:reverse-text=tcp://cpu1:5556",
+        f"node=2 python -m tracegym.train.roles orchestrator {run}",
+        "node=2 " + torchrun.format(0),
+        "node=3 " + torchrun.format(1),
+    ])
+    assert (run_dir / "slurm" / "done-77").exists()
