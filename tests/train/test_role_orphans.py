@@ -31,3 +31,39 @@ def test_a_role_exits_soon_after_its_launcher_is_killed():
     while process_alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not process_alive(child)
+
+
+RANK = """
+import os, time
+from tracegym.train.roles import LAUNCHER_PID_ENV, exit_with_parent
+exit_with_parent(int(os.environ[LAUNCHER_PID_ENV]), every_s=0.1)
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+AGENT = f"""
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {RANK!r}], stdout=sys.stdout)
+time.sleep(60)
+"""
+LAUNCHER = f"""
+import os, subprocess, sys, time
+from tracegym.train.roles import LAUNCHER_PID_ENV
+subprocess.Popen([sys.executable, "-c", {AGENT!r}], stdout=sys.stdout,
+                 env={{**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}})
+time.sleep(60)
+"""
+
+
+def test_a_trainer_rank_under_torchrun_exits_soon_after_the_launcher_is_killed():
+    """torchrun's agent (standing in here: a process that outlives the launcher) is the rank's parent; the rank
+    watches the launcher above it."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
+    rank = int(launcher.stdout.readline())
+    time.sleep(0.5)
+    assert process_alive(rank)  # the launcher is alive: the rank stays
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while process_alive(rank) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not process_alive(rank)
