@@ -25,12 +25,17 @@ def test_a_role_exits_soon_after_its_launcher_is_killed():
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     assert process_alive(child)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
+    assert_exits_once_killed(parent, child)
+
+
+def assert_exits_once_killed(launcher: subprocess.Popen, role: int) -> None:
+    """Kill `launcher` with -9; `role` must be gone within 10 s."""
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
     deadline = time.monotonic() + 10
-    while process_alive(child) and time.monotonic() < deadline:
+    while process_alive(role) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not process_alive(child)
+    assert not process_alive(role)
 
 
 RANK = """
@@ -61,9 +66,4 @@ def test_a_trainer_rank_under_torchrun_exits_soon_after_the_launcher_is_killed()
     rank = int(launcher.stdout.readline())
     time.sleep(0.5)
     assert process_alive(rank)  # the launcher is alive: the rank stays
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
-    deadline = time.monotonic() + 10
-    while process_alive(rank) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not process_alive(rank)
+    assert_exits_once_killed(launcher, rank)
