@@ -86,3 +86,8 @@ def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
         "node=3 " + torchrun.format(1),
     ])
     assert (run_dir / "slurm" / "done-77").exists()
+
+
+def test_several_inference_nodes_are_refused_by_name(tmp_path):
+    with pytest.raises(UsageError, match=r"--slurm\.inference-nodes"):
+        write_sbatch(config("--slurm.inference-nodes", "2"), tmp_path)

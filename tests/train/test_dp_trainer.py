@@ -77,6 +77,8 @@ def test_two_ranks_make_the_same_update_as_one_process(lora_runs):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
         assert a["tokens"] == b["tokens"] and b["ranks"] == 2
+    adapters = [load_file(str(f.checkpoint_path(2) / "adapter" / "adapter_model.safetensors")) for f in lora_runs]
+    assert max_difference(*adapters) < 1e-5  # the adapter vLLM would load, written by rank 0 from gathered shards
     merged = [load_file(str(f.weights(merged=True) / "model.safetensors")) for f in lora_runs]
     assert max_difference(*(({k: v.float() for k, v in m.items()}) for m in merged)) < 1e-2  # bf16 files
 

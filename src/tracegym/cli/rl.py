@@ -50,4 +50,4 @@ def resolved(config: RLConfig, run_dir: Path) -> str:
 
 
 def _toml(config: RLConfig) -> dict:
-    return toml_ready(config.model_dump(mode="json", exclude={"dry_run", "cluster"}))
+    return toml_ready(config.model_dump(mode="json", exclude={"dry_run"}))

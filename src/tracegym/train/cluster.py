@@ -206,8 +206,13 @@ fi'''
 
 
 def write_sbatch(config: RLConfig, run_dir: Path) -> Path:
-    """Write `rl.sbatch` into the run folder (the caller wrote its config); returns its path."""
+    """Write `rl.sbatch` (and the `logs/` folder its job log goes to) into the run folder, whose config the caller
+    wrote; returns its path."""
+    if config.slurm.inference_nodes != 1:
+        raise UsageError(f"--slurm.inference-nodes: a run reaches one vLLM server for now, got "
+                         f"{config.slurm.inference_nodes}")
     path = run_dir.resolve() / SCRIPT
+    (path.parent / "logs").mkdir(exist_ok=True)  # Slurm opens the job's log there before the script runs
     path.write_text(sbatch_script(config, run_dir.resolve()))
     path.chmod(0o755)
     return path

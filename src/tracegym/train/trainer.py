@@ -141,7 +141,8 @@ class Trainer:
         self.optimizer.step()
         self.version += 1
         step_sums = dict(zip(LOSS_SUMS, totals[:-1], strict=True))  # over every rank's micro-batches
-        metrics = _metrics(step_sums, grad_norm, len(samples), int(totals[-1]), self.version, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        metrics = _metrics(step_sums, grad_norm, len(samples), int(totals[-1]), self.version, seconds)
         return {**metrics, "ranks": float(self.dp.world)}
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[MicroBatch]:
