@@ -1,0 +1,126 @@
+"""Benchmark: trainer step time and peak memory at 1 and 2 data-parallel processes on the same batch.
+
+The batch is one step of the shipped reverse-text config (4 tasks x 8 rollouts = 32 samples of a ~60-token
+prompt and a 48-token completion; random token ids, fixed seed) and the trainer is that config's [trainer]
+section on the embedded SmolLM2-135M (LoRA r=16, bfloat16 compute, 512-token micro-batches), or full weights
+with `--full`. Each setting runs in fresh processes: alone, then under torchrun (`gloo` on CPU, `nccl` on GPU),
+one warm-up step and `--steps` timed ones; the two settings use the same cores (on CPU: `--threads` torch threads
+for the lone process, `--threads / 2` for each rank). Peak memory is each process's max RSS on CPU, and the peak
+CUDA memory allocated by each rank on a GPU.
+
+    python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 2]
+    python benchmarks/trainer_dp.py --device cuda            # on a GPU machine (2 ranks need 2 GPUs); bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import torch
+
+from tracegym.core.sample import Sample
+
+SHIPPED = Path(__file__).resolve().parents[1] / "configs" / "rl" / "reverse_text.toml"
+
+
+def batch(seed: int = 0, samples: int = 32, prompt: int = 60, completion: int = 48) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(samples):
+        p, c = prompt + rng.randint(-8, 8), rng.randint(completion // 2, completion)
+        mask = [False] * p + [True] * c
+        out.append(Sample(token_ids=[rng.randrange(49152) for _ in mask], loss_mask=mask,
+                          logprobs=[-2.0 if m else 0.0 for m in mask], advantage=rng.uniform(-1, 1)))
+    return out
+
+
+def worker(out: Path, args: argparse.Namespace) -> None:
+    """One process: train the same batch `args.steps + 1` times, write its timings and peak memory."""
+    from tracegym.models.embedded import embedded_model_dir
+    from tracegym.train.data_parallel import join
+    from tracegym.train.trainer import TrainerConfig, build_trainer
+
+    section = tomllib.loads(SHIPPED.read_text())["trainer"]
+    config = TrainerConfig(**{**section, "model": args.model or str(embedded_model_dir()), "lora": not args.full,
+                              "num_threads": args.threads_per_process, "device": args.device})
+    dp = join(config.device)
+    trainer = build_trainer(config, dp)
+    samples = batch()
+    times, losses = [], []
+    for _ in range(args.steps + 1):
+        if dp.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = trainer.step(samples)
+        if dp.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        losses.append(metrics["loss"])
+    peak = (torch.cuda.max_memory_allocated(dp.device) if dp.device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    record = {"rank": dp.rank, "world": dp.world, "step_s": times[1:], "loss": losses, "peak_bytes": peak,
+              "device": str(dp.device), "backend": torch.distributed.get_backend() if dp.world > 1 else "none"}
+    (out / f"rank-{dp.rank}.json").write_text(json.dumps(record))
+    dp.close()
+
+
+def measure(processes: int, args: argparse.Namespace) -> list[dict]:
+    """Run the worker as `processes` processes; their records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        threads = max(1, args.threads // processes)
+        me = [__file__, "--worker", tmp, "--steps", str(args.steps), "--device", args.device,
+              "--threads-per-process", str(threads), *(["--full"] if args.full else []),
+              *(["--model", args.model] if args.model else [])]
+        command = [sys.executable, *me] if processes == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *me]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        subprocess.run(command, check=True, env=env)
+        return [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--full", action="store_true", help="train every weight instead of a LoRA adapter")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads shared by the processes")
+    parser.add_argument("--model", default=None, help="a model directory (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--threads-per-process", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args)
+        return
+    counts = [1, 2] if args.device == "cpu" or torch.cuda.device_count() >= 2 else [1]
+    results = {n: measure(n, args) for n in counts}
+    print(f"trainer step on {args.device}, {'full weights' if args.full else 'LoRA r=16'}, 32 samples, "
+          f"{args.steps} timed steps after one warm-up")
+    print(f"{'processes':>9} {'backend':>7} {'step s (median)':>16} {'peak MiB/process':>17} {'peak MiB total':>15} "
+          f"{'first loss':>11}")
+    rows = {}
+    for n, records in results.items():
+        step = statistics.median(max(r["step_s"][i] for r in records) for i in range(args.steps))
+        peaks = [r["peak_bytes"] / 2**20 for r in records]
+        rows[n] = (step, max(peaks), sum(peaks))
+        print(f"{n:>9} {records[0]['backend']:>7} {step:>16.2f} {max(peaks):>17.0f} {sum(peaks):>15.0f} "
+              f"{records[0]['loss'][0]:>11.5f}")
+    if 2 in rows:
+        print(f"2 vs 1 process: step time x{rows[2][0] / rows[1][0]:.2f}, peak memory per process "
+              f"x{rows[2][1] / rows[1][1]:.2f}, in total x{rows[2][2] / rows[1][2]:.2f}")
+    else:
+        print("one GPU: only the 1-process figure (2 ranks need 2 GPUs)")
+
+
+if __name__ == "__main__":
+    main()
