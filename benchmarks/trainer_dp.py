@@ -4,11 +4,13 @@ The batch is one step of the shipped reverse-text config (4 tasks x 8 rollouts =
 prompt and a 48-token completion; random token ids, fixed seed) and the trainer is that config's [trainer]
 section on the embedded SmolLM2-135M (LoRA r=16, bfloat16 compute, 512-token micro-batches), or full weights
 with `--full`. Each setting runs in fresh processes: alone, then under torchrun (`gloo` on CPU, `nccl` on GPU),
-one warm-up step and `--steps` timed ones; the two settings use the same cores (on CPU: `--threads` torch threads
-for the lone process, `--threads / 2` for each rank). Peak memory is each process's max RSS on CPU, and the peak
-CUDA memory allocated by each rank on a GPU.
+one warm-up step and `--steps` timed ones. On CPU every process gets `--threads` torch threads (default 1), so
+2 ranks use twice the cores of one: the ratio is the data-parallel speed-up and its cost in memory (one thread
+per process also keeps OpenMP's spinning threads from collapsing a step on a busy machine). Step time is the
+slowest rank's, median over the timed steps. Peak memory is each process's max RSS on CPU, and the peak CUDA
+memory allocated by each rank on a GPU.
 
-    python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 2]
+    python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 1]
     python benchmarks/trainer_dp.py --device cuda            # on a GPU machine (2 ranks need 2 GPUs); bf16
 """
 
@@ -53,7 +55,7 @@ def worker(out: Path, args: argparse.Namespace) -> None:
 
     section = tomllib.loads(SHIPPED.read_text())["trainer"]
     config = TrainerConfig(**{**section, "model": args.model or str(embedded_model_dir()), "lora": not args.full,
-                              "num_threads": args.threads_per_process, "device": args.device})
+                              "num_threads": args.threads, "device": args.device})
     dp = join(config.device)
     trainer = build_trainer(config, dp)
     samples = batch()
@@ -78,9 +80,9 @@ def worker(out: Path, args: argparse.Namespace) -> None:
 def measure(processes: int, args: argparse.Namespace) -> list[dict]:
     """Run the worker as `processes` processes; their records."""
     with tempfile.TemporaryDirectory() as tmp:
-        threads = max(1, args.threads // processes)
+        threads = args.threads
         me = [__file__, "--worker", tmp, "--steps", str(args.steps), "--device", args.device,
-              "--threads-per-process", str(threads), *(["--full"] if args.full else []),
+              "--threads", str(threads), *(["--full"] if args.full else []),
               *(["--model", args.model] if args.model else [])]
         command = [sys.executable, *me] if processes == 1 else [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *me]
@@ -94,10 +96,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--full", action="store_true", help="train every weight instead of a LoRA adapter")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads shared by the processes")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of each process")
     parser.add_argument("--model", default=None, help="a model directory (default: the embedded SmolLM2-135M)")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--threads-per-process", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker, args)
@@ -105,7 +106,7 @@ def main() -> None:
     counts = [1, 2] if args.device == "cpu" or torch.cuda.device_count() >= 2 else [1]
     results = {n: measure(n, args) for n in counts}
     print(f"trainer step on {args.device}, {'full weights' if args.full else 'LoRA r=16'}, 32 samples, "
-          f"{args.steps} timed steps after one warm-up")
+          f"{args.steps} timed steps after one warm-up, {args.threads} thread(s) per process")
     print(f"{'processes':>9} {'backend':>7} {'step s (median)':>16} {'peak MiB/process':>17} {'peak MiB total':>15} "
           f"{'first loss':>11}")
     rows = {}

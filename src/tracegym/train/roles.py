@@ -58,10 +58,8 @@ def run_trainer(run_dir: Path) -> None:
         sync: WeightSync = MergedWeightSync(endpoints.base_url, endpoints.base_model, announce=True)
     else:
         sync = WeightSync(endpoints.base_url, adapter_name="policy", announce=True)
-    try:
-        build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
-    finally:
-        dp.close()
+    build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
+    dp.close()  # not after a failure: the other ranks may be inside a collective; torchrun ends them
 
 
 ROLES = {"orchestrator": run_orchestrator, "trainer": run_trainer}
