@@ -10,7 +10,7 @@ per process also keeps OpenMP's spinning threads from collapsing a step on a bus
 slowest rank's, median over the timed steps. Peak memory is each process's max RSS on CPU, and the peak CUDA
 memory allocated by each rank on a GPU.
 
-    python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 1]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 1]
     python benchmarks/trainer_dp.py --device cuda            # on a GPU machine (2 ranks need 2 GPUs); bf16
 """
 
@@ -104,21 +104,20 @@ def main() -> None:
         worker(args.worker, args)
         return
     counts = [1, 2] if args.device == "cpu" or torch.cuda.device_count() >= 2 else [1]
-    results = {n: measure(n, args) for n in counts}
     print(f"trainer step on {args.device}, {'full weights' if args.full else 'LoRA r=16'}, 32 samples, "
-          f"{args.steps} timed steps after one warm-up, {args.threads} thread(s) per process")
-    print(f"{'processes':>9} {'backend':>7} {'step s (median)':>16} {'peak MiB/process':>17} {'peak MiB total':>15} "
-          f"{'first loss':>11}")
+          f"{args.steps} timed steps after one warm-up, {args.threads} thread(s) per process", flush=True)
     rows = {}
-    for n, records in results.items():
+    for n in counts:
+        records = measure(n, args)
         step = statistics.median(max(r["step_s"][i] for r in records) for i in range(args.steps))
         peaks = [r["peak_bytes"] / 2**20 for r in records]
         rows[n] = (step, max(peaks), sum(peaks))
-        print(f"{n:>9} {records[0]['backend']:>7} {step:>16.2f} {max(peaks):>17.0f} {sum(peaks):>15.0f} "
-              f"{records[0]['loss'][0]:>11.5f}")
+        print(f"{n} process(es), backend {records[0]['backend']}: step {step:.2f} s (median of the slowest rank), "
+              f"peak {max(peaks):.0f} MiB per process, {sum(peaks):.0f} MiB in all, first loss "
+              f"{records[0]['loss'][0]:.5f}", flush=True)
     if 2 in rows:
         print(f"2 vs 1 process: step time x{rows[2][0] / rows[1][0]:.2f}, peak memory per process "
-              f"x{rows[2][1] / rows[1][1]:.2f}, in total x{rows[2][2] / rows[1][2]:.2f}")
+              f"x{rows[2][1] / rows[1][1]:.2f}, in all x{rows[2][2] / rows[1][2]:.2f}")
     else:
         print("one GPU: only the 1-process figure (2 ranks need 2 GPUs)")
 
