@@ -1,7 +1,8 @@
 """Benchmark: trainer step time and peak memory at 1 and 2 data-parallel processes on the same batch.
 
 The batch is one step of the shipped reverse-text config (4 tasks x 8 rollouts = 32 samples of a ~60-token
-prompt and a 48-token completion; random token ids, fixed seed) and the trainer is that config's [trainer]
+prompt and a 48-token completion; random token ids, fixed seed, the sampler's logprobs set to the trainer's own so
+no token is masked) and the trainer is that config's [trainer]
 section on the embedded SmolLM2-135M (LoRA r=16, bfloat16 compute, 512-token micro-batches), or full weights
 with `--full`. Each setting runs in fresh processes: alone, then under torchrun (`gloo` on CPU, `nccl` on GPU),
 one warm-up step and `--steps` timed ones. On CPU every process gets `--threads` torch threads (default 1), so
@@ -47,6 +48,11 @@ def batch(seed: int = 0, samples: int = 32, prompt: int = 60, completion: int = 
     return out
 
 
+def on_policy(samples: list[Sample], logprobs: list[list[float]]) -> list[Sample]:
+    """The samples as if this policy had sampled them (its own logprobs: importance ratio 1, no token masked)."""
+    return [s.model_copy(update={"logprobs": lp}) for s, lp in zip(samples, logprobs, strict=True)]
+
+
 def worker(out: Path, args: argparse.Namespace) -> None:
     """One process: train the same batch `args.steps + 1` times, write its timings and peak memory."""
     from tracegym.models.embedded import embedded_model_dir
@@ -58,7 +64,7 @@ def worker(out: Path, args: argparse.Namespace) -> None:
                               "num_threads": args.threads, "device": args.device})
     dp = join(config.device)
     trainer = build_trainer(config, dp)
-    samples = batch()
+    samples = on_policy(batch(), trainer.logprobs(batch()))
     times, losses = [], []
     for _ in range(args.steps + 1):
         if dp.device.type == "cuda":
