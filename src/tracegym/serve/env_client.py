@@ -1,5 +1,6 @@
 """Env client: runs rollouts on an env server through the in-process API (`run_rollout`, `run_group`,
-`evaluate_iter`, `evaluate`, each with `envs.evaluate`'s arguments; the model is given as an Endpoint).
+`evaluate_iter`, `evaluate`, each with `envs.evaluate`'s arguments; the model is given as an Endpoint), and
+episodes of a multi-agent taskset the same way (`run_episode`, `evaluate_episodes_iter`, `evaluate_episodes`).
 
 Every request has a timeout. While requests are in flight the client checks the server is alive (a `health`
 ping when it has been quiet for a second); when it stays silent for `liveness_timeout` every pending request
@@ -21,6 +22,7 @@ from typing import Any, Unpack
 import zmq
 import zmq.asyncio
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, InfrastructureError, StageTimeout, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
@@ -31,11 +33,16 @@ from tracegym.envs.evaluate import (
     RolloutOptions,
     as_finished,
     check_options,
+    check_single_agent,
+    failed_episode,
     failed_trace,
+    in_order,
     in_task_order,
+    multi_agent_class,
     plan,
 )
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import Seats, bind, wire_seats
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal, shared_secret
@@ -250,12 +257,7 @@ class EnvClient:
         """The `run` request itself: rollouts of one task (one per rollout index, default [0]); traces in index
         order. A rollout that fails is a trace with errors; a failed request (server gone, worker died too
         often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it."""
-        payload = {"data": data.model_dump(mode="json"), "endpoint": _dump(endpoint),
-                   "rollout_indices": list(rollout_indices or [0]), "infra_retries": infra_retries}
-        if sampling is not None:
-            payload["sampling"] = _dump(sampling)
-        if timeouts is not None:
-            payload["timeouts"] = _dump(timeouts)
+        payload = _payload(data, endpoint, sampling, rollout_indices, timeouts, infra_retries)
         return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
 
     # --- the in-process API, run on the server ------------------------------------------------------------
@@ -263,6 +265,7 @@ class EnvClient:
                           **options: Unpack[RolloutOptions]) -> Trace:
         """As `envs.evaluate.run_rollout`, on the server; a failed request is a failed trace."""
         check_options(options)
+        check_single_agent(taskset)
         await self._check_serves_once(taskset)
         [trace] = await self._traces(taskset.id, data, model, [rollout_index], options)
         return trace
@@ -271,6 +274,7 @@ class EnvClient:
                         **options: Unpack[RolloutOptions]) -> list[Trace]:
         """As `envs.evaluate.run_group`, on the server, in one request; a failed request is a failed trace each."""
         check_options(options)
+        check_single_agent(taskset)
         await self._check_serves_once(taskset)
         return await self._traces(taskset.id, data, model, list(range(rollouts)), options)
 
@@ -281,6 +285,7 @@ class EnvClient:
         (their traces arrive together): fewer, larger messages cost the server path less per rollout."""
         work = plan(taskset, **options)
         endpoint = _endpoint(model)
+        check_single_agent(work.taskset)
         await self._check_serves_once(work.taskset)
 
         async def one(group: list[tuple[TaskData, int]]) -> list[Trace]:
@@ -306,6 +311,60 @@ class EnvClient:
         except Exception as exc:  # the request is the boundary: whatever ended it (server gone, timed out, worker
             # died too often, refused) fails its rollouts only, as data, the way a failed rollout does in process
             return [failed_trace(data, taskset_id, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
+                    for i in indices]
+
+    # --- episodes of a multi-agent taskset, run on the server ----------------------------------------------
+    async def run_episodes(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
+                           episode_indices: list[int] | None = None, seats: Seats | None = None,
+                           timeouts: Timeouts | None = None, infra_retries: int = INFRA_RETRIES,
+                           request_id: str | None = None) -> list[Episode]:
+        """The `run` request for episodes of one task (one per episode index, default [0]), every member
+        playing as `endpoint` unless `seats` binds it to another Endpoint; a failed request raises."""
+        payload = _payload(data, endpoint, sampling, episode_indices, timeouts, infra_retries)
+        payload.update(episodes=True, seats=wire_seats(seats))
+        return [Episode.model_validate(e) for e in await self.request("run", payload, request_id=request_id)]
+
+    async def run_episode(self, taskset: Taskset, data: TaskData, model: Endpoint, *, episode_index: int = 0,
+                          seats: Seats | None = None, **options: Unpack[RolloutOptions]) -> Episode:
+        """As `envs.evaluate.run_episode`, on the server; a failed request is a failed episode."""
+        check_options(options)
+        bind(multi_agent_class(taskset).seats, seats, taskset.id)
+        await self._check_serves_once(taskset)
+        [episode] = await self._episodes(taskset, data, model, [episode_index], seats, options)
+        return episode
+
+    async def evaluate_episodes_iter(self, taskset: str | Taskset, model: Endpoint, *, seats: Seats | None = None,
+                                     **options: Unpack[EvaluateOptions]) -> AsyncIterator[Episode]:
+        """As `envs.evaluate.evaluate_episodes_iter`, on the server; episodes of one task go `per_request` to a
+        request, like rollouts."""
+        work = plan(taskset, **options)
+        bind(multi_agent_class(work.taskset).seats, seats, work.taskset.id)
+        endpoint = _endpoint(model)
+        await self._check_serves_once(work.taskset)
+
+        async def one(group: list[tuple[TaskData, int]]) -> list[Episode]:
+            indices = [index for _, index in group]
+            return await self._episodes(work.taskset, group[0][0], endpoint, indices, seats, work.options)
+
+        groups = same_task_runs(work.pairs, min(self.per_request, work.concurrency))
+        async for episodes in as_finished(groups, one, work.concurrency, size=len):
+            for episode in episodes:
+                yield episode
+
+    async def evaluate_episodes(self, taskset: str | Taskset, model: Endpoint, *, seats: Seats | None = None,
+                                **options: Unpack[EvaluateOptions]) -> list[Episode]:
+        """As `envs.evaluate.evaluate_episodes`, on the server."""
+        return await in_order(self.evaluate_episodes_iter, taskset, model, options, seats=seats)
+
+    async def _episodes(self, taskset: Taskset, data: TaskData, model: Endpoint, indices: list[int],
+                        seats: Seats | None, options: RolloutOptions) -> list[Episode]:
+        """The episodes of one request, a failed episode per index when the request failed."""
+        try:
+            return await self.run_episodes(data, _endpoint(model), episode_indices=indices, seats=seats, **options)
+        except UsageError:
+            raise
+        except Exception as exc:  # the request is the boundary, as for rollouts: its episodes fail as data
+            return [failed_episode(taskset, data, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
                     for i in indices]
 
     async def _check_serves_once(self, taskset: Taskset) -> None:
@@ -344,6 +403,18 @@ def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int) -> Iterator
         run.append(pair)
     if run:
         yield run
+
+
+def _payload(data: TaskData, endpoint: Endpoint, sampling: Sampling | None, indices: list[int] | None,
+             timeouts: Timeouts | None, infra_retries: int) -> dict[str, Any]:
+    """A `run` request's payload (`serve.run_request.RunRequest`'s fields as plain data)."""
+    payload = {"data": data.model_dump(mode="json"), "endpoint": _dump(endpoint),
+               "rollout_indices": list(indices or [0]), "infra_retries": infra_retries}
+    if sampling is not None:
+        payload["sampling"] = _dump(sampling)
+    if timeouts is not None:
+        payload["timeouts"] = _dump(timeouts)
+    return payload
 
 
 def _endpoint(model: object) -> Endpoint:
