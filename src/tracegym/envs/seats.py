@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from tracegym.core.errors import UsageError
 from tracegym.envs.schedule import Member
 from tracegym.models.client import ModelClient
-from tracegym.models.endpoint import Endpoint
+from tracegym.models.endpoint import Endpoint, HttpUrl
 
 
 class Seat(BaseModel):
@@ -59,3 +59,24 @@ def wire_seats(seats: Seats | None) -> dict[str, dict]:
                              f"{type(seat.model).__name__}")
         out[name] = seat.model_dump(mode="json", exclude_none=True)
     return out
+
+
+class SeatChoice(BaseModel):
+    """A seat's binding as a command's options: `--seat.ID.model NAME`, `--seat.ID.base-url URL`,
+    `--seat.ID.trainable`; what it leaves unset is the policy's (a model name alone: another model, e.g. a LoRA
+    adapter, of the policy's own server; its API key is read from the policy's variable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+    model: str | None = None
+    """The model name this seat plays as; unset: the policy's."""
+    base_url: HttpUrl | None = None
+    """The endpoint serving it (e.g. `http://host:8000/v1`); unset: the policy's."""
+    trainable: bool | None = None
+    """Whether its trace trains; unset: only when it plays as the policy."""
+
+    def seat(self, policy: Endpoint) -> Seat:
+        """This choice as a Seat, completed from the policy's endpoint."""
+        changes = {k: v for k, v in (("model", self.model), ("base_url", self.base_url)) if v is not None}
+        if not changes or changes == {"model": policy.model}:
+            return Seat(trainable=self.trainable)
+        return Seat(model=policy.model_copy(update=changes), trainable=self.trainable)

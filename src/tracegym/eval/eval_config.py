@@ -27,6 +27,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.serve.wire import Address
@@ -50,6 +51,9 @@ class EvalConfig(BaseConfig):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     taskset: TasksetSection
     model: ModelChoice = ModelChoice()
+    seat: dict[str, SeatChoice] = Field(default_factory=dict)
+    """Seats of a multi-agent taskset played by another model (its name and base URL, by seat id); the other
+    seats play as the model (self-play)."""
     num_tasks: Annotated[int | None, _short("num_tasks", "n"), Field(gt=0)] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
     rollouts: Annotated[int, _short("rollouts", "r"), Field(gt=0)] = 1
@@ -93,7 +97,7 @@ class EvalConfig(BaseConfig):
         return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
 
 
-RUN_DEFINING = ("taskset", "model.name", "num_tasks", "rollouts", "sampling", "pass_threshold")
+RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold")
 """Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
 
 RENAMES = moved_into("model", MOVED_KEYS)
