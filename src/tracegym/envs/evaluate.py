@@ -96,6 +96,7 @@ async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts:
                     **options: Unpack[RolloutOptions]) -> list[Trace]:
     """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
     check_options(options)
+    check_single_agent(taskset)
     async with live(model) as client:
         return list(await asyncio.gather(
             *(run_rollout(taskset, data, client, rollout_index=i, **options) for i in range(rollouts))))
@@ -105,6 +106,7 @@ async def evaluate_iter(taskset: str | Taskset, model: ModelArg,
                         **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
     """Yield traces as they finish, each task's rollouts in turn; tasks are read lazily."""
     work = plan(taskset, **options)
+    check_single_agent(work.taskset)  # here too: `run` below must not raise
     async with live(model) as client:
         async def one(pair: tuple[TaskData, int]) -> Trace:
             return await run_rollout(work.taskset, pair[0], client, rollout_index=pair[1], **work.options)
