@@ -9,7 +9,8 @@ applied; one failure applies none and ends the episode with its error), bounded 
 quarantine of malformed markup, settling and per-member scoring.
 
 An episode ends when its schedule is exhausted or the game is over (`completed`), a stop fires, `max_turns`
-slots ran, a member's prompt no longer fits (`truncated`), or an error or timeout; only a normal end is scored.
+slots ran, a member's prompt no longer fits (`truncated`; a reply cut by the completion budget is still that
+member's move), or an error or timeout; only a normal end is scored.
 """
 
 from __future__ import annotations
@@ -171,12 +172,12 @@ class EpisodeRun:
     async def _reply(self, rollout: Rollout) -> Message:
         """One model turn of a member, with its tool calls answered (at most `tool_rounds` rounds of them)."""
         malformed: Callable[[Message], bool] = lambda m: public_text(m.text, self.task.private_tag).malformed  # noqa: E731
-        reply = await rollout.model_turn(malformed)
+        reply = await rollout.model_turn(malformed, length_ends=False)
         for _ in range(self.task.tool_rounds):
             if not reply.tool_calls:
                 break
             await rollout.run_tools(reply.tool_calls)
-            reply = await rollout.model_turn(malformed)
+            reply = await rollout.model_turn(malformed, length_ends=False)
         return reply
 
     def _deliver(self, member: str) -> None:

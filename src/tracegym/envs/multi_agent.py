@@ -24,6 +24,9 @@ from tracegym.envs.taskset import Taskset
 from tracegym.envs.taskset_config import ConfigT
 from tracegym.envs.view import PRIVATE_TAG
 
+PAYOFF = {Outcome.WIN: 1.0, Outcome.LOSS: -1.0, Outcome.DRAW: 0.0, Outcome.FORFEIT: -1.0}
+"""A game's reward per outcome (`MultiAgentTask.payoff`)."""
+
 
 class InvalidMove(TaskError):
     """A member's move breaks the rules; the message tells it why, and it is asked again (a bounded number of
@@ -101,6 +104,16 @@ class MultiAgentTask(Task[DataT, ConfigT]):
 
     def act(self, member: str, move: Any) -> None:
         """Apply a committed move to the game (set `over` when it ends the game)."""
+
+    def win(self, winner: str) -> None:
+        """End the game: `winner` wins, the others lose."""
+        self.outcomes = {m: Outcome.WIN if m == winner else Outcome.LOSS for m in self.members}
+        self.over = True
+
+    def payoff(self, member: str | None) -> float:
+        """A zero-sum game's reward for `member`: +1 win, -1 loss or forfeit, 0 draw or an unfinished game."""
+        outcome = self.outcomes.get(str(member))
+        return PAYOFF[outcome] if outcome else 0.0
 
     def forfeit(self, member: str) -> None:
         """`member` ran out of retries: by default it forfeits, the others win, and the game is over."""

@@ -38,7 +38,6 @@ RULES = (
 )
 SEATS = (Member(id="player_0", system_prompt=f"You are player_0. {RULES}"),
          Member(id="player_1", system_prompt=f"You are player_1. {RULES}"))
-PAYOFF = {Outcome.WIN: 1.0, Outcome.LOSS: -1.0, Outcome.DRAW: 0.0, Outcome.FORFEIT: -1.0}
 
 
 class KuhnConfig(TasksetConfig):
@@ -101,20 +100,15 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
         actions = [a for _, a in self.history]
         other = next(m for m in self.members if m != member)
         if move == "fold":
-            self._end(winner=other)
+            self.win(other)
         elif actions in (["check", "check"], ["bet", "call"], ["check", "bet", "call"]):
             cards = self.data.cards
-            self._end(winner=max(self.members, key=lambda m: CARDS.index(cards[m])))
+            self.win(max(self.members, key=lambda m: CARDS.index(cards[m])))
 
-    def _end(self, winner: str) -> None:
-        self.outcomes = {m: Outcome.WIN if m == winner else Outcome.LOSS for m in self.members}
-        self.over = True
-
-    @reward
-    def payoff(self, trace: Trace) -> float:
+    @reward(name="payoff")
+    def reward_payoff(self, trace: Trace) -> float:
         """+1 for a win, -1 for a loss or a forfeit, 0 for an unfinished hand."""
-        outcome = self.outcomes.get(str(trace.member))
-        return PAYOFF[outcome] if outcome else 0.0
+        return self.payoff(trace.member)
 
     @metric
     def chips(self, trace: Trace) -> float:

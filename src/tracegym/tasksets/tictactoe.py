@@ -28,7 +28,6 @@ LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 RULES = ("We play tic-tac-toe on a 3x3 board. Players take turns marking a free cell; three marks in a row, "
          "column or diagonal win. Reply with the number (1-9) of the free cell you mark.")
 MARKS = {"player_x": "X", "player_o": "O"}
-PAYOFF = {Outcome.WIN: 1.0, Outcome.LOSS: -1.0, Outcome.DRAW: 0.0, Outcome.FORFEIT: -1.0}
 
 
 class TicTacToeConfig(TasksetConfig):
@@ -82,17 +81,15 @@ class TicTacToeTask(MultiAgentTask[Opening, TicTacToeConfig]):
         self.board[move] = MARKS[member]
         self.played += 1
         if any(self.board[a] == self.board[b] == self.board[c] == MARKS[member] for a, b, c in LINES):
-            self.outcomes = {m: Outcome.WIN if m == member else Outcome.LOSS for m in self.members}
-            self.over = True
+            self.win(member)
         elif all(self.board):
             self.outcomes = dict.fromkeys(self.members, Outcome.DRAW)
             self.over = True
 
-    @reward
-    def payoff(self, trace: Trace) -> float:
+    @reward(name="payoff")
+    def reward_payoff(self, trace: Trace) -> float:
         """+1 win, -1 loss or forfeit, 0 draw or unfinished."""
-        outcome = self.outcomes.get(str(trace.member))
-        return PAYOFF[outcome] if outcome else 0.0
+        return self.payoff(trace.member)
 
     @metric
     def won(self, trace: Trace) -> float:
