@@ -25,8 +25,9 @@ def test_self_play_kuhn_poker_on_the_embedded_model_through_an_env_server(tmp_pa
     for episode in episodes:
         assert episode.ended_normally, episode.error
         assert set(episode.rewards.values()) <= {-1.0, 1.0, 0.0} and episode.outcomes
-        for member, trace in episode.traces.items():
-            assert trace.member == member and trace.episode_id == episode.id
+        played = [t for t in episode.traces.values() if t.num_turns]  # a forfeit can end a hand before a seat acts
+        assert played and all(t.member in episode.members and t.episode_id == episode.id for t in played)
+        for trace in played:
             assert len(trace.branches) == 1 and validate(trace) == []  # exact tokens, never forked
             [sample] = trace_samples(trace)
             assert sum(sample.loss_mask) > 0
