@@ -3,7 +3,8 @@
 It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
 `token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
 context limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung
-endpoint), and stopping the server cuts it. Given a renderer, it also answers vLLM's
+endpoint), `hung = True` hangs every request, probes included, until set False (a server that stopped
+answering), and stopping the server cuts them; `start()` after `stop()` serves again on the same port. Given a renderer, it also answers vLLM's
 `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
 empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
 renderer's completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept
@@ -55,6 +56,8 @@ class FakeOpenAIServer:
         self.policy_version: int | None = None
         """When set, every reply carries it in vLLM's policy-version header (read when the request arrives, as
         `models.policy_version`'s middleware does); set it mid-test to move the policy on."""
+        self.hung = False
+        """While True, every request (a model call, `/models`, `/health`) waits, unanswered."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -102,7 +105,7 @@ class FakeOpenAIServer:
     def _serve(self, ready: threading.Event) -> None:
         assert self._loop is not None
         asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._unless_hung])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._token_completion)
@@ -117,6 +120,12 @@ class FakeOpenAIServer:
         self._loop.run_forever()
 
     # --- handlers ----------------------------------------------------------------------------------------
+    @web.middleware
+    async def _unless_hung(self, http: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        while self.hung:
+            await asyncio.sleep(0.02)
+        return await handler(http)
+
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")
 
