@@ -70,7 +70,7 @@ async def test_requests_without_a_session_take_turns_between_idle_servers(two):
 
 
 async def test_a_server_killed_mid_run_costs_retries_only_and_is_put_back_when_it_answers_again(two):
-    a, b = two
+    b = two[1]
     async with router_over(two) as router:
         running = asyncio.ensure_future(sessions(router, 8, 4))
         await asyncio.sleep(0.08)  # every session has started, half of them on b
@@ -86,7 +86,7 @@ async def test_a_server_killed_mid_run_costs_retries_only_and_is_put_back_when_i
 
 
 async def test_a_server_that_stops_answering_is_taken_out_by_its_probe_and_its_requests_finish_elsewhere(two):
-    a, b = two
+    b = two[1]
     async with router_over(two, timeout=60.0) as router:
         b.hung = True
         started = time.monotonic()

@@ -45,7 +45,7 @@ def test_a_duplicate_and_a_dead_url_are_left_out_with_a_warning(fakes, caplog):
 
 def test_none_answering_is_refused_naming_each():
     dead = [dead_url(), dead_url()]
-    with pytest.raises(tg.UsageError, match="no server in --model.base-url answers") as caught:
+    with pytest.raises(tg.UsageError, match=r"no server in --model\.base-url answers") as caught:
         reach(ModelChoice(base_url=dead))
     assert all(url in str(caught.value) for url in dead)
 

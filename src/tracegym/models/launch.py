@@ -1,11 +1,11 @@
 """Launch: turns a user's model choice into a live endpoint: an existing URL, or vLLM serving a model we start.
 
-Three choices, checked in this order: `base_url` set -> use that endpoint, or those endpoints (fail fast if
-none answers); `name` names a Hugging Face directory or hub id -> start vLLM on it (`servers` of them); neither ->
-start vLLM on the embedded SmolLM2-135M-Instruct (converted once into the cache). A started server is stopped, with every process it
-spawned, when the context exits. A server that `tracegym inference` runs with the same model and settings is
-reused instead of starting another (it records itself in `server_record_path`). Either way the endpoint is
-asked once whether it serves the model; `ModelChoice.endpoint` maps the choice onto the `Endpoint` a server
+Three choices, checked in this order: `base_url` set -> use that endpoint, or those endpoints (fail fast if none
+answers); `name` names a Hugging Face directory or hub id -> start vLLM on it (`servers` of them); neither -> start
+vLLM on the embedded SmolLM2-135M-Instruct (converted once into the cache). A started server is stopped, with every
+process it spawned, when the context exits. A server that `tracegym inference` runs with the same model and
+settings is reused instead of starting another (it records itself in `server_record_path`). Either way the endpoint
+is asked once whether it serves the model; `ModelChoice.endpoint` maps the choice onto the `Endpoint` a server
 started elsewhere (the RL launcher's) is reached through.
 """
 

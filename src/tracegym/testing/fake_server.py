@@ -1,15 +1,15 @@
 """Fake OpenAI server: a real HTTP server on 127.0.0.1 answering chat completions from a Script.
 
 It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
-`token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
-context limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung
-endpoint), `hung = True` hangs every request, probes included, until set False (a server that stopped
-answering), and stopping the server cuts them; `start()` after `stop()` serves again on the same port. Given a renderer, it also answers vLLM's
-`/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
-empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
-renderer's completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept
-through the stop string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event
-loop in a thread, so sync and async tests can both use it.
+`token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a context
+limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung endpoint),
+`hung = True` hangs every request, probes included, until set False (a server that stopped answering), and stopping
+the server cuts them; `start()` after `stop()` serves again on the same port. Given a renderer, it also answers
+vLLM's `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
+empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the renderer's
+completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept through the stop
+string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event loop in a thread, so sync
+and async tests can both use it.
 """
 
 from __future__ import annotations
