@@ -3,7 +3,8 @@
 Session affinity: every request with the same `ModelRequest.session` (a rollout's turns, an episode's members)
 goes to the server the session started on, so that server's prefix cache holds its prompt; a new session goes to
 the server with the fewest requests in flight (ties broken by a hash of the session, so routers in separate
-worker processes spread their first sessions instead of all picking the first server). A server that gives no
+worker processes spread their first sessions instead of all picking the first server; requests without a session
+take turns). A server that gives no
 usable answer (no reply, a timeout, HTTP 5xx: the transport's `Unavailable`) is taken out, and so is one that
 fails a probe (`GET /models` within `Endpoint.probe_timeout`, asked every `Endpoint.health_every` seconds of a
 server with requests in flight): its requests in flight are cancelled and retried on the others. A server taken
@@ -23,7 +24,6 @@ import asyncio
 import collections
 import contextlib
 import hashlib
-import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +52,8 @@ class Server:
     url: str
     client: ModelClient
     inflight: set[asyncio.Task[ModelResponse]] = field(default_factory=set)
+    sent: int = 0
+    """Requests sent to it (the tie-break for requests without a session: between idle servers, they take turns)."""
     up: bool = True
     out_since: float = 0.0
     """`time.monotonic()` when it was last taken out."""
@@ -97,8 +99,6 @@ class Router:
         self._sleep = sleep
         self._sessions: collections.OrderedDict[str, Server] = collections.OrderedDict()
         self._lost: set[asyncio.Task[ModelResponse]] = set()
-        self._unnamed = itertools.count()
-        """Tie-breaks for requests without a session: consecutive ones go to different servers."""
         self._watcher: asyncio.Task[None] | None = None
 
     @property
@@ -160,8 +160,8 @@ class Router:
             self.stats.new_sessions += counted
         live = [s for s in self.servers if s.up]
         if live:
-            spread = session if session is not None else str(next(self._unnamed))
-            server = min(live, key=lambda s: (len(s.inflight), _spread(spread, s.url)))
+            server = min(live, key=lambda s: (len(s.inflight), s.sent if session is None else 0,
+                                              _spread(session or "", s.url)))
         else:
             server = min(self.servers, key=lambda s: s.out_since)
         if session is not None:
@@ -176,6 +176,7 @@ class Router:
         ServerLost); a cancellation of our own caller stays a cancellation."""
         task = asyncio.ensure_future(server.client.complete(request))
         server.inflight.add(task)
+        server.sent += 1
         try:
             return await task
         except asyncio.CancelledError:
