@@ -75,9 +75,9 @@ class EvalParts:
     rollouts: int = 1
     """Rollouts per task."""
     settings: RolloutSettings = field(default_factory=RolloutSettings)
-    env: LocalEnvServer | str | None = None
-    """Where the rollouts run: an env server started here, one already running at this address, or (None) this
-    process."""
+    env: LocalEnvServer | list[str] | None = None
+    """Where the rollouts run: an env server started here, those already running at these addresses, or (None)
+    this process."""
     pass_threshold: float = 1.0
     """A scored rollout passes (for pass@k) when its reward is at least this."""
     rich: bool = True
@@ -198,7 +198,7 @@ async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: En
             yield trace
         return
     with contextlib.ExitStack() as stack:
-        address = parts.env if isinstance(parts.env, str) else stack.enter_context(
+        address = parts.env if isinstance(parts.env, list) else stack.enter_context(
             local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
                          worker_timeout=parts.env.worker_timeout))
         async with EnvClient(address) as client:

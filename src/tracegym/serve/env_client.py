@@ -22,7 +22,7 @@ import socket
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, Unpack
 
-from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -141,14 +141,16 @@ class EnvClient:
         """A UsageError unless every server runs `taskset` with the same resolved config: tasks made here from
         one config and run there under another would be scored against the wrong rules, silently. Of several
         servers, one that does not answer is left out of new requests (with a warning) until its link is back;
-        none answering raises the first one's failure."""
+        none answering is an InfrastructureError naming each."""
         outcomes = await asyncio.gather(*(self._check_host(h, taskset) for h in self.hosts), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, UsageError | asyncio.CancelledError):
                 raise outcome
         failed = [(h, o) for h, o in zip(self.hosts, outcomes, strict=True) if isinstance(o, BaseException)]
-        if len(failed) == len(self.hosts):
+        if len(failed) == len(self.hosts) == 1:
             raise failed[0][1]
+        if len(failed) == len(self.hosts):
+            raise InfrastructureError("no env server answers: " + "; ".join(f"{h.address}: {o}" for h, o in failed))
         for host, failure in failed:
             host.up = False
             log.warning("env server at %s left out for now: %s", host.address, failure)

@@ -94,20 +94,21 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
                 role.stop()
 
 
-def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack, out: IO[str]) -> dict[str, str]:
-    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server
-    running there instead (after checking that it serves what the config says)."""
+def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack,
+                      out: IO[str]) -> dict[str, list[str]]:
+    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server(s)
+    running there instead (after checking that they serve what the config says)."""
     addresses = {}
     for key, env in env_servers(config).items():
         if env.address is not None:
             asyncio.run(check_env_server(env.address, load_taskset(env.id, env.options)))
             addresses[key] = env.address
-            say(out, f"env server {key}: {env.address} (running elsewhere)")
+            say(out, f"env server {key}: {', '.join(env.address)} (running elsewhere)")
             continue
         log_dir = RLFolder(run_dir).env_log_dir(key)
-        addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
-                                                          worker_timeout=env.worker_timeout))
-        say(out, f"env server {key}: {addresses[key]}")
+        addresses[key] = [stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
+                                                           worker_timeout=env.worker_timeout))]
+        say(out, f"env server {key}: {addresses[key][0]}")
     return addresses
 
 

@@ -26,15 +26,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
+from tracegym.serve.wire import listed
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
@@ -64,8 +65,8 @@ class Endpoints(BaseModel):
     publish reaches every one."""
     base_model: str
     """The name vLLM serves the base model under (policy version 0)."""
-    envs: dict[str, str]
-    """Env server address by name (`env_servers` in rl_config)."""
+    envs: dict[str, Annotated[list[str], BeforeValidator(listed)]]
+    """Env server addresses by name (`env_servers` in rl_config): one each, or several serving one environment."""
 
 
 @dataclass(frozen=True)
