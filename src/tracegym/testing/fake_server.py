@@ -39,7 +39,7 @@ class FakeOpenAIServer:
                  *, model: str = "fake-model", latency: float = 0.0, fail_first: int = 0, fail_status: int = 503,
                  context_length: int | None = None, token_fields: bool = True, port: int = 0,
                  renderer: Renderer | None = None,
-                 completion_ids: Callable[[Message], list[int]] | None = None) -> None:
+                 completion_ids: Callable[[Message], list[int]] | None = None, host: str = "127.0.0.1") -> None:
         self.script = Script(script, rule)
         self.model = model
         self.latency = latency
@@ -49,6 +49,8 @@ class FakeOpenAIServer:
         self.token_fields = token_fields
         """False: behave like a non-vLLM endpoint and reject `return_token_ids` with HTTP 400."""
         self.port = port
+        self.host = host
+        """The interface it listens on (loopback unless a test gives its own, e.g. one reachable from a netns)."""
         self.renderer = renderer
         """Answers token-prompt `/v1/completions` when set."""
         self.completion_ids = completion_ids
@@ -66,7 +68,7 @@ class FakeOpenAIServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> FakeOpenAIServer:
@@ -113,7 +115,7 @@ class FakeOpenAIServer:
         # A request still stalled at stop is cut after a moment rather than awaited (aiohttp's default: 60 s).
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         self._loop.run_until_complete(site.start())
         self.port = self._runner.addresses[0][1]
         ready.set()
