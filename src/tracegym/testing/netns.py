@@ -14,8 +14,10 @@ the namespaces, the veth pairs, the namespaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 
 SUBNET = "10.213"
@@ -88,10 +90,8 @@ class NetnsHosts:
         for i in range(self.count):
             pids = subprocess.run(["ip", "netns", "pids", self.name(i)], capture_output=True, text=True).stdout
             for pid in pids.split():
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
             _ip("link", "del", self._link(i), check=False)
             _ip("netns", "del", self.name(i), check=False)
 
