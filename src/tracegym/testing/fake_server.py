@@ -126,7 +126,10 @@ class FakeOpenAIServer:
     async def _unless_hung(self, http: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
         while self.hung:
             await asyncio.sleep(0.02)
-        return await handler(http)
+        response = await handler(http)
+        while self.hung:  # a reply made before the hang is held too: in flight, it goes unanswered
+            await asyncio.sleep(0.02)
+        return response
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")

@@ -3,10 +3,10 @@ several hosts (root and iproute2 needed; `available()` says whether they can be 
 
 Host i is a namespace joined to this one by a veth pair on a /30 of its own inside 10.213.N.0/24 (N picked from the
 process id, moved on while another run holds it): this side is `gateway`, the host's side `address`, and the host
-routes everything through its gateway, so a server here bound to host 0's gateway is reachable from every host.
-No other address is ever made or touched. `cut(i)` takes host i off the network (its link down: no FIN reaches
-anyone, as when a machine loses power). Everything is removed on exit, even on failure: the processes started in
-the namespaces, the veth pairs, the namespaces.
+routes everything through its gateway, so a server here bound to host 0's gateway is reachable from every host. No
+other address is ever made or touched. `cut(i)` takes host i off the network (its link down: no FIN reaches anyone,
+as when a machine loses power); `kill(i)` kills every process on it instead. Everything is removed on exit, even on
+failure: the processes started in the namespaces, the veth pairs, the namespaces.
 
 >>> with NetnsHosts(3) as hosts:  # doctest: +SKIP
 ...     with local_server("echo", address=f"tcp://{hosts.address(0)}:5555", under=hosts.run_in(0)) as address: ...
@@ -59,6 +59,14 @@ class NetnsHosts:
         """Take host i off the network: its link goes down on this side, so nothing it sends arrives (no FIN)."""
         _ip("link", "set", self._link(i), "down")
 
+    def kill(self, i: int) -> None:
+        """SIGKILL every process on host i (its network stays: the kernel closes their connections, as when a
+        machine's processes crash)."""
+        pids = subprocess.run(["ip", "netns", "pids", self.name(i)], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+
     def __enter__(self) -> NetnsHosts:
         try:
             for i in range(self.count):
@@ -88,10 +96,7 @@ class NetnsHosts:
         """Kill what runs in the namespaces, then remove the links and the namespaces (each step tolerates what is
         already gone)."""
         for i in range(self.count):
-            pids = subprocess.run(["ip", "netns", "pids", self.name(i)], capture_output=True, text=True).stdout
-            for pid in pids.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            self.kill(i)
             _ip("link", "del", self._link(i), check=False)
             _ip("netns", "del", self.name(i), check=False)
 
