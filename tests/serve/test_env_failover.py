@@ -12,6 +12,7 @@ from serve_helpers import running_server, task
 import tracegym as tg
 from tracegym.serve import EnvClient
 from tracegym.serve.env_client import check_env_server
+from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.echo import Echo
 
 SLOW = {"setup_sleep": 0.5}
@@ -67,3 +68,15 @@ async def test_a_server_of_another_taskset_among_several_is_refused_by_address(e
         async with EnvClient([one.bound, other.bound]) as client:
             with pytest.raises(tg.UsageError, match=f"env server at {other.bound} runs 'echo' with num_tasks = 3"):
                 await client.run_rollout(Echo(), task(), endpoint)
+
+
+async def test_an_endpoint_with_replicas_crosses_the_wire_and_workers_route_over_its_servers(server):
+    a, b = (FakeOpenAIServer(rule=lambda _, name=name: name, model="m").start() for name in "ab")
+    try:
+        endpoint = tg.Endpoint(base_url=a.base_url, model="m", replicas=[b.base_url], api_key_env=None)
+        async with EnvClient(server.bound) as client:
+            traces = await client.evaluate(Echo(), endpoint, num_tasks=8, concurrency=8)
+    finally:
+        a.stop()
+        b.stop()
+    assert {t.last_reply for t in traces} == {"a", "b"} and all(t.ok for t in traces)

@@ -223,8 +223,8 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
             model = (contextlib.nullcontext(endpoint) if endpoint
                      else serve(parts.model, log_path=folder.logs / "vllm.log"))
             with model as endpoint:
-                print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
-                      file=log, flush=True)
+                where = ", ".join(endpoint.servers())
+                print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
                 tally.restart_clock()
                 asyncio.run(run_rollouts(parts, work, folder, endpoint, tally, boards))
         except KeyboardInterrupt:

@@ -1,21 +1,20 @@
 """Router: the model client that spreads one endpoint's requests over its servers (`base_url` and `replicas`).
 
-Session affinity: every request with the same `ModelRequest.session` (a rollout's turns, an episode's members)
-goes to the server the session started on, so that server's prefix cache holds its prompt; a new session goes to
-the server with the fewest requests in flight (ties broken by a hash of the session, so routers in separate
-worker processes spread their first sessions instead of all picking the first server; requests without a session
-take turns). A server that gives no
-usable answer (no reply, a timeout, HTTP 5xx: the transport's `Unavailable`) is taken out, and so is one that
-fails a probe (`GET /models` within `Endpoint.probe_timeout`, asked every `Endpoint.health_every` seconds of a
-server with requests in flight): its requests in flight are cancelled and retried on the others. A server taken
-out is probed on the same clock and put back once it answers; its sessions stay where they moved. Retries are
-bounded: at most `max(max_retries + 1, number of servers)` attempts per request, each one HTTP attempt (the
-per-server clients do not retry: the router does, elsewhere first); only when every server is out does a retry
-wait out the transport's backoff, on the server taken out longest ago. HTTP 429 retries elsewhere without taking
-the server out.
+Session affinity: every request with the same `ModelRequest.session` (a rollout's turns, an episode's members) goes
+to the server the session started on, so that server's prefix cache holds its prompt; a new session goes to the
+server with the fewest requests in flight (ties broken by a hash of the session, so routers in separate worker
+processes spread their first sessions instead of all picking the first server; requests without a session take
+turns). A server that gives no usable answer (no reply, a timeout, HTTP 5xx: the transport's `Unavailable`) is taken
+out, and so is one that fails a probe (`GET /models` within `Endpoint.probe_timeout`, asked every
+`Endpoint.health_every` seconds of a server with requests in flight): its requests in flight are cancelled and
+retried on the others. A server taken out is probed on the same clock and put back once it answers; its sessions
+stay where they moved. Retries are bounded: at most `max(max_retries + 1, number of servers)` attempts per request,
+each one HTTP attempt (the per-server clients do not retry: the router does, elsewhere first); only when every
+server is out does a retry wait out the transport's backoff, on the server taken out longest ago. HTTP 429 is
+retried after the backoff without taking the server out.
 
 >>> endpoint = Endpoint(base_url="http://a:8000/v1", model="m", replicas=("http://b:8000/v1",))
->>> make_client(endpoint)  # doctest: +SKIP   (a Router over both)
+>>> router = make_client(endpoint)  # doctest: +SKIP   (connect.make_client: a Router over both servers)
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class Server:
     """Requests sent to it (the tie-break for requests without a session: between idle servers, they take turns)."""
     up: bool = True
     out_since: float = 0.0
-    """`time.monotonic()` when it was last taken out."""
+    """`time.monotonic()` when it was last taken out, or last failed while out."""
 
 
 @dataclass
@@ -137,7 +136,9 @@ class Router:
                 response = await self._attempt(server, request)
             except (Unavailable, ServerLost) as exc:
                 failure = exc
-                if getattr(exc, "status", None) != 429:  # "too many requests" is load, not a failure
+                if getattr(exc, "status", None) == 429:  # "too many requests" is load, not a failure: wait
+                    await self._sleep(backoff_delay(self.endpoint.backoff, attempt))
+                else:
                     self._take_out(server, str(exc))
                 continue
             self._serve(server)
@@ -182,8 +183,8 @@ class Router:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task in self._lost and not (current is not None and current.cancelling()):
-                raise ServerLost(f"{server.url} was taken out (it stopped answering) with this request in flight")\
-                    from None
+                lost = ServerLost(f"{server.url} was taken out (it stopped answering) with this request in flight")
+                raise lost from None
             raise
         finally:
             server.inflight.discard(task)
@@ -199,9 +200,9 @@ class Router:
     def _take_out(self, server: Server, why: str) -> None:
         """Out of service: no new requests, and its requests in flight retried elsewhere."""
         if server.up:
-            server.up, server.out_since = False, time.monotonic()
             self.stats.taken_out += 1
             log.warning("model server %s taken out: %s", server.url, why)
+        server.up, server.out_since = False, time.monotonic()  # failing again while out: tried last next time
         for task in server.inflight:
             if not task.done():
                 self._lost.add(task)
