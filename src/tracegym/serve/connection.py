@@ -6,7 +6,8 @@ has no record of (lost, e.g. to a restart) fail, and so does everything pending 
 `liveness_timeout`. Those failures are `HostLost`, which a client with other servers answers by sending the request
 to another. With `moves` set (the client has others), a dropped TCP link also fails every pending request at once:
 the server routes replies by the connection's identity, so replies to requests sent before a reconnect can never
-arrive. ZMQ reconnects by itself; the link counts as `up` again once a handshake succeeds.
+arrive. ZMQ reconnects by itself; the link counts as `up` again once a handshake succeeds or the server answers
+anything (a server that went silent is pinged, idle or not, until it does).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tracegym.serve.wire import decode_reply, encode_request
 
 PING_AFTER = 1.0
 """Seconds of silence, with requests in flight, after which the client pings the server."""
+INTERNAL = ("ping", "cancel-")
+"""How the ids of the connection's own requests (liveness pings, cancels of abandoned runs) begin."""
 LINK_EVENTS = HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 """The socket events a connection acts on."""
 
@@ -54,8 +57,8 @@ class Connection:
 
     @property
     def load(self) -> int:
-        """Requests waiting for this server's answer (pings not counted)."""
-        return sum(not k.startswith("ping") for k in self.waiting)
+        """Requests waiting for this server's answer (our own pings and cancels not counted)."""
+        return sum(not k.startswith(INTERNAL) for k in self.waiting)
 
     def connect(self) -> zmq.asyncio.Socket:
         """The socket, connected (and its background tasks started) on first use."""
@@ -126,8 +129,8 @@ class Connection:
         self.waiting.pop(request_id, None)
         if method == "run" and self._socket is not None:
             with contextlib.suppress(Exception):
-                self.send("cancel", {"id": request_id}, f"ping-cancel{next(self._pings)}", 2**20)\
-                    .add_done_callback(_ignore)
+                cancel = self.send("cancel", {"id": request_id}, f"cancel-{next(self._pings)}", 2**20)
+                cancel.add_done_callback(_ignore)
 
     def fail_all(self, error: Exception) -> None:
         waiting, self.waiting = self.waiting, {}
@@ -143,7 +146,7 @@ class Connection:
             with contextlib.suppress(zmq.Again):
                 while len(batch) < 256:  # take whatever else has arrived without another trip through the loop
                     batch.append(self._socket.recv_multipart(zmq.NOBLOCK).result())
-            self._heard = time.monotonic()
+            self._heard, self.up = time.monotonic(), True  # whatever answers is there
             for frames in batch:
                 self._resolve(frames)
 
@@ -179,22 +182,25 @@ class Connection:
         """Ping a quiet server while requests wait; fail them all as lost when it stays silent too long."""
         while True:
             await asyncio.sleep(min(PING_AFTER, self.liveness_timeout) / 2)
+            pinging = any(k.startswith("ping") for k in self.waiting)
             if not self.load:
                 self._heard = time.monotonic()
+                if not self.up and not pinging and self._socket is not None:
+                    self._ping()  # its answer, whenever it comes, says the server is back (see `_receive`)
                 continue
             quiet = time.monotonic() - self._heard
             if quiet >= self.liveness_timeout:
                 self.up = False
                 self.fail_all(HostLost(f"env server at {self.address} did not answer for {quiet:.0f}s "
                                        "(is it running?)"))
-            elif quiet >= PING_AFTER and not any(k.startswith("ping") for k in self.waiting):
+            elif quiet >= PING_AFTER and not pinging:
                 self._ping()
 
     def _ping(self) -> None:
         """Ask the server whether it is alive and which of our pending requests it has no record of (lost, e.g.
         to a server restart): those fail now instead of at their timeout. The server read them before the ping and
         answers in order, so a pending id it does not know has no reply on the way."""
-        pending = [k for k in self.waiting if not k.startswith("ping")]
+        pending = [k for k in self.waiting if not k.startswith(INTERNAL)]
         ping = self.send("health", {"pending": pending}, f"ping{next(self._pings)}", 2**30)
         ping.add_done_callback(lambda done: self._fail_unknown(done, set(pending)))
 
