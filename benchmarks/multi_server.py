@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from tracegym import Endpoint, Sampling, evaluate
+from tracegym.core.errors import TracegymError
 from tracegym.core.messages import user
 from tracegym.models import transport
 from tracegym.models.chat_client import ChatClient
@@ -57,10 +58,14 @@ class FullTurns:
 
 
 def prefix_cache(base_urls: list[str]) -> tuple[float, float]:
-    """(hit tokens, queried tokens) summed over the servers' `/metrics` counters."""
+    """(hit tokens, queried tokens) summed over the `/metrics` counters of the servers that answer."""
     hits = queries = 0.0
     for url in base_urls:
-        for line in transport.call(url.removesuffix("/v1") + "/metrics", timeout=10).splitlines():
+        try:
+            text = transport.call(url.removesuffix("/v1") + "/metrics", timeout=10)
+        except TracegymError:  # a server that died (the router carried on without it) has no counters to add
+            continue
+        for line in text.splitlines():
             if line.startswith("vllm:prefix_cache_hits_total"):
                 hits += float(line.rsplit(" ", 1)[1])
             elif line.startswith("vllm:prefix_cache_queries_total"):
