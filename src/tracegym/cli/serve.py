@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.interop.openenv_settings import OpenEnvSettings
+from tracegym.runtimes import processes
 from tracegym.serve.env_server import WORKER_TIMEOUT, EnvServer
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
 from tracegym.serve.wire import Address
@@ -55,6 +60,13 @@ class ServeConfig(BaseConfig):
     """Folder for one log file per worker; unset: workers log to this command's stderr."""
     exit_with_parent: bool = False
     """Stop when the process that started this one exits (how `local_server` children avoid orphans)."""
+    protocol: Literal["zmq", "openenv"] = "zmq"
+    """`zmq`: tracegym's env server (at `--address`, for env clients); `openenv`: OpenEnv's HTTP and WebSocket
+    protocol (at `--port`, for OpenEnv clients: one session per WebSocket, each one rollout at a time)."""
+    port: int = Field(default=8001, ge=0, le=65535)
+    """With `--protocol openenv`: the port (0 picks a free one)."""
+    openenv: OpenEnvSettings = OpenEnvSettings()
+    """With `--protocol openenv`: the server's host, session limit and idle timeout."""
 
     def options(self) -> dict:
         """The taskset's options."""
@@ -78,6 +90,8 @@ def run(args: list[str]) -> int:
     if args and not args[0].startswith("-"):
         args = ["--taskset.id", args[0], *args[1:]]
     cfg, _ = parse_command(ServeConfig, args, prog="tracegym serve")
+    if cfg.protocol == "openenv":
+        return serve_openenv(cfg)
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
                        max_abandoned_threads=cfg.max_abandoned_threads)
@@ -88,4 +102,19 @@ def run(args: list[str]) -> int:
     print(f"serving {server.taskset.id} with {cfg.size().min}+ workers (worker timeout {cfg.worker_timeout:g} s); "
           "Ctrl-C to stop", file=sys.stderr, flush=True)
     server.serve()
+    return 0
+
+
+def serve_openenv(cfg: ServeConfig) -> int:
+    """Bind, print `address: ws://...`, serve over OpenEnv until SIGINT/SIGTERM."""
+    from tracegym.interop.openenv_server import OpenEnvServer  # imports openenv: only when asked for
+
+    server = OpenEnvServer.from_settings(load_taskset(cfg.taskset.id, cfg.options()), cfg.openenv)
+    sock = server.bind(cfg.openenv.host, cfg.port)
+    if cfg.exit_with_parent:
+        processes.watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))  # uvicorn stops on SIGTERM
+    print(f"address: ws://{cfg.openenv.host}:{sock.getsockname()[1]}", flush=True)
+    print(f"serving {server.taskset.id} over OpenEnv (at most {cfg.openenv.max_concurrent_envs} sessions); "
+          "Ctrl-C to stop", file=sys.stderr, flush=True)
+    server.serve(sock)
     return 0

@@ -1,5 +1,6 @@
 """Registry: finds a taskset by id: built-ins, installed entry points, `package.module:Name`, `file.py:Name` (a
-Taskset class, instance or factory, or a TRL environment class or dict of them)."""
+Taskset class, instance or factory, or a TRL environment class or dict of them), and servers by URL
+(`openenv:ws://HOST:PORT`)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ BUILTINS: dict[str, str] = {
     "counter-env": "tracegym.tasksets.counter_env:counter_env",
     "python-functions": "tracegym.tasksets.python_functions:PythonFunctions",
 }
+URL_SCHEMES: dict[str, str] = {"openenv": "tracegym.interop.openenv_taskset:at_url"}
+"""Ids `SCHEME:URL` (`openenv:ws://127.0.0.1:8001`): the factory each scheme's function makes for the URL."""
 
 
 def known_tasksets() -> dict[str, str]:
@@ -90,6 +93,9 @@ def _takes_an_argument(factory: Any) -> bool:
 def resolve(spec: str) -> Any:
     """The object `spec` names: a Taskset class, a Taskset instance, or a factory returning one."""
     known = known_tasksets()
+    scheme, _, url = spec.partition(":")
+    if scheme in URL_SCHEMES and "://" in url:
+        return _import(URL_SCHEMES[scheme], spec)(url)
     if spec in known:
         return _import(known[spec], spec)
     if ":" in spec:

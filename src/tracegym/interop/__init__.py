@@ -1,1 +1,1 @@
-"""Interop: tracegym with the field's own packages, both ways: OpenEnv and TRL (optional extras)."""
+"""Interop: OpenEnv and TRL both ways, built on the `openenv` and `trl` packages (optional extras)."""

@@ -1,0 +1,361 @@
+"""OpenEnv taskset: an environment served by any OpenEnv server, run as a tracegym taskset.
+
+`tracegym eval openenv:ws://127.0.0.1:8001 -n 20` (or `OpenEnvTaskset({"url": ...})`): task i resets the
+environment with seed `seed + i` on its own WebSocket session (one per rollout). The model is offered the
+server's MCP tools (`tools/list`) or, for an environment without them, one tool whose parameters are the
+server's action schema (`/schema`); each call is a step, and its observation is the tool's result. With
+`text_action`, a plain reply is the action instead (a chat environment). The reward is read from each step's
+result (summed over the episode by default) and `done` ends the rollout. Schema-invalid actions come back to the
+model as tool errors; a server at capacity or a dropped connection is an infrastructure error (opening a session
+is retried with backoff; a rollout that lost its session mid-episode is rerun by the runner).
+
+To read rewards or observations another way, subclass `OpenEnvTask` (override `reward_of`, `done_of` or
+`observation_text`) and set it as the `task_class` of an `OpenEnvTaskset` subclass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field, TypeAdapter
+
+from tracegym.core.errors import ErrorKind, InfrastructureError, TaskError, ToolError, UsageError
+from tracegym.core.messages import Message, user
+from tracegym.core.task_data import TaskData
+from tracegym.core.tool_spec import ToolSpec
+from tracegym.core.trace import Trace
+from tracegym.envs.scorers import metric, reward, stop
+from tracegym.envs.task import EnvResponse, Task
+from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.tools import Tool
+from tracegym.interop.openenv_connection import OpenEnvConnection, OpenEnvError
+
+SCHEME = "openenv"
+"""Taskset ids `openenv:ws://HOST:PORT` name an OpenEnv server (see `envs.registry`)."""
+_ANY_ARGUMENTS: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+"""Remote tools take what their schema says; the server validates the arguments and its errors reach the model."""
+
+
+class OpenEnvConfig(TasksetConfig):
+    """Options of an OpenEnv taskset."""
+
+    url: str = ""
+    """The OpenEnv server: `ws://HOST:PORT` (`http://` works too); the id `openenv:URL` sets it."""
+    num_tasks: int = Field(default=100, ge=1)
+    """Tasks: task i resets the environment with seed `seed + i`."""
+    reset_args: dict[str, Any] = Field(default_factory=dict)
+    """Further keyword arguments of every reset (environment-specific: a difficulty, a split)."""
+    instructions: str = "Act in the environment with the tools you are given until the episode is done."
+    """The prompt; the reset's observation follows it."""
+    system_prompt: str | None = None
+    """A system prompt before it."""
+    tools: Literal["auto", "mcp", "action"] = "auto"
+    """What the model is offered: the server's MCP tools (`mcp`), one tool taking an action of the server's action
+    schema (`action`), or its MCP tools when it lists any, else the action tool unless `text_action` is set (`auto`)."""
+    action_tool: str = "act"
+    """Name of the tool that takes one action."""
+    text_action: str | None = None
+    """An action field (e.g. `message`) to fill with a reply that calls no tool: the reply is then an action and the
+    observation comes back as a user message (a chat environment); unset: such a reply ends the rollout."""
+    observation_field: str | None = None
+    """The observation field the model reads; unset: the whole observation as JSON (metadata left out)."""
+    reward_path: str = "reward"
+    """Where a step's reward is in its result, dotted (`observation.score`)."""
+    done_path: str = "done"
+    """Where a step's `done` is in its result, dotted."""
+    reward_over_steps: Literal["sum", "last"] = "sum"
+    """The episode's reward: the sum of its steps' rewards, or the last one given."""
+    max_turns: int = Field(default=10, ge=1)
+    """Model turns before the rollout ends."""
+    retries: int = Field(default=3, ge=0)
+    """Retries of opening a session (server at capacity, connection refused or dropped)."""
+    backoff: float = Field(default=0.5, ge=0)
+    """Seconds before the first retry; doubled for each next one (with jitter)."""
+    token_env: str | None = None
+    """An environment variable holding a token sent as `Authorization: Bearer TOKEN` (a private Hugging Face Space;
+    our own server's TRACEGYM_ENV_SECRET); the token itself never goes into configs or traces."""
+    connect_timeout: float = Field(default=10.0, gt=0)
+    """Seconds to open the WebSocket."""
+    message_timeout: float = Field(default=60.0, gt=0)
+    """Seconds the server may take to answer one message."""
+
+
+class OpenEnvData(TaskData):
+    """One task: the arguments of its reset."""
+
+    reset: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the reset (the seed among them)."""
+
+
+class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
+    """One rollout on its own session: the reset's observation in the prompt, the server's tools as tools."""
+
+    parallel_tools = False  # one session's steps happen in order
+
+    def __init__(self, data: OpenEnvData, *, server: ServerFacts, **options: Any) -> None:
+        super().__init__(data, **options)
+        self.server = server
+        self.connection: OpenEnvConnection | None = None
+        self.rewards: list[float] = []
+        """Every reward a step gave, in order."""
+        self.steps = 0
+        self.done = False
+        self.lost: InfrastructureError | None = None
+        """Set when the session broke mid-episode: the next stop check ends the rollout with it."""
+        self._first = ""
+
+    # --- reading results (override to read them another way) --------------------------------------------
+    def reward_of(self, result: dict[str, Any]) -> float | None:
+        """A step's reward; None when it gave none."""
+        value = dig(result, self.config.reward_path)
+        return float(value) if isinstance(value, int | float) else None
+
+    def done_of(self, result: dict[str, Any]) -> bool:
+        """Whether a step ended the episode."""
+        return bool(dig(result, self.config.done_path))
+
+    def observation_text(self, result: dict[str, Any]) -> str:
+        """What the model reads of a result's observation."""
+        observation = result.get("observation")
+        if self.config.observation_field is not None and isinstance(observation, dict):
+            observation = dig(observation, self.config.observation_field)
+        if isinstance(observation, dict):
+            observation = {k: v for k, v in observation.items() if k not in ("metadata", "done", "reward")}
+        return observation if isinstance(observation, str) else json.dumps(observation)
+
+    # --- the rollout's hooks -----------------------------------------------------------------------------
+    async def setup(self) -> None:
+        cfg = self.config
+        self.connection = OpenEnvConnection(cfg.url, retries=cfg.retries, backoff=cfg.backoff, headers=headers(cfg),
+                                            connect_timeout=cfg.connect_timeout, message_timeout=cfg.message_timeout)
+        first = await self.connection.open(**self.data.reset)
+        self._first = self.observation_text(first)
+        self._record(first, counts=False)
+        for tool in await self._offered_tools():
+            self._tools[tool.name] = tool
+
+    def prompt(self) -> list[Message]:
+        messages = super().prompt()
+        return [*messages[:-1], user(f"{messages[-1].text}\n\n{self._first}".strip())]
+
+    async def env_response(self, trace: Trace) -> EnvResponse:
+        if self.config.text_action is None or self.done:
+            return None
+        result = await self._step({self.config.text_action: trace.last_reply})
+        return user(self.observation_text(result))
+
+    async def cleanup(self) -> None:
+        if self.connection is not None:
+            await self.connection.close()
+
+    @stop
+    def said_done(self, trace: Trace) -> bool:
+        """The environment said `done`; a session lost mid-episode ends the rollout as an infrastructure error."""
+        if self.lost is not None:
+            raise self.lost
+        return self.done
+
+    @reward
+    def env_reward(self, trace: Trace) -> float:
+        """The environment's reward: the sum of the steps' rewards (or the last one), 0.0 when it gave none."""
+        self._played()
+        if not self.rewards:
+            return 0.0
+        return self.rewards[-1] if self.config.reward_over_steps == "last" else sum(self.rewards)
+
+    @metric
+    def env_steps(self, trace: Trace) -> float:
+        """Steps taken in the environment."""
+        self._played()
+        return float(self.steps)
+
+    @metric
+    def env_done(self, trace: Trace) -> float:
+        """1 when the environment ended the episode."""
+        self._played()
+        return float(self.done)
+
+    def _played(self) -> None:
+        """Scores come from the steps played on the server: a task that never opened it (a stored trace being
+        rescored) has none to give, and says so rather than score 0."""
+        if self.connection is None:
+            raise TaskError("the reward was given by the OpenEnv server during the rollout; a stored trace cannot "
+                            "be rescored without playing it again")
+
+    # --- stepping ----------------------------------------------------------------------------------------
+    async def _step(self, action: dict[str, Any]) -> dict[str, Any]:
+        assert self.connection is not None
+        result = await self.connection.step(action)
+        self._record(result)
+        return result
+
+    def _record(self, result: dict[str, Any], counts: bool = True) -> None:
+        given = self.reward_of(result)
+        if given is not None and counts:
+            self.rewards.append(given)
+        if counts:
+            self.steps += 1
+        self.done = self.done_of(result)
+
+    async def _offered_tools(self) -> list[Tool]:
+        """The server's MCP tools, else (or with `tools = "action"`) the one action tool."""
+        schema = await self.server.action_schema(self.config.url, headers(self.config))
+        listed = [] if self.config.tools == "action" else await self._mcp_tools(schema)
+        if listed or self.config.tools == "mcp":
+            if not listed:
+                raise TaskError(f"OpenEnv server {self.config.url} lists no MCP tools (tools = 'mcp')")
+            return listed
+        if self.config.text_action is not None and self.config.tools == "auto":
+            return []  # the reply itself is the action
+        return [self._tool(self.config.action_tool, schema.get("description") or "Take one action in the "
+                           "environment; returns its observation.", without_metadata(schema), self._act)]
+
+    async def _mcp_tools(self, schema: dict[str, Any]) -> list[Tool]:
+        assert self.connection is not None
+        try:
+            listed = await self.connection.mcp("tools/list")
+        except OpenEnvError:  # not an MCP environment: it offers its action schema instead
+            return []
+        through_step = "tool_name" in schema.get("properties", {})  # CallToolAction: a step gives reward and done
+        call = self._call_tool_by_step if through_step else self._call_tool_by_mcp
+        return [self._tool(t["name"], t.get("description") or "", t.get("inputSchema") or t.get("input_schema")
+                           or {"type": "object", "properties": {}}, _bound(call, t["name"]))
+                for t in (listed or {}).get("tools", [])]
+
+    def _tool(self, name: str, description: str, parameters: dict[str, Any], fn: Any) -> Tool:
+        return Tool(fn, ToolSpec(name=name, description=description, parameters=parameters), _ANY_ARGUMENTS)
+
+    async def _act(self, **action: Any) -> str:
+        return await self._guarded(lambda: self._step(action), self.observation_text)
+
+    async def _call_tool_by_step(self, name: str, **arguments: Any) -> str:
+        action = {"type": "call_tool", "tool_name": name, "arguments": arguments}
+        return await self._guarded(lambda: self._step(action), lambda r: tool_result_text(r.get("observation")))
+
+    async def _call_tool_by_mcp(self, name: str, **arguments: Any) -> str:
+        assert self.connection is not None
+        connection = self.connection
+        return await self._guarded(lambda: connection.mcp("tools/call", {"name": name, "arguments": arguments}),
+                                   tool_result_text)
+
+    async def _guarded(self, call: Any, text: Any) -> str:
+        """One step as a tool's answer: a refused action is a ToolError the model reads; a lost session ends the
+        rollout at the next stop check (so it is recorded once, as infrastructure, not as the model's tool error)."""
+        if self.lost is not None:
+            return "Error: the environment's session was lost"
+        try:
+            return text(await call())
+        except InfrastructureError as exc:
+            self.lost = exc
+            return "Error: the environment's session was lost"
+        except OpenEnvError as exc:
+            if exc.kind == ErrorKind.INFRASTRUCTURE:
+                self.lost = InfrastructureError(str(exc))
+                return "Error: the environment's session was lost"
+            raise ToolError(exc.details()) from None
+
+
+def _bound(call: Any, name: str) -> Any:
+    async def tool(**arguments: Any) -> str:
+        return await call(name, **arguments)
+    return tool
+
+
+def tool_result_text(result: Any) -> str:
+    """An MCP tool result as text (its text content parts, else its data); one flagged as an error is a ToolError."""
+    if isinstance(result, dict) and "tool_name" in result:  # a CallToolObservation
+        if result.get("error"):
+            raise ToolError(str(result["error"].get("message", result["error"])))
+        result = result.get("result")
+    if isinstance(result, dict):
+        parts = [p.get("text", "") for p in result.get("content") or () if isinstance(p, dict)]
+        text = "".join(parts) if parts else json.dumps(result.get("data", result))
+        if result.get("isError") or result.get("is_error"):
+            raise ToolError(text)
+        return text
+    return result if isinstance(result, str) else json.dumps(result)
+
+
+def headers(config: OpenEnvConfig) -> dict[str, str] | None:
+    """The request headers `token_env` asks for; a UsageError naming it when it is unset."""
+    if config.token_env is None:
+        return None
+    token = os.environ.get(config.token_env)
+    if not token:
+        raise UsageError(f"taskset option token_env = {config.token_env!r}: that environment variable is not set")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def dig(value: Any, path: str) -> Any:
+    """`value` at a dotted path of dict keys; None where a key is missing."""
+    for key in path.split(".") if path else ():
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def without_metadata(schema: dict[str, Any]) -> dict[str, Any]:
+    """An action schema as tool parameters: openenv's `metadata` field and the titles left out."""
+    properties = {k: {f: v for f, v in p.items() if f != "title"} for k, p in schema.get("properties", {}).items()
+                  if k != "metadata"}
+    kept = {k: v for k, v in schema.items() if k not in ("title", "description", "properties", "required")}
+    return {**kept, "type": "object", "properties": properties,
+            "required": [r for r in schema.get("required", []) if r in properties]}
+
+
+class ServerFacts:
+    """What every task of one taskset asks the server once: its action schema (`GET /schema`)."""
+
+    def __init__(self) -> None:
+        self._schema: dict[str, Any] | None = None
+
+    async def action_schema(self, url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        if self._schema is None:
+            http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
+            try:
+                async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
+                    response = await client.get(f"{http}/schema")
+                    response.raise_for_status()
+                    self._schema = response.json().get("action") or {}
+            except (httpx.HTTPError, ValueError) as exc:
+                raise InfrastructureError(f"OpenEnv server {url}: GET /schema failed ({exc})") from None
+        return self._schema
+
+
+class OpenEnvTaskset(Taskset[OpenEnvConfig]):
+    """Rollouts on an OpenEnv server's environment; `OpenEnvTaskset({"url": "ws://127.0.0.1:8001"})`."""
+
+    id = "openenv"
+    description = "An environment on an OpenEnv server, one WebSocket session per rollout."
+    task_class = OpenEnvTask
+
+    def __init__(self, config: OpenEnvConfig | Mapping[str, Any] | None = None, **options: Any) -> None:
+        super().__init__(config, **options)
+        if not self.config.url:
+            raise UsageError("taskset 'openenv': field 'url' is required (ws://HOST:PORT), or use the id openenv:URL")
+        if "id" not in options:
+            self.id = f"{SCHEME}:{self.config.url}"
+        self._server = ServerFacts()
+
+    def load(self) -> Iterator[OpenEnvData]:
+        cfg = self.config
+        for index in range(cfg.num_tasks):
+            yield OpenEnvData(id=str(index), prompt=cfg.instructions, system_prompt=cfg.system_prompt,
+                              reset={**cfg.reset_args, "seed": cfg.seed + index})
+
+    def _task_options(self) -> dict[str, Any]:
+        return {**super()._task_options(), "server": self._server, "max_turns": self.config.max_turns}
+
+
+def at_url(url: str) -> Any:
+    """The taskset factory the id `openenv:URL` names: options as for OpenEnvTaskset; a `url` option, when given,
+    must be the id's (a command passes the saved options back)."""
+    def openenv_at(config: OpenEnvConfig | Mapping[str, Any] | None = None) -> OpenEnvTaskset:
+        options = config.model_dump() if isinstance(config, OpenEnvConfig) else dict(config or {})
+        if options.get("url") not in (None, "", url):
+            raise UsageError(f"taskset 'openenv:{url}': option url = {options['url']!r} differs from the id's")
+        return OpenEnvTaskset({**options, "url": url})
+    return openenv_at
