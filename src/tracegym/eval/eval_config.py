@@ -30,7 +30,7 @@ from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
-from tracegym.serve.wire import Address
+from tracegym.serve.wire import Addresses
 
 
 def _short(name: str, letter: str) -> Any:
@@ -66,8 +66,10 @@ class EvalConfig(BaseConfig):
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
     serve: bool = True
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
-    env_address: Address | None = None
-    """Address of a running env server for this taskset (e.g. `tcp://host:5555`); unset: start one here."""
+    env_address: Addresses | None = None
+    """Address of a running env server for this taskset (e.g. `tcp://host:5555`), or several (on other hosts:
+    rollouts are spread over them, and a server that goes away has its rollouts sent to the others); unset: start
+    one here."""
     worker_timeout: float | None = Field(default=None, gt=0)
     """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
     unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests

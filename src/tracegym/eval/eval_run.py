@@ -79,9 +79,9 @@ class EvalParts:
     rollouts: int = 1
     """Rollouts per task."""
     settings: RolloutSettings = field(default_factory=RolloutSettings)
-    env: LocalEnvServer | str | None = None
-    """Where the rollouts run: an env server started here, one already running at this address, or (None) this
-    process."""
+    env: LocalEnvServer | list[str] | None = None
+    """Where the rollouts run: an env server started here, those already running at these addresses, or (None)
+    this process."""
     pass_threshold: float = 1.0
     """A scored rollout passes (for pass@k) when its reward is at least this."""
     rich: bool = True
@@ -219,7 +219,7 @@ async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: En
             yield trace
         return
     with contextlib.ExitStack() as stack:
-        address = parts.env if isinstance(parts.env, str) else stack.enter_context(
+        address = parts.env if isinstance(parts.env, list) else stack.enter_context(
             local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
                          worker_timeout=parts.env.worker_timeout))
         async with EnvClient(address) as client:
@@ -244,8 +244,8 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
             model = (contextlib.nullcontext(endpoint) if endpoint
                      else serve(parts.model, log_path=folder.logs / "vllm.log"))
             with model as endpoint:
-                print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
-                      file=log, flush=True)
+                where = ", ".join(endpoint.servers())
+                print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
                 tally.restart_clock()
                 run = run_episodes(parts, work.todo, folder, endpoint, tally, boards) if parts.multi_agent else (
                     run_rollouts(parts, work, folder, endpoint, tally, boards))

@@ -42,10 +42,11 @@ def run_trainer(run_dir: Path) -> None:
 
     config, folder, endpoints = load_run(run_dir)
     trainer = build_trainer(config.trainer)
+    servers = [endpoints.base_url, *endpoints.replicas]
     if config.weight_sync == "merged":
-        sync: WeightSync = MergedWeightSync(endpoints.base_url, endpoints.base_model, announce=True)
+        sync: WeightSync = MergedWeightSync(servers, endpoints.base_model, announce=True)
     else:
-        sync = WeightSync(endpoints.base_url, adapter_name="policy", announce=True)
+        sync = WeightSync(servers, adapter_name="policy", announce=True)
     build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
 
 
