@@ -93,6 +93,12 @@ async def test_a_members_prompt_extends_its_previous_prompt_exactly_messages_and
         assert validate(trace) == []  # exact tokens: trainable as they are
 
 
+async def test_every_members_model_calls_carry_the_episode_id_as_their_session():
+    model = ScriptedModel(rule=said, tokens=True)
+    episode = await run_episode(_taskset(Chat), _taskset(Chat)[0], model)
+    assert {r.session for r in model.requests} == {episode.id}  # a router keeps the whole episode on one server
+
+
 async def test_a_simultaneous_slot_commits_all_its_moves_or_none():
     def rule(request):
         if speaker(request) == "c" and turn_of(request) == 1:

@@ -144,7 +144,7 @@ class Rollout:
             tools=self.task.tool_specs(),
             sampling=self.sampling,
             prefix=self.trace.graph.token_prefix(),
-            session=self.trace.id,
+            session=self.trace.episode_id or self.trace.id,  # an episode's members share one server
         )
         response = await self.call_model(request, malformed)
         if response.finish_reason == "length" and length_ends:
