@@ -184,7 +184,7 @@ def test_the_old_flat_model_keys_still_work_with_a_warning(tmp_path, capsys):
     path.write_text('model = "my-model"\nbase_url = "http://host:8000/v1"\nclient = "tokens"\n'
                     '[taskset]\nid = "reverse-text"\n')
     config = parse_eval_args(["@", str(path), "--renderer", "qwen3"])
-    assert (config.model.name, config.model.base_url) == ("my-model", "http://host:8000/v1")
+    assert (config.model.name, config.model.base_url) == ("my-model", ["http://host:8000/v1"])
     assert (config.model.client, config.model.renderer) == ("tokens", "qwen3")
     assert "'base_url' was renamed 'model.base_url'" in capsys.readouterr().err
 

@@ -48,7 +48,7 @@ def test_the_builder_picks_where_rollouts_run_from_the_config():
     assert local.env.options["max_words"] == 4 and local.num_tasks == 3
     assert eval_parts(parse_eval_args(["reverse-text", "--no-serve"]), taskset).env is None
     address = parse_eval_args(["reverse-text", "--no-serve", "--env-address", "tcp://127.0.0.1:5555"])
-    assert eval_parts(address, taskset).env == "tcp://127.0.0.1:5555"
+    assert eval_parts(address, taskset).env == ["tcp://127.0.0.1:5555"]
 
 
 def test_a_run_is_made_of_its_parts_without_a_config(tmp_path):

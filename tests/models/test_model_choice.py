@@ -26,7 +26,7 @@ def test_a_server_started_here_takes_no_key_and_its_weights_hold_the_tokenizer()
 def test_a_command_that_serves_the_model_itself_refuses_a_base_url():
     with pytest.raises(ValidationError, match="starts the vLLM server itself"):
         RLModel(base_url="http://host:8000/v1")
-    assert ModelChoice(base_url="http://host:8000/v1").base_url == "http://host:8000/v1"
+    assert ModelChoice(base_url="http://host:8000/v1").base_url == ["http://host:8000/v1"]  # one URL is a list of one
 
 
 def test_rl_keeps_its_own_defaults_for_a_section_given_in_part():

@@ -15,9 +15,9 @@ class CountingClient(EnvClient):
 
     infos = 0
 
-    async def info(self) -> dict:
+    async def info(self, address: str | None = None) -> dict:
         self.infos += 1
-        return await super().info()
+        return await super().info(address)
 
 
 async def test_a_server_running_other_options_is_refused_before_any_rollout(server, endpoint):

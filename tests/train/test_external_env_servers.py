@@ -20,7 +20,7 @@ def config(address: str, **options) -> RLConfig:
 def test_an_env_with_an_address_uses_the_running_server_and_starts_none(tmp_path):
     out = io.StringIO()
     with local_server("reverse-text", {"seed": 3}, workers=1) as address, contextlib.ExitStack() as stack:
-        assert start_env_servers(config(address, seed=3), tmp_path, stack, out) == {"reverse-text": address}
+        assert start_env_servers(config(address, seed=3), tmp_path, stack, out) == {"reverse-text": [address]}
     assert "running elsewhere" in out.getvalue() and not (tmp_path / "logs").exists()
 
 

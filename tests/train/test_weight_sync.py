@@ -151,3 +151,32 @@ def test_an_announcing_sync_tells_the_server_each_version_after_loading_it(adapt
 def test_announcing_to_a_server_without_the_middleware_says_how_to_start_it(adapter):
     with FakeLoraServer(middleware=False) as fake, pytest.raises(UsageError, match="report_policy_version"):
         WeightSync(fake.base_url, announce=True).publish(adapter, version=1)
+
+
+def test_a_publish_reaches_every_server_and_each_is_told_its_own_version(adapter):
+    with FakeLoraServer() as a, FakeLoraServer() as b:
+        sync = WeightSync([a.base_url, b.base_url], announce=True)
+        sync.publish(adapter, version=1)
+    for fake in (a, b):
+        assert [path for path, _ in fake.bodies] == ["/v1/load_lora_adapter", policy_version.ROUTE]
+    assert sync.versions == {a.base_url: 1, b.base_url: 1}
+
+
+def test_a_server_a_publish_cannot_reach_keeps_its_version_and_catches_up_at_the_next(adapter, caplog):
+    with FakeLoraServer() as a, FakeLoraServer(500, "boom") as b:
+        sync = WeightSync([a.base_url, b.base_url], announce=True)
+        sync.publish(adapter, version=1)  # b is down: a warning, not a failure
+        assert sync.versions == {a.base_url: 1, b.base_url: None} and sync.version == 1
+        assert f"did not reach {b.base_url}" in caplog.text
+        assert [path for path, _ in b.bodies] == ["/v1/load_lora_adapter"]  # never told a version it lacks
+        b.status = 200
+        sync.publish(adapter, version=2)
+    assert sync.versions == {a.base_url: 2, b.base_url: 2}
+
+
+def test_every_server_failing_or_one_refusing_fails_the_publish(adapter, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer(500) as a, FakeLoraServer(500) as b, pytest.raises(InfrastructureError):
+        MergedWeightSync([a.base_url, b.base_url], "base").publish(tmp_path, version=1)
+    with FakeLoraServer() as a, FakeLoraServer(400, "bad rank") as b, pytest.raises(UsageError, match="bad rank"):
+        WeightSync([a.base_url, b.base_url]).publish(adapter, version=1)

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import ClassVar
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 from pydantic_config import BaseConfig
 
 from tracegym.cli.interrupt import sigterm_unwinds
@@ -22,6 +22,14 @@ class ServedModel(ModelChoice):
     """The model to serve (its `name`, `max_model_len` and `vllm_args` apply here)."""
 
     served_by: ClassVar[str | None] = "tracegym inference"
+
+    @field_validator("servers")
+    @classmethod
+    def _one_server(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("`tracegym inference` runs one server: run it once per server (each with its own "
+                             "--port) and give `eval` their URLs in --model.base-url, or use `eval --model.servers`")
+        return value
 
 
 class InferenceConfig(BaseConfig):

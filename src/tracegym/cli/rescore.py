@@ -14,9 +14,12 @@ from pathlib import Path
 from rich.console import Console
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
-from tracegym.eval.eval_config import parse_eval_args
-from tracegym.eval.rescore import Divergence, rescore
+from tracegym.envs.taskset import Taskset
+from tracegym.eval.episode_summary import episode_table, summarize_episodes
+from tracegym.eval.eval_config import EvalConfig, parse_eval_args
+from tracegym.eval.rescore import Divergence, rescore, rescore_episodes
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.summary import summarize, summary_table
 
@@ -31,6 +34,8 @@ def run(args: list[str]) -> int:
     folder = RunFolder.open(Path(args[0]))
     config = parse_eval_args(args[1:], defaults=folder.read_config(), source=str(folder.config_path))
     taskset = load_taskset(config.taskset.id, config.taskset_options())
+    if is_multi_agent(taskset):
+        return _rescore_episodes(folder, taskset, config)
     stored = folder.read_traces()
     if not stored.traces:
         raise UsageError(f"{folder.path} has no traces to rescore")
@@ -46,6 +51,25 @@ def run(args: list[str]) -> int:
     print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
     _report_diverged(result.diverged, len(traces))
     print(f"wrote {folder.path / f'traces.rescored-{stamp}.jsonl'} and {path}")
+    return 0
+
+
+def _rescore_episodes(folder: RunFolder, taskset: Taskset, config: EvalConfig) -> int:
+    """Rescore a multi-agent run's episodes by replay; write `episodes.rescored-*` with its traces and summary."""
+    stored = folder.read_episodes()
+    if not stored:
+        raise UsageError(f"{folder.path} has no episodes to rescore")
+    episodes = asyncio.run(rescore_episodes(taskset, stored, config.timeouts, config.concurrency))
+    stamp = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    folder.rewrite_episodes(episodes, f"episodes.rescored-{stamp}.jsonl", f"traces.rescored-{stamp}.jsonl")
+    summary = summarize_episodes(episodes)
+    path = folder.write_summary(summary.model_dump(mode="json"), f"summary.rescored-{stamp}.json")
+    Console().print(episode_table(summary, title=f"rescored: {folder.path}"))
+    diverged = [e for e in episodes if e.error is not None and e.error.stage.startswith("rescore")]
+    if diverged:
+        print(f"{len(diverged)} of {len(episodes)} episodes could not be replayed (left unscored); first: "
+              f"{diverged[0].task_key} #{diverged[0].episode_index}: {diverged[0].error.message}")  # type: ignore[union-attr]
+    print(f"wrote {folder.path / f'episodes.rescored-{stamp}.jsonl'} (with its traces) and {path}")
     return 0
 
 

@@ -38,6 +38,9 @@ class Node(BaseModel):
     """The sampling temperature of the call that produced this node."""
     policy_version: int | None = None
     """The policy version that sampled this node, when the endpoint reported it."""
+    parse_error: bool = False
+    """The reply's markup did not parse (an unclosed or stray `<think>` tag in an episode): the turn stands, its
+    tokens stay on the branch, but training gives them no loss."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +176,12 @@ class MessageGraph(BaseModel):
         completion_logprobs: list[float] | None = None,
         temperature: float | None = None,
         policy_version: int | None = None,
+        parse_error: bool = False,
     ) -> Node:
         """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
         if prompt_ids is None or completion_ids is None:
-            return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version)
+            return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version,
+                            parse_error=parse_error)
         prompt_ids = prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids)  # a list compares to lists
         prefix = self._branch_tokens()
         parent, known = self.head, len(prefix)
@@ -195,6 +200,7 @@ class MessageGraph(BaseModel):
             logprobs=logprobs,
             temperature=temperature,
             policy_version=policy_version,
+            parse_error=parse_error,
         )
         prefix += completion_ids
         self._branch = _BranchCache(node, prefix, len(prefix))

@@ -1,8 +1,10 @@
 """Evaluate: the in-process way to run rollouts of a taskset: one rollout, a group, or many with bounded concurrency.
 
 `run_rollout` runs one, `run_group` the rollouts of one task, `evaluate_iter` yields traces as they finish (for
-stores and dashboards) and `evaluate` returns them in task order. `serve.env_client.EnvClient` has the same four,
-with the same arguments, run on an env server instead: swap the one object to move rollouts out of process.
+stores and dashboards) and `evaluate` returns them in task order. A multi-agent taskset runs episodes instead:
+`run_episode`, `evaluate_episodes_iter` and `evaluate_episodes`, with the same options and a seat binding
+(`seats`). `serve.env_client.EnvClient` has the same functions, with the same arguments, run on an env server
+instead: swap the one object to move rollouts out of process.
 None of them raises for a rollout that failed: it is a trace with errors, and its siblings go on. A rollout that
 ended on an infrastructure error (endpoint down) is rerun with a fresh Task up to `infra_retries` times.
 """
@@ -15,12 +17,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError, TracegymError, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.episode import play
+from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
+from tracegym.envs.seats import Seat, Seats, bind
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained_call
 from tracegym.models.client import ModelClient
@@ -70,6 +76,7 @@ async def run_rollout(taskset: Taskset, data: TaskData, model: ModelArg, *, roll
     """One rollout of one task, rerun on infrastructure errors at most `infra_retries` times; never raises for
     the rollout (a misspelt option is a UsageError)."""
     check_options(options)
+    check_single_agent(taskset)
     sampling, timeouts = options.get("sampling"), options.get("timeouts")
     infra_retries = options.get("infra_retries", INFRA_RETRIES)
     async with live(model) as client:
@@ -89,6 +96,7 @@ async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts:
                     **options: Unpack[RolloutOptions]) -> list[Trace]:
     """`rollouts` rollouts of one task, concurrently; traces in rollout-index order."""
     check_options(options)
+    check_single_agent(taskset)
     async with live(model) as client:
         return list(await asyncio.gather(
             *(run_rollout(taskset, data, client, rollout_index=i, **options) for i in range(rollouts))))
@@ -98,6 +106,7 @@ async def evaluate_iter(taskset: str | Taskset, model: ModelArg,
                         **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
     """Yield traces as they finish, each task's rollouts in turn; tasks are read lazily."""
     work = plan(taskset, **options)
+    check_single_agent(work.taskset)  # here too: `run` below must not raise
     async with live(model) as client:
         async def one(pair: tuple[TaskData, int]) -> Trace:
             return await run_rollout(work.taskset, pair[0], client, rollout_index=pair[1], **work.options)
@@ -110,6 +119,102 @@ async def evaluate(taskset: str | Taskset, model: ModelArg, **options: Unpack[Ev
     """Every planned rollout (default: `rollouts` of each of the first `num_tasks` tasks); traces in task order,
     then rollout index."""
     return await in_task_order(evaluate_iter, taskset, model, options)
+
+
+async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, episode_index: int = 0,
+                      seats: Seats | None = None, **options: Unpack[RolloutOptions]) -> Episode:
+    """One episode of a multi-agent task: every member plays as `model` unless `seats` binds it elsewhere;
+    rerun on an infrastructure error at most `infra_retries` times; never raises for the episode (a seat the
+    taskset has not, or a misspelt option, is a UsageError)."""
+    check_options(options)
+    bound = bind(multi_agent_class(taskset).seats, seats, taskset.id)
+    infra_retries = options.get("infra_retries", INFRA_RETRIES)
+    async with live_seats(model, bound) as clients:
+        trainable = {m: _trains(taskset, m, seat) for m, seat in bound.items()}
+        for attempt in range(infra_retries + 1):
+            try:
+                task = contained_call(taskset.task, data)
+                episode = await play(task, clients, options.get("sampling"), episode_index=episode_index,  # type: ignore[arg-type]
+                                     trainable=trainable, timeouts=options.get("timeouts"))
+            except Exception as exc:  # the boundary around an episode, as around a rollout
+                return failed_episode(taskset, data, episode_index, exc)
+            failed_on_infra = episode.error is not None and episode.error.kind == ErrorKind.INFRASTRUCTURE
+            if not failed_on_infra or attempt == infra_retries:
+                return episode
+    raise AssertionError("unreachable")
+
+
+async def evaluate_episodes_iter(taskset: str | Taskset, model: ModelArg, *, seats: Seats | None = None,
+                                 **options: Unpack[EvaluateOptions]) -> AsyncIterator[Episode]:
+    """Yield episodes as they finish (`rollouts` per task: episode indices 0..rollouts-1; `pairs`: (task,
+    episode index) pairs)."""
+    work = plan(taskset, **options)
+    bind(multi_agent_class(work.taskset).seats, seats, work.taskset.id)  # a bad seat fails before any episode
+    async with live(model) as client:
+        async def one(pair: tuple[TaskData, int]) -> Episode:
+            return await run_episode(work.taskset, pair[0], client, episode_index=pair[1], seats=seats,
+                                     **work.options)
+
+        async for episode in as_finished(work.pairs, one, work.concurrency):
+            yield episode
+
+
+async def evaluate_episodes(taskset: str | Taskset, model: ModelArg, *, seats: Seats | None = None,
+                            **options: Unpack[EvaluateOptions]) -> list[Episode]:
+    """Every planned episode, in task order, then episode index."""
+    return await in_order(evaluate_episodes_iter, taskset, model, options, seats=seats)
+
+
+def multi_agent_class(taskset: Taskset) -> type[MultiAgentTask]:
+    """The taskset's MultiAgentTask class; a UsageError when its tasks are single-agent."""
+    if not is_multi_agent(taskset):
+        raise UsageError(f"taskset {taskset.id!r} is single-agent: run rollouts (run_rollout, evaluate), not "
+                         "episodes")
+    return taskset.task_class  # type: ignore[return-value]
+
+
+def check_single_agent(taskset: Taskset) -> None:
+    """A UsageError when the taskset is multi-agent (its tasks run as episodes)."""
+    if is_multi_agent(taskset):
+        raise UsageError(f"taskset {taskset.id!r} is multi-agent: run episodes (run_episode, evaluate_episodes), "
+                         "not rollouts")
+
+
+def _trains(taskset: Taskset, member: str, seat: Seat) -> bool:
+    return seat.trains(next(m for m in multi_agent_class(taskset).seats if m.id == member))
+
+
+@contextlib.asynccontextmanager
+async def live_seats(model: ModelArg, seats: Mapping[str, Seat]) -> AsyncIterator[dict[str, ModelClient]]:
+    """Each member's live client: the policy's (`model`), or its seat's (one client per distinct endpoint)."""
+    async with contextlib.AsyncExitStack() as stack:
+        policy = await stack.enter_async_context(live(model))
+        made: dict[Any, ModelClient] = {}
+        clients = {}
+        for member, seat in seats.items():
+            if seat.model is None:
+                clients[member] = policy
+                continue
+            key = seat.model if isinstance(seat.model, Endpoint) else id(seat.model)
+            if key not in made:
+                made[key] = await stack.enter_async_context(live(seat.model))
+            clients[member] = made[key]
+        yield clients
+
+
+def failed_episode(taskset: Taskset, data: TaskData, episode_index: int, exc: BaseException, *,
+                   stage: str = "setup", kind: ErrorKind = ErrorKind.TASK) -> Episode:
+    """The record of an episode that produced none of its own (its Task could not be built, its env-server
+    request failed): `exc` recorded at `stage`, with a failed trace per member."""
+    members = [m.id for m in multi_agent_class(taskset).seats]
+    episode = Episode(task=data, taskset=taskset.id, episode_index=episode_index, members=members,
+                      stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
+    for member in members:
+        trace = failed_trace(data, taskset.id, episode_index, exc, stage=stage, kind=kind)
+        episode.traces[member] = trace.model_copy(update={"member": member, "episode_id": episode.id})
+        episode.rewards[member] = None
+    episode.error = episode.traces[members[0]].errors[0]
+    return episode
 
 
 # --- shared with the env client ----------------------------------------------------------------------------
@@ -145,12 +250,23 @@ async def in_task_order(evaluate_iter: Callable[..., AsyncIterator[Trace]], task
                         options: EvaluateOptions) -> list[Trace]:
     """What `evaluate` returns, from either `evaluate_iter`: every trace, in the order of the planned pairs'
     tasks, then rollout index."""
+    return await in_order(evaluate_iter, taskset, model, options)
+
+
+async def in_order(evaluate_iter: Callable[..., AsyncIterator[Any]], taskset: str | Taskset, model: Any,
+                   options: EvaluateOptions, **more: Any) -> list[Any]:
+    """Every trace (or episode) `evaluate_iter` yields, in the order of the planned pairs' tasks, then rollout
+    (episode) index; `more`: its own further keywords (an episode's `seats`)."""
     work = plan(taskset, **options)
     pairs = list(work.pairs)
-    traces = [t async for t in evaluate_iter(work.taskset, model, concurrency=work.concurrency, pairs=pairs,
-                                             **work.options)]
+    done = [t async for t in evaluate_iter(work.taskset, model, concurrency=work.concurrency, pairs=pairs,
+                                           **work.options, **more)]
     position = {d.key: n for n, (d, _) in reversed(list(enumerate(pairs)))}
-    return sorted(traces, key=lambda t: (position.get(t.task_key, 0), t.rollout_index))
+    return sorted(done, key=lambda t: (position.get(t.task_key, 0), _index(t)))
+
+
+def _index(item: Trace | Episode) -> int:
+    return item.rollout_index if isinstance(item, Trace) else item.episode_index
 
 
 def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException, *,

@@ -28,6 +28,9 @@ BUILTINS: dict[str, str] = {
     "tool-calculator": "tracegym.tasksets.tool_calculator:ToolCalculator",
     "counter-env": "tracegym.tasksets.counter_env:counter_env",
     "python-functions": "tracegym.tasksets.python_functions:PythonFunctions",
+    "kuhn-poker": "tracegym.tasksets.kuhn_poker:KuhnPoker",
+    "tictactoe": "tracegym.tasksets.tictactoe:TicTacToe",
+    "debate": "tracegym.tasksets.debate:Debate",
 }
 URL_SCHEMES: dict[str, str] = {"openenv": "tracegym.interop.openenv_taskset:at_url"}
 """Ids `SCHEME:URL` (`openenv:ws://127.0.0.1:8001`): the factory each scheme's function makes for the URL."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -68,12 +68,15 @@ class Ended(Exception):
 
 
 class Rollout:
-    """The state of one running rollout; `run()` drives it to a finished trace."""
+    """The state of one running rollout; `run()` drives it to a finished trace. Its turn steps (`model_turn`,
+    `run_tools`, `check_stops`) are the one turn machinery: an episode (`envs.episode`) drives one Rollout per
+    member through them, so a member's turn is a rollout's turn. `t0`: the clock its spans count from (an
+    episode's members share the episode's)."""
 
     def __init__(self, task: Task, model: ModelClient, sampling: Sampling, timeouts: Timeouts,
-                 trace: Trace) -> None:
+                 trace: Trace, t0: float | None = None) -> None:
         self.task, self.model, self.sampling, self.timeouts, self.trace = task, model, sampling, timeouts, trace
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic() if t0 is None else t0
         self.turn = 0
 
     async def run(self) -> Trace:
@@ -83,31 +86,32 @@ class Rollout:
             await asyncio.wait_for(self._loop_and_score(), self.timeouts.rollout)
         except TimeoutError:
             self._error(ErrorKind.TIMEOUT, "rollout", f"rollout exceeded {self.timeouts.rollout}s")
-            self._end(StopReason.TIMEOUT)
-            self._mark_unscored()
+            self.end(StopReason.TIMEOUT)
+            self.mark_unscored()
         except asyncio.CancelledError:
-            self._end(StopReason.CANCELLED)
+            self.end(StopReason.CANCELLED)
             raise
         finally:
             await self._cleanup()
-            trace.spans.append(Span(name="total", start=0.0, end=self._now()))
+            trace.spans.append(Span(name="total", start=0.0, end=self.now()))
         return trace
 
     async def _loop_and_score(self) -> None:
         try:
             await contained(self._loop())  # setup, prompt and env_response run in this task: one wrap covers them
         except Ended as ended:
-            self._end(ended.reason, ended.by)
+            self.end(ended.reason, ended.by)
         except Exception as exc:  # every failure becomes data on the trace
-            self.error_from(exc, self._stage)
-            self._end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
+            self.error_from(exc, self.stage)
+            self.end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
         if not self.trace.ended_normally:
-            self._mark_unscored()
+            self.mark_unscored()
         else:
             await self._score()
 
     # --- the loop ----------------------------------------------------------------------------------------
-    _stage = "setup"
+    stage = "setup"
+    """The stage running now (an error raised out of a step is recorded at it)."""
 
     async def _loop(self) -> None:
         graph = self.trace.graph
@@ -119,30 +123,36 @@ class Rollout:
         self.trace.prompt_length = len(graph.nodes)
         for turn in range(self.task.max_turns):
             self.turn = turn
-            reply = await self._model_turn()
+            reply = await self.model_turn()
             if reply.tool_calls:
-                await self._run_tools(reply.tool_calls)
+                await self.run_tools(reply.tool_calls)
             else:
                 response = await self.timed("env_response", self.task.env_response(self.trace),
                                              self.timeouts.env_response)
                 if not _append_response(self.trace, response):
                     raise Ended(StopReason.COMPLETED)
-            await self._check_stops()
+            await self.check_stops()
         raise Ended(StopReason.MAX_TURNS)
 
-    async def _model_turn(self) -> Message:
+    async def model_turn(self, malformed: Callable[[Message], bool] | None = None, *,
+                         length_ends: bool = True) -> Message:
+        """Call the model on the current branch and append its reply (`call_model`); `Ended(TRUNCATED)` when the
+        completion budget ran out too (unless `length_ends` is False: an episode member's reply cut short is still
+        its move). `malformed(reply)` true marks the reply's node `parse_error`: kept, never trained on."""
         request = ModelRequest(
             messages=self.trace.graph.messages(),
             tools=self.task.tool_specs(),
             sampling=self.sampling,
             prefix=self.trace.graph.token_prefix(),
+            session=self.trace.episode_id or self.trace.id,  # an episode's members share one server
         )
-        response = await self.call_model(request)
-        if response.finish_reason == "length":
+        response = await self.call_model(request, malformed)
+        if response.finish_reason == "length" and length_ends:
             raise Ended(StopReason.TRUNCATED)
         return response.message
 
-    async def call_model(self, request: ModelRequest) -> ModelResponse:
+    async def call_model(self, request: ModelRequest,
+                         malformed: Callable[[Message], bool] | None = None) -> ModelResponse:
         """One model call within the model timeout, its reply appended to the graph's head with its tokens and
         its usage counted; `Ended(TRUNCATED)` (the error recorded) when the prompt overflowed the context. The
         loop's turns and the interception proxy's calls (`envs.proxy`) both go through here."""
@@ -158,13 +168,15 @@ class Rollout:
             response.completion_logprobs,
             temperature=request.sampling.temperature,
             policy_version=response.policy_version,
+            parse_error=malformed is not None and malformed(response.message),
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens
         return response
 
-    async def _run_tools(self, calls: list[ToolCall]) -> None:
-        self._count(LOOP_METRICS[0], len(calls))
+    async def run_tools(self, calls: list[ToolCall]) -> None:
+        """Run one turn's tool calls (concurrently when the task allows) and append their answers."""
+        self.count(LOOP_METRICS[0], len(calls))
         if self.task.parallel_tools:
             results = await asyncio.gather(*(self.run_tool(c) for c in calls))
         else:
@@ -192,10 +204,10 @@ class Rollout:
             return f"Error: {message}"
 
     def _tool_failed(self, kind: ErrorKind, stage: str, message: str) -> None:
-        self._count(LOOP_METRICS[1], 1)
+        self.count(LOOP_METRICS[1], 1)
         self._error(kind, stage, message)
 
-    async def _check_stops(self) -> None:
+    async def check_stops(self) -> None:
         """Each stop, in order, under the scoring timeout. One that raises or times out ends the rollout with
         the error at stage `stop:<name>` and leaves it unscored, like any failure of task code mid-rollout:
         where a healthy stop would have ended it is unknown, so no reward would be honest (re-score later)."""
@@ -207,11 +219,12 @@ class Rollout:
 
     # --- scoring -----------------------------------------------------------------------------------------
     async def _score(self) -> None:
-        start = self._now()
+        start = self.now()
         await score(self.task, self.trace, self.timeouts.scoring, turn=self.turn)
-        self.trace.spans.append(Span(name="scoring", start=start, end=self._now()))
+        self.trace.spans.append(Span(name="scoring", start=start, end=self.now()))
 
-    def _mark_unscored(self) -> None:
+    def mark_unscored(self) -> None:
+        """Record every reward and metric of the task as unscored (None) on the trace."""
         for scorer in self.task.scorers:
             if scorer.kind != "stop":
                 _record_score(self.trace, scorer.kind, scorer.name, scorer.weight, None)
@@ -220,13 +233,13 @@ class Rollout:
     async def timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
         """Await one stage within its timeout (see `within`) and record its span; an error it raises into the
         loop is recorded at it."""
-        self._stage = stage
-        start = self._now()
+        self.stage = stage
+        start = self.now()
         try:
             return await within(stage, aw, timeout)
         finally:
             turn = self.turn if stage != "setup" else None
-            self.trace.spans.append(Span(name=stage, start=start, end=self._now(), turn=turn))
+            self.trace.spans.append(Span(name=stage, start=start, end=self.now(), turn=turn))
 
     async def _cleanup(self) -> None:
         try:
@@ -247,14 +260,17 @@ class Rollout:
     def _error(self, kind: ErrorKind, stage: str, message: str) -> None:
         self.trace.errors.append(TraceError(kind=kind, stage=stage, message=message, turn=self.turn))
 
-    def _end(self, reason: StopReason, by: str | None = None) -> None:
+    def end(self, reason: StopReason, by: str | None = None) -> None:
+        """Record why the rollout ended (the first reason given stays)."""
         if self.trace.stop_reason is None:
             self.trace.stop_reason, self.trace.stopped_by = reason, by
 
-    def _count(self, name: str, n: int) -> None:
+    def count(self, name: str, n: int) -> None:
+        """Add `n` to the trace's metric `name`."""
         self.trace.metrics[name] = (self.trace.metrics.get(name) or 0) + n
 
-    def _now(self) -> float:
+    def now(self) -> float:
+        """Seconds since this rollout's clock started (its spans are on it)."""
         return time.monotonic() - self._t0
 
 

@@ -27,9 +27,10 @@ from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
 from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
-from tracegym.serve.wire import Address
+from tracegym.serve.wire import Addresses
 
 
 def _short(name: str, letter: str) -> Any:
@@ -50,6 +51,9 @@ class EvalConfig(BaseConfig):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     taskset: TasksetSection
     model: ModelChoice = ModelChoice()
+    seat: dict[str, SeatChoice] = Field(default_factory=dict)
+    """Seats of a multi-agent taskset played by another model (its name and base URL, by seat id); the other
+    seats play as the model (self-play)."""
     num_tasks: Annotated[int | None, _short("num_tasks", "n"), Field(gt=0)] = None
     """Tasks to evaluate (the first N); unset: all of them (an infinite taskset needs it)."""
     rollouts: Annotated[int, _short("rollouts", "r"), Field(gt=0)] = 1
@@ -62,8 +66,10 @@ class EvalConfig(BaseConfig):
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
     serve: bool = True
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
-    env_address: Address | None = None
-    """Address of a running env server for this taskset (e.g. `tcp://host:5555`); unset: start one here."""
+    env_address: Addresses | None = None
+    """Address of a running env server for this taskset (e.g. `tcp://host:5555`), or several (on other hosts:
+    rollouts are spread over them, and a server that goes away has its rollouts sent to the others); unset: start
+    one here."""
     worker_timeout: float | None = Field(default=None, gt=0)
     """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
     unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
@@ -93,7 +99,7 @@ class EvalConfig(BaseConfig):
         return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
 
 
-RUN_DEFINING = ("taskset", "model.name", "num_tasks", "rollouts", "sampling", "pass_threshold")
+RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold")
 """Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
 
 RENAMES = moved_into("model", MOVED_KEYS)

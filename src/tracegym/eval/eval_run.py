@@ -21,9 +21,13 @@ from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, bounded_taskset, evaluate_iter
+from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
+from tracegym.eval.episode_run import check_episodes_complete, finish_episodes, resume_episodes, run_episodes
+from tracegym.eval.episode_summary import EpisodeSummary
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
@@ -75,13 +79,25 @@ class EvalParts:
     rollouts: int = 1
     """Rollouts per task."""
     settings: RolloutSettings = field(default_factory=RolloutSettings)
-    env: LocalEnvServer | str | None = None
-    """Where the rollouts run: an env server started here, one already running at this address, or (None) this
-    process."""
+    env: LocalEnvServer | list[str] | None = None
+    """Where the rollouts run: an env server started here, those already running at these addresses, or (None)
+    this process."""
     pass_threshold: float = 1.0
     """A scored rollout passes (for pass@k) when its reward is at least this."""
     rich: bool = True
     """A live rich dashboard on the terminal; False: plain status lines."""
+    seats: dict[str, SeatChoice] = field(default_factory=dict)
+    """A multi-agent taskset's seats bound elsewhere than the model; the rest play as it."""
+
+    @property
+    def multi_agent(self) -> bool:
+        """True when the taskset's tasks are episodes (its rollouts index episodes)."""
+        return is_multi_agent(self.taskset)
+
+    @property
+    def members(self) -> int:
+        """Traces per task run: the number of seats of a multi-agent taskset, else 1."""
+        return len(self.taskset.task_class.seats) if self.multi_agent else 1  # type: ignore[attr-defined]
 
 
 def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
@@ -92,16 +108,17 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
                      rollouts=config.rollouts, settings=settings, env=config.env_address or local,
-                     pass_threshold=config.pass_threshold, rich=config.rich)
+                     pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat))
 
 
 @dataclass
 class Work:
-    """The work of one run: every (task, rollout index) pair, those still to run, and the traces kept."""
+    """The work of one run: every (task, rollout index) pair, those still to run, and the traces kept (the
+    episodes kept, for a multi-agent taskset: its pairs index episodes)."""
 
     expected: list[tuple[TaskData, int]]
     todo: list[tuple[TaskData, int]]
-    kept: list[Trace] = field(default_factory=list)
+    kept: list[Any] = field(default_factory=list)
 
 
 def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
@@ -112,6 +129,10 @@ def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
     expected = [(d, i) for d in tasks for i in range(parts.rollouts)]
     if folder is None:
         return Work(expected, expected)
+    if parts.multi_agent:
+        kept = resume_episodes(folder, expected)
+        done = {(e.task_key, e.episode_index) for e in kept}
+        return Work(expected, [(d, i) for d, i in expected if (d.key, i) not in done], kept=kept)
     folder.repair()
     stored = folder.read_traces().traces
     check_same_tasks(stored, tasks, folder)
@@ -198,7 +219,7 @@ async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: En
             yield trace
         return
     with contextlib.ExitStack() as stack:
-        address = parts.env if isinstance(parts.env, str) else stack.enter_context(
+        address = parts.env if isinstance(parts.env, list) else stack.enter_context(
             local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
                          worker_timeout=parts.env.worker_timeout))
         async with EnvClient(address) as client:
@@ -207,14 +228,14 @@ async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: En
 
 
 def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = False,
-            out: IO[str] | None = None, endpoint: Endpoint | None = None) -> Summary:
+            out: IO[str] | None = None, endpoint: Endpoint | None = None) -> Summary | EpisodeSummary:
     """Run `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
     that of every session of the run (a resume adds its own to the earlier ones). `endpoint`: the model endpoint
     the command reached already (at `--model.base-url`); None: serve `parts.model`."""
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
-    tally = Tally(total=len(work.expected), done_before=len(work.kept))
+    tally = Tally(total=len(work.expected) * parts.members, done_before=len(work.kept) * parts.members)
     title = f"{parts.name} · {parts.model.display_name()} · {folder.path}"
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
@@ -223,20 +244,32 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
             model = (contextlib.nullcontext(endpoint) if endpoint
                      else serve(parts.model, log_path=folder.logs / "vllm.log"))
             with model as endpoint:
-                print(f"eval: model {endpoint.model} at {endpoint.base_url} ready after {tally.elapsed:.1f}s",
-                      file=log, flush=True)
+                where = ", ".join(endpoint.servers())
+                print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
                 tally.restart_clock()
-                asyncio.run(run_rollouts(parts, work, folder, endpoint, tally, boards))
+                run = run_episodes(parts, work.todo, folder, endpoint, tally, boards) if parts.multi_agent else (
+                    run_rollouts(parts, work, folder, endpoint, tally, boards))
+                asyncio.run(run)
         except KeyboardInterrupt:
-            finish(parts.pass_threshold, folder, folder.read_traces().traces, earlier + tally.elapsed, out, title)
+            conclude(parts, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
             folder.close()
-    traces = folder.read_traces().traces
-    summary = finish(parts.pass_threshold, folder, traces, earlier + tally.elapsed, out, title)
-    check_complete(work, traces, folder)
+    summary = conclude(parts, folder, earlier + tally.elapsed, out, title)
+    if parts.multi_agent:
+        check_episodes_complete(work.expected, folder)
+    else:
+        check_complete(work, folder.read_traces().traces, folder)
     return summary
+
+
+def conclude(parts: EvalParts, folder: RunFolder, wall_time: float, out: IO[str],
+             title: str) -> Summary | EpisodeSummary:
+    """Summarise what the folder holds (its episodes, for a multi-agent taskset) and print it."""
+    if parts.multi_agent:
+        return finish_episodes(folder, wall_time, out, title)
+    return finish(parts.pass_threshold, folder, folder.read_traces().traces, wall_time, out, title)
 
 
 def finish(pass_threshold: float, folder: RunFolder, traces: list[Trace], wall_time: float, out: IO[str],

@@ -8,6 +8,10 @@ some other state: the trace is reported as diverged and left unscored, with the 
 as an error at stage `rescore`, never scored on that other state. Rewards and metrics computed by scorers are
 replaced; the loop's own counts (tool calls, tool errors) and the trace's other errors are kept. A trace that
 did not end normally (an error, a timeout, a cancel) stays unscored, as it was.
+
+An episode of a multi-agent taskset is rescored by replay too: the episode driver runs again with each member's
+model answering from that member's stored replies (`Replay`), so the referee's current code rebuilds the game and
+the scorers score it; a replay asked for a turn on a view the stored trace does not have diverged.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import itertools
 
 from pydantic import BaseModel
 
-from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.episode import Episode
+from tracegym.core.errors import ErrorKind, TaskError, TraceError
 from tracegym.core.messages import ToolCall, tool
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
+from tracegym.envs.episode import play
 from tracegym.envs.evaluate import CONCURRENCY
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
@@ -160,3 +166,71 @@ def _mark_unscored(task: Task, trace: Trace) -> None:
 
 def _short(text: str) -> str:
     return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
+
+
+# --- episodes ----------------------------------------------------------------------------------------------
+class Diverged(TaskError):
+    """A replayed episode asked a member for a turn on a view its stored trace does not have (the referee's code
+    changed): it cannot be rescored on its stored replies."""
+
+
+class Replay:
+    """A member's model in a rescore: each call is answered with the member's stored reply, in order, once the
+    view it is asked on is checked to be the stored one."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace, self.name = trace, trace.model
+        self.messages = trace.messages
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        at = len(request.messages)
+        if self.messages[:at] != request.messages or at >= len(self.messages) or (
+                self.messages[at].role != "assistant"):
+            raise Diverged(f"member {self.trace.member!r}: the replay asked for turn {at} on a view its stored "
+                           "trace does not have")
+        return ModelResponse(self.messages[at], finish_reason="stop")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def rescore_episode(taskset: Taskset, episode: Episode, timeouts: Timeouts) -> Episode:
+    """A copy of `episode` whose rewards, outcomes and metrics are the taskset's current code's, found by replaying
+    its members' stored replies through the episode driver (no model is called); its traces keep their tokens.
+    One that did not end normally is left as it was; one whose replay diverged is left unscored, its error at
+    stage `rescore`."""
+    new = episode.model_copy(deep=True)
+    if not episode.ended_normally or set(episode.traces) != set(episode.members):
+        return new
+    try:
+        task = taskset.task(episode.task)
+        replayed = await play(task, {m: Replay(t) for m, t in episode.traces.items()},  # type: ignore[arg-type]
+                              episode_index=episode.episode_index, trainable=episode.trainable, timeouts=timeouts)
+    except Exception as exc:  # building the task failed: this episode's error, the others go on
+        replayed = None
+        new.error = TraceError(kind=ErrorKind.TASK, stage="rescore", message=f"{type(exc).__name__}: {exc}")
+    if replayed is not None and replayed.error is not None:
+        new.error = replayed.error.model_copy(update={"stage": f"rescore:{replayed.error.stage}"})
+    scored = replayed if replayed is not None and replayed.error is None else None
+    new.rewards = {m: scored.rewards.get(m) if scored else None for m in new.members}
+    new.outcomes = dict(scored.outcomes) if scored else {}
+    new.metrics = dict(scored.metrics) if scored else new.metrics
+    for member, trace in new.traces.items():
+        again = scored.traces[member] if scored else None
+        trace.rewards = dict(again.rewards) if again else {k: RewardScore(score=None, weight=r.weight)
+                                                           for k, r in trace.rewards.items()}
+        trace.metrics = dict(again.metrics) if again else {k: None for k in trace.metrics}
+        new.member_metrics[member] = dict(trace.metrics)
+    return new
+
+
+async def rescore_episodes(taskset: Taskset, episodes: list[Episode], timeouts: Timeouts,
+                           concurrency: int = CONCURRENCY) -> list[Episode]:
+    """Every episode rescored, in the same order, `concurrency` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(episode: Episode) -> Episode:
+        async with gate:
+            return await rescore_episode(taskset, episode, timeouts)
+
+    return list(await asyncio.gather(*(one(e) for e in episodes)))

@@ -1,9 +1,15 @@
-"""Run folder: where one eval run lives: `config.toml`, `traces.jsonl`, `summary.json`, `logs/`.
+"""Run folder: where one eval run lives: `config.toml`, `traces.jsonl`, `summary.json`, `logs/` (and for a
+multi-agent taskset `episodes.jsonl`).
 
 Traces are appended one JSON line each and flushed as they finish, so a killed run loses at most the line it
 was writing. The reader tolerates that truncated last line (and counts it); `repair()` cuts it off before more
 lines are appended. The folder never holds two traces for the same (task key, rollout index): a resume first
 moves errored traces aside into `traces.errored.jsonl`.
+
+An episode is stored as its members' traces (in `traces.jsonl`, each naming its member and episode) followed by
+its record without them (a line of `episodes.jsonl`): the record is written last, so an episode is in the folder
+exactly when its record is, and a reader joins the two by episode id (traces of an episode with no record are a
+killed run's leftovers, and are ignored).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
+from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import Trace
 
 CONFIG, TRACES, SUMMARY, ERRORED = "config.toml", "traces.jsonl", "summary.json", "traces.errored.jsonl"
+EPISODES = "episodes.jsonl"
 
 
 @dataclass
@@ -129,6 +137,29 @@ class RunFolder:
             self._out.close()
             self._out = None
 
+    # --- episodes ----------------------------------------------------------------------------------------
+    def append_episode(self, episode: Episode) -> None:
+        """Append an episode: its members' traces, then its record (flushed, so it survives a kill)."""
+        for member in episode.members:
+            if member in episode.traces:
+                self.append(episode.traces[member])
+        with (self.path / EPISODES).open("a", encoding="utf-8") as out:
+            out.write(episode.model_dump_json(exclude={"traces"}) + "\n")
+
+    def read_episodes(self, name: str = EPISODES, traces: str = TRACES) -> list[Episode]:
+        """Every episode whose record is readable, joined with its members' traces from `traces`."""
+        records = _read_lines(self.path / name, Episode.model_validate_json)
+        members = {(t.episode_id, t.member): t for t in read_trace_file(self.path / traces).traces}
+        for episode in records:
+            episode.traces = {m: members[(episode.id, m)] for m in episode.members if (episode.id, m) in members}
+        return records
+
+    def rewrite_episodes(self, episodes: Iterable[Episode], name: str = EPISODES, traces: str = TRACES) -> None:
+        """Replace an episodes file and its traces file atomically (traces first: a record never lacks them)."""
+        episodes = list(episodes)
+        self.rewrite([t for e in episodes for t in e.traces.values()], traces)
+        write_atomic(self.path / name, "".join(e.model_dump_json(exclude={"traces"}) + "\n" for e in episodes))
+
 
 def read_trace_file(path: Path) -> TraceFile:
     """Traces from a JSONL file, tolerating a truncated last line and skipping unreadable ones."""
@@ -148,6 +179,20 @@ def read_trace_file(path: Path) -> TraceFile:
             else:
                 result.bad_lines += 1
     return result
+
+
+def _read_lines(path: Path, parse: Any) -> list[Any]:
+    """Each readable line of a JSONL file parsed (none when it does not exist); unreadable lines are skipped."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if line.strip():
+            try:
+                found.append(parse(line))
+            except (ValidationError, ValueError):
+                continue
+    return found
 
 
 def _safe(name: str) -> str:

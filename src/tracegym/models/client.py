@@ -21,6 +21,9 @@ class ModelRequest:
     prefix: TokenPrefix | None = None
     """The exact tokens along the current branch, for clients that extend them instead of re-rendering (the
     token client); None before the model's first sampled turn on the branch."""
+    session: str | None = None
+    """The affinity key: requests with the same one go to the same server of a several-server endpoint, so its
+    prefix cache is reused (the rollout loop sets its trace id; an episode its episode id). None: any server."""
 
 
 @dataclass(frozen=True)

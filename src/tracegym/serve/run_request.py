@@ -1,4 +1,5 @@
-"""RunRequest: the payload of a `run` request (task data, endpoint, sampling, rollout indices, timeouts, retries)."""
+"""RunRequest: the payload of a `run` request (task data, endpoint, sampling, rollout indices, timeouts, retries;
+for a multi-agent taskset, episodes and their seat binding)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.envs.evaluate import INFRA_RETRIES
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import Seat
 from tracegym.models.endpoint import Endpoint
 
 
@@ -21,4 +23,9 @@ class RunRequest(BaseModel):
     rollout_indices: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=4096)
     timeouts: Timeouts | None = None
     infra_retries: int = Field(default=INFRA_RETRIES, ge=0, le=100)
+    episodes: bool = False
+    """Run episodes of a multi-agent taskset (the indices are episode indices; the reply holds Episodes)."""
+    seats: dict[str, Seat] = Field(default_factory=dict)
+    """The episodes' seat binding: member id -> Seat (its model an Endpoint); members left out play as
+    `endpoint`."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import msgpack
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from tracegym.core.errors import ErrorKind, TracegymError
 
@@ -139,6 +139,16 @@ def zmq_address(value: str) -> str:
 
 Address = Annotated[str, AfterValidator(zmq_address)]
 """An env server's address, checked when a config is made."""
+
+
+def listed(value: Any) -> Any:
+    """One address given alone (a TOML string, one flag value) is a list of one."""
+    return [value] if isinstance(value, str) else value
+
+
+Addresses = Annotated[list[Address], BeforeValidator(listed), Field(min_length=1)]
+"""The addresses of one or more env servers of the same taskset (on several hosts, say): rollouts are spread over
+them and a lost one's go to the others."""
 
 
 def is_loopback(address: str) -> bool:

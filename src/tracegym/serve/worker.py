@@ -23,10 +23,11 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
-from tracegym.core.errors import ErrorKind
+from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import run_rollout
+from tracegym.envs.evaluate import run_episode, run_rollout
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import TASK_CODE, TOOLS
 from tracegym.models.client import ModelClient
@@ -130,7 +131,7 @@ class Worker:
             if not self._answers_cancel(key):
                 raise
             frames = error_reply(request_id, "Cancelled", "the request was cancelled")
-        except (ValidationError, ValueError, TypeError) as exc:
+        except (ValidationError, ValueError, TypeError, UsageError) as exc:
             frames = error_reply(request_id, "BadRequest", f"bad run payload: {exc}", ErrorKind.TASK)
         except Exception as exc:  # the request boundary: a bug here must still answer, or the server waits for it
             log.exception("run %s failed", request_id)
@@ -146,6 +147,8 @@ class Worker:
 
     async def _traces(self, payload: bytes) -> list[dict]:
         request = RunRequest.model_validate(unpack(payload))
+        if request.episodes:
+            return await self._episodes(request)
         indices = request.rollout_indices
         async with self.models.use(request.endpoint) as model:
             if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
@@ -153,6 +156,21 @@ class Worker:
             else:
                 traces = await asyncio.gather(*(self._one(request, model, i) for i in indices))
         return [t.model_dump(mode="json") for t in traces]
+
+    async def _episodes(self, request: RunRequest) -> list[dict]:
+        """The request's episodes, each seat's endpoint reached through this worker's shared clients."""
+        async with contextlib.AsyncExitStack() as stack:
+            policy = await stack.enter_async_context(self.models.use(request.endpoint))
+            seats = {}
+            for member, seat in request.seats.items():
+                model = seat.model if not isinstance(seat.model, Endpoint) else await stack.enter_async_context(
+                    self.models.use(seat.model))
+                seats[member] = Seat(model=model, trainable=seat.trainable)
+            episodes = await asyncio.gather(*(
+                run_episode(self.taskset, request.data, policy, episode_index=i, seats=seats,
+                            sampling=request.sampling, timeouts=request.timeouts, infra_retries=request.infra_retries)
+                for i in request.rollout_indices))
+        return [e.model_dump(mode="json") for e in episodes]
 
     async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:
         return await run_rollout(self.taskset, request.data, model, rollout_index=index, sampling=request.sampling,

@@ -1,14 +1,15 @@
 """Fake OpenAI server: a real HTTP server on 127.0.0.1 answering chat completions from a Script.
 
 It speaks the vLLM response shape: with `return_token_ids` it adds `prompt_token_ids` and each choice's
-`token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a
-context limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung
-endpoint), and stopping the server cuts it. Given a renderer, it also answers vLLM's
-`/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
-empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the
-renderer's completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept
-through the stop string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event
-loop in a thread, so sync and async tests can both use it.
+`token_ids`; with `logprobs` it adds per-token logprobs. Latency, a number of failing first calls and a context
+limit (answered with vLLM's 400) are configurable; a scripted `Stall(None)` hangs a request (a hung endpoint),
+`hung = True` hangs every request, probes included, until set False (a server that stopped answering), and stopping
+the server cuts them; `start()` after `stop()` serves again on the same port. Given a renderer, it also answers
+vLLM's `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
+empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the renderer's
+completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept through the stop
+string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event loop in a thread, so sync
+and async tests can both use it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class FakeOpenAIServer:
                  *, model: str = "fake-model", latency: float = 0.0, fail_first: int = 0, fail_status: int = 503,
                  context_length: int | None = None, token_fields: bool = True, port: int = 0,
                  renderer: Renderer | None = None,
-                 completion_ids: Callable[[Message], list[int]] | None = None) -> None:
+                 completion_ids: Callable[[Message], list[int]] | None = None, host: str = "127.0.0.1") -> None:
         self.script = Script(script, rule)
         self.model = model
         self.latency = latency
@@ -48,6 +49,8 @@ class FakeOpenAIServer:
         self.token_fields = token_fields
         """False: behave like a non-vLLM endpoint and reject `return_token_ids` with HTTP 400."""
         self.port = port
+        self.host = host
+        """The interface it listens on (loopback unless a test gives its own, e.g. one reachable from a netns)."""
         self.renderer = renderer
         """Answers token-prompt `/v1/completions` when set."""
         self.completion_ids = completion_ids
@@ -55,6 +58,8 @@ class FakeOpenAIServer:
         self.policy_version: int | None = None
         """When set, every reply carries it in vLLM's policy-version header (read when the request arrives, as
         `models.policy_version`'s middleware does); set it mid-test to move the policy on."""
+        self.hung = False
+        """While True, every request (a model call, `/models`, `/health`) waits, unanswered."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -63,7 +68,7 @@ class FakeOpenAIServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> FakeOpenAIServer:
@@ -102,7 +107,7 @@ class FakeOpenAIServer:
     def _serve(self, ready: threading.Event) -> None:
         assert self._loop is not None
         asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._unless_hung])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._token_completion)
@@ -110,13 +115,22 @@ class FakeOpenAIServer:
         # A request still stalled at stop is cut after a moment rather than awaited (aiohttp's default: 60 s).
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         self._loop.run_until_complete(site.start())
         self.port = self._runner.addresses[0][1]
         ready.set()
         self._loop.run_forever()
 
     # --- handlers ----------------------------------------------------------------------------------------
+    @web.middleware
+    async def _unless_hung(self, http: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        while self.hung:
+            await asyncio.sleep(0.02)
+        response = await handler(http)
+        while self.hung:  # a reply made before the hang is held too: in flight, it goes unanswered
+            await asyncio.sleep(0.02)
+        return response
+
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(text="")
 

@@ -1,6 +1,7 @@
-"""Launcher: starts every process of an RL run (vLLM, one env server per environment, the orchestrator, the
-trainer), each with its own log in the run folder, and supervises them: if one dies, all are stopped and the
-user is told which one and shown the tail of its log. Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
+"""Launcher: starts every process of an RL run (vLLM, `model.servers` of them, one env server per environment, the
+orchestrator, the trainer), each with its own log in the run folder, and supervises them: if one dies, all are
+stopped and the user is told which one and shown the tail of its log (one of several vLLM servers dying is
+reported and the run goes on with the others). Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
 stops everything; a launcher killed outright leaves nothing either: each process exits with it.
 
 With `trainer.num_processes` N > 1 the trainer role is started under `torchrun` (torch's `torch.distributed.run`,
@@ -23,7 +24,8 @@ from tracegym.core.errors import InfrastructureError
 from tracegym.envs.registry import load_taskset
 from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.launch import server_config
-from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, log_tail
+from tracegym.models.vllm_server import VLLMServerConfig, log_tail
+from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
@@ -91,45 +93,50 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
     folder = RLFolder(run_dir)
     folder.logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        say(out, "starting vLLM ...")
+        count = config.model.servers
+        say(out, "starting vLLM ..." if count == 1 else f"starting {count} vLLM servers ...")
         served = vllm_config(config, run_dir)
-        server = stack.enter_context(VLLMServer(served))
+        servers = stack.enter_context(VLLMServers(served, count))
         envs = start_env_servers(config, run_dir, stack, out)
         folder.rewind()  # both processes go on from the newest checkpoint
-        folder.write_endpoints(Endpoints(base_url=server.base_url, base_model=served.name, envs=envs))
+        first, *rest = servers.base_urls
+        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs))
         roles = [start_role("trainer", run_dir, config.trainer.num_processes), start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:
-            return supervise(roles, server, out)
+            return supervise(roles, servers, out)
         finally:
             for role in roles:
                 role.stop()
 
 
-def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack, out: IO[str]) -> dict[str, str]:
-    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server
-    running there instead (after checking that it serves what the config says)."""
+def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack,
+                      out: IO[str]) -> dict[str, list[str]]:
+    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server(s)
+    running there instead (after checking that they serve what the config says)."""
     addresses = {}
     for key, env in env_servers(config).items():
         if env.address is not None:
             asyncio.run(check_env_server(env.address, load_taskset(env.id, env.options)))
             addresses[key] = env.address
-            say(out, f"env server {key}: {env.address} (running elsewhere)")
+            say(out, f"env server {key}: {', '.join(env.address)} (running elsewhere)")
             continue
         log_dir = RLFolder(run_dir).env_log_dir(key)
-        addresses[key] = stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
-                                                          worker_timeout=env.worker_timeout))
-        say(out, f"env server {key}: {addresses[key]}")
+        addresses[key] = [stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
+                                                           worker_timeout=env.worker_timeout))]
+        say(out, f"env server {key}: {addresses[key][0]}")
     return addresses
 
 
-def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
-    """Wait until the orchestrator and trainer both finish; stop at the first failure and report it."""
+def supervise(roles: list[Role], servers: VLLMServers, out: IO[str]) -> int:
+    """Wait until the orchestrator and trainer both finish; stop at the first failure and report it. Of several
+    vLLM servers, one that dies is reported and the run goes on with the others (rollouts move to them); the
+    last one dying ends the run."""
+    lost: set[str] = set()
     while True:
         codes = {r.name: r.proc.poll() for r in roles}
         failed = [r for r in roles if codes[r.name] not in (None, 0)]
-        if not server.running():
-            raise InfrastructureError(f"vLLM died; its log ends:\n{log_tail(server.log_path)}")
+        check_servers(servers, lost, out)
         if failed:
             role = failed[0]
             say(out, f"{role.name} died (exit {codes[role.name]}); stopping everything. Its log ends:")
@@ -139,6 +146,17 @@ def supervise(roles: list[Role], server: VLLMServer, out: IO[str]) -> int:
             say(out, "done")
             return 0
         time.sleep(0.5)
+
+
+def check_servers(servers: VLLMServers, lost: set[str], out: IO[str]) -> None:
+    """Report each vLLM server that died since the last look (adding it to `lost`); raise when none is left."""
+    dead = [s for s in servers.servers if not s.running() and str(s.log_path) not in lost]
+    if len(lost) + len(dead) == len(servers.servers):
+        raise InfrastructureError(f"vLLM died; its log ends:\n{log_tail(dead[-1].log_path)}")
+    for server in dead:
+        lost.add(str(server.log_path))
+        say(out, f"a vLLM server died; going on with the other {len(servers.servers) - len(lost)}. "
+                 f"Its log ({server.log_path}) ends:\n{log_tail(server.log_path, 10)}")
 
 
 def say(out: IO[str], text: str) -> None:

@@ -279,7 +279,8 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     held_out = HeldOut([HeldOutEnv(e.id, load_taskset(e.id, e.options), client(e, held_out=True))
                         for e in orch.eval.envs], orch.eval.sampling.to_sampling(), orch.eval.num_tasks,
                        orch.eval.every)
-    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model)
+    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
+                                     replicas=endpoints.replicas)
     fn = load_advantage_fn(orch.advantage, **({"std": True} if orch.std_normalize else {}))
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
                                 GroupAdvantages(fn, filter_no_signal=orch.filter_no_signal),

@@ -16,7 +16,7 @@ from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
-from tracegym.serve.wire import Address
+from tracegym.serve.wire import Addresses
 from tracegym.train.cluster import SlurmConfig
 from tracegym.train.trainer import TrainerConfig
 
@@ -42,9 +42,10 @@ class EnvChoice(BaseModel):
     """Share of each step's tasks drawn from this environment (relative to the others)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The taskset's own options (its Config fields)."""
-    address: Address | None = None
-    """A running env server for this environment (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`),
-    checked at launch to serve this taskset with these options; unset: the launcher starts one here."""
+    address: Addresses | None = None
+    """A running env server for this environment (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`), or
+    several (rollouts spread over them, a lost one's sent to the others), checked at launch to serve this taskset
+    with these options; unset: the launcher starts one here."""
     worker_timeout: float | None = Field(default=None, gt=0)
     """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
     unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests

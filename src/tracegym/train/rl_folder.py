@@ -1,7 +1,7 @@
 """RL run folder: where one training run lives, and the one place that knows its layout.
 
     config.toml                     the resolved RLConfig (`tracegym rl` writes it; the processes read it)
-    endpoints.json                  vLLM's URL, the served base model, each env server's address (launcher -> roles)
+    endpoints.json                  vLLM's URLs, the served base model, each env server's address (launcher -> roles)
     policy.json                     {"version": 8, "model": "policy"}: the weights vLLM serves now
     batches/step-000007.msgpack     trainer step 7: its samples, its metrics, the orchestrator's state after it
     weights/current/, weights/merged/   what the trainer last handed to vLLM (adapter or weights / merged weights)
@@ -26,15 +26,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
+from tracegym.serve.wire import listed
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
@@ -58,11 +59,14 @@ class Endpoints(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     base_url: str
-    """vLLM's OpenAI-compatible API root."""
+    """vLLM's OpenAI-compatible API root (the first server's, when there are several)."""
+    replicas: list[str] = Field(default_factory=list)
+    """The other vLLM servers' API roots (`model.servers` > 1): rollouts are routed across all of them and each
+    publish reaches every one."""
     base_model: str
     """The name vLLM serves the base model under (policy version 0)."""
-    envs: dict[str, str]
-    """Env server address by name (`env_servers` in rl_config)."""
+    envs: dict[str, Annotated[list[str], BeforeValidator(listed)]]
+    """Env server addresses by name (`env_servers` in rl_config): one each, or several serving one environment."""
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,11 @@ def run_trainer(run_dir: Path) -> None:
     config, folder, endpoints = load_run(run_dir)
     dp = join(config.trainer.device)
     trainer = build_trainer(config.trainer, dp)
+    servers = [endpoints.base_url, *endpoints.replicas]
     if config.weight_sync == "merged":  # only rank 0 publishes (TrainerLoop.serve_weights)
-        sync: WeightSync = MergedWeightSync(endpoints.base_url, endpoints.base_model, announce=True)
+        sync: WeightSync = MergedWeightSync(servers, endpoints.base_model, announce=True)
     else:
-        sync = WeightSync(endpoints.base_url, adapter_name="policy", announce=True)
+        sync = WeightSync(servers, adapter_name="policy", announce=True)
     build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
     dp.close()  # not after a failure: the other ranks may be inside a collective; torchrun ends them
 

@@ -3,7 +3,8 @@
 One sample per branch whose tokens are known. A node shared by several branches carries loss only in the
 first sample that holds it (its tokens stay in later samples as context, mask off). A truncated rollout
 still yields its sampled tokens (they were sampled; only the turn's end is missing): its samples carry
-`meta["truncated"] = 1.0` so a trainer may drop or mask them. Advantages are set later, by the orchestrator.
+`meta["truncated"] = 1.0` so a trainer may drop or mask them. A turn whose markup did not parse (`Node.parse_error`)
+stays in its samples as context, with no loss. Advantages are set later, by the orchestrator.
 
 `validate` says whether a trace can be trained on; `trace_samples` refuses (ValueError) the turns whose loss
 cannot be computed: sampled tokens without logprobs (never read as 0.0) or sampled at a temperature <= 0.
@@ -52,7 +53,7 @@ def _branch_sample(trace: Trace, index: int, path: list[Node], trained: set[int]
         if not ids:
             continue
         token_ids += ids
-        if node.sampled and node.id not in trained and node.mask is not None:
+        if node.sampled and node.id not in trained and node.mask is not None and not node.parse_error:
             _check_trainable(trace, node)
             loss_mask += [m == 1 for m in node.mask]
             logprobs += node.logprobs or []

@@ -1,4 +1,4 @@
-"""Weight sync: loads each new LoRA adapter into a running vLLM in place and tracks the policy version it serves.
+"""Weight sync: loads each new LoRA adapter into the running vLLM servers in place; tracks the version each serves.
 
 vLLM must run with LoRA enabled and runtime updating allowed (`VLLMServerConfig(enable_lora=True)` sets
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING`). `publish(adapter_dir, version)` posts `/v1/load_lora_adapter` with
@@ -12,6 +12,13 @@ schedules such a request again; a missing folder there kills vLLM's engine. HTTP
 (`models.transport`), one attempt per route: a refusal (4xx: runtime loading off, rank above `max_lora_rank`, bad
 files) is a UsageError, an unreachable or failing server (5xx) an InfrastructureError.
 
+Several servers (a list of base URLs): each publish reaches every one (at once; the snapshot folder is one path
+they all read, so it must be on storage every server sees) and each server is told its version only after its
+own load succeeded, so the version each response carries is the one that server serves. A server that cannot be
+reached keeps its older weights and version (`versions`) and is named in a warning; the run goes on with the
+others, each of its responses still stamped with the version it really served (so the staleness check holds per
+server), and the next publish brings it up to date. Every server failing is the InfrastructureError above.
+
 >>> sync = WeightSync(server.base_url, adapter_name="policy")  # doctest: +SKIP
 >>> sync.publish(trainer.save_weights(run_dir / "adapters" / "step_1"), version=trainer.version)  # doctest: +SKIP
 >>> Endpoint(base_url=server.base_url, model=sync.model_name)  # doctest: +SKIP
@@ -19,38 +26,50 @@ files) is a UsageError, an unreachable or failing server (5xx) an Infrastructure
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tracegym.core.errors import ModelError, UsageError
+from tracegym.core.errors import InfrastructureError, ModelError, UsageError
 from tracegym.models import policy_version, transport
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ADAPTER_NAME = "policy"
 LORA_NEEDS = "vLLM started with LoRA enabled and runtime LoRA updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
 
 
 class WeightSync:
-    """Publishes adapters to one vLLM server under one name; `version` is the policy version it serves."""
+    """Publishes adapters to vLLM servers under one name; `version` is the policy version published last."""
 
-    def __init__(self, base_url: str, adapter_name: str = DEFAULT_ADAPTER_NAME, timeout_s: float = 120.0,
-                 keep: int = 4, announce: bool = False) -> None:
-        """`announce`: after each publish, tell the server which version it now serves (a vLLM started with
-        `report_policy_version`), so every response says which policy served it."""
+    def __init__(self, base_url: str | Sequence[str], adapter_name: str = DEFAULT_ADAPTER_NAME,
+                 timeout_s: float = 120.0, keep: int = 4, announce: bool = False) -> None:
+        """`base_url`: one server's API root, or several; `announce`: after each publish, tell each server which
+        version it now serves (a vLLM started with `report_policy_version`), so every response says which policy
+        served it."""
         if keep < 1:
             raise UsageError(f"keep must be at least 1 snapshot, got {keep}")
-        self.base_url = base_url.rstrip("/")
-        self.root = self.base_url.removesuffix("/v1")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise UsageError("weight sync needs at least one server")
+        self.servers = [url.rstrip("/") for url in urls]
+        """Every server's API root (`http://host:port/v1`)."""
+        self.base_url = self.servers[0]
         self.announce = announce
         self.adapter_name = adapter_name
         self.timeout_s, self.keep = timeout_s, keep
         self._snapshots: list[Path] = []
         self.version: int | None = None
-        """The policy version vLLM serves under `model_name` (None before the first publish)."""
+        """The policy version published last, served under `model_name` (None before the first publish)."""
+        self.versions: dict[str, int | None] = dict.fromkeys(self.servers)
+        """The version each server serves (older than `version` for one a publish could not reach)."""
         self.last_seconds = 0.0
         """How long the last publish took."""
         self.served_path: Path | None = None
-        """The snapshot folder vLLM serves the current version from."""
+        """The snapshot folder the servers serve the current version from."""
 
     @property
     def model_name(self) -> str:
@@ -58,8 +77,8 @@ class WeightSync:
         return self.adapter_name
 
     def publish(self, adapter_dir: str | Path, version: int) -> str:
-        """Load the adapter in `adapter_dir` in place of the served one; afterwards `version` is served under
-        the returned name (`model_name`)."""
+        """Load the adapter in `adapter_dir` in place of the served one on every server; afterwards `version` is
+        served under the returned name (`model_name`)."""
         path = Path(adapter_dir).resolve()
         if not (path / "adapter_config.json").is_file():
             raise UsageError(f"{path} is not a LoRA adapter directory (no adapter_config.json)")
@@ -69,8 +88,7 @@ class WeightSync:
             shutil.rmtree(snapshot, ignore_errors=True)
             shutil.copytree(path, snapshot)
         body = {"lora_name": self.adapter_name, "lora_path": str(snapshot), "load_inplace": True}
-        self._post("/load_lora_adapter", body)
-        self._announce(version)
+        self._to_each(lambda url: self._post(url, "/load_lora_adapter", body), version)
         self.served_path, self.version = snapshot, version
         self._snapshots = [p for p in self._snapshots if p != snapshot] + [snapshot]
         for old in self._snapshots[:-self.keep]:
@@ -79,17 +97,36 @@ class WeightSync:
         self.last_seconds = time.perf_counter() - start
         return self.model_name
 
-    def _announce(self, version: int) -> None:
+    def _to_each(self, load: Callable[[str], object], version: int) -> None:
+        """`load` on every server at once, then (with `announce`) `version` to each that loaded it. A refusal is
+        raised; a server that failed otherwise keeps its older version, with a warning, unless every one failed
+        (the first failure is raised)."""
+
+        def one(url: str) -> None:
+            load(url)
+            self._announce(url, version)
+            self.versions[url] = version
+
+        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
+            outcomes = list(pool.map(_outcome(one), self.servers))
+        failures = [(url, exc) for url, exc in zip(self.servers, outcomes, strict=True) if exc is not None]
+        refused = [exc for _, exc in failures if not isinstance(exc, InfrastructureError)]
+        if refused or len(failures) == len(self.servers):
+            raise (refused or [failures[0][1]])[0]
+        for url, exc in failures:
+            log.warning("policy version %d did not reach %s (it serves version %s until a publish does): %s",
+                        version, url, self.versions[url], exc)
+
+    def _announce(self, url: str, version: int) -> None:
         if self.announce:
-            self._post(policy_version.ROUTE, {"version": version}, base=self.root, what=f"policy version {version}",
+            self._post(_root(url), policy_version.ROUTE, {"version": version}, what=f"policy version {version}",
                        needs=f"vLLM started with report_policy_version (--middleware {policy_version.MIDDLEWARE})")
 
-    def _post(self, route: str, body: dict[str, object], base: str | None = None, what: str = "",
-              needs: str = LORA_NEEDS) -> str:
-        """POST JSON to `base_url + route` (or `base + route`) once, through the transport (no reply or a 5xx is
-        its InfrastructureError); a refusal (4xx) is the user's setup, so a UsageError: a missing `route` says
-        what the server `needs`, any other names `what` the request carried."""
-        url = (base or self.base_url) + route
+    def _post(self, base: str, route: str, body: dict[str, object], what: str = "", needs: str = LORA_NEEDS) -> str:
+        """POST JSON to `base + route` once, through the transport (no reply or a 5xx is its InfrastructureError);
+        a refusal (4xx) is the user's setup, so a UsageError: a missing `route` says what the server `needs`, any
+        other names `what` the request carried."""
+        url = base + route
         try:
             return transport.call(url, body, timeout=self.timeout_s)
         except ModelError as exc:  # a 4xx: Refused, or a 400 whose wording reads as a context overflow
@@ -101,12 +138,13 @@ class WeightSync:
 
 
 class MergedWeightSync(WeightSync):
-    """Publishes merged full weights: vLLM reloads its base weights in place from a folder written by
+    """Publishes merged full weights: each vLLM server reloads its base weights in place from a folder written by
     `Trainer.save_merged`, and its prefix cache is reset, so requests keep naming the base model. Needs vLLM
     started with `VLLM_SERVER_DEV_MODE=1` (its `/collective_rpc` and `/reset_prefix_cache` routes). On a CPU,
     generating through plain weights is ~3x faster than through a LoRA adapter, which pays for the reload."""
 
-    def __init__(self, base_url: str, model_name: str, timeout_s: float = 120.0, announce: bool = False) -> None:
+    def __init__(self, base_url: str | Sequence[str], model_name: str, timeout_s: float = 120.0,
+                 announce: bool = False) -> None:
         super().__init__(base_url, adapter_name=model_name, timeout_s=timeout_s, announce=announce)
 
     def publish(self, weights_dir: str | Path, version: int) -> str:
@@ -114,14 +152,34 @@ class MergedWeightSync(WeightSync):
         if not (path / "model.safetensors").is_file():
             raise UsageError(f"{path} holds no merged weights (model.safetensors); see Trainer.save_merged")
         start = time.perf_counter()
-        self._post_root("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
-        self._post_root("/reset_prefix_cache", {})
-        self._announce(version)
+
+        def reload(url: str) -> None:
+            self._post_root(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+            self._post_root(url, "/reset_prefix_cache", {})
+
+        self._to_each(reload, version)
         self.served_path, self.version = path, version
         self.last_seconds = time.perf_counter() - start
         return self.model_name
 
-    def _post_root(self, route: str, body: dict[str, object]) -> str:
-        return self._post(route, body, base=self.root, what="the merged weights",
+    def _post_root(self, url: str, route: str, body: dict[str, object]) -> str:
+        return self._post(_root(url), route, body, what="the merged weights",
                           needs="vLLM started with VLLM_SERVER_DEV_MODE=1 (merged weight sync)")
 
+
+def _root(url: str) -> str:
+    """A server's root (its routes beside `/v1`)."""
+    return url.removesuffix("/v1")
+
+
+def _outcome(call: Callable[[str], None]) -> Callable[[str], Exception | None]:
+    """`call` with its exception returned instead of raised (None: it succeeded)."""
+
+    def run(url: str) -> Exception | None:
+        try:
+            call(url)
+        except Exception as exc:  # the caller sorts each server's failure: refusal, unreachable, failing
+            return exc
+        return None
+
+    return run

@@ -1,0 +1,82 @@
+"""Seats: which model each member of an episode plays as, and whether its trace trains, as plain data.
+
+By default every member is the run's policy (shared-policy self-play) and trains as its `Member.trainable`
+says. A `Seat` pins a member to another model (an `Endpoint`, which crosses the wire; in process also a live
+client) and then, unless it says otherwise, that member does not train. A binding naming a member the task
+does not have is a UsageError naming it, before any episode runs.
+
+>>> Seat(trainable=False).trainable
+False
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.schedule import Member
+from tracegym.models.client import ModelClient
+from tracegym.models.endpoint import Endpoint, HttpUrl
+
+
+class Seat(BaseModel):
+    """One member's binding: its model (None: the run's policy) and whether it trains (None: the default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model: Endpoint | ModelClient | None = None
+    """Where this member's turns go: an Endpoint (plain data) or, in process, a live model client."""
+    trainable: bool | None = None
+    """Whether its trace is trained on; None: when it plays as the policy and its Member is trainable."""
+
+    def trains(self, member: Member) -> bool:
+        """Whether `member`, bound by this seat, trains."""
+        return self.trainable if self.trainable is not None else member.trainable and self.model is None
+
+
+Seats = Mapping[str, Seat]
+"""A binding: member id -> Seat; members it leaves out play as the policy."""
+
+
+def bind(members: Sequence[Member], seats: Seats | None, owner: str) -> dict[str, Seat]:
+    """Every member's Seat, in seat order; a UsageError naming a seat that `owner` (a taskset id) has not."""
+    given = dict(seats or {})
+    ids = [m.id for m in members]
+    for name in given:
+        if name not in ids:
+            raise UsageError(f"seat override for {name!r}: taskset {owner!r} has no such seat "
+                             f"(seats: {', '.join(ids)})")
+    return {m: given.get(m, Seat()) for m in ids}
+
+
+def wire_seats(seats: Seats | None) -> dict[str, dict]:
+    """The binding as plain data for a request; a live client cannot cross the wire (a UsageError saying so)."""
+    out = {}
+    for name, seat in (seats or {}).items():
+        if seat.model is not None and not isinstance(seat.model, Endpoint):
+            raise UsageError(f"seat {name!r}: an env server reaches a model through its Endpoint, not a "
+                             f"{type(seat.model).__name__}")
+        out[name] = seat.model_dump(mode="json", exclude_none=True)
+    return out
+
+
+class SeatChoice(BaseModel):
+    """A seat's binding as a command's options: `--seat.ID.model NAME`, `--seat.ID.base-url URL`,
+    `--seat.ID.trainable`; what it leaves unset is the policy's (a model name alone: another model, e.g. a LoRA
+    adapter, of the policy's own server; its API key is read from the policy's variable)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+    model: str | None = None
+    """The model name this seat plays as; unset: the policy's."""
+    base_url: HttpUrl | None = None
+    """The endpoint serving it (e.g. `http://host:8000/v1`); unset: the policy's."""
+    trainable: bool | None = None
+    """Whether its trace trains; unset: only when it plays as the policy."""
+
+    def seat(self, policy: Endpoint) -> Seat:
+        """This choice as a Seat, completed from the policy's endpoint."""
+        changes = {k: v for k, v in (("model", self.model), ("base_url", self.base_url)) if v is not None}
+        if not changes or changes == {"model": policy.model}:
+            return Seat(trainable=self.trainable)
+        return Seat(model=policy.model_copy(update=changes), trainable=self.trainable)

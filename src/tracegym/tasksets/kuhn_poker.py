@@ -1,0 +1,141 @@
+"""Kuhn poker: two players, a three-card deck (J < Q < K), one card each, one betting round; a worked example of
+a multi-agent taskset.
+
+Each player antes 1 chip. `player_0` acts first: `check` or `bet` (1 chip). After a check, `player_1` may check
+(showdown) or bet, and then `player_0` must `call` or `fold`; after a bet, `player_1` must call or fold. At a
+showdown the higher card takes the pot. The referee (this module's code) deals, tells each player only its own
+card and the betting so far (`observe`), reads the last legal action word in a reply's public text (`move`;
+anything in `<think>...</think>` is private), and asks again on an illegal reply: after `move_retries` retries
+the player forfeits. Rewards: `payoff` +1 to the winner, -1 to the loser (and to a forfeiting player); metrics:
+`chips` (net chips won) and `won`.
+
+How it is written, as a template for your own game: `KuhnPokerTask(MultiAgentTask[KuhnDeal])` lists its two
+`seats`, yields whoever acts next from `schedule()` until `over`, and keeps the game on the instance (one per
+episode); `KuhnPoker(Taskset[KuhnConfig])` deals seeded rows. Run it: `tracegym eval kuhn-poker -n 200`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator
+
+from pydantic import Field
+
+from tracegym.core.episode import Outcome
+from tracegym.core.task_data import TaskData
+from tracegym.core.trace import Trace
+from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
+from tracegym.envs.schedule import Member, Slot
+from tracegym.envs.scorers import metric, reward
+from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+
+CARDS = ("J", "Q", "K")
+RULES = (
+    "We play Kuhn poker. The deck has three cards: J, Q and K (K is highest). Each player antes 1 chip and gets "
+    "one card. Players act in turn: check or bet 1 chip; facing a bet, call or fold. The higher card wins the pot "
+    "at showdown. Reply with exactly one action word: check, bet, call or fold."
+)
+SEATS = (Member(id="player_0", system_prompt=f"You are player_0. {RULES}"),
+         Member(id="player_1", system_prompt=f"You are player_1. {RULES}"))
+
+
+class KuhnConfig(TasksetConfig):
+    """Options of kuhn-poker."""
+
+    num_tasks: int = Field(default=1000, ge=1)
+    """How many deals to generate."""
+
+
+class KuhnDeal(TaskData):
+    """One deal: each player's card."""
+
+    cards: dict[str, str]
+
+
+class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
+    """One hand of Kuhn poker between `player_0` and `player_1`."""
+
+    seats = SEATS
+    public_outputs = False  # the referee narrates each action; a player's words beyond it are not the game
+    move_retries = 2
+
+    def __init__(self, data: KuhnDeal, **options: object) -> None:
+        super().__init__(data, **options)  # type: ignore[arg-type]
+        self.history: list[tuple[str, str]] = []
+        """(player, action) so far."""
+        self.chips = {"player_0": 1, "player_1": 1}
+        """Chips each player has put in the pot."""
+
+    def schedule(self) -> Iterator[Slot]:
+        """Whoever acts next, until the hand is over (at most three actions)."""
+        order = ["player_0", "player_1", "player_0"]
+        for player in order:
+            if self.over:
+                return
+            yield Slot(player)
+
+    def legal(self) -> list[str]:
+        """The actions open to the player to act."""
+        facing_bet = bool(self.history) and self.history[-1][1] == "bet"
+        return ["call", "fold"] if facing_bet else ["check", "bet"]
+
+    def observe(self, member: str) -> str:
+        done = "; ".join(f"{p} {a}s" for p, a in self.history) or "nobody has acted yet"
+        return (f"Your card: {self.data.cards[member]}. So far: {done}. Your move: "
+                f"{' or '.join(self.legal())}?")
+
+    def move(self, member: str, text: str) -> str:
+        legal = self.legal()
+        words = re.findall(r"[a-z]+", text.lower())
+        chosen = [w for w in words if w in legal]
+        if not chosen:
+            raise InvalidMove(f"reply with one of: {', '.join(legal)}.")
+        return chosen[-1]
+
+    def act(self, member: str, move: str) -> None:
+        self.history.append((member, move))
+        if move in ("bet", "call"):
+            self.chips[member] += 1
+        actions = [a for _, a in self.history]
+        other = next(m for m in self.members if m != member)
+        if move == "fold":
+            self.win(other)
+        elif actions in (["check", "check"], ["bet", "call"], ["check", "bet", "call"]):
+            cards = self.data.cards
+            self.win(max(self.members, key=lambda m: CARDS.index(cards[m])))
+
+    @reward(name="payoff")
+    def reward_payoff(self, trace: Trace) -> float:
+        """+1 for a win, -1 for a loss or a forfeit, 0 for an unfinished hand."""
+        return self.payoff(trace.member)
+
+    @metric
+    def chips(self, trace: Trace) -> float:
+        """Net chips this player won (the pot it took minus what it put in)."""
+        outcome, mine = self.outcomes.get(str(trace.member)), self.chips[str(trace.member)]
+        if outcome == Outcome.WIN:
+            return float(sum(self.chips.values()) - mine)
+        return -float(mine) if outcome in (Outcome.LOSS, Outcome.FORFEIT) else 0.0
+
+    @metric
+    def won(self, trace: Trace) -> float:
+        return float(self.outcomes.get(str(trace.member)) == Outcome.WIN)
+
+
+def deal(rng: random.Random, cfg: KuhnConfig, index: int) -> KuhnDeal:
+    """Two distinct cards, one per player."""
+    first, second = rng.sample(CARDS, 2)
+    return KuhnDeal(id=f"kuhn-{cfg.seed}-{index}", prompt="A new hand begins.", cards={"player_0": first,
+                                                                                       "player_1": second})
+
+
+class KuhnPoker(Taskset[KuhnConfig]):
+    """Kuhn poker self-play (two seats); reward: +1 win, -1 loss or forfeit."""
+
+    id = "kuhn-poker"
+    description = "Two-player Kuhn poker (J/Q/K, one betting round); reward +1 win, -1 loss or forfeit."
+    task_class = KuhnPokerTask
+
+    def load(self) -> Iterator[KuhnDeal]:
+        return seeded_rows(deal, self.config, self.config.num_tasks)
