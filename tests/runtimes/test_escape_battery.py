@@ -173,6 +173,51 @@ async def test_escape_killing_its_parent(sandbox: Sandbox) -> None:
         bystander.wait()
 
 
+async def test_escape_replacing_a_task_file_with_a_symlink_between_runs(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The host writes a task file, the program swaps it (and a folder) for links to host files; the host's next
+    write replaces the link, its reads never follow one."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    victim.chmod(0o600)
+    sandbox.write_file("solution.py", "print('first')")
+    program = (f"import os\nos.remove('solution.py')\nos.symlink({str(victim)!r}, 'solution.py')\n"
+               f"os.symlink({str(victim)!r}, 'result.txt')\nos.symlink({str(tmp_path)!r}, 'sub')\n"
+               "os.mkfifo('pipe')")
+    result = await sandbox.run([PY, "-c", program])
+    assert result.ok, result
+    sandbox.write_file("solution.py", "print('second')")
+    with pytest.raises(OSError):  # a linked folder is not followed either
+        sandbox.write_file("sub/planted.txt", "x")
+    assert victim.read_text() == "precious" and sorted(p.name for p in tmp_path.iterdir()) == ["victim.txt"]
+    assert sandbox.read_file("solution.py") == b"print('second')"
+    assert sandbox.read_file("result.txt") is None and sandbox.read_file("sub/victim.txt") is None
+    assert sandbox.read_file("pipe") is None  # a FIFO does not block the host
+    again = await sandbox.run([PY, "solution.py"])
+    assert again.ok and again.stdout.strip() == "second", again
+
+
+async def test_escape_renaming_its_workdir_and_leaving_a_symlink(sandbox: Sandbox, tmp_path: Path,
+                                                                request: pytest.FixtureRequest) -> None:
+    """The program renames its working directory away and leaves a link to a host folder in its place: it
+    cannot (the folder above is the host's), so the host's next write lands in the sandbox, not the host folder."""
+    runtime = request.node.callspec.params["sandbox"]
+    if os.geteuid() != 0 and runtime.name == "subprocess":
+        pytest.skip("not root: the program runs as us and may write what we may (documented)")
+    target = tmp_path / "host-folder"
+    target.mkdir(mode=0o700)
+    program = ("import os\nw = os.getcwd()\nfor step in (lambda: os.rename(w, w + '-moved'), "
+               f"lambda: os.symlink({str(target)!r}, w)):\n"
+               "    try:\n        step()\n        print('done')\n    except OSError as exc:\n"
+               "        print('refused', exc.errno)")
+    result = await sandbox.run([PY, "-c", program])
+    assert result.exit_code == 0, result
+    sandbox.write_file("solution.py", "print('host')")
+    assert list(target.iterdir()) == []
+    assert sandbox.read_file("solution.py") == b"print('host')"
+    assert sandbox.workdir.is_dir() and not sandbox.workdir.is_symlink()
+    assert not Path(f"{sandbox.workdir}-moved").exists()
+
+
 @pytest.mark.parametrize("runtime", runtimes())
 async def test_escape_outliving_a_killed_host(runtime: Runtime, tmp_path: Path) -> None:
     """The host process itself dies by SIGKILL mid-run: the lifeline ends the sandbox's program anyway."""

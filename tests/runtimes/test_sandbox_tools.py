@@ -67,7 +67,7 @@ async def test_a_sandboxed_tool_runs_in_the_rollouts_sandbox_and_a_plain_one_in_
                              for m in trace.completion if m.role == "tool")
     assert outside == {"pid": os.getpid(), "uid": os.getuid(), "cwd": os.getcwd(), "note": "out"}
     assert inside["note"] == "in" and inside["pid"] != os.getpid()
-    assert Path(inside["cwd"]).name.startswith("tracegym-sandbox-")
+    assert Path(inside["cwd"]).parent.name.startswith("tracegym-sandbox-")  # <temp>/tracegym-sandbox-<id>/work
     assert not Path(inside["cwd"]).exists(), "the rollout's sandbox outlived its cleanup"
     if os.geteuid() == 0:
         assert inside["uid"] != 0

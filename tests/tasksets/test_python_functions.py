@@ -122,3 +122,20 @@ def test_code_extraction_takes_the_last_block() -> None:
     assert extract_code("```python\na = 1\n```\ntext\n```py\nb = 2\n```") == "b = 2\n"
     assert extract_code("```\nc = 3\n```") == "c = 3\n"
     assert extract_code("no code") is None
+
+
+@pytest.mark.parametrize("runtime", ["subprocess", "bubblewrap"])
+async def test_a_symlink_left_by_one_attempt_never_makes_the_host_write_through_it(
+        runtime: str, tmp_path: pytest.TempPathFactory) -> None:
+    """The first attempt replaces solution.py by a link to a host file; the host's write of the second attempt
+    replaces the link, never the file it points at."""
+    from tracegym.runtimes.catalog import runtime_for
+    if runtime_for(runtime).unavailable():
+        pytest.skip(str(runtime_for(runtime).unavailable()))
+    victim = tmp_path / "victim"  # type: ignore[operator]
+    victim.write_text("ORIGINAL")
+    victim.chmod(0o600)
+    plant = fenced(f"import os\nos.remove('solution.py')\nos.symlink({str(victim)!r}, 'solution.py')")
+    trace = await run({"attempts": 2, "runtime": runtime}, [plant, fenced("# written by the host")])
+    assert victim.read_text() == "ORIGINAL"
+    assert len([m for m in trace.completion if m.role == "assistant"]) == 2

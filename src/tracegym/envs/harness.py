@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tracegym.core.errors import StageTimeout, TaskError, UsageError
@@ -76,9 +75,10 @@ class ProgramRun:
         return self.result.exit_code if self.result is not None else None
 
     def file(self, name: str) -> str | None:
-        """The text of a file the program left in its working directory; None when there is none."""
-        path = self.workdir / name
-        return path.read_text(errors="replace") if path.is_file() else None
+        """The text of a regular file the program left in its working directory (its first 16 MiB, never through
+        a link: `Sandbox.read_file`); None when there is none."""
+        data = self.sandbox.read_file(name)
+        return None if data is None else data.decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class ProgramHarness:
         rollout.task.program = run
         sandbox = run.sandbox
         if self.files is not None:
-            install(sandbox.workdir, self.files(rollout.task))
+            install(sandbox, self.files(rollout.task))
         if self.setup:
             values = _values(rollout, sandbox, None)
             limits = self.limits.model_copy(update={"wall_seconds": rollout.timeouts.setup})
@@ -174,22 +174,15 @@ def _ending(rollout: Rollout, run: ProgramRun, truncated: bool) -> StopReason:
     return StopReason.TRUNCATED if truncated else StopReason.COMPLETED
 
 
-def install(workdir: Path, files: Mapping[str, str | bytes]) -> None:
-    """Write `files` into `workdir`, owned as the directory is (a sandbox's program may run under a uid of its
-    own); a path that is absolute or leaves the directory is a TaskError."""
-    owner = workdir.stat()
+def install(sandbox: Sandbox, files: Mapping[str, str | bytes]) -> None:
+    """Write `files` into the sandbox's working directory (`Sandbox.write_file`: owned as the directory is, never
+    through a link); a path that is absolute or leaves the directory, or that the directory cannot take, is a
+    TaskError."""
     for name, content in files.items():
-        relative = PurePosixPath(name)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise TaskError(f"task file {name!r} must be a relative path inside the working directory")
-        path = workdir
-        for part in relative.parts[:-1]:
-            path = path / part
-            path.mkdir(exist_ok=True)
-            os.chown(path, owner.st_uid, owner.st_gid)
-        path = path / relative.parts[-1]
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
-        os.chown(path, owner.st_uid, owner.st_gid)
+        try:
+            sandbox.write_file(name, content)
+        except (ValueError, OSError) as exc:
+            raise TaskError(f"task file {name!r} cannot be installed: {exc}") from None
 
 
 # --- the program's arguments and environment ---------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import Any
 
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, ProgramResult
+from tracegym.runtimes.workdir import READ_CAP_BYTES, WORKDIR_PREFIX, make_workdir, read_file, write_file
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 """PATH inside every sandbox: the system's programs, never the host user's own folders or virtualenvs."""
@@ -38,8 +39,6 @@ UID_RANGE = (1_000_000, 2_000_000_000)
 INIT_SOURCE = (Path(__file__).parent / "program_init.py").read_text()
 WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 """Where a sandbox without a private /tmp can leave files; what its uid left there is removed at close."""
-WORKDIR_PREFIX = "tracegym-sandbox-"
-"""Working directories are `<temp>/tracegym-sandbox-<sandbox id>-<random>`, the id starting with the owner's pid."""
 READ_GRACE_S = 1.0
 """How long the output pipes may stay open after the program ended (a survivor holding them is then killed)."""
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -122,9 +121,7 @@ class ProcessSandbox:
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{self.id}-"))
-        if self.uid is not None:
-            os.chown(self._workdir, self.uid, self.uid)
+        self._workdir = make_workdir(self.id, self.uid)
         self._running: set[_Run] = set()
         self._runs = 0
         self._closed = False
@@ -132,6 +129,12 @@ class ProcessSandbox:
     @property
     def workdir(self) -> Path:
         return self._workdir
+
+    def write_file(self, name: str, content: str | bytes) -> None:
+        write_file(self._workdir, name, content)
+
+    def read_file(self, name: str, cap: int = READ_CAP_BYTES) -> bytes | None:
+        return read_file(self._workdir, name, cap)
 
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
                   limits: Limits | None = None) -> ProgramResult:
@@ -235,7 +238,7 @@ class ProcessSandbox:
         await self.confinement.release(self.id)
         if self.uid is not None and not self.confinement.private_tmp:
             _remove_files_of(self.uid)
-        shutil.rmtree(self._workdir, onerror=_force_remove)
+        shutil.rmtree(self._workdir.parent, onerror=_force_remove)
 
     def sweep(self) -> list[int]:
         """SIGKILL every process of this sandbox still alive (found by its uid or its environment marker);

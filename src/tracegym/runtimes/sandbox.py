@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import ErrorKind, TracegymError
+from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 
 class Limits(BaseModel):
@@ -73,7 +74,18 @@ class Sandbox(Protocol):
 
     @property
     def workdir(self) -> Path:
-        """The working directory on the host (readable by rewards after the program ran, until `close`)."""
+        """The working directory on the host, until `close` (the host reads and writes in it only through
+        `read_file` and `write_file`: the program owns it and may have left links there)."""
+        ...
+
+    def write_file(self, name: str, content: str | bytes) -> None:
+        """Write `content` to `name` (a path inside the working directory) as a new file the program may read and
+        replace; a link the program left there is replaced, never followed (see `runtimes.workdir`)."""
+        ...
+
+    def read_file(self, name: str, cap: int = READ_CAP_BYTES) -> bytes | None:
+        """The first `cap` bytes of regular file `name` in the working directory, never through a link; None when
+        there is none."""
         ...
 
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,

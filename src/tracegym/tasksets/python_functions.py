@@ -182,9 +182,10 @@ class PythonFunctionTask(Task[FunctionData, PythonFunctionsConfig]):
             return Grade(0, total, "No code found: answer with the complete function in a ```python block.")
         sandbox = await self.sandbox()
         sentinel = f"<<tracegym-test-{secrets.token_hex(8)}>>"
-        (sandbox.workdir / "solution.py").write_text(code)
-        (sandbox.workdir / "check.py").write_text(CHECKER)
-        (sandbox.workdir / "calls.json").write_text(json.dumps([t.args for t in self.data.tests]))
+        # never through a link: the previous attempt's code may have replaced these files by symlinks
+        sandbox.write_file("solution.py", code)
+        sandbox.write_file("check.py", CHECKER)
+        sandbox.write_file("calls.json", json.dumps([t.args for t in self.data.tests]))
         result = await sandbox.run(["python3", "check.py", self.data.function, sentinel])
         misbehaved = misbehaviour(result)
         if misbehaved:

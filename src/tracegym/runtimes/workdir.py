@@ -1,0 +1,99 @@
+"""Workdir: a sandbox's working directory as the host reaches into it, never following a link a program left there.
+
+The host runs as root while a sandbox's program owns its working directory, so every host-side read or write in
+it goes through here: the directory is `<temp>/tracegym-sandbox-<id>/work`, its parent ours and mode 0711 (the
+program may pass through it but can neither rename nor replace `work`); each path is opened one component at a
+time relative to the directory's descriptor with O_NOFOLLOW, a file is written by unlinking what is there and
+creating it anew with O_EXCL (a symlink or hard link the program planted is replaced, never written through), and
+a read takes only a regular file, up to a size cap (a FIFO cannot block us, /dev/zero cannot flood us).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+WORKDIR_PREFIX = "tracegym-sandbox-"
+"""A sandbox's folder is `<temp>/tracegym-sandbox-<sandbox id>-<random>`, the id starting with the owner's pid;
+its working directory is `work` inside."""
+READ_CAP_BYTES = 16 << 20
+"""Most bytes `read_file` returns unless told otherwise."""
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def make_workdir(sandbox_id: str, uid: int | None) -> Path:
+    """A new working directory for sandbox `sandbox_id`, owned by its `uid` (when given), inside a folder of ours
+    it cannot rename or replace."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
+    os.chmod(folder, 0o711)
+    workdir = folder / "work"
+    workdir.mkdir(mode=0o700)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    return workdir
+
+
+def relative_parts(name: str) -> tuple[str, ...]:
+    """The components of `name`, a path inside a working directory; ValueError when it is absolute, empty or
+    leaves the directory."""
+    parts = PurePosixPath(name).parts
+    if not parts or parts[0] == "/" or ".." in parts:
+        raise ValueError(f"{name!r} must be a relative path inside the working directory")
+    return parts
+
+
+@contextlib.contextmanager
+def _folder(workdir: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
+    """A descriptor of the folder `parts` names in `workdir`, each component opened without following a link;
+    missing ones are made (owned as the working directory is) when `create`."""
+    fd = os.open(workdir, _DIRECTORY)
+    try:
+        owner = os.fstat(fd)
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            inner = os.open(part, _DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            if create and os.fstat(fd).st_uid != owner.st_uid:
+                os.fchown(fd, owner.st_uid, owner.st_gid)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def write_file(workdir: Path, name: str, content: str | bytes) -> None:
+    """Write `content` to `name` in `workdir` as a new regular file owned as the directory is; whatever was there
+    (a symlink, a hard link) is unlinked first, never written through. ValueError for a path that leaves the
+    directory; OSError when a component is not a real folder or the name is a folder."""
+    *folders, base = relative_parts(name)
+    data = content if isinstance(content, bytes) else content.encode()
+    with _folder(workdir, tuple(folders), create=True) as dir_fd:
+        owner = os.fstat(dir_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(base, dir_fd=dir_fd)
+        fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as file:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+            file.write(data)
+
+
+def read_file(workdir: Path, name: str, cap: int = READ_CAP_BYTES) -> bytes | None:
+    """The first `cap` bytes of regular file `name` in `workdir`; None when there is none (missing, a symlink,
+    a folder, a FIFO). ValueError for a path that leaves the directory."""
+    *folders, base = relative_parts(name)
+    try:
+        with _folder(workdir, tuple(folders), create=False) as dir_fd:
+            fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:  # missing, or a link where a folder or the file should be
+        return None
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return file.read(cap)
