@@ -10,6 +10,11 @@ with its tokens. The proxy and the agent share this process's event loop (at con
 same moment). Paths alternate by episode; p50/p99 per call and the p50 difference are printed. Target (issue 17):
 at most 1 ms added at p50.
 
+Then the hop a sandboxed program adds: the same episodes made by a program (plain `http.client`, one kept-alive
+connection) in a `subprocess` sandbox, through the proxy both times: with `Limits.network` on it calls the
+proxy's TCP port on the host's loopback; off (the default for agent programs), its call goes to its own
+loopback, where the sandbox's init carries it to the proxy's Unix socket. The difference is the forwarder's hop.
+
     .venv/bin/python benchmarks/proxy_latency.py [--episodes 40] [--turns 16]
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -35,6 +41,8 @@ from tracegym.envs.proxy import InterceptionProxy
 from tracegym.envs.rollout import Rollout, Timeouts
 from tracegym.envs.task import Task
 from tracegym.models.chat_client import ChatClient
+from tracegym.runtimes.catalog import runtime_for
+from tracegym.runtimes.sandbox import Limits
 
 MODEL = "fake-model"
 
@@ -62,6 +70,55 @@ async def proxied(http: aiohttp.ClientSession, client: ChatClient, turns: int) -
     assert rollout.trace.num_turns == turns and len(rollout.trace.branches) == 1 and not rollout.trace.errors
     assert rollout.trace.graph.nodes[-1].token_ids, "the proxy's calls carry token ids"
     return took
+
+
+SANDBOXED_EPISODE = """
+import http.client, json, os, sys, time, urllib.parse
+url = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"])
+connection = http.client.HTTPConnection(url.hostname, url.port)
+history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me of foxes."}]
+took = []
+for turn in range(int(sys.argv[1])):
+    body = json.dumps({"model": os.environ["OPENAI_MODEL"], "messages": history, "max_tokens": 32})
+    start = time.perf_counter()
+    connection.request("POST", url.path + "/chat/completions", body, {"Content-Type": "application/json"})
+    data = json.loads(connection.getresponse().read())
+    took.append(time.perf_counter() - start)
+    history += [data["choices"][0]["message"], {"role": "user", "content": f"And then? ({turn})"}]
+print(json.dumps(took))
+"""
+"""An agent episode as a sandboxed program makes it: seconds per call, as JSON on stdout."""
+
+
+async def sandboxed(client: ChatClient, turns: int, network: bool) -> list[float]:
+    """One episode by a program in a subprocess sandbox, through a fresh rollout's proxy key: over the host's
+    loopback (`network`) or its own, forwarded to the proxy's Unix socket."""
+    task = Task(TaskData(prompt="foxes"), max_turns=turns)
+    rollout = Rollout(task, client, Sampling(max_tokens=32), Timeouts(), Trace(task=task.data, model=MODEL))
+    box = await runtime_for("subprocess", Limits(wall_seconds=60, network=network)).open()
+    try:
+        async with InterceptionProxy.shared().lease(rollout) as lease:
+            env = {"OPENAI_BASE_URL": lease.base_url, "OPENAI_MODEL": MODEL}
+            result = await box.run(["python3", "-c", SANDBOXED_EPISODE, str(turns)], env=env, forward=lease.forward)
+    finally:
+        await box.close()
+    assert result.ok, result
+    assert rollout.trace.num_turns == turns and not rollout.trace.errors
+    return json.loads(result.stdout)
+
+
+async def measure_hop(base_url: str, episodes: int, turns: int) -> tuple[list[float], list[float]]:
+    """Per-call seconds of sandboxed episodes over the host's loopback and over the forwarder, alternated."""
+    tcp: list[float] = []
+    forwarded: list[float] = []
+    client = ChatClient(Endpoint(base_url=base_url, model=MODEL, api_key_env=None, max_retries=0))
+    await sandboxed(client, turns, True)  # warm up
+    await sandboxed(client, turns, False)
+    for i in range(episodes):
+        for network in ((True, False) if i % 2 == 0 else (False, True)):
+            (tcp if network else forwarded).extend(await sandboxed(client, turns, network))
+    await client.aclose()
+    return tcp, forwarded
 
 
 def quantiles(seconds: list[float]) -> tuple[float, float]:
@@ -94,9 +151,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=40, help="episodes per path")
     parser.add_argument("--turns", type=int, default=16, help="calls per episode (the history grows each call)")
+    parser.add_argument("--hop-episodes", type=int, default=10, help="sandboxed episodes per path")
     args = parser.parse_args()
+    print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} cores")
     with fake_endpoint() as base_url:
         direct, through = asyncio.run(measure(base_url, args.episodes, args.turns))
+        tcp, forwarded = asyncio.run(measure_hop(base_url, args.hop_episodes, args.turns))
     (d50, d99), (p50, p99) = quantiles(direct), quantiles(through)
     print(f"calls per path: {len(direct)} ({args.episodes} episodes of {args.turns} turns), concurrency 1")
     print(f"{'path':<14}{'p50 ms':>10}{'p99 ms':>10}")
@@ -104,6 +164,12 @@ def main() -> None:
     print(f"{'via proxy':<14}{p50:>10.3f}{p99:>10.3f}")
     print(f"added at p50: {p50 - d50:.3f} ms, at p99: {p99 - d99:.3f} ms (target: <= 1 ms at p50); "
           f"ratio p50 {p50 / d50:.2f}x")
+    (t50, t99), (f50, f99) = quantiles(tcp), quantiles(forwarded)
+    print(f"sandboxed program via proxy: {len(tcp)} calls per path ({args.hop_episodes} episodes)")
+    print(f"{'host loopback':<14}{t50:>10.3f}{t99:>10.3f}")
+    print(f"{'forwarded':<14}{f50:>10.3f}{f99:>10.3f}")
+    print(f"the forwarder's hop at p50: {f50 - t50:.3f} ms, at p99: {f99 - t99:.3f} ms; ratio p50 {f50 / t50:.2f}x")
+    print(f"load average at end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

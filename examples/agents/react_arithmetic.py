@@ -32,7 +32,7 @@ class ReactArithmeticTask(tg.Task[ExpressionData, ArithmeticConfig]):
     max_turns = 8
     harness = ProgramHarness(["python3", str(AGENT), "--stream", "--max-steps", "6"],
                              env={"PYTHONPATH": OPENAI_HOME},
-                             limits=Limits(wall_seconds=300, memory_mb=4096, network=True))
+                             limits=Limits(wall_seconds=300, memory_mb=4096))
 
     @tg.reward
     def exact(self, trace: tg.Trace) -> float:

@@ -36,7 +36,7 @@ print("said", reply["content"])
 sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 """
 
-QUICK = Limits(wall_seconds=20, network=True)
+QUICK = Limits(wall_seconds=20)
 
 
 class Echoed(Task):
@@ -194,3 +194,59 @@ async def test_the_program_is_told_the_proxy_and_the_task_and_nothing_of_the_hos
                  "AGENT_FLAGS"):
         assert f"'{name}'" in seen
     assert "HOST_SECRET" not in seen and not trace.errors
+
+
+@pytest.mark.parametrize("runtime", ["subprocess", pytest.param("bubblewrap", marks=pytest.mark.skipif(
+    BWRAP is not None, reason=str(BWRAP)))])
+async def test_without_network_the_program_reaches_the_proxy_and_nothing_else_on_loopback(runtime):
+    """A program under the default limits (no network) cannot reach a canary on the host's 127.0.0.1 (where the
+    model server's admin routes and the env server listen) while its model calls still land on the trace."""
+    from tracegym.runtimes.limited_process import detect_isolation
+    if runtime == "subprocess" and detect_isolation() == "process-group":
+        pytest.skip("the process-group fallback has no network namespace (documented: no network isolation)")
+    hits = []
+
+    async def canary(reader, writer):
+        hits.append(await reader.read(100))
+        writer.close()
+
+    server = await asyncio.start_server(canary, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', " + str(port) + "), timeout=2)"
+             ".sendall(b'escaped')\n    print('canary reached')\nexcept OSError as exc:\n"
+             "    print('canary refused', exc)\n")
+    async with server:
+        task, trace = await run(ProgramHarness(python(probe + ONE_CALL), limits=Limits(wall_seconds=20)),
+                                runtime=runtime)
+        await asyncio.sleep(0.2)
+    assert hits == [] and "canary refused" in task.program.result.stdout, task.program.result
+    assert not trace.errors and trace.stop_reason == StopReason.COMPLETED and trace.reward == 2.0
+    assert [m.role for m in trace.messages] == ["system", "user", "assistant"] and task.program.calls == 1
+
+
+def test_the_default_limits_keep_the_network_off():
+    assert ProgramHarness(["true"]).limits.network is False
+
+
+async def test_a_runtime_that_cannot_carry_the_proxy_fails_at_setup_saying_why():
+    """The container runtime runs programs without tracegym's init, so a program without network there could
+    not reach the proxy: the rollout fails at setup:program naming why (no engine is needed to see it)."""
+    from tracegym.runtimes.container import ContainerConfinement
+    from tracegym.runtimes.process_sandbox import ProcessSandbox
+
+    class EngineLess:
+        name = "container"
+
+        def unavailable(self):
+            return None
+
+        async def open(self):
+            return ProcessSandbox(ContainerConfinement("docker", "python:3.12-slim"), Limits())
+
+    task = InRuntime(TaskData(prompt="say hello"))
+    task.runtime = EngineLess
+    task.harness = ProgramHarness(python(ONE_CALL))
+    trace = await rollout(task, ScriptedModel(["hello"]))
+    [error] = trace.errors
+    assert (error.stage, error.kind) == ("setup:program", ErrorKind.INFRASTRUCTURE), error
+    assert "cannot reach the interception proxy: the container runtime runs the program without" in error.message

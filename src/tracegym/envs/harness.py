@@ -28,7 +28,7 @@ from tracegym.core.errors import StageTimeout, TaskError, UsageError
 from tracegym.core.trace import StopReason
 from tracegym.envs.proxy import InterceptionProxy, ProxyLease
 from tracegym.envs.task_sandbox import how_it_failed
-from tracegym.runtimes.sandbox import Limits, ProgramResult, Sandbox
+from tracegym.runtimes.sandbox import Limits, ProgramResult, RuntimeUnavailable, Sandbox
 
 if TYPE_CHECKING:
     from tracegym.envs.rollout import Rollout
@@ -88,14 +88,16 @@ class ProgramHarness:
 
     `files` are installed in the working directory and `setup` (a command) is run there first, both in the
     rollout's `setup:program` stage (under `Timeouts.setup`). The program runs under `limits`:
-    `limits.wall_seconds` is its time limit; `limits.network` is on by default because the program reaches the
-    proxy on 127.0.0.1 (a network namespace has its own loopback)."""
+    `limits.wall_seconds` is its time limit; `limits.network` is off by default: the program reaches the proxy
+    all the same, at 127.0.0.1 on its own loopback, which the sandbox carries to the proxy's Unix socket and
+    nowhere else (so it cannot reach the model server's admin routes or the env server). The container runtime
+    cannot carry it: a program harness under it fails at `setup:program` saying so."""
 
     command: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
     files: Files | None = None
     setup: Sequence[str] = ()
-    limits: Limits = field(default_factory=lambda: Limits(wall_seconds=600.0, network=True))
+    limits: Limits = field(default_factory=lambda: Limits(wall_seconds=600.0))
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str) or not self.command:
@@ -127,6 +129,9 @@ class ProgramHarness:
         run = ProgramRun(await rollout.task.sandbox())  # the task's runtime; closed by the task's cleanup
         rollout.task.program = run
         sandbox = run.sandbox
+        unreachable = sandbox.cannot_forward()
+        if unreachable and not self.limits.network:
+            raise RuntimeUnavailable(f"the program cannot reach the interception proxy: {unreachable}")
         if self.files is not None:
             install(sandbox, self.files(rollout.task))
         if self.setup:
@@ -144,7 +149,7 @@ class ProgramHarness:
         values = _values(rollout, run.sandbox, lease)
         argv = [_fill(part, values) for part in self.command]
         env = {**_env(values), **{name: _fill(value, values) for name, value in self.env.items()}}
-        program = asyncio.create_task(run.sandbox.run(argv, env=env, limits=self.limits))
+        program = asyncio.create_task(run.sandbox.run(argv, env=env, limits=self.limits, forward=lease.forward))
         either: set[asyncio.Future[Any]] = {program, lease.ended}
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)

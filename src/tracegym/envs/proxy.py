@@ -1,13 +1,16 @@
 """Interception proxy: an OpenAI-compatible chat-completions endpoint through which an agent program calls its
 rollout's model, every call landing in that rollout's message graph.
 
-One aiohttp server per event loop (an env worker's) on 127.0.0.1 serves every rollout running there; a rollout
-is named by a secret key, in the path (`/r/<key>/v1`, the base URL a program is given) or as the API key at
-`/v1`. A call goes through the rollout's own model client (`Rollout.call_model`: the model stage's timeout and
-the client's retries, exact tokens and logprobs from the token client), so the graph records it as a loop's turn:
-a request that resends the branch's conversation extends it; one whose history was rewritten or compacted is
-attached where it stops matching, a new branch, and the token check of `add_model_turn` never lets stale tokens
-stand in for the new prompt. Calls of one rollout are answered one at a time, in order of arrival.
+One aiohttp server per event loop (an env worker's) serves every rollout running there, on 127.0.0.1 and on a Unix
+socket (`<temp>/tracegym-proxy-*/proxy.sock`): a program in a sandbox without network reaches the socket through its
+own loopback (`ProxyLease.forward`, carried by the sandbox's program init), at the same base URL as a program on the
+host's network (only the process-group fallback, which has no network namespace, calls the TCP port itself). A
+rollout is named by a secret key, in the path (`/r/<key>/v1`, the base URL a program is given) or as the API key at
+`/v1`. A call goes through the rollout's own model client (`Rollout.call_model`: the model stage's timeout and the
+client's retries, exact tokens and logprobs from the token client), so the graph records it as a loop's turn: a
+request that resends the branch's conversation extends it; one whose history was rewritten or compacted is attached
+where it stops matching, a new branch, and the token check of `add_model_turn` never lets stale tokens stand in for
+the new prompt. Calls of one rollout are answered one at a time, in order of arrival.
 
 Sampling is the rollout's (temperature, top-p, seed: what training needs recorded); a request may lower
 `max_tokens` and add stop strings. `stream: true` is answered as server-sent events: the whole reply in one
@@ -24,11 +27,14 @@ import contextlib
 import itertools
 import json
 import secrets
+import shutil
+import tempfile
 import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +48,7 @@ from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import StopReason
 from tracegym.envs.rollout import Ended, Rollout
 from tracegym.models.client import ModelRequest, ModelResponse
+from tracegym.runtimes.sandbox import Forward
 
 FINISHED_KEYS_KEPT = 4096
 """Keys of finished rollouts remembered, so that a late call hears 404 (finished) rather than 401 (unknown)."""
@@ -70,6 +77,8 @@ class ProxyLease:
     rollout: Rollout
     key: str
     base_url: str
+    forward: Forward
+    """The proxy's port and Unix socket, for `Sandbox.run(forward=...)`."""
     calls: int = 0
     truncated: bool = False
     ended: asyncio.Future[StopReason] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -96,6 +105,8 @@ class InterceptionProxy:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
         self.port: int | None = None
+        self.socket: Path | None = None
+        """The Unix socket it also listens on (while it runs)."""
         self._runner: web.AppRunner | None = None
         self._leases: dict[str, ProxyLease] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
@@ -121,7 +132,8 @@ class InterceptionProxy:
         later ones refused."""
         await self._start()
         key = secrets.token_urlsafe(18)
-        lease = ProxyLease(rollout, key, f"{self.url}/r/{key}/v1")
+        assert self.port is not None and self.socket is not None
+        lease = ProxyLease(rollout, key, f"{self.url}/r/{key}/v1", Forward(self.port, self.socket))
         self._leases[key] = lease
         try:
             yield lease
@@ -152,13 +164,20 @@ class InterceptionProxy:
             runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
             await runner.setup()
             await web.TCPSite(runner, self.host, 0).start()
-            self._runner, self.port = runner, runner.addresses[0][1]
+            folder = Path(tempfile.mkdtemp(prefix="tracegym-proxy-"))
+            folder.chmod(0o711)  # a sandbox's uid may reach the socket, not list or change the folder
+            socket = folder / "proxy.sock"
+            await web.UnixSite(runner, str(socket)).start()
+            socket.chmod(0o666)  # a call still needs its rollout's secret key
+            self._runner, self.port, self.socket = runner, runner.addresses[0][1], socket
 
     async def _stop(self) -> None:
         async with self._starting:
             if self._runner is not None and not self._leases:
-                runner, self._runner, self.port = self._runner, None, None
+                runner, socket, self._runner, self.port, self.socket = self._runner, self.socket, None, None, None
                 await runner.cleanup()
+                if socket is not None:
+                    shutil.rmtree(socket.parent, ignore_errors=True)
 
     # --- handlers ----------------------------------------------------------------------------------------
     async def _chat(self, http: web.Request) -> web.StreamResponse:

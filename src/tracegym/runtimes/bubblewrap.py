@@ -36,7 +36,11 @@ class BwrapConfinement(Confinement):
     private_tmp = True
 
     def wrap(self, launch: Launch) -> list[str]:
-        return [*bwrap_flags(launch.workdir, launch.limits.network), "--", *launch.init]
+        flags = bwrap_flags(launch.workdir, launch.limits.network)
+        if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
+            folder = str(launch.forward.socket.parent)
+            flags += ["--ro-bind", folder, folder]
+        return [*flags, "--", *launch.init]
 
     def spawn_user(self, uid: int | None) -> int | None:
         return uid

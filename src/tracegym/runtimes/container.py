@@ -60,6 +60,9 @@ class ContainerConfinement(Confinement):
     """`ENGINE run` of one image per run."""
 
     private_tmp = True
+    cannot_forward = ("the container runtime runs the program without tracegym's program init, which is what "
+                      "carries a sandbox's loopback port to a host service (the interception proxy); run agent "
+                      "programs under the subprocess or bubblewrap runtime")
 
     def __init__(self, engine: str, image: str) -> None:
         self.engine, self.image = engine, image

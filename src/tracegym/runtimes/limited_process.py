@@ -54,6 +54,7 @@ class GroupConfinement(Confinement):
     """No namespaces: the init leads a process group of its own; a sweep by environment marker does the rest."""
 
     kills_on_init_exit = False
+    network_namespace = False
 
     def wrap(self, launch: Launch) -> list[str]:
         return [*_no_new_privs(), *launch.init]

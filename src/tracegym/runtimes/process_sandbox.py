@@ -22,12 +22,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tracegym.runtimes.processes import process_alive
-from tracegym.runtimes.sandbox import Limits, ProgramResult
+from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult
 from tracegym.runtimes.workdir import READ_CAP_BYTES, WORKDIR_PREFIX, make_workdir, read_file, write_file
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -59,6 +59,9 @@ class Launch:
     marker: str
     uid: int | None
     """The sandbox's own host uid (None when we are not root)."""
+    forward: Forward | None = None
+    """The host service the init carries into the run's own network namespace (None: none, or the run shares
+    the host's network)."""
 
 
 class Confinement:
@@ -69,6 +72,11 @@ class Confinement:
     """True when the sandbox has its own /tmp (nothing it writes there reaches the host)."""
     kills_on_init_exit: bool = True
     """True when the init's exit ends every process of the sandbox (a PID namespace); else a sweep finds them."""
+    network_namespace: bool = True
+    """True when a run without `Limits.network` has a network namespace of its own (a Forward is then carried
+    into it by the init); else it shares the host's and reaches a forwarded service there directly."""
+    cannot_forward: str | None = None
+    """Why this runtime cannot carry a Forward (None: it can)."""
 
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
@@ -136,20 +144,28 @@ class ProcessSandbox:
     def read_file(self, name: str, cap: int = READ_CAP_BYTES) -> bytes | None:
         return read_file(self._workdir, name, cap)
 
+    def cannot_forward(self) -> str | None:
+        return self.confinement.cannot_forward
+
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
-                  limits: Limits | None = None) -> ProgramResult:
+                  limits: Limits | None = None, forward: Forward | None = None) -> ProgramResult:
         if self._closed:
             return ProgramResult(argv=list(argv), exit_code=None, start_error="the sandbox is closed")
         if not argv:
             return ProgramResult(argv=[], exit_code=None, start_error="no command given")
         limits = limits or self.limits
+        if forward is not None and self.confinement.cannot_forward:
+            return ProgramResult(argv=list(argv), exit_code=None, start_error=self.confinement.cannot_forward)
+        if limits.network or not self.confinement.network_namespace:
+            forward = None  # the run shares the host's network: it reaches the service's own port there
         start = time.monotonic()
         status_r, status_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()  # our end stays open while we live; the init ends all at its EOF
         self._runs += 1
         marker = f"{self.id}/{self._runs}/"
         try:
-            proc = await self._spawn(list(argv), env or {}, marker, stdin is not None, limits, status_w, lifeline_r)
+            proc = await self._spawn(Launch(list(argv), [], self._workdir, limits, self._environment(env or {}, marker),
+                                            marker, self.uid, forward), stdin is not None, status_w, lifeline_r)
         except OSError as exc:  # the wrapper itself could not start: say so, as for a missing program
             os.close(status_r)
             os.close(lifeline_w)
@@ -168,13 +184,14 @@ class ProcessSandbox:
             if run.killed:
                 await self.confinement.reap(marker)
 
-    async def _spawn(self, argv: list[str], env: Mapping[str, str], marker: str, with_stdin: bool,
-                     limits: Limits, status_w: int, lifeline_r: int) -> asyncio.subprocess.Process:
+    async def _spawn(self, launch: Launch, with_stdin: bool, status_w: int,
+                     lifeline_r: int) -> asyncio.subprocess.Process:
         drops_to = self.confinement.init_drops_to(self.uid)
+        forward = "-" if launch.forward is None else f"{launch.forward.port}:{launch.forward.socket}"
         init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, str(status_w), str(lifeline_r),
-                "-" if drops_to is None else str(drops_to), str(self._workdir), *map(str, self._rlimits(limits)),
-                "--", *argv]
-        launch = Launch(argv, init, self._workdir, limits, self._environment(env, marker), marker, self.uid)
+                "-" if drops_to is None else str(drops_to), str(self._workdir), forward,
+                *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
+        launch = replace(launch, init=init)
         user = self.confinement.spawn_user(self.uid)
         ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
         return await asyncio.create_subprocess_exec(

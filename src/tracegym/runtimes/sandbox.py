@@ -10,6 +10,7 @@ process the sandbox started, daemons included, and removes the working directory
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -39,6 +40,16 @@ class Limits(BaseModel):
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A host service a program without network may still reach: `127.0.0.1:port` inside the sandbox is carried
+    to the Unix socket `socket` on the host (the interception proxy). A sandbox that shares the host's network
+    (`Limits.network`, or no network namespace at all) reaches the host's own 127.0.0.1:port instead."""
+
+    port: int
+    socket: Path
 
 
 class ProgramResult(BaseModel):
@@ -88,9 +99,14 @@ class Sandbox(Protocol):
         there is none."""
         ...
 
+    def cannot_forward(self) -> str | None:
+        """Why `run(forward=...)` cannot carry a connection to the host here, or None when it can."""
+        ...
+
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
-                  limits: Limits | None = None) -> ProgramResult:
-        """Run one program in the working directory with a scrubbed environment plus `env`, and wait for it."""
+                  limits: Limits | None = None, forward: Forward | None = None) -> ProgramResult:
+        """Run one program in the working directory with a scrubbed environment plus `env`, and wait for it;
+        with `forward`, the program reaches that host service on its own loopback (see Forward)."""
         ...
 
     async def close(self) -> None:
