@@ -125,3 +125,41 @@ async def test_the_rollout_key_works_in_the_path_or_as_the_api_key(key_in):
         await client.close()
     assert answer.choices[0].message.content == "ok" and answer.model == "scripted"
     assert [m.id for m in models.data] == ["scripted"]
+
+
+def _tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": f"{name} two integers",
+                                             "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize("changed", [False, True])
+async def test_a_changed_tool_list_is_rendered_in_full_and_forks(changed):
+    """The tools are in the prompt's first tokens: a call whose tool list differs from the previous call's must
+    not extend the branch's tokens (rendered with the old tools), but render in full and fork."""
+    transformers = pytest.importorskip("transformers")
+    from tracegym.core.tool_spec import ToolSpec
+    from tracegym.models.embedded import embedded_model_dir
+    from tracegym.models.endpoint import Endpoint
+    from tracegym.models.renderer import renderer_for
+    from tracegym.models.token_client import TokenClient
+    from tracegym.testing import FakeOpenAIServer
+
+    renderer = renderer_for(transformers.AutoTokenizer.from_pretrained(embedded_model_dir()))
+    first, second = [_tool("add")], [_tool("add"), _tool("mul")] if changed else [_tool("add")]
+    with FakeOpenAIServer(["one", "two"], renderer=renderer) as server:
+        model = TokenClient(Endpoint(base_url=server.base_url, model=server.model, backoff=0.0), renderer)
+        rollout = a_rollout(model)
+        async with InterceptionProxy.shared().lease(rollout) as lease:
+            client = sdk(lease)
+            history = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+            one = await client.chat.completions.create(model="m", messages=history, tools=first)
+            history += [said(one.choices[0].message.content), {"role": "user", "content": "more"}]
+            await client.chat.completions.create(model="m", messages=history, tools=second)
+            await client.close()
+        await model.aclose()
+    graph = rollout.trace.graph
+    specs = [ToolSpec(name=t["function"]["name"], description=t["function"]["description"],
+                      parameters=t["function"]["parameters"]) for t in second]
+    sent = server.requests[-1]["prompt"]
+    assert sent == renderer.render(graph.messages()[:-1], specs)  # the new tools are in the prompt's tokens
+    assert len(graph.branches()) == (2 if changed else 1)

@@ -89,6 +89,8 @@ class ProxyLease:
     """The HTTP handlers awaiting them, given a moment to answer when it ends."""
     seen: list[tuple[Any, Message]] = field(default_factory=list)
     """The last call's messages as sent and as read (see `parse_call`)."""
+    tools: Sequence[ToolSpec] = ()
+    """The last call's tools: a call with others is rendered in full (they are in the prompt's first tokens)."""
 
     def end(self, reason: StopReason) -> None:
         """End the rollout for `reason` (its error already recorded); the first reason stays."""
@@ -256,8 +258,12 @@ class InterceptionProxy:
         if not graph.nodes:
             rollout.trace.prompt_length = len(call.messages)
         attach(graph, call.messages)
+        # the branch's tokens were rendered with the previous call's tools: with other tools they are stale, and
+        # a full render makes add_model_turn fork a branch whose prompt has the new ones
+        prefix = graph.token_prefix() if call.tools == lease.tools else None
+        lease.tools = call.tools
         request = ModelRequest(messages=graph.messages(), tools=list(call.tools), sampling=call.sampling,
-                               prefix=graph.token_prefix())
+                               prefix=prefix)
         rollout.turn, lease.calls = lease.calls, lease.calls + 1
         try:
             return await rollout.call_model(request)
