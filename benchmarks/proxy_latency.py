@@ -3,12 +3,15 @@ same call made directly, at concurrency 1.
 
 The fake OpenAI server runs in its own process and answers at once. An "agent" (a plain aiohttp client, the same
 for both paths) runs episodes of `--turns` calls whose history grows by one reply and one user message per call,
-as an agent's does. Direct: it posts each call to the fake server. Through the proxy: it posts the same call to a
-rollout's proxy key; the proxy matches the history onto the rollout's graph, calls the fake server through the
-rollout's ChatClient (asking for token ids and logprobs, which the direct call does not) and records the reply
-with its tokens. The proxy and the agent share this process's event loop (at concurrency 1 they never run at the
-same moment). Paths alternate by episode; p50/p99 per call and the p50 difference are printed. Target (issue 17):
-at most 1 ms added at p50.
+as an agent's does. Direct: it posts each call to the fake server, as the agent sends it ("direct") and asking
+for token ids and logprobs as the proxy does ("direct+tokens": like with like, since the fake server's reply is
+then larger). Through the proxy: it posts the agent's call to a rollout's proxy key; the proxy matches the history
+onto the rollout's graph, calls the fake server through the rollout's ChatClient (token ids and logprobs) and
+records the reply with its tokens. The proxy and the agent share this process's event loop (at concurrency 1
+they never run at the same moment). Paths rotate by episode; p50/p99 per call, this process's CPU time per call
+(agent and proxy; the fake server runs elsewhere: the least load-sensitive figure) and the p50 difference against
+direct+tokens are printed. Target (issue 17): at most 1 ms added at p50. The load average is printed: on a
+shared machine, wall-clock figures grow with it.
 
 Then the hop a sandboxed program adds: the same episodes made by a program (plain `http.client`, one kept-alive
 connection) in a `subprocess` sandbox, through the proxy both times: with `Limits.network` on it calls the
@@ -47,12 +50,14 @@ from tracegym.runtimes.sandbox import Limits
 MODEL = "fake-model"
 
 
-async def episode(http: aiohttp.ClientSession, url: str, turns: int) -> list[float]:
-    """Seconds per call of one agent episode against `url` (a chat-completions URL)."""
+async def episode(http: aiohttp.ClientSession, url: str, turns: int, tokens: bool = False) -> list[float]:
+    """Seconds per call of one agent episode against `url` (a chat-completions URL); with `tokens` each call asks
+    for token ids and logprobs, as the proxy's own calls do."""
+    extra = {"return_token_ids": True, "logprobs": True} if tokens else {}
     history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me of foxes."}]
     took = []
     for turn in range(turns):
-        body = json.dumps({"model": MODEL, "messages": history, "max_tokens": 32})
+        body = json.dumps({"model": MODEL, "messages": history, "max_tokens": 32, **extra})
         start = time.perf_counter()
         async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
             data = await answer.json()
@@ -127,24 +132,27 @@ def quantiles(seconds: list[float]) -> tuple[float, float]:
     return cuts[49] * 1000, cuts[98] * 1000
 
 
-async def measure(base_url: str, episodes: int, turns: int) -> tuple[list[float], list[float]]:
-    direct: list[float] = []
-    through: list[float] = []
+async def measure(base_url: str, episodes: int, turns: int) -> dict[str, tuple[list[float], float]]:
+    """Per path: seconds per call, and this process's CPU seconds per call."""
+    url = base_url + "/chat/completions"
+    took: dict[str, list[float]] = {"direct": [], "direct+tokens": [], "via proxy": []}
+    cpu = dict.fromkeys(took, 0.0)
     client = ChatClient(Endpoint(base_url=base_url, model=MODEL, api_key_env=None, max_retries=0))
     keep = InterceptionProxy.shared()
     async with aiohttp.ClientSession() as http, keep.lease(Rollout(  # one idle lease keeps the server up
             Task(TaskData(prompt="-")), client, Sampling(), Timeouts(), Trace(task=TaskData(prompt="-")))):
-        await episode(http, base_url + "/chat/completions", turns)  # warm both paths' connections
-        await proxied(http, client, turns)
+        paths = {"direct": lambda: episode(http, url, turns), "direct+tokens": lambda: episode(http, url, turns, True),
+                 "via proxy": lambda: proxied(http, client, turns)}
+        for run in paths.values():  # warm every path's connections
+            await run()
+        names = list(paths)
         for i in range(episodes):
-            if i % 2 == 0:
-                direct += await episode(http, base_url + "/chat/completions", turns)
-                through += await proxied(http, client, turns)
-            else:
-                through += await proxied(http, client, turns)
-                direct += await episode(http, base_url + "/chat/completions", turns)
+            for name in names[i % 3:] + names[:i % 3]:
+                start = time.process_time()
+                took[name] += await paths[name]()
+                cpu[name] += time.process_time() - start
     await client.aclose()
-    return direct, through
+    return {name: (seconds, cpu[name] / len(seconds)) for name, seconds in took.items()}
 
 
 def main() -> None:
@@ -155,19 +163,21 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} cores")
     with fake_endpoint() as base_url:
-        direct, through = asyncio.run(measure(base_url, args.episodes, args.turns))
+        paths = asyncio.run(measure(base_url, args.episodes, args.turns))
         tcp, forwarded = asyncio.run(measure_hop(base_url, args.hop_episodes, args.turns))
-    (d50, d99), (p50, p99) = quantiles(direct), quantiles(through)
-    print(f"calls per path: {len(direct)} ({args.episodes} episodes of {args.turns} turns), concurrency 1")
-    print(f"{'path':<14}{'p50 ms':>10}{'p99 ms':>10}")
-    print(f"{'direct':<14}{d50:>10.3f}{d99:>10.3f}")
-    print(f"{'via proxy':<14}{p50:>10.3f}{p99:>10.3f}")
-    print(f"added at p50: {p50 - d50:.3f} ms, at p99: {p99 - d99:.3f} ms (target: <= 1 ms at p50); "
-          f"ratio p50 {p50 / d50:.2f}x")
+    print(f"calls per path: {len(paths['direct'][0])} ({args.episodes} episodes of {args.turns} turns), "
+          f"concurrency 1")
+    print(f"{'path':<16}{'p50 ms':>10}{'p99 ms':>10}{'cpu ms/call':>13}")
+    for name, (seconds, cpu) in paths.items():
+        print(f"{name:<16}" + "".join(f"{q:>10.3f}" for q in quantiles(seconds)) + f"{cpu * 1000:>13.3f}")
+    (d50, d99), (p50, p99) = quantiles(paths["direct+tokens"][0]), quantiles(paths["via proxy"][0])
+    added_cpu = (paths["via proxy"][1] - paths["direct+tokens"][1]) * 1000
+    print(f"added (vs direct+tokens) at p50: {p50 - d50:.3f} ms, at p99: {p99 - d99:.3f} ms, CPU {added_cpu:.3f} "
+          f"ms per call (target: <= 1 ms at p50); ratio p50 {p50 / d50:.2f}x")
     (t50, t99), (f50, f99) = quantiles(tcp), quantiles(forwarded)
     print(f"sandboxed program via proxy: {len(tcp)} calls per path ({args.hop_episodes} episodes)")
-    print(f"{'host loopback':<14}{t50:>10.3f}{t99:>10.3f}")
-    print(f"{'forwarded':<14}{f50:>10.3f}{f99:>10.3f}")
+    print(f"{'host loopback':<16}{t50:>10.3f}{t99:>10.3f}")
+    print(f"{'forwarded':<16}{f50:>10.3f}{f99:>10.3f}")
     print(f"the forwarder's hop at p50: {f50 - t50:.3f} ms, at p99: {f99 - t99:.3f} ms; ratio p50 {f50 / t50:.2f}x")
     print(f"load average at end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
