@@ -5,6 +5,8 @@ and the server goes on serving good rollouts."""
 from __future__ import annotations
 
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -65,18 +67,26 @@ def env_server(options: dict) -> Iterator[EnvServer]:
         thread.join(15)
 
 
-def sandbox_workdirs() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("tracegym-sandbox-*")}
+@pytest.fixture
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp folder of this test's own for the server's workers (TMPDIR), so the sandboxes counted are theirs,
+    not those of other processes on the host; it must let a sandbox's uid through (0711) to its workdir."""
+    folder = Path(tempfile.mkdtemp(prefix="tracegym-escape-rollouts-"))
+    folder.chmod(0o711)
+    monkeypatch.setenv("TMPDIR", str(folder))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize("runtime", runtimes())
-async def test_escape_rollouts_through_an_env_server_are_contained(runtime: object) -> None:
+async def test_escape_rollouts_through_an_env_server_are_contained(runtime: object, private_tmp: Path) -> None:
     name = runtime.name  # type: ignore[attr-defined]
     if getattr(runtime, "isolation", None) == "process-group":
         pytest.skip("the battery's rollouts run under the runtimes a taskset would use (the fallback is covered "
                     "by test_escape_battery)")
     options = {**OPTIONS, "runtime": name}
-    before = sandbox_workdirs()
     with FakeOpenAIServer(rule=answer) as fake, env_server(options) as server:
         endpoint = tg.Endpoint(base_url=fake.base_url, model="fake-model", api_key_env=None, max_retries=0)
         taskset = PythonFunctions(options)
@@ -98,7 +108,8 @@ async def test_escape_rollouts_through_an_env_server_are_contained(runtime: obje
     assert again.reward == 1.0, "the server stopped serving good rollouts"
     assert workers_alive, "a hostile rollout took a worker down"
     assert wait_until(lambda: not _running(TOKEN), 5), "the setsid daemon survived its rollout"
-    assert sandbox_workdirs() <= before, "a sandbox's working directory was left behind"
+    left = sorted(p.name for p in private_tmp.glob("tracegym-sandbox-*"))
+    assert left == [], f"a sandbox's working directory was left behind: {left}"
     assert elapsed < 30
 
 
