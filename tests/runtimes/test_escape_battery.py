@@ -73,7 +73,10 @@ async def test_escape_fork_bomb(sandbox: Sandbox) -> None:
 
 async def test_escape_memory_hog(sandbox: Sandbox) -> None:
     hog = "chunks = []\nwhile True:\n    chunks.append(bytearray(10_000_000))"
-    result = await sandbox.run([PY, "-c", hog])
+    # wall and CPU limits far past what filling 256 MB takes (0.35 s here at load 7): on a loaded machine, or one
+    # reclaiming memory, the page faults may take seconds of both, and the run must end by its memory limit alone
+    result = await sandbox.run([PY, "-c", hog], limits=QUICK.model_copy(update={"wall_seconds": 30.0,
+                                                                                "cpu_seconds": 30}))
     ended_by(result, "memory")
     assert "MemoryError" in result.stderr
     await still_works(sandbox)

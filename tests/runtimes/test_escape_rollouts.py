@@ -90,7 +90,10 @@ async def test_escape_rollouts_through_an_env_server_are_contained(runtime: obje
     with FakeOpenAIServer(rule=answer) as fake, env_server(options) as server:
         endpoint = tg.Endpoint(base_url=fake.base_url, model="fake-model", api_key_env=None, max_retries=0)
         taskset = PythonFunctions(options)
-        async with EnvClient(server.bound) as client:
+        # the server thread shares this process (and its GIL) with the client and the fake endpoint: on a loaded
+        # machine its answers may lag by seconds, which is not what this test is about (the fork bomb itself ends
+        # at its processes limit within a second and does not starve the host: see test_escape_fork_bomb)
+        async with EnvClient(server.bound, liveness_timeout=60.0) as client:
             start = time.monotonic()
             traces = [t async for t in client.evaluate_iter(taskset, endpoint, num_tasks=len(HOSTILE), rollouts=1)]
             elapsed = time.monotonic() - start
