@@ -9,7 +9,7 @@ from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
 from tracegym.runtimes.sandbox import Limits, Runtime
 
 QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, open_files=64, processes=16,
-               output_bytes=10_000)
+               output_bytes=10_000, disk_mb=16)
 """Limits that end a hostile program within seconds."""
 
 

@@ -176,6 +176,23 @@ async def test_escape_killing_its_parent(sandbox: Sandbox) -> None:
         bystander.wait()
 
 
+
+async def test_escape_filling_the_disk(sandbox: Sandbox, request: pytest.FixtureRequest) -> None:
+    """Files of 0.5 MB (under the file-size limit) until the disk is full: the working directory (and under
+    bubblewrap its private /tmp and /dev/shm) holds at most `disk_mb`, and the run ends by the disk limit."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: the working directory is a plain folder, uncapped (documented)")
+    assert sandbox.disk_capped  # type: ignore[attr-defined]
+    private = request.node.callspec.params["sandbox"].name == "bubblewrap"
+    for folder in (".", "/tmp", "/dev/shm") if private else (".",):
+        fill = f"for i in range(200):\n    open(f'{folder}/fill{{i}}', 'wb').write(b'x' * 500_000)"
+        result = await sandbox.run([PY, "-c", fill])
+        ended_by(result, "disk")
+        assert "No space left on device" in result.stderr, result
+    total = sum(p.stat().st_size for p in sandbox.workdir.iterdir())
+    assert 0 < total <= QUICK.disk_mb << 20
+    await still_works(sandbox)
+
 async def test_escape_replacing_a_task_file_with_a_symlink_between_runs(sandbox: Sandbox, tmp_path: Path) -> None:
     """The host writes a task file, the program swaps it (and a folder) for links to host files; the host's next
     write replaces the link, its reads never follow one."""

@@ -114,15 +114,16 @@ def test_a_container_run_is_confined_by_the_engines_own_flags() -> None:
     from tracegym.runtimes.sandbox import Limits
 
     engine = ContainerConfinement("docker", "python:3.12-slim")
-    limits = Limits(memory_mb=300, processes=20, cpu_seconds=4, file_size_mb=2, open_files=50)
+    limits = Limits(memory_mb=300, processes=20, cpu_seconds=4, file_size_mb=2, open_files=50, disk_mb=64)
     launch = Launch(["python3", "x.py"], [], Path("/tmp/w"), limits, {"PATH": "/usr/bin", "SECRET_FREE": "1"},
                     "abc/3/", 1234567)
     command = engine.wrap(launch)
     assert command[:2] == ["docker", "run"] and command[-3:] == ["python:3.12-slim", "python3", "x.py"]
     flags = " ".join(command)
     for flag in ("--network none", "--memory 300m", "--pids-limit 20", "--ulimit cpu=4:5", "--ulimit fsize=2097152",
-                 "--user 1234567:1234567", "--cap-drop ALL", "--read-only", "-v /tmp/w:/tmp/w", "-w /tmp/w",
-                 "--name tracegym-abc-3", "--label tracegym.sandbox=abc", "-e PATH", "-e SECRET_FREE"):
+                 "--user 1234567:1234567", "--cap-drop ALL", "--read-only", "--tmpfs /tmp:size=64m",
+                 "-v /tmp/w:/tmp/w", "-w /tmp/w", "--name tracegym-abc-3", "--label tracegym.sandbox=abc", "-e PATH",
+                 "-e SECRET_FREE"):
         assert flag in flags, flag
     assert "/usr/bin" not in flags  # values reach the container from the client's environment, not argv
     assert engine.exit_status(0) == {"exit_code": 0, "signal": None, "cpu_s": 0.0}

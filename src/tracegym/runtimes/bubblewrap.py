@@ -36,7 +36,7 @@ class BwrapConfinement(Confinement):
     private_tmp = True
 
     def wrap(self, launch: Launch) -> list[str]:
-        flags = bwrap_flags(launch.workdir, launch.limits.network)
+        flags = bwrap_flags(launch.workdir, launch.limits.network, launch.limits.disk_mb)
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
             flags += ["--ro-bind", folder, folder]
@@ -49,7 +49,7 @@ class BwrapConfinement(Confinement):
         return None
 
 
-def bwrap_flags(workdir: Path, network: bool) -> list[str]:
+def bwrap_flags(workdir: Path, network: bool, disk_mb: int) -> list[str]:
     """The `bwrap` command line (without the command) for a sandbox with this working directory."""
     flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
              "--dev", "/dev", "--proc", "/proc"]
@@ -57,7 +57,7 @@ def bwrap_flags(workdir: Path, network: bool) -> list[str]:
         flags.append("--share-net")
     home = Path.home()
     for folder in (*SCRATCH, *([str(home)] if home != Path("/") and home.is_dir() else [])):
-        flags += ["--tmpfs", folder]
+        flags += ["--size", str(disk_mb << 20), "--tmpfs", folder]
     return [*flags, "--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
 
 
@@ -73,8 +73,8 @@ def probe() -> str | None:
             os.chown(folder, uid, uid)
         ids = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         try:
-            done = subprocess.run([*bwrap_flags(Path(folder), network=False), "--", "true"], capture_output=True,
-                                  timeout=PROBE_TIMEOUT_S, **ids)  # type: ignore[call-overload]
+            done = subprocess.run([*bwrap_flags(Path(folder), network=False, disk_mb=1), "--", "true"],
+                                  capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)  # type: ignore[call-overload]
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bwrap could not start: {exc}"
     if done.returncode != 0:

@@ -1,14 +1,14 @@
 """Container: the `container` runtime; programs run in a docker or podman container, when the host has a working
 engine (detected: the client alone is not enough, its daemon must answer).
 
-Each run is one `ENGINE run --rm --init` of the image (default `python:3.12-slim`) with no network
-(`Limits.network` keeps the engine's default), every capability dropped, no_new_privs, a read-only root with a
-tmpfs /tmp, the sandbox's working directory bound at the same path, the sandbox's uid (ours when not root), the
-memory and process limits as the engine's cgroup limits and the CPU, file-size and open-file limits as ulimits.
-The engine reports how the program ended through its own exit status (125-127: it could not start it; above
-128: killed by that signal, which a program exiting with such a status itself looks like too). A container the
-engine keeps after a wall-clock kill or a cancel (killing its client does not stop it) is removed by name, and
-every container of the sandbox by label at close.
+Each run is one `ENGINE run --rm --init` of the image (default `python:3.12-slim`) with no network (`Limits.network`
+keeps the engine's default), every capability dropped, no_new_privs, a read-only root with a tmpfs /tmp of
+`Limits.disk_mb`, the sandbox's working directory bound at the same path, the sandbox's uid (ours when not root), the
+memory and process limits as the engine's cgroup limits and the CPU, file-size and open-file limits as ulimits. The
+engine reports how the program ended through its own exit status (125-127: it could not start it; above 128: killed
+by that signal, which a program exiting with such a status itself looks like too). A container the engine keeps after
+a wall-clock kill or a cancel (killing its client does not stop it) is removed by name, and every container of the
+sandbox by label at close.
 
 Not tested on the machine this was written on: it has a docker client but no daemon, so detection says so.
 """
@@ -72,7 +72,7 @@ class ContainerConfinement(Confinement):
         user = launch.uid if launch.uid is not None else os.getuid()
         command = [self.engine, "run", "--rm", "-i", "--init", "--name", container_name(launch.marker),
                    "--label", f"{LABEL}={sandbox_id}", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                   "--read-only", "--tmpfs", "/tmp", "--user", f"{user}:{user}",
+                   "--read-only", "--tmpfs", f"/tmp:size={limits.disk_mb}m", "--user", f"{user}:{user}",
                    "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
                    "--pids-limit", str(limits.processes),
                    "--ulimit", f"cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",

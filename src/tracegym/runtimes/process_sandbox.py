@@ -28,7 +28,14 @@ from typing import Any
 
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult
-from tracegym.runtimes.workdir import READ_CAP_BYTES, WORKDIR_PREFIX, make_workdir, read_file, write_file
+from tracegym.runtimes.workdir import (
+    READ_CAP_BYTES,
+    WORKDIR_PREFIX,
+    make_workdir,
+    read_file,
+    remove_workdir,
+    write_file,
+)
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 """PATH inside every sandbox: the system's programs, never the host user's own folders or virtualenvs."""
@@ -44,6 +51,7 @@ READ_GRACE_S = 1.0
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 _PROCESS_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: retry")
 _FILE_SIZE_SIGNS = ("File too large",)
+_DISK_SIGNS = ("No space left on device",)
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,9 @@ class ProcessSandbox:
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
-        self._workdir = make_workdir(self.id, self.uid)
+        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb)
+        """`disk_capped`: whether the working directory is a tmpfs capped at `limits.disk_mb` (see
+        `runtimes.workdir`)."""
         self._running: set[_Run] = set()
         self._runs = 0
         self._closed = False
@@ -255,7 +265,7 @@ class ProcessSandbox:
         await self.confinement.release(self.id)
         if self.uid is not None and not self.confinement.private_tmp:
             _remove_files_of(self.uid)
-        shutil.rmtree(self._workdir.parent, onerror=_force_remove)
+        remove_workdir(self._workdir.parent, onerror=_force_remove)
 
     def sweep(self) -> list[int]:
         """SIGKILL every process of this sandbox still alive (found by its uid or its environment marker);
@@ -273,7 +283,7 @@ def remove_abandoned_workdirs() -> list[Path]:
     for folder in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
         owner = folder.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
         if owner.isdigit() and not process_alive(int(owner)):
-            shutil.rmtree(folder, onerror=_force_remove)
+            remove_workdir(folder, onerror=_force_remove)
             removed.append(folder)
     return removed
 
@@ -380,7 +390,7 @@ def _limit_hit(result: ProgramResult, cpu_s: float, limits: Limits) -> str | Non
     if result.exit_code != 0:
         tail = result.stderr[-4000:]
         for limit, signs in (("memory", _MEMORY_SIGNS), ("processes", _PROCESS_SIGNS),
-                             ("file_size", _FILE_SIZE_SIGNS)):
+                             ("file_size", _FILE_SIZE_SIGNS), ("disk", _DISK_SIGNS)):
             if any(sign in tail for sign in signs):
                 return limit
     if result.stdout_truncated or result.stderr_truncated:

@@ -21,7 +21,8 @@ from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 
 class Limits(BaseModel):
-    """What one program may use. Every limit is enforced per program run, not per sandbox."""
+    """What one program may use. Every limit is enforced per program run, not per sandbox, but `disk_mb`: the
+    sandbox's files outlive its runs, so the limits it was opened with cap them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     wall_seconds: float = Field(60.0, gt=0)
@@ -38,6 +39,9 @@ class Limits(BaseModel):
     """Processes the program may have at once (RLIMIT_NPROC, or the PID cgroup where there is one)."""
     output_bytes: int = Field(1_000_000, gt=0)
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
+    disk_mb: int = Field(1024, gt=0)
+    """Bytes the sandbox's files may take in all: its working directory (a size-capped tmpfs, where we are root)
+    and, under bubblewrap, each of its private /tmp, /var/tmp and /dev/shm; host RAM, used only as filled."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
 
@@ -54,7 +58,7 @@ class Forward:
 
 class ProgramResult(BaseModel):
     """How one program run ended. `limit` names the limit that ended it (`wall`, `cpu`, `memory`, `file_size`,
-    `processes`, `output`; `sandbox` when the sandbox's init was killed before the program reported, which
+    `disk`, `processes`, `output`; `sandbox` when the sandbox's init was killed before the program reported, which
     only a program outside a PID namespace and under our own uid can do), None when it ended on its own."""
 
     argv: list[str]

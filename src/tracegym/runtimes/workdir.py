@@ -6,16 +6,23 @@ program may pass through it but can neither rename nor replace `work`); each pat
 time relative to the directory's descriptor with O_NOFOLLOW, a file is written by unlinking what is there and
 creating it anew with O_EXCL (a symlink or hard link the program planted is replaced, never written through), and
 a read takes only a regular file, up to a size cap (a FIFO cannot block us, /dev/zero cannot flood us).
+
+Where we are root, `work` is a tmpfs of its own capped at `Limits.disk_mb` (mounted on the host, so the host reads
+what the program left, and unmounted at removal): a program that fills it gets ENOSPC, not the host's disk.
+Elsewhere (not root, or no right to mount) it is a plain folder, uncapped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 WORKDIR_PREFIX = "tracegym-sandbox-"
 """A sandbox's folder is `<temp>/tracegym-sandbox-<sandbox id>-<random>`, the id starting with the owner's pid;
@@ -23,18 +30,37 @@ its working directory is `work` inside."""
 READ_CAP_BYTES = 16 << 20
 """Most bytes `read_file` returns unless told otherwise."""
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 
 
-def make_workdir(sandbox_id: str, uid: int | None) -> Path:
+def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int) -> tuple[Path, bool]:
     """A new working directory for sandbox `sandbox_id`, owned by its `uid` (when given), inside a folder of ours
-    it cannot rename or replace."""
+    it cannot rename or replace; and whether it is capped at `disk_mb` (a tmpfs: where we may mount one)."""
     folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
     os.chmod(folder, 0o711)
     workdir = folder / "work"
     workdir.mkdir(mode=0o700)
-    if uid is not None:
+    capped = os.geteuid() == 0 and _mount_tmpfs(workdir, disk_mb, uid)
+    if uid is not None and not capped:
         os.chown(workdir, uid, uid)
-    return workdir
+    return workdir, capped
+
+
+def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> bool:
+    """Mount a tmpfs of `size_mb` on `path`, owned by `uid`; False when the host does not let us."""
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    options = f"size={size_mb}m,mode=0700{owner}".encode()
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.mount(b"tracegym-sandbox", bytes(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
+
+
+def remove_workdir(folder: Path, onerror: Callable[..., Any] | None = None) -> None:
+    """Remove a sandbox's folder (`<temp>/tracegym-sandbox-<id>-*`): its working directory unmounted first, when
+    it is a tmpfs of its own."""
+    work = folder / "work"
+    if os.path.ismount(work):
+        ctypes.CDLL(None, use_errno=True).umount2(bytes(work), _MNT_DETACH)
+    shutil.rmtree(folder, onerror=onerror)
 
 
 def relative_parts(name: str) -> tuple[str, ...]:
