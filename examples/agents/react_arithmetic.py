@@ -6,17 +6,23 @@ tracegym's interception proxy, so the trace holds every call's exact tokens.
 
 The reward reads the answer the agent wrote to `answer.txt` in its working directory; a metric says whether it
 used its `calculate` tool. The sandbox runs programs under a uid of its own with the system's PATH, so the agent
-runs on the system's `python3`, with the folder the `openai` package is installed in on its PYTHONPATH (this
-machine's virtualenv interpreter lives in a folder other users cannot read).
+runs on the system's `python3` (this machine's virtualenv interpreter lives in a folder other users cannot read),
+given the folder the `openai` package is installed in on its PYTHONPATH. That folder holds compiled modules
+(pydantic-core), which load only in an interpreter of the same ABI: when the system's `python3` is another
+version, importing this module says so, with what to do, instead of the agent failing in every rollout.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import tracegym as tg
+from tracegym.core.errors import UsageError
 from tracegym.envs.harness import ProgramHarness
+from tracegym.runtimes.process_sandbox import sandbox_python
 from tracegym.runtimes.sandbox import Limits
 from tracegym.tasksets.arithmetic import Arithmetic, ArithmeticConfig, ExpressionData, last_integer
 
@@ -24,6 +30,21 @@ AGENT = Path(__file__).with_name("react_agent.py")
 OPENAI_SPEC = importlib.util.find_spec("openai")
 OPENAI_HOME = str(Path(OPENAI_SPEC.origin).parents[1]) if OPENAI_SPEC and OPENAI_SPEC.origin else ""
 """The folder holding the `openai` package, for the agent's PYTHONPATH."""
+
+
+def _same_abi() -> None:
+    """A UsageError unless the sandbox's python3 loads the compiled modules of ours (the same ABI tag)."""
+    python = sandbox_python()
+    theirs = subprocess.run([python, "-I", "-c", "import sys; print(sys.implementation.cache_tag)"],
+                            capture_output=True, text=True, timeout=30).stdout.strip()
+    if theirs != sys.implementation.cache_tag:
+        raise UsageError(f"react-arithmetic runs its agent on the sandbox's {python} ({theirs or 'unknown'}), which "
+                         f"cannot load the openai package installed for this {sys.implementation.cache_tag} "
+                         f"interpreter ({OPENAI_HOME}); install openai for {python}, or run from a virtualenv of "
+                         f"the same Python version")
+
+
+_same_abi()
 
 
 class ReactArithmeticTask(tg.Task[ExpressionData, ArithmeticConfig]):

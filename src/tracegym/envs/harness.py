@@ -11,7 +11,9 @@ the directory is removed after scoring.
 Any CLI agent plugs in through the command template: each argument (and each `env` value) may name
 `{prompt}` (the task's last user message), `{base_url}` and `{api_key}` (the proxy), `{model}`, `{workdir}`
 and `{task_key}`. The program also gets `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_MODEL`, which the
-OpenAI SDKs read, plus `TRACEGYM_PROMPT` and `TRACEGYM_MESSAGES` (the task's prompt as OpenAI messages, JSON).
+OpenAI SDKs read, plus `TRACEGYM_PROMPT`, `TRACEGYM_MESSAGES` (the task's prompt as OpenAI messages, JSON) and
+`TRACEGYM_TASK_KEY` (the rollout's task key). It runs without network: `127.0.0.1` at the proxy's port is carried
+to the proxy and nowhere else (see ProgramHarness).
 """
 
 from __future__ import annotations

@@ -22,12 +22,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tracegym.runtimes.process_sandbox import UID_RANGE, Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.process_sandbox import (
+    PROBE_TIMEOUT_S,
+    SCRATCH,
+    UID_RANGE,
+    Confinement,
+    Launch,
+    ProcessSandbox,
+    spawn_as,
+)
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
-
-PROBE_TIMEOUT_S = 10.0
-SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
-"""Folders a program may write that become empty, private tmpfs in the sandbox."""
 
 
 class BwrapConfinement(Confinement):
@@ -71,7 +75,7 @@ def probe() -> str | None:
     with tempfile.TemporaryDirectory(prefix="tracegym-bwrap-probe-") as folder:
         if uid is not None:
             os.chown(folder, uid, uid)
-        ids = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+        ids = spawn_as(uid)
         try:
             done = subprocess.run([*bwrap_flags(Path(folder), network=False, disk_mb=1), "--", "true"],
                                   capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)  # type: ignore[call-overload]

@@ -24,12 +24,11 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from tracegym.runtimes.process_sandbox import Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 ENGINES = ("docker", "podman")
 IMAGE = "python:3.12-slim"
-PROBE_TIMEOUT_S = 10.0
 ENGINE_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "CONTAINER_HOST", "XDG_RUNTIME_DIR")
 """The host's variables the engine's client needs to find its daemon (never passed into the container)."""
 LABEL = "tracegym.sandbox"

@@ -32,11 +32,10 @@ import subprocess
 import sys
 from typing import Literal
 
-from tracegym.runtimes.process_sandbox import Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 Isolation = Literal["namespaces", "user-namespaces", "process-group"]
-PROBE_TIMEOUT_S = 10.0
 
 
 class NamespaceConfinement(Confinement):

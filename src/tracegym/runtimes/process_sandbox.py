@@ -44,8 +44,11 @@ MARKER = "TRACEGYM_SANDBOX"
 UID_RANGE = (1_000_000, 2_000_000_000)
 """Host uids handed to sandboxes when we are root: far above any account's, one random draw per sandbox."""
 INIT_SOURCE = (Path(__file__).parent / "program_init.py").read_text()
-WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
-"""Where a sandbox without a private /tmp can leave files; what its uid left there is removed at close."""
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+"""The world-writable folders: where a sandbox without a private /tmp can leave files (what its uid left there is
+removed at close); private, size-capped tmpfs under bubblewrap."""
+PROBE_TIMEOUT_S = 10.0
+"""How long a runtime's probe of this host (a trial sandbox, the container engine's `info`) may take."""
 READ_GRACE_S = 1.0
 """How long the output pipes may stay open after the program ended (a survivor holding them is then killed)."""
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -202,8 +205,7 @@ class ProcessSandbox:
                 "-" if drops_to is None else str(drops_to), str(self._workdir), forward,
                 *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
         launch = replace(launch, init=init)
-        user = self.confinement.spawn_user(self.uid)
-        ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        ids = spawn_as(self.confinement.spawn_user(self.uid))
         return await asyncio.create_subprocess_exec(
             *self.confinement.wrap(launch),
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
@@ -286,6 +288,11 @@ def remove_abandoned_workdirs() -> list[Path]:
             remove_workdir(folder, onerror=_force_remove)
             removed.append(folder)
     return removed
+
+
+def spawn_as(uid: int | None) -> dict[str, Any]:
+    """The subprocess arguments that start a process as `uid` (its group, no others); none for None (ours)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
 def sandbox_processes(marker: str, uid: int | None = None) -> list[int]:
@@ -422,7 +429,7 @@ def _processes_of(uid: int) -> int:
 
 def _remove_files_of(uid: int) -> None:
     """Remove what `uid` left at the top of the world-writable folders."""
-    for folder in WORLD_WRITABLE:
+    for folder in SCRATCH:
         with contextlib.suppress(OSError):
             for entry in Path(folder).iterdir():
                 with contextlib.suppress(OSError):
