@@ -2,16 +2,20 @@
 
 An advantage function maps one group's rewards to one advantage per rollout:
 `fn(rewards: Sequence[float], *, key: str = "") -> list[float]`. `key` names what the baseline belongs to
-(the task, or the member of a multi-agent episode) for functions that keep state across steps; plain functions
-may leave it out. The default is `group_mean` (reward minus the group's mean, optionally divided by its std).
-Any function or class can be named by import path (`"package.module:function"`); a stateful one (`EMABaseline`)
-has `state_dict()` / `load_state_dict()` so its state is checkpointed with the run.
+(`baseline_key`: the taskset, the task and, in a multi-agent episode, the member) for functions that keep state
+across steps; plain functions may leave it out. The default is `group_mean` (reward minus the group's mean,
+optionally divided by its std); `RAE` is SPIRAL's role-conditioned EMA baseline for multi-agent self-play. Any
+function or class can be named by import path (`"package.module:function"`); a stateful one (`RAE`,
+`EMABaseline`) has `state_dict()` / `load_state_dict()` so its state is checkpointed with the run. The RL
+config's `[orchestrator.advantage]` section (`AdvantageConfig`) picks one; `build_advantages` makes it.
 
 >>> group_mean([1.0, 0.0, 0.0, 1.0])
 [0.5, -0.5, -0.5, 0.5]
 >>> adv = GroupAdvantages(group_mean)
 >>> adv([0.3, 0.3, 0.3]) is None, adv.filtered
 (True, 1)
+>>> RAE(alpha=0.9)([1.0, 1.0], key="kuhn-poker/deal-3/player_0")
+[0.9, 0.81]
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tracegym.core.errors import UsageError
 
@@ -83,6 +89,43 @@ class EMABaseline:
         self.baselines = {str(k): float(v) for k, v in state["baselines"].items()}
 
 
+class RAE:
+    """Role-conditioned advantage estimation (SPIRAL, arXiv 2506.24119, Algorithm 1): one exponential moving
+    average baseline per key (taskset, task, member), updated with each reward *before* it is subtracted:
+    `b <- alpha * b + (1 - alpha) * R; A = R - b`. A key seen for the first time starts at b = 0. Each reward
+    of a group is one update, in order, so it works with groups of one.
+    """
+
+    def __init__(self, alpha: float = 0.9) -> None:
+        if not 0.0 < alpha < 1.0:
+            raise UsageError(f"RAE alpha must be in (0, 1), got {alpha}")
+        self.alpha = alpha
+        self.baselines: dict[str, float] = {}
+
+    def __call__(self, rewards: Sequence[float], *, key: str = "") -> list[float]:
+        baseline = self.baselines.get(key, 0.0)
+        advantages = []
+        for reward in rewards:
+            baseline = self.alpha * baseline + (1.0 - self.alpha) * reward
+            advantages.append(reward - baseline)
+        if advantages:
+            self.baselines[key] = baseline
+        return advantages
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "baselines": dict(self.baselines)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The baselines of a checkpoint (alpha stays the configured one: a resume may change it on purpose)."""
+        self.baselines = {str(k): float(v) for k, v in state["baselines"].items()}
+
+
+def baseline_key(taskset: str, task_key: str, member: str | None = None) -> str:
+    """What a stateful baseline is kept per: `taskset/task_key/member` (parts that are unset left out, so a
+    single-agent trace of an unnamed taskset is keyed by its task alone)."""
+    return "/".join(part for part in (taskset, task_key, member) if part)
+
+
 def has_signal(rewards: Sequence[float], tol: float = 1e-9) -> bool:
     """False when every reward of the group is the same (within `tol`): no rollout is better than another."""
     return len(rewards) > 1 and max(rewards) - min(rewards) > tol
@@ -91,18 +134,23 @@ def has_signal(rewards: Sequence[float], tol: float = 1e-9) -> bool:
 def load_advantage_fn(path: str = DEFAULT_ADVANTAGE, **options: Any) -> AdvantageFn:
     """The advantage function named `"package.module:name"`; a class is instantiated with `options`, a
     function gets them as keyword arguments (`load_advantage_fn(DEFAULT_ADVANTAGE, std=True)`)."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"advantage function must be given as 'package.module:name', got {path!r}")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot load advantage function {path!r}: {exc}") from None
+    target = import_advantage(path)
     if isinstance(target, type):
         return _accepting_key(target(**options))
     if not callable(target):
         raise UsageError(f"{path!r} is not callable")
     return _accepting_key(functools.partial(target, **options) if options else target)
+
+
+def import_advantage(path: str) -> Any:
+    """The object `"package.module:name"` names (not yet instantiated or bound to options)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"advantage function must be given as 'package.module:name', got {path!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load advantage function {path!r}: {exc}") from None
 
 
 def _accepting_key(fn: Callable[..., list[float]]) -> AdvantageFn:
@@ -156,6 +204,70 @@ class GroupAdvantages:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Counts and the function's state; a stateful function resumed from a state without its own is an
+        error (a silent cold start would change the run)."""
         self.groups, self.filtered = int(state["groups"]), int(state["filtered"])
-        if "fn" in state and isinstance(self.fn, Stateful):
+        if isinstance(self.fn, Stateful):
+            if "fn" not in state:
+                raise UsageError("the checkpoint holds no state of the advantage function (it was made with another "
+                                 "[orchestrator.advantage]); resume with the advantage the run had, or start a new run")
             self.fn.load_state_dict(state["fn"])
+
+
+BUILT_IN = {"group_mean": "tracegym.train.advantages:group_mean", "rae": "tracegym.train.advantages:RAE"}
+"""Advantages named without an import path."""
+
+
+class AdvantageConfig(BaseModel):
+    """How advantages are computed (`[orchestrator.advantage]`), whatever the episodes fan out into."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = "group_mean"
+    """`group_mean` (reward minus its group's mean), `rae` (SPIRAL's role-conditioned EMA baseline per (taskset,
+    task, member), updated before it is subtracted; works with groups of one), or your own function or class as
+    `package.module:name` (called as `fn(rewards, *, key)`, or `fn(rewards)`)."""
+    alpha: float = Field(default=0.9, gt=0.0, lt=1.0)
+    """RAE's EMA decay: `b <- alpha * b + (1 - alpha) * R`."""
+    std: bool = False
+    """group_mean: divide by the group's reward std."""
+    filter_no_signal: bool | None = None
+    """Drop groups whose rewards are all equal (they carry no group-relative gradient); unset: on for group
+    baselines (group_mean, an import path), off for rae (whose baseline is not the group's)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for your own function or class."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in BUILT_IN and ":" not in name:
+            raise ValueError(f"unknown advantage {name!r}: use {', '.join(BUILT_IN)} or 'package.module:name'")
+        if name not in BUILT_IN:
+            try:  # an import path that does not load fails here, at config load
+                import_advantage(name)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        return name
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> AdvantageConfig:
+        # a default value is not "given": the resolved config (every field written out) must load again
+        wrong = {"alpha": self.name != "rae", "std": self.name != "group_mean", "options": self.name in BUILT_IN}
+        default = AdvantageConfig.model_fields
+        given = sorted(f for f, applies in wrong.items()
+                       if applies and getattr(self, f) != default[f].get_default(call_default_factory=True))
+        if given:
+            raise ValueError(f"{', '.join(given)} does not apply to advantage {self.name!r}")
+        return self
+
+    @property
+    def filters(self) -> bool:
+        """Whether groups without signal are dropped."""
+        return self.filter_no_signal if self.filter_no_signal is not None else self.name != "rae"
+
+
+def build_advantages(config: AdvantageConfig) -> GroupAdvantages:
+    """The advantages `config` describes."""
+    options = {"rae": {"alpha": config.alpha}, "group_mean": {"std": True} if config.std else {}}
+    path = BUILT_IN.get(config.name, config.name)
+    return GroupAdvantages(load_advantage_fn(path, **options.get(config.name, config.options)),
+                           filter_no_signal=config.filters)

@@ -35,7 +35,8 @@ from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
-from tracegym.train.advantages import GroupAdvantages, load_advantage_fn
+from tracegym.train.advantages import GroupAdvantages, build_advantages
+from tracegym.train.fan_out import FanOut, TrainingUnit, advantaged, unfit
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
@@ -124,6 +125,7 @@ class Orchestrator:
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
+        self.fan_out = FanOut()
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -197,14 +199,15 @@ class Orchestrator:
         """Advantages per group over its trainable rollouts, then every branch of each of those as a sample,
         stamped with the oldest policy version that sampled it (`version`, the one served when the step
         started, where the endpoint reported none); samples too old for `step` are dropped and counted."""
+        return self.unit_samples([self.fan_out.rollouts(traces)[0] for traces in groups], version, step)
+
+    def unit_samples(self, groups: list[list[TrainingUnit]], version: int, step: int) -> list[Sample]:
+        """Advantages per group of training units (per baseline key within it), then the samples of each unit's
+        trace (`to_samples`)."""
         out: list[Sample] = []
-        for traces in groups:
-            kept = [t for t in traces if trainable(t)]
-            advantages = self.advantages([t.reward for t in kept], key=traces[0].task_key if traces else "")
-            if advantages is None:
-                continue
-            for trace, advantage in zip(kept, advantages, strict=True):
-                out += self.trace_samples(trace, advantage, version, step)
+        for units in groups:
+            for unit, advantage in advantaged(units, self.advantages):
+                out += self.trace_samples(unit.trace, advantage, version, step)
         return self.staleness.admit(out, step)
 
     def trace_samples(self, trace: Trace, advantage: float, version: int, step: int) -> list[Sample]:
@@ -281,9 +284,8 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
                        orch.eval.every)
     endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
                                      replicas=endpoints.replicas)
-    fn = load_advantage_fn(orch.advantage, **({"std": True} if orch.std_normalize else {}))
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
-                                GroupAdvantages(fn, filter_no_signal=orch.filter_no_signal),
+                                build_advantages(orch.advantage),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
                                 held_out, seed=orch.seed)
@@ -305,7 +307,7 @@ def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:
 
 def trainable(trace: Trace) -> bool:
     """True when the rollout ended on the model's own output and has a reward to learn from."""
-    return trace.failure is None and trace.reward is not None
+    return unfit(trace) is None
 
 
 def _version(sampled: int | None, served_at_start: int) -> int:
@@ -316,7 +318,7 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     """Reward, advantage, length, truncation, failure, error and throughput figures of one step. `reward` is over
     the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
     traces = [t for g in groups for t in g]
-    failed = Counter(t.failure or "no_reward" for t in traces if not trainable(t))
+    failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
     reward = mean_ci([t.reward for t in traces if trainable(t)])
     advantages = [s.advantage for s in samples]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -17,6 +17,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Addresses
+from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.cluster import SlurmConfig
 from tracegym.train.trainer import TrainerConfig
 
@@ -28,6 +29,9 @@ RENAMES = [
     *moved_into("model", {"model": "name", "max_model_len": "max_model_len"}),
     Rename("orchestrator.client", "model.client"),
     Rename("orchestrator.renderer", "model.renderer"),
+    Rename("orchestrator.std_normalize", "orchestrator.advantage.std"),
+    Rename("orchestrator.filter_no_signal", "orchestrator.advantage.filter_no_signal"),
+    Rename("orchestrator.advantage", "orchestrator.advantage.name"),  # `advantage = "rae"`: a shorthand, kept
 ]
 """Keys that moved: each still works, with a warning naming its new place."""
 
@@ -111,16 +115,17 @@ class OrchestratorConfig(BaseModel):
     """How many steps the orchestrator may run ahead of the trainer (0: on-policy)."""
     concurrency: int = Field(default=64, gt=0)
     """Rollouts in flight at once."""
-    advantage: str = "tracegym.train.advantages:group_mean"
-    """Advantage function by import path."""
-    std_normalize: bool = False
-    """Divide advantages by the group's reward std (passed to the advantage function as `std=True`)."""
-    filter_no_signal: bool = True
-    """Drop groups whose rewards are all equal (they carry no gradient)."""
+    advantage: AdvantageConfig = AdvantageConfig()
+    """How advantages are computed (`advantage = "rae"` is short for `[orchestrator.advantage] name = "rae"`)."""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
     eval: EvalPhase = EvalPhase()
+
+    @field_validator("advantage", mode="before")
+    @classmethod
+    def _advantage_by_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
 
 
 class RLModel(ModelChoice):

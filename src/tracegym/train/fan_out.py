@@ -1,0 +1,108 @@
+"""Fan-out: what training makes of a group's rollouts or episodes: one training unit per trace that trains (per
+trainable member, for an episode), grouped per baseline key (taskset, task, member) for the advantages.
+
+A unit is a member's own trace (its branches give its samples with its exact tokens) and its reward. A rollout
+or member that failed outside the model (`Trace.failure`), an episode that ended on an error (a failed slot, a
+verdict that did not parse, a member's endpoint down) and a reward that was never decided make no unit; each is
+counted by reason. Members an episode marks untrainable (a pinned opponent, a judge by default) make none
+either, unless `FanOut.judges` names a judge to train. Advantages are whatever `GroupAdvantages` computes over
+each group's rewards: fan-out and the advantage estimator do not know of each other.
+
+>>> units, dropped = FanOut().episodes([episode])  # doctest: +SKIP
+>>> [(u.member, u.reward) for u in units]  # doctest: +SKIP
+[('player_0', 1.0), ('player_1', -1.0)]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tracegym.core.episode import Episode
+from tracegym.core.trace import Trace
+from tracegym.train.advantages import GroupAdvantages, baseline_key
+
+
+@dataclass(frozen=True)
+class TrainingUnit:
+    """One trace training uses, with the reward its advantage comes from and the key of its baseline."""
+
+    trace: Trace
+    reward: float
+    key: str
+    """`baseline_key(taskset, task key, member)`: units with one key share a baseline."""
+    member: str | None = None
+    """The member whose trace this is (None: a single-agent rollout)."""
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """Which traces of an episode train: each member the episode marks trainable, and the members named in
+    `judges` too (a judge is untrainable by default; naming it here trains its verdicts, when its trace came
+    from the policy)."""
+
+    judges: frozenset[str] = field(default_factory=frozenset)
+
+    def rollouts(self, traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[str]]:
+        """A single-agent group's units, and how many rollouts were left out, by reason."""
+        units, dropped = [], Counter[str]()
+        for trace in traces:
+            reason = unfit(trace)
+            if reason:
+                dropped[reason] += 1
+            else:
+                units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))  # type: ignore[arg-type]
+        return units, dropped
+
+    def episodes(self, episodes: Iterable[Episode]) -> tuple[list[TrainingUnit], Counter[str]]:
+        """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
+        (`episode_error` counts a member of an episode that ended on an error)."""
+        units, dropped = [], Counter[str]()
+        for episode in episodes:
+            for member in self.members(episode):
+                reason = "episode_error" if episode.error is not None else member_unfit(episode, member)
+                if reason:
+                    dropped[reason] += 1
+                    continue
+                units.append(TrainingUnit(episode.traces[member], episode.rewards[member],  # type: ignore[arg-type]
+                                          baseline_key(episode.taskset, episode.task_key, member), member))
+        return units, dropped
+
+    def members(self, episode: Episode) -> list[str]:
+        """The members of `episode` that train, in seat order."""
+        return [m for m in episode.members if episode.trainable.get(m, False) or m in self.judges]
+
+
+def unfit(trace: Trace) -> str | None:
+    """Why a rollout cannot be trained on (its `Trace.failure`, or `no_reward`), or None when it can."""
+    if trace.failure is not None:
+        return trace.failure
+    return "no_reward" if trace.reward is None else None
+
+
+def member_unfit(episode: Episode, member: str) -> str | None:
+    """Why a member's part of an episode cannot be trained on, or None when it can."""
+    trace = episode.traces.get(member)
+    if trace is None:
+        return "no_trace"
+    return unfit(trace) or ("no_reward" if episode.rewards.get(member) is None else None)
+
+
+def by_key(units: Iterable[TrainingUnit]) -> list[list[TrainingUnit]]:
+    """Units grouped by baseline key, groups in the order their keys first appear, units in their own order."""
+    groups: dict[str, list[TrainingUnit]] = {}
+    for unit in units:
+        groups.setdefault(unit.key, []).append(unit)
+    return list(groups.values())
+
+
+def advantaged(units: Iterable[TrainingUnit], advantages: GroupAdvantages) -> list[tuple[TrainingUnit, float]]:
+    """Each unit with its advantage, computed per baseline key over that key's rewards in order; the units of
+    a group the advantages filter out (no signal) are left out."""
+    out = []
+    for group in by_key(units):
+        values = advantages([u.reward for u in group], key=group[0].key)
+        if values is not None:
+            out += zip(group, values, strict=True)
+    return out
