@@ -2,7 +2,7 @@
 
 Builds 10,000 finished two-seat episodes of a zero-sum game (outside the clock), spread over 64 tasks, and times
 what the orchestrator does with them before any sample is built: fan each episode out into one training unit per
-trainable member (`FanOut.episodes`), then compute RAE advantages per (taskset, task, member) key
+trainable member (`episode_units`), then compute RAE advantages per (taskset, task, member) key
 (`advantaged`), in groups of 8 episodes as a step hands them over. For scale, the same units under group mean
 are timed side by side, and seat metrics over all of them. Best of `--repeat` runs each.
 
@@ -20,7 +20,7 @@ from tracegym.core.episode import Episode
 from tracegym.core.task_data import TaskData
 from tracegym.testing import make_episode
 from tracegym.train.advantages import AdvantageConfig, build_advantages
-from tracegym.train.fan_out import FanOut, advantaged
+from tracegym.train.fan_out import advantaged, episode_units
 from tracegym.train.seat_metrics import seat_metrics
 
 GROUP = 8
@@ -44,10 +44,10 @@ def episodes(n: int, seed: int = 0) -> list[list[Episode]]:
 
 def fan_out_and_advantages(groups: list[list[Episode]], advantage: AdvantageConfig) -> Callable[[], int]:
     def run() -> int:
-        fan_out, advantages = FanOut(), build_advantages(advantage)  # fresh baselines: every run starts cold
+        advantages = build_advantages(advantage)  # fresh baselines: every run starts cold
         trained = 0
         for group in groups:
-            units, _ = fan_out.episodes(group)
+            units, _ = episode_units(group)
             trained += len(advantaged(units, advantages))
         return trained
 
@@ -73,7 +73,7 @@ def main() -> None:
     rae_s, units = best(fan_out_and_advantages(groups, AdvantageConfig(name="rae")), args.repeat)
     mean_s, _ = best(fan_out_and_advantages(groups, AdvantageConfig(name="group_mean", filter_no_signal=False)),
                      args.repeat)
-    all_units, _ = FanOut().episodes(flat)
+    all_units, _ = episode_units(flat)
     pairs = advantaged(all_units, build_advantages(AdvantageConfig(name="rae")))
     metrics_s, _ = best(lambda: seat_metrics(flat, pairs), args.repeat)
     print(f"{args.episodes} episodes -> {units} training units, best of {args.repeat}")

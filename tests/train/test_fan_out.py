@@ -7,7 +7,7 @@ from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.task_data import TaskData
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.advantages import RAE, GroupAdvantages, group_mean
-from tracegym.train.fan_out import FanOut, advantaged, by_key
+from tracegym.train.fan_out import advantaged, by_key, episode_units, rollout_units
 from tracegym.train.samples import trace_samples
 
 DEAL = TaskData(prompt="deal 1")
@@ -15,7 +15,7 @@ DEAL = TaskData(prompt="deal 1")
 
 def test_each_trainable_member_becomes_one_unit_with_its_own_trace_and_reward():
     episode = make_episode({"player_0": 1.0, "player_1": -1.0}, task=DEAL, taskset="kuhn-poker")
-    units, dropped = FanOut().episodes([episode])
+    units, dropped = episode_units([episode])
     assert [(u.member, u.reward) for u in units] == [("player_0", 1.0), ("player_1", -1.0)]
     assert [u.trace for u in units] == [episode.traces["player_0"], episode.traces["player_1"]]
     assert [u.key for u in units] == [f"kuhn-poker/{DEAL.key}/player_0", f"kuhn-poker/{DEAL.key}/player_1"]
@@ -25,23 +25,30 @@ def test_each_trainable_member_becomes_one_unit_with_its_own_trace_and_reward():
 def test_a_units_samples_are_its_members_exact_tokens():
     episode = make_episode({"player_0": 1.0, "player_1": -1.0})
     episode.traces["player_1"] = make_episode({"player_1": -1.0}).traces["player_1"]  # other tokens would show
-    (unit,) = [u for u in FanOut().episodes([episode])[0] if u.member == "player_0"]
+    (unit,) = [u for u in episode_units([episode])[0] if u.member == "player_0"]
     (sample,) = trace_samples(unit.trace)
     assert sample.token_ids == [1, 2, 3, 7, 8] and sample.loss_mask == [False] * 3 + [True] * 2
     assert sample.trace_id == episode.traces["player_0"].id
 
 
-def test_untrainable_members_make_no_unit_and_a_judge_trains_only_when_named():
+def test_untrainable_members_make_no_unit():
+    """A judge (untrainable unless the seat binding says so) and a pinned opponent are recorded untrainable."""
     episode = make_episode({"debater_a": 1.0, "debater_b": -1.0, "judge": 1.0},
                            trainable={"debater_a": True, "debater_b": False, "judge": False})
-    assert [u.member for u in FanOut().episodes([episode])[0]] == ["debater_a"]
-    assert [u.member for u in FanOut(judges=frozenset({"judge"})).episodes([episode])[0]] == ["debater_a", "judge"]
+    assert [u.member for u in episode_units([episode])[0]] == ["debater_a"]
+
+
+def test_baselines_can_be_kept_per_taskset_and_member_as_spiral_does():
+    episodes = [make_episode({"p0": 1.0, "p1": -1.0}, task=TaskData(prompt=f"deal {i}"), taskset="kuhn")
+                for i in range(2)]
+    units, _ = episode_units(episodes, per_task=False)
+    assert [u.key for u in units] == ["kuhn/p0", "kuhn/p1", "kuhn/p0", "kuhn/p1"]
 
 
 def test_an_episode_that_ended_on_an_error_trains_nothing_and_is_counted():
     error = TraceError(kind=ErrorKind.TASK, stage="judge", message="verdict did not parse")
     episode = make_episode({"player_0": None, "player_1": None}, error=error)
-    units, dropped = FanOut().episodes([episode])
+    units, dropped = episode_units([episode])
     assert units == [] and dropped == {"episode_error": 2}
 
 
@@ -49,14 +56,14 @@ def test_a_member_without_a_reward_or_whose_trace_failed_is_left_out_and_counted
     episode = make_episode({"player_0": 1.0, "player_1": None})
     failed = make_episode({"player_0": 1.0, "player_1": -1.0})
     failed.traces["player_1"].errors.append(TraceError(kind=ErrorKind.INFRASTRUCTURE, stage="model", message="down"))
-    units, dropped = FanOut().episodes([episode, failed])
+    units, dropped = episode_units([episode, failed])
     assert [(u.member, u.reward) for u in units] == [("player_0", 1.0), ("player_0", 1.0)]
     assert dropped == {"error": 1, "infrastructure": 1}  # an unscored reward is the trace's `failure` "error"
 
 
 def test_rollouts_fan_out_to_one_unit_each_keyed_by_taskset_and_task():
     traces = [make_trace(reward=1.0, taskset="reverse-text"), make_trace(reward=None, taskset="reverse-text")]
-    units, dropped = FanOut().rollouts(traces)
+    units, dropped = rollout_units(traces)
     assert [(u.member, u.reward, u.key) for u in units] == [(None, 1.0, f"reverse-text/{traces[0].task_key}")]
     assert dropped == {"error": 1}
 
@@ -65,7 +72,7 @@ def test_group_mean_compares_each_member_with_itself_across_the_groups_episodes(
     """Seat 0 won twice and lost once; seat 1 the reverse: each seat's advantages are its own rewards minus its
     own mean, never mixed with the other seat's."""
     episodes = [make_episode({"p0": r, "p1": -r}) for r in (1.0, 1.0, -1.0)]
-    units, _ = FanOut().episodes(episodes)
+    units, _ = episode_units(episodes)
     result = {(u.member, i): a for i, (u, a) in enumerate(advantaged(units, GroupAdvantages(group_mean)))}
     assert [round(a, 6) for a in result.values()] == [0.666667, 0.666667, -1.333333, -0.666667, -0.666667, 1.333333]
     assert [m for m, _ in result] == ["p0", "p0", "p0", "p1", "p1", "p1"]
@@ -75,12 +82,12 @@ def test_rae_over_fanned_out_episodes_keeps_one_baseline_per_member_with_groups_
     rae = RAE(alpha=0.9)
     adv = GroupAdvantages(rae, filter_no_signal=False)
     for _ in range(2):  # two steps, one episode each (group size 1): seat 0 wins both
-        units, _ = FanOut().episodes([make_episode({"p0": 1.0, "p1": -1.0}, task=DEAL, taskset="kuhn")])
+        units, _ = episode_units([make_episode({"p0": 1.0, "p1": -1.0}, task=DEAL, taskset="kuhn")])
         values = [a for _, a in advantaged(units, adv)]
     assert values == pytest.approx([0.81, -0.81])
     assert rae.baselines == {f"kuhn/{DEAL.key}/p0": pytest.approx(0.19), f"kuhn/{DEAL.key}/p1": pytest.approx(-0.19)}
 
 
 def test_units_are_grouped_per_key_in_the_order_keys_first_appear():
-    units, _ = FanOut().episodes([make_episode({"a": 1.0, "b": 0.0}), make_episode({"a": 0.0, "b": 1.0})])
+    units, _ = episode_units([make_episode({"a": 1.0, "b": 0.0}), make_episode({"a": 0.0, "b": 1.0})])
     assert [[u.member for u in group] for group in by_key(units)] == [["a", "a"], ["b", "b"]]

@@ -5,7 +5,7 @@ import pytest
 from tracegym.core.episode import Outcome
 from tracegym.testing import make_episode
 from tracegym.train.advantages import GroupAdvantages, group_mean
-from tracegym.train.fan_out import FanOut, advantaged
+from tracegym.train.fan_out import advantaged, episode_units
 from tracegym.train.seat_metrics import seat_metrics
 
 
@@ -14,7 +14,7 @@ def test_each_seat_gets_its_reward_rates_parse_errors_and_advantages():
                 make_episode({"p0": 0.0, "p1": 0.0}),
                 make_episode({"p0": 1.0, "p1": -1.0}, outcomes={"p0": Outcome.WIN, "p1": Outcome.FORFEIT},
                              member_metrics={"p1": {"parse_errors": 3.0}})]
-    units, _ = FanOut().episodes(episodes)
+    units, _ = episode_units(episodes)
     metrics = seat_metrics(episodes, advantaged(units, GroupAdvantages(group_mean)))
     assert metrics["seat/p0/reward"] == 0.75 and metrics["seat/p1/reward"] == -0.75
     assert metrics["seat/p0/win_rate"] == 0.75 and metrics["seat/p0/draw_rate"] == 0.25
@@ -29,7 +29,7 @@ def test_the_learner_is_followed_across_seats():
     """The learner sits in p0 in the first episode and in p1 in the second, winning both."""
     episodes = [make_episode({"p0": 1.0, "p1": -1.0}, trainable={"p0": True, "p1": False}),
                 make_episode({"p0": -1.0, "p1": 1.0}, trainable={"p0": False, "p1": True})]
-    units, _ = FanOut().episodes(episodes)
+    units, _ = episode_units(episodes)
     metrics = seat_metrics(episodes, advantaged(units, GroupAdvantages(group_mean, filter_no_signal=False)))
     assert metrics["learner/win_rate"] == 1.0 and metrics["learner/reward"] == 1.0
     assert metrics["seat/p0/win_rate"] == 0.5 and metrics["learner/episodes"] == 2

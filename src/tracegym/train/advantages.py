@@ -25,7 +25,7 @@ import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -235,6 +235,9 @@ class AdvantageConfig(BaseModel):
     baselines (group_mean, an import path), off for rae (whose baseline is not the group's)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for your own function or class."""
+    baseline_per: Literal["task", "taskset"] = "task"
+    """What a multi-agent member's baseline is kept per: each (taskset, task, member), or (taskset, member) as
+    SPIRAL keys it (one baseline per game and role: with many distinct deals, few tasks repeat)."""
 
     @field_validator("name")
     @classmethod

@@ -4,11 +4,13 @@ trainable member, for an episode), grouped per baseline key (taskset, task, memb
 A unit is a member's own trace (its branches give its samples with its exact tokens) and its reward. A rollout
 or member that failed outside the model (`Trace.failure`), an episode that ended on an error (a failed slot, a
 verdict that did not parse, a member's endpoint down) and a reward that was never decided make no unit; each is
-counted by reason. Members an episode marks untrainable (a pinned opponent, a judge by default) make none
-either, unless `FanOut.judges` names a judge to train. Advantages are whatever `GroupAdvantages` computes over
-each group's rewards: fan-out and the advantage estimator do not know of each other.
+counted by reason. Members the episode marks untrainable make none either: a seat pinned to another model, an
+opponent, a judge (its `Member.trainable` is off unless the run's seat binding says `trainable = true`). Which
+seats train is decided once, by the seat binding, and recorded on the episode. Advantages are whatever
+`GroupAdvantages` computes over each group's rewards: fan-out and the advantage estimator do not know of each
+other.
 
->>> units, dropped = FanOut().episodes([episode])  # doctest: +SKIP
+>>> units, dropped = episode_units([episode])  # doctest: +SKIP
 >>> [(u.member, u.reward) for u in units]  # doctest: +SKIP
 [('player_0', 1.0), ('player_1', -1.0)]
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
@@ -36,42 +38,32 @@ class TrainingUnit:
     """The member whose trace this is (None: a single-agent rollout)."""
 
 
-@dataclass(frozen=True)
-class FanOut:
-    """Which traces of an episode train: each member the episode marks trainable, and the members named in
-    `judges` too (a judge is untrainable by default; naming it here trains its verdicts, when its trace came
-    from the policy)."""
+def rollout_units(traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[str]]:
+    """A single-agent group's units, and how many rollouts were left out, by reason."""
+    units, dropped = [], Counter[str]()
+    for trace in traces:
+        reason = unfit(trace)
+        if reason:
+            dropped[reason] += 1
+        else:
+            units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))  # type: ignore[arg-type]
+    return units, dropped
 
-    judges: frozenset[str] = field(default_factory=frozenset)
 
-    def rollouts(self, traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[str]]:
-        """A single-agent group's units, and how many rollouts were left out, by reason."""
-        units, dropped = [], Counter[str]()
-        for trace in traces:
-            reason = unfit(trace)
+def episode_units(episodes: Iterable[Episode], per_task: bool = True) -> tuple[list[TrainingUnit], Counter[str]]:
+    """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
+    (`episode_error` counts a member of an episode that ended on an error). `per_task=False` keys baselines per
+    (taskset, member) alone, as SPIRAL does (one baseline per game and role)."""
+    units, dropped = [], Counter[str]()
+    for episode in episodes:
+        for member in episode.trainable_members:
+            reason = "episode_error" if episode.error is not None else member_unfit(episode, member)
             if reason:
                 dropped[reason] += 1
-            else:
-                units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))  # type: ignore[arg-type]
-        return units, dropped
-
-    def episodes(self, episodes: Iterable[Episode]) -> tuple[list[TrainingUnit], Counter[str]]:
-        """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
-        (`episode_error` counts a member of an episode that ended on an error)."""
-        units, dropped = [], Counter[str]()
-        for episode in episodes:
-            for member in self.members(episode):
-                reason = "episode_error" if episode.error is not None else member_unfit(episode, member)
-                if reason:
-                    dropped[reason] += 1
-                    continue
-                units.append(TrainingUnit(episode.traces[member], episode.rewards[member],  # type: ignore[arg-type]
-                                          baseline_key(episode.taskset, episode.task_key, member), member))
-        return units, dropped
-
-    def members(self, episode: Episode) -> list[str]:
-        """The members of `episode` that train, in seat order."""
-        return [m for m in episode.members if episode.trainable.get(m, False) or m in self.judges]
+                continue
+            key = baseline_key(episode.taskset, episode.task_key if per_task else "", member)
+            units.append(TrainingUnit(episode.traces[member], episode.rewards[member], key, member))  # type: ignore[arg-type]
+    return units, dropped
 
 
 def unfit(trace: Trace) -> str | None:

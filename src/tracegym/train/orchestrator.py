@@ -36,7 +36,7 @@ from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
-from tracegym.train.fan_out import FanOut, TrainingUnit, advantaged, unfit
+from tracegym.train.fan_out import TrainingUnit, advantaged, rollout_units, unfit
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
@@ -125,7 +125,6 @@ class Orchestrator:
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
-        self.fan_out = FanOut()
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -199,7 +198,7 @@ class Orchestrator:
         """Advantages per group over its trainable rollouts, then every branch of each of those as a sample,
         stamped with the oldest policy version that sampled it (`version`, the one served when the step
         started, where the endpoint reported none); samples too old for `step` are dropped and counted."""
-        return self.unit_samples([self.fan_out.rollouts(traces)[0] for traces in groups], version, step)
+        return self.unit_samples([rollout_units(traces)[0] for traces in groups], version, step)
 
     def unit_samples(self, groups: list[list[TrainingUnit]], version: int, step: int) -> list[Sample]:
         """Advantages per group of training units (per baseline key within it), then the samples of each unit's
