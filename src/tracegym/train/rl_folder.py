@@ -255,8 +255,12 @@ class RLFolder:
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint."""
-        done = [marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")]
-        return max(done, key=step_of, default=None)
+        done = self.checkpoints()
+        return done[-1] if done else None
+
+    def checkpoints(self) -> list[Path]:
+        """Every complete checkpoint, oldest first."""
+        return sorted((marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")), key=step_of)
 
     def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
         """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none)."""

@@ -1,0 +1,70 @@
+"""Opponent pool: the base model and each complete checkpoint's adapter, loaded once each into the run's vLLM
+under its own name; opponents drawn from the latest N, uniformly or the newest."""
+
+import json
+import random
+
+import pytest
+
+from tracegym.core.errors import UsageError
+from tracegym.train.opponent_pool import OpponentPool
+from tracegym.train.rl_folder import RLFolder
+
+
+def checkpoint(folder: RLFolder, step: int, adapter: bool = True, done: bool = True) -> None:
+    path = folder.new_checkpoint(step)
+    (path / "adapter").mkdir(parents=True)
+    if adapter:
+        (path / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    if done:
+        folder.complete(path, step)
+
+
+@pytest.fixture
+def loaded():
+    return []
+
+
+def pool(tmp_path, loaded, **options) -> tuple[RLFolder, OpponentPool]:
+    folder = RLFolder(tmp_path)
+    return folder, OpponentPool(folder, lambda path, name, step: loaded.append((path, name, step)), "base",
+                                **options)
+
+
+def test_before_any_checkpoint_the_pool_is_the_base_model(tmp_path, loaded):
+    _, opponents = pool(tmp_path, loaded)
+    assert opponents.refresh() == [] and opponents.draw(random.Random(0)) == "base"
+
+
+def test_each_complete_checkpoint_is_loaded_once_under_its_own_name(tmp_path, loaded):
+    folder, opponents = pool(tmp_path, loaded)
+    checkpoint(folder, 5)
+    checkpoint(folder, 10, done=False)  # being written: not yet
+    assert opponents.refresh() == ["pool-step-000005"]
+    checkpoint(folder, 10)
+    assert opponents.refresh() == ["pool-step-000010"] and opponents.refresh() == []
+    assert [(p.parent.name, name, step) for p, name, step in loaded] == [
+        ("step-000005", "pool-step-000005", 5), ("step-000010", "pool-step-000010", 10)]
+
+
+def test_opponents_come_from_the_latest_n_policies_uniformly(tmp_path, loaded):
+    folder, opponents = pool(tmp_path, loaded, latest=2)
+    for step in (5, 10, 15):
+        checkpoint(folder, step)
+    opponents.refresh()
+    draws = {opponents.draw(random.Random(seed)) for seed in range(50)}
+    assert draws == {"pool-step-000010", "pool-step-000015"}
+
+
+def test_pick_latest_always_draws_the_newest(tmp_path, loaded):
+    folder, opponents = pool(tmp_path, loaded, pick="latest")
+    checkpoint(folder, 5)
+    opponents.refresh()
+    assert {opponents.draw(random.Random(seed)) for seed in range(10)} == {"pool-step-000005"}
+
+
+def test_a_checkpoint_without_an_adapter_is_a_usage_error(tmp_path, loaded):
+    folder, opponents = pool(tmp_path, loaded)
+    checkpoint(folder, 5, adapter=False)
+    with pytest.raises(UsageError, match="needs a LoRA run"):
+        opponents.refresh()
