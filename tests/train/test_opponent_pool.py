@@ -9,6 +9,7 @@ import pytest
 from tracegym.core.errors import UsageError
 from tracegym.train.opponent_pool import OpponentPool
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.seating import Play
 
 
 def checkpoint(folder: RLFolder, step: int, adapter: bool = True, done: bool = True) -> None:
@@ -25,15 +26,18 @@ def loaded():
     return []
 
 
-def pool(tmp_path, loaded, **options) -> tuple[RLFolder, OpponentPool]:
+def pool(tmp_path, loaded) -> tuple[RLFolder, OpponentPool]:
     folder = RLFolder(tmp_path)
-    return folder, OpponentPool(folder, lambda path, name, step: loaded.append((path, name, step)), "base",
-                                **options)
+    return folder, OpponentPool(folder, lambda path, name, step: loaded.append((path, name, step)), "base")
+
+
+def play(**fields) -> Play:
+    return Play(learner="alternate", opponent="pool", **fields)
 
 
 def test_before_any_checkpoint_the_pool_is_the_base_model(tmp_path, loaded):
     _, opponents = pool(tmp_path, loaded)
-    assert opponents.refresh() == [] and opponents.draw(random.Random(0)) == "base"
+    assert opponents.refresh() == [] and opponents.draw(random.Random(0), play()) == "base"
 
 
 def test_each_complete_checkpoint_is_loaded_once_under_its_own_name(tmp_path, loaded):
@@ -48,19 +52,19 @@ def test_each_complete_checkpoint_is_loaded_once_under_its_own_name(tmp_path, lo
 
 
 def test_opponents_come_from_the_latest_n_policies_uniformly(tmp_path, loaded):
-    folder, opponents = pool(tmp_path, loaded, latest=2)
+    folder, opponents = pool(tmp_path, loaded)
     for step in (5, 10, 15):
         checkpoint(folder, step)
     opponents.refresh()
-    draws = {opponents.draw(random.Random(seed)) for seed in range(50)}
+    draws = {opponents.draw(random.Random(seed), play(pool_latest=2)) for seed in range(50)}
     assert draws == {"pool-step-000010", "pool-step-000015"}
 
 
 def test_pick_latest_always_draws_the_newest(tmp_path, loaded):
-    folder, opponents = pool(tmp_path, loaded, pick="latest")
+    folder, opponents = pool(tmp_path, loaded)
     checkpoint(folder, 5)
     opponents.refresh()
-    assert {opponents.draw(random.Random(seed)) for seed in range(10)} == {"pool-step-000005"}
+    assert {opponents.draw(random.Random(seed), play(pool_pick="latest")) for seed in range(10)} == {"pool-step-000005"}
 
 
 def test_a_checkpoint_without_an_adapter_is_a_usage_error(tmp_path, loaded):

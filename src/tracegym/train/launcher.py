@@ -29,7 +29,7 @@ from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
-from tracegym.train.rl_config import RLConfig, env_servers
+from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import LAUNCHER_PID_ENV
 
@@ -59,12 +59,13 @@ def with_model_paths(config: RLConfig) -> RLConfig:
 
 
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
-    """vLLM serving the base model (with runtime LoRA loading for the policy adapter, or in-place reloads of
-    merged weights), stamping every response with the policy version that served it."""
+    """vLLM serving the base model (with runtime LoRA loading for the policy adapter and the opponent pool's,
+    or in-place reloads of merged weights), stamping every response with the policy version that served it."""
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
     served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
     return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
+                                     "max_loras": lora_slots(config),
                                      "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
                                      "report_policy_version": True})
 

@@ -3,12 +3,13 @@ vLLM (no extra server): the base model, and each complete checkpoint's LoRA adap
 its own name (`pool-step-000010`).
 
 `refresh()` loads the adapters of checkpoints written since the last call (the trainer writes them; the
-orchestrator calls this before each step); `draw(rng)` names the model of one opponent, from the latest
-`latest` policies, uniformly or always the newest. A resumed run starts a fresh vLLM, so `refresh()` loads every
-checkpoint again; the draws come from the orchestrator's seeded generator, which is checkpointed.
+orchestrator calls this before each step); `draw(rng, play)` names the model of one opponent, from the latest
+`play.pool_latest` policies, uniformly or always the newest (`play.pool_pick`). A resumed run starts a fresh
+vLLM, so `refresh()` loads every checkpoint again; the draws come from the orchestrator's seeded generator,
+which is checkpointed.
 
->>> pool = OpponentPool(folder, LoraLoader(base_url), base_model="base", latest=4)  # doctest: +SKIP
->>> pool.refresh(); pool.draw(random.Random(0))  # doctest: +SKIP
+>>> pool = OpponentPool(folder, lora_loader(base_url), base_model="base")  # doctest: +SKIP
+>>> pool.refresh(); pool.draw(random.Random(0), Play(learner="alternate", opponent="pool"))  # doctest: +SKIP
 'pool-step-000005'
 """
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 from tracegym.core.errors import UsageError
 from tracegym.train.rl_folder import RLFolder, step_name, step_of
+from tracegym.train.seating import Play
 from tracegym.train.weight_sync import WeightSync
 
 ADAPTER = "adapter"
@@ -42,11 +43,8 @@ def lora_loader(base_url: str) -> LoadAdapter:
 class OpponentPool:
     """The run's past policies, as model names its vLLM serves."""
 
-    def __init__(self, folder: RLFolder, load: LoadAdapter, base_model: str, latest: int = 4,
-                 pick: Literal["uniform", "latest"] = "uniform") -> None:
-        if latest < 1:
-            raise UsageError(f"an opponent pool holds at least 1 policy, got latest = {latest}")
-        self.folder, self.load, self.latest, self.pick = folder, load, latest, pick
+    def __init__(self, folder: RLFolder, load: LoadAdapter, base_model: str) -> None:
+        self.folder, self.load = folder, load
         self.models: list[tuple[int, str]] = [(0, base_model)]
         """(step, served name) of every policy loaded so far, oldest first; step 0 is the base model."""
 
@@ -68,11 +66,11 @@ class OpponentPool:
             added.append(name)
         return added
 
-    @property
-    def candidates(self) -> list[str]:
+    def candidates(self, latest: int) -> list[str]:
         """The names an opponent is drawn from: the latest `latest` policies."""
-        return [name for _, name in self.models[-self.latest:]]
+        return [name for _, name in self.models[-latest:]]
 
-    def draw(self, rng: random.Random) -> str:
-        """One opponent's model name."""
-        return self.candidates[-1] if self.pick == "latest" else rng.choice(self.candidates)
+    def draw(self, rng: random.Random, play: Play) -> str:
+        """One opponent's model name, from the latest `play.pool_latest` policies (`play.pool_pick`)."""
+        candidates = self.candidates(play.pool_latest)
+        return candidates[-1] if play.pool_pick == "latest" else rng.choice(candidates)

@@ -25,25 +25,34 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tracegym.core.episode import Episode, Outcome
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.interval import mean_ci
 from tracegym.core.sample import Sample
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.seats import Seats
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
-from tracegym.train.fan_out import TrainingUnit, advantaged, rollout_units, unfit
+from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
+from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
+from tracegym.train.seat_metrics import seat_metrics
+from tracegym.train.seating import Seating
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
+Group = list[Trace] | list[Episode]
+"""The rollouts of one task, or its episodes (a multi-agent environment)."""
 
 
 class TaskStream:
@@ -74,21 +83,24 @@ class TaskStream:
 
 @dataclass
 class TrainEnv:
-    """One environment the policy trains on: its share of each step's tasks, its tasks, its env server."""
+    """One environment the policy trains on: its share of each step's tasks, its tasks, its env server, and for a
+    multi-agent one who sits where in each episode."""
 
     id: str
     weight: float
     stream: TaskStream
     client: EnvClient
+    seating: Seating | None = None
 
 
 @dataclass
 class HeldOutEnv:
-    """One held-out environment: its taskset, and the env server that runs it."""
+    """One held-out environment: its taskset, the env server that runs it, and its seating (multi-agent)."""
 
     id: str
     taskset: Taskset
     client: EnvClient
+    seating: Seating | None = None
 
 
 @dataclass(frozen=True)
@@ -118,13 +130,17 @@ class Orchestrator:
 
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
-                 held_out: HeldOut | None = None, seed: int = 0) -> None:
-        """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then."""
+                 held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
+                 baseline_per_task: bool = True) -> None:
+        """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
+        `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
+        episode member's advantage baseline per task (else per taskset and member)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
+        self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -174,19 +190,37 @@ class Orchestrator:
         endpoint = self.endpoint.model_copy(update={"model": model})
         size = self.plan.group_size
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
+        # every draw from the run's generator happens here, in order, so a resumed run draws the same
+        plans = [(env, data, env.seating and [env.seating.next(model, self.rng) for _ in range(size)])
+                 for env, data in self.draw()]
 
-        async def group(env: TrainEnv, data: TaskData) -> list[Trace]:
+        async def group(env: TrainEnv, data: TaskData, seats: list[Seats] | None) -> Group:
             async with gate:
-                return await env.client.run_group(env.stream.taskset, data, endpoint, size, sampling=self.sampling)
+                if seats is None:
+                    return await env.client.run_group(env.stream.taskset, data, endpoint, size,
+                                                      sampling=self.sampling)
+                return list(await asyncio.gather(*(
+                    env.client.run_episode(env.stream.taskset, data, endpoint, episode_index=i, seats=binding,
+                                           sampling=self.sampling) for i, binding in enumerate(seats))))
 
-        groups = await asyncio.gather(*(group(env, data) for env, data in self.draw()))
-        check_not_all_failed(step, groups)
-        samples = self.to_samples(groups, version, step)
-        self.folder.write_traces(step, itertools.chain.from_iterable(groups))
-        metrics = step_metrics(groups, samples, time.monotonic() - started)
+        groups = await asyncio.gather(*(group(*plan) for plan in plans))
+        trained = [learner_traces(g) for g in groups]
+        check_not_all_failed(step, trained)
+        pairs = self.advantaged(groups)
+        samples = self.samples_of(pairs, version, step)
+        episodes = [e for g in groups for e in g if isinstance(e, Episode)]
+        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)))
+        if episodes:
+            self.folder.write_episodes(step, episodes)
+        metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
                         "traces_invalid": self.traces_invalid})
+        if episodes:
+            metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
+                            **seat_metrics(episodes, pairs)})
         return samples, metrics
 
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
@@ -194,19 +228,30 @@ class Orchestrator:
         chosen = self.rng.choices(list(self.envs), [e.weight for e in self.envs.values()], k=self.plan.tasks_per_step)
         return [(self.envs[env_id], self.envs[env_id].stream.next()) for env_id in chosen]
 
-    def to_samples(self, groups: list[list[Trace]], version: int, step: int) -> list[Sample]:
-        """Advantages per group over its trainable rollouts, then every branch of each of those as a sample,
-        stamped with the oldest policy version that sampled it (`version`, the one served when the step
-        started, where the endpoint reported none); samples too old for `step` are dropped and counted."""
-        return self.unit_samples([rollout_units(traces)[0] for traces in groups], version, step)
+    def to_samples(self, groups: list[Group], version: int, step: int) -> list[Sample]:
+        """Advantages per group over its trainable rollouts (or its episodes' trainable members), then every
+        branch of each of those as a sample, stamped with the oldest policy version that sampled it (`version`,
+        the one served when the step started, where the endpoint reported none); samples too old for `step` are
+        dropped and counted."""
+        return self.samples_of(self.advantaged(groups), version, step)
 
-    def unit_samples(self, groups: list[list[TrainingUnit]], version: int, step: int) -> list[Sample]:
-        """Advantages per group of training units (per baseline key within it), then the samples of each unit's
-        trace (`to_samples`)."""
+    def advantaged(self, groups: list[Group]) -> list[tuple[TrainingUnit, float]]:
+        """Each group fanned out into training units (one per rollout, or per trainable member of each episode),
+        with the advantages of each baseline key within the group."""
+        out: list[tuple[TrainingUnit, float]] = []
+        for group in groups:
+            if group and isinstance(group[0], Episode):
+                units = episode_units(group, per_task=self.baseline_per_task)[0]  # type: ignore[arg-type]
+            else:
+                units = rollout_units(group)[0]  # type: ignore[arg-type]
+            out += advantaged(units, self.advantages)
+        return out
+
+    def samples_of(self, pairs: list[tuple[TrainingUnit, float]], version: int, step: int) -> list[Sample]:
+        """The samples of each unit's trace with its advantage, those too old for `step` dropped and counted."""
         out: list[Sample] = []
-        for units in groups:
-            for unit, advantage in advantaged(units, self.advantages):
-                out += self.trace_samples(unit.trace, advantage, version, step)
+        for unit, advantage in pairs:
+            out += self.trace_samples(unit.trace, advantage, version, step)
         return self.staleness.admit(out, step)
 
     def trace_samples(self, trace: Trace, advantage: float, version: int, step: int) -> list[Sample]:
@@ -227,7 +272,8 @@ class Orchestrator:
         return {"next_step": self.next_step, "advantages": self.advantages.state_dict(),
                 "staleness": self.staleness.state_dict(), "traces_invalid": self.traces_invalid,
                 "rng": [version, list(internal), gauss],
-                "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()}}
+                "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()},
+                "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_step = int(state["next_step"])
@@ -239,6 +285,13 @@ class Orchestrator:
         for env_id, drawn in state["drawn"].items():
             if env_id in self.envs:  # an environment the resumed config dropped has nothing to go on with
                 self.envs[env_id].stream.skip_to(drawn)
+        for env_id, env in self.envs.items():
+            if env.seating is not None and env.stream.drawn:  # it took part in the run before the checkpoint
+                seating = state.get("seating", {}).get(env_id)
+                if seating is None:
+                    raise UsageError(f"the checkpoint holds no seating of environment {env_id!r} (it was not "
+                                     "multi-agent then); start a new run")
+                env.seating.load_state_dict(seating)
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
@@ -250,12 +303,29 @@ class Orchestrator:
         version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
         for env in self.held_out.envs:
-            traces = await env.client.evaluate(env.taskset, endpoint, num_tasks=self.held_out.num_tasks,
-                                               sampling=self.held_out.sampling, concurrency=self.plan.concurrency)
-            estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
-            self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version,
-                                        "eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width,
-                                        "eval_n": estimate.n, "eval_unscored": len(traces) - estimate.n})
+            if env.seating is not None:
+                record = await self.evaluate_episodes(env, endpoint, step)
+            else:
+                traces = await env.client.evaluate(env.taskset, endpoint, num_tasks=self.held_out.num_tasks,
+                                                   sampling=self.held_out.sampling, concurrency=self.plan.concurrency)
+                estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
+                record = {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width,
+                          "eval_n": estimate.n, "eval_unscored": len(traces) - estimate.n}
+            self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
+
+    async def evaluate_episodes(self, env: HeldOutEnv, endpoint: Endpoint, step: int) -> dict[str, Any]:
+        """The learner's figures on a held-out multi-agent environment: every held-out task played once with the
+        learner in each free seat (all seats at once in self-play), against the same opponents every time."""
+        assert env.seating is not None
+        rng = random.Random(self.seed)  # the same opponent draws at every evaluation
+        played: list[tuple[Episode, list[str]]] = []
+        for seat in env.seating.learner_seats():
+            episodes = await env.client.evaluate_episodes(
+                env.taskset, endpoint, num_tasks=self.held_out.num_tasks, sampling=self.held_out.sampling,
+                concurrency=self.plan.concurrency, seats=env.seating.binding(seat, endpoint.model, rng))
+            played += [(e, [seat] if seat else e.trainable_members) for e in episodes]
+        self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
+        return held_out_figures(played)
 
     async def aclose(self) -> None:
         """Close every env client (one may serve both training and held-out tasks)."""
@@ -269,6 +339,16 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     resumed from the orchestrator state saved with it."""
     orch = config.orchestrator
     clients = {name: EnvClient(address) for name, address in endpoints.envs.items()}
+    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
+                                     replicas=endpoints.replicas)
+    uses_pool = any(e.play.opponent == "pool" for e in [*orch.train.envs, *orch.eval.envs])
+    pool = OpponentPool(folder, lora_loader(endpoints.base_url), endpoints.base_model) if uses_pool else None
+
+    def seating(env: EnvChoice, taskset: Taskset) -> Seating | None:
+        if not is_multi_agent(taskset):
+            return None
+        members = [m.id for m in multi_agent_class(taskset).seats]
+        return Seating(members, env.play, env.seats, endpoint, endpoints.base_model, pool.draw if pool else None)
 
     def client(env: EnvChoice, held_out: bool) -> EnvClient:
         name = env_server_key(env, held_out)
@@ -276,22 +356,43 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
             raise UsageError(f"{folder.path / ENDPOINTS} names no env server {name!r}")
         return clients[name]
 
-    envs = [TrainEnv(e.id, e.weight, TaskStream(e, orch.seed + i), client(e, held_out=False))
-            for i, e in enumerate(orch.train.envs)]
-    held_out = HeldOut([HeldOutEnv(e.id, load_taskset(e.id, e.options), client(e, held_out=True))
-                        for e in orch.eval.envs], orch.eval.sampling.to_sampling(), orch.eval.num_tasks,
-                       orch.eval.every)
-    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
-                                     replicas=endpoints.replicas)
+    streams = [TaskStream(e, orch.seed + i) for i, e in enumerate(orch.train.envs)]
+    envs = [TrainEnv(e.id, e.weight, stream, client(e, held_out=False), seating(e, stream.taskset))
+            for e, stream in zip(orch.train.envs, streams, strict=True)]
+    held_out_sets = [load_taskset(e.id, e.options) for e in orch.eval.envs]
+    held_out = HeldOut([HeldOutEnv(e.id, taskset, client(e, held_out=True), seating(e, taskset))
+                        for e, taskset in zip(orch.eval.envs, held_out_sets, strict=True)],
+                       orch.eval.sampling.to_sampling(), orch.eval.num_tasks, orch.eval.every)
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
                                 build_advantages(orch.advantage),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
-                                held_out, seed=orch.seed)
+                                held_out, seed=orch.seed, pool=pool,
+                                baseline_per_task=orch.advantage.baseline_per == "task")
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
     return orchestrator
+
+
+def learner_traces(group: Group) -> list[Trace]:
+    """The traces of a group that training looks at: every rollout, or each episode's trainable members'."""
+    return [t for item in group for t in ([item] if isinstance(item, Trace) else
+                                          [item.traces[m] for m in item.trainable_members if m in item.traces])]
+
+
+def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
+    """The learner's mean reward (with its 95% interval, as `tracegym eval` computes it), win and forfeit rates
+    (with theirs), over the (episode, learner seats) a held-out evaluation played."""
+    rewards = [e.rewards.get(m) for e, seats in played for m in seats]
+    outcomes = [e.outcomes.get(m) for e, seats in played for m in seats]
+    estimate = mean_ci([r for r in rewards if r is not None])
+    wins = mean_ci([float(o == Outcome.WIN) for o in outcomes if o is not None])
+    forfeits = mean_ci([float(o == Outcome.FORFEIT) for o in outcomes if o is not None])
+    return {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
+            "eval_unscored": len(rewards) - estimate.n, "eval_win_rate": wins.mean,
+            "eval_win_rate_ci95": wins.half_width, "eval_forfeit_rate": forfeits.mean,
+            "eval_episode_errors": sum(e.error is not None for e, _ in played)}
 
 
 def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:

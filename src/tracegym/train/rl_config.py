@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -19,6 +19,7 @@ from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Addresses
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.cluster import SlurmConfig
+from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
@@ -54,6 +55,20 @@ class EnvChoice(BaseModel):
     """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
     unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
     re-dispatched; unset: the server's default (60 s). Not used with `address`."""
+    play: Play = Play()
+    """A multi-agent environment: who the learner is in each episode and whom it plays (default: every seat is
+    the policy and trains)."""
+    seats: dict[str, SeatChoice] = Field(default_factory=dict)
+    """A multi-agent environment: members pinned for the whole run, by member id (e.g. `judge = { model =
+    "base" }`, or `{ trainable = true }` to train a judge's verdicts)."""
+
+    @field_validator("play", "seats")
+    @classmethod
+    def _multi_agent(cls, value: Any, info: ValidationInfo) -> Any:
+        """Seating is for a multi-agent taskset, and names only members it has."""
+        if value and value != Play() and "id" in info.data:
+            check_seats(info.data["id"], info.data.get("options", {}), value if isinstance(value, dict) else {})
+        return value
 
 
 class RLSampling(BaseModel):
@@ -179,6 +194,25 @@ class RLConfig(BaseConfig):
             trainer.setdefault("model", name or "")
             data = {**data, "trainer": trainer}
         return data
+
+
+    @model_validator(mode="after")
+    def _base_model_served(self) -> RLConfig:
+        """An opponent or seat playing as the base model or a past checkpoint needs the base weights kept in vLLM."""
+        phases = {"train": self.orchestrator.train.envs, "eval": self.orchestrator.eval.envs}
+        for phase, envs in phases.items():
+            for i, env in enumerate(envs):
+                if uses_base_weights(env.play, env.seats) and (self.weight_sync != "lora" or not self.trainer.lora):
+                    raise ValueError(f"orchestrator.{phase}.envs.{i} ({env.id}) plays the base model or past "
+                                     "checkpoints: that needs weight_sync = 'lora' and trainer.lora (merged weights "
+                                     "replace the base model in vLLM)")
+        return self
+
+
+def lora_slots(config: RLConfig) -> int:
+    """Adapters vLLM must hold at once: the policy's, and the opponent pool's (the largest `pool_latest`)."""
+    envs = [*config.orchestrator.train.envs, *config.orchestrator.eval.envs]
+    return 1 + max((e.play.pool_latest for e in envs if e.play.opponent == "pool"), default=0)
 
 
 def env_server_key(env: EnvChoice, held_out: bool) -> str:

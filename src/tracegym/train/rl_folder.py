@@ -9,6 +9,8 @@
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
     trainer_metrics.jsonl           the trainer's records: one per step
     traces/step-000007.jsonl        the traces of step 7
+    episodes/step-000007.jsonl      the episodes of step 7 (multi-agent environments; each with its members' traces)
+    evals/<env>/step-000010.jsonl   the episodes of a held-out multi-agent environment's evaluation at step 10
     logs/                           one log per process (vllm.log, trainer.log, orchestrator.log, env-<name>/)
     plots/                          what `tracegym plot` draws
 
@@ -32,6 +34,7 @@ import msgpack
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
+from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
@@ -264,9 +267,19 @@ class RLFolder:
 
     def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
         """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none)."""
-        path = self.path / "traces" / f"{step_name(step)}.jsonl"
-        path.parent.mkdir(exist_ok=True)
-        write_atomic(path, "".join(trace.model_dump_json() + "\n" for trace in traces))
+        return self.write_records(Path("traces"), step, traces)
+
+    def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None) -> Path:
+        """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
+        with its members' traces, written whole."""
+        folder = Path("evals") / held_out.replace(":", "-") if held_out else Path("episodes")
+        return self.write_records(folder, step, episodes)
+
+    def write_records(self, folder: Path, step: int, records: Iterable[BaseModel]) -> Path:
+        """`<folder>/step-N.jsonl`, one record a line, written whole."""
+        path = self.path / folder / f"{step_name(step)}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records))
         return path
 
     def _batch_path(self, step: int) -> Path:

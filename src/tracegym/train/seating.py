@@ -1,0 +1,177 @@
+"""Seating: who plays each seat of a multi-agent environment's episodes in an RL run, and which seats train.
+
+An environment's `play` says it for every episode: by default every seat is the policy and trains (shared-policy
+self-play). With `learner = "alternate"` or `"random"` one seat per episode is the learner (the policy, trained)
+and the others are opponents (not trained): the current policy, the base model, or a past checkpoint of the run
+drawn from the opponent pool. Alternation goes round the seats in seat order across the run's episodes; a random
+learner is drawn with the run's seeded generator (checkpointed), so a resumed run seats as the killed one would
+have. An environment's `seats` pin single members for good (a judge on another endpoint, a judge that trains);
+the learner is never put in a pinned seat. The result of each episode is a plain seat binding (`envs.seats.Seat`)
+that crosses the wire.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.seats import Seat
+from tracegym.models.endpoint import Endpoint, HttpUrl
+
+BASE = "base"
+"""A seat's `model` that names the run's base model (policy version 0), whatever vLLM serves it as."""
+
+
+class SeatChoice(BaseModel):
+    """One member pinned for the whole run: to another model, and/or to training or not."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str | None = None
+    """The model this member plays as: `base` (the run's base model, served by the run's vLLM; needs
+    `weight_sync = "lora"`, which leaves the base weights in place), a model name at `base_url`, or unset: the
+    policy."""
+    base_url: HttpUrl | None = None
+    """Another OpenAI-compatible endpoint serving `model` (e.g. a judge elsewhere); unset: the run's vLLM."""
+    trainable: bool | None = None
+    """Train this member's trace (e.g. `true` for a judge playing as the policy); unset: when it plays as the
+    policy and its task says it trains (a judge does not)."""
+
+    @model_validator(mode="after")
+    def _model_for_url(self) -> SeatChoice:
+        if self.base_url is not None and self.model is None:
+            raise ValueError("a seat with a base_url names the model served there (model = ...)")
+        if self.base_url is None and self.model not in (None, BASE):
+            raise ValueError(f"model {self.model!r} is not served by the run's vLLM (only {BASE!r} is): give its "
+                             "base_url")
+        return self
+
+
+class Play(BaseModel):
+    """Who the learner is in each episode and whom it plays against."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    learner: Literal["all", "alternate", "random"] = "all"
+    """`all`: every seat is the policy and trains (shared-policy self-play); `alternate`: one seat per episode is
+    the learner, taking the seats in turn; `random`: that seat is drawn per episode (seeded)."""
+    opponent: Literal["policy", "base", "pool"] = "policy"
+    """With a single learner, who sits in the other seats (not trained): `policy` (the current policy), `base`
+    (the base model) or `pool` (a past checkpoint of this run, drawn per episode). `base` and `pool` need
+    `weight_sync = "lora"`: the run's vLLM keeps the base weights and serves each checkpoint as an adapter."""
+    pool_latest: int = Field(default=4, ge=1)
+    """The pool: the latest N policies of the run (the base model, then each checkpoint's)."""
+    pool_pick: Literal["uniform", "latest"] = "uniform"
+    """How an opponent is drawn from the pool: uniformly, or always the latest."""
+
+    @model_validator(mode="after")
+    def _opponent_needs_one_learner(self) -> Play:
+        if self.learner == "all" and self.opponent != "policy":
+            raise ValueError(f"opponent = {self.opponent!r} needs a single learner per episode "
+                             "(learner = 'alternate' or 'random')")
+        return self
+
+    @property
+    def needs_base_weights(self) -> bool:
+        """Whether an opponent plays as the base model or a past checkpoint (served as LoRA adapters)."""
+        return self.opponent in ("base", "pool")
+
+
+def uses_base_weights(play: Play, seats: Mapping[str, SeatChoice]) -> bool:
+    """Whether some seat plays as the base model or a past checkpoint on the run's vLLM."""
+    return play.opponent in ("base", "pool") or any(s.model == BASE and s.base_url is None for s in seats.values())
+
+
+def check_seats(taskset_id: str, options: Mapping[str, Any], seats: Mapping[str, Any]) -> None:
+    """A ValueError unless the taskset is multi-agent and has every member `seats` names."""
+    members = taskset_members(taskset_id, options)
+    unknown = [name for name in seats if name not in members]
+    if unknown:
+        raise ValueError(f"seat {unknown[0]!r}: taskset {taskset_id!r} has no such seat (seats: {', '.join(members)})")
+
+
+def taskset_members(taskset_id: str, options: Mapping[str, Any]) -> list[str]:
+    """The member ids of a multi-agent taskset, in seat order (a ValueError for a single-agent one)."""
+    try:
+        return [m.id for m in multi_agent_class(load_taskset(taskset_id, dict(options))).seats]
+    except UsageError as exc:
+        raise ValueError(str(exc)) from None
+
+
+Opponents = Callable[[random.Random, Play], str]
+"""The model name of one opponent drawn from the pool (`OpponentPool.draw`)."""
+
+
+class Seating:
+    """The seat binding of each episode of one environment."""
+
+    def __init__(self, members: Sequence[str], play: Play, pinned: Mapping[str, SeatChoice], endpoint: Endpoint,
+                 base_model: str, opponents: Opponents | None = None) -> None:
+        """`members` in seat order; `endpoint`: the run's vLLM as requests reach it; `opponents`: draws from the
+        opponent pool (needed for `opponent = "pool"`)."""
+        self.members, self.play, self.pinned = list(members), play, dict(pinned)
+        self.endpoint, self.base_model, self.opponents = endpoint, base_model, opponents
+        self.free = [m for m in self.members if m not in self.pinned or self.pinned[m].model is None]
+        """Seats the learner may take (not pinned to another model)."""
+        if play.learner != "all" and not self.free:
+            raise UsageError(f"every seat ({', '.join(self.members)}) is pinned to a model: none is left for the "
+                             "learner")
+        if play.opponent == "pool" and opponents is None:
+            raise UsageError("opponent = 'pool' needs an opponent pool")
+        self.turn = 0
+        """Episodes seated so far (where alternation goes on)."""
+
+    def next(self, policy: str, rng: random.Random) -> dict[str, Seat]:
+        """The binding of the next episode while `policy` names the served policy."""
+        if self.play.learner == "all":
+            learner = None
+        elif self.play.learner == "alternate":
+            learner = self.free[self.turn % len(self.free)]
+        else:
+            learner = rng.choice(self.free)
+        self.turn += 1
+        return self.binding(learner, policy, rng)
+
+    def binding(self, learner: str | None, policy: str, rng: random.Random) -> dict[str, Seat]:
+        """Every member's Seat with the learner in seat `learner` (None: every free seat is the policy)."""
+        out = {}
+        for member in self.members:
+            pin = self.pinned.get(member)
+            if pin is not None and pin.model is not None:
+                out[member] = Seat(model=self.pinned_endpoint(pin), trainable=pin.trainable)
+            elif learner is None or member == learner:
+                out[member] = Seat(trainable=pin.trainable if pin else None)
+            else:
+                out[member] = Seat(model=self.at_vllm(self.opponent(policy, rng)), trainable=False)
+        return out
+
+    def learner_seats(self) -> list[str | None]:
+        """The seats a learner is evaluated in: each free seat in turn (None: self-play, every seat at once)."""
+        return [None] if self.play.learner == "all" else list(self.free)
+
+    def opponent(self, policy: str, rng: random.Random) -> str:
+        """The model name an opponent plays as in the next episode."""
+        if self.play.opponent == "policy":
+            return policy
+        if self.play.opponent == "base":
+            return self.base_model
+        assert self.opponents is not None  # checked at construction
+        return self.opponents(rng, self.play)
+
+    def pinned_endpoint(self, pin: SeatChoice) -> Endpoint:
+        if pin.base_url is not None:
+            return Endpoint(base_url=pin.base_url, model=str(pin.model))
+        return self.at_vllm(self.base_model)  # `model = "base"`, the only name the run's vLLM serves for good
+
+    def at_vllm(self, model: str) -> Endpoint:
+        return self.endpoint.model_copy(update={"model": model})
+
+    def state_dict(self) -> dict[str, int]:
+        return {"turn": self.turn}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.turn = int(state["turn"])

@@ -1,0 +1,106 @@
+"""The orchestrator on a multi-agent environment, its env server replaced by a fake that plays each episode
+from its seat binding (the learner, playing as the policy, always wins): seats per episode, fan-out into one
+sample per trainable member, RAE, per-seat metrics, episodes in the run folder, held-out figures, resume."""
+
+import asyncio
+import random
+
+import pytest
+
+from tracegym.core.task_data import TaskData
+from tracegym.testing import make_episode
+from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_folder import Endpoints, RLFolder
+
+
+class FakeEpisodes:
+    """Plays `run_episode` / `evaluate_episodes` without a model: a member playing as the policy (no pinned
+    model) beats one pinned to another model; two policies split by a seeded coin."""
+
+    def __init__(self) -> None:
+        self.bindings: list[dict[str, str]] = []
+        self.coin = random.Random(0)
+
+    def play(self, data: TaskData, endpoint, seats, index: int = 0):
+        models = {m: (s.model.model if s.model else "policy") for m, s in seats.items()}  # "policy": the learner
+        self.bindings.append(models)
+        policy = [m for m, s in seats.items() if s.model is None]
+        winner = policy[0] if len(policy) == 1 else self.coin.choice(sorted(seats))
+        rewards = {m: 1.0 if m == winner else -1.0 for m in seats}
+        trainable = {m: s.model is None if s.trainable is None else s.trainable for m, s in seats.items()}
+        return make_episode(rewards, trainable=trainable, task=data, taskset="kuhn-poker", episode_index=index,
+                            models=models)
+
+    async def run_episode(self, taskset, data, endpoint, *, episode_index=0, seats=None, sampling=None):
+        return self.play(data, endpoint, seats, episode_index)
+
+    async def evaluate_episodes(self, taskset, endpoint, *, num_tasks, seats=None, sampling=None, concurrency=1):
+        return [self.play(data, endpoint, seats) for data in list(taskset)[:num_tasks]]
+
+    async def aclose(self) -> None:
+        pass
+
+
+def make(tmp_path, play: dict | None = None, advantage: str = "rae", **fields) -> tuple[Orchestrator, FakeEpisodes]:
+    env = {"id": "kuhn-poker", "options": {"num_tasks": 50}, "play": play or {}}
+    config = RLConfig.model_validate({
+        "steps": 2, "trainer": {"model": "unused"}, "weight_sync": "lora",
+        "orchestrator": {"tasks_per_step": 3, "group_size": 2, "max_async_steps": 0, "advantage": advantage,
+                         "train": {"envs": [env]},
+                         "eval": {"envs": [{**env, "options": {"num_tasks": 50, "seed": 7}}], "num_tasks": 4}},
+        **fields})
+    endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base",
+                          envs={"kuhn-poker": "tcp://127.0.0.1:9", "eval:kuhn-poker": "tcp://127.0.0.1:9"})
+    orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+    fake = FakeEpisodes()
+    for env in [*orchestrator.envs.values(), *orchestrator.held_out.envs]:
+        env.client = fake
+    return orchestrator, fake
+
+
+def test_self_play_trains_both_seats_of_every_episode_with_rae(tmp_path):
+    orchestrator, fake = make(tmp_path)
+    samples, metrics = asyncio.run(orchestrator.collect(0, 0, "policy"))
+    assert len(samples) == 12 and metrics["episodes"] == 6  # 3 tasks x 2 episodes x 2 seats
+    assert {abs(s.advantage) for s in samples} >= {0.9}  # a cold-start RAE baseline: |A| = 0.9 on first sight
+    assert all(b == {"player_0": "policy", "player_1": "policy"} for b in fake.bindings)
+    assert metrics["seat/player_0/win_rate"] + metrics["seat/player_1/win_rate"] == pytest.approx(1.0)
+    assert metrics["rollouts"] == 12 and "learner/advantage_mean" in metrics
+    lines = (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()
+    assert len(lines) == 6
+
+
+def test_an_alternating_learner_plays_both_sides_against_the_base_model_and_alone_trains(tmp_path):
+    orchestrator, fake = make(tmp_path, {"learner": "alternate", "opponent": "base"})
+    samples, metrics = asyncio.run(orchestrator.collect(0, 0, "policy"))
+    assert len(samples) == 6 and all(s.reward == 1.0 for s in samples)  # only the learner's traces train
+    assert [b["player_0"] for b in fake.bindings] == ["policy", "base"] * 3
+    assert metrics["learner/win_rate"] == 1.0 and metrics["seat/player_0/win_rate"] == 0.5
+
+
+def test_group_mean_compares_a_seat_with_itself_within_the_group(tmp_path):
+    orchestrator, _ = make(tmp_path, advantage="group_mean")
+    samples, _ = asyncio.run(orchestrator.collect(0, 0, "policy"))
+    assert all(s.advantage in (-1.0, 0.0, 1.0) for s in samples)
+
+
+def test_held_out_evaluation_plays_each_task_with_the_learner_in_each_seat(tmp_path):
+    orchestrator, fake = make(tmp_path, {"learner": "alternate", "opponent": "base"})
+    asyncio.run(orchestrator.evaluate(0))
+    (record,) = [m for m in orchestrator.folder.metrics.read() if "eval_reward" in m]
+    assert record["eval_n"] == 8 and record["eval_reward"] == 1.0 and record["eval_win_rate"] == 1.0
+    assert [b["player_0"] for b in fake.bindings] == ["policy"] * 4 + ["base"] * 4
+    assert len((tmp_path / "evals" / "kuhn-poker" / "step-000000.jsonl").read_text().splitlines()) == 8
+
+
+def test_the_seating_and_the_baselines_come_back_on_a_resume(tmp_path):
+    first, fake = make(tmp_path, {"learner": "random", "opponent": "base"})
+    asyncio.run(first.collect(0, 0, "policy"))
+    state = first.state_dict()
+    again, again_fake = make(tmp_path / "again", {"learner": "random", "opponent": "base"})
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    asyncio.run(first.collect(1, 0, "policy"))
+    asyncio.run(again.collect(1, 0, "policy"))
+    assert again_fake.bindings == fake.bindings[6:]

@@ -1,0 +1,113 @@
+"""Seating: who plays each seat of an RL run's episodes: shared-policy self-play by default, one learner per
+episode (alternating or seeded-random) against the policy, the base model or the opponent pool, pinned seats;
+and the RL config's checks of it (unknown seat, single-agent taskset, base weights kept)."""
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from tracegym.core.errors import UsageError
+from tracegym.models.endpoint import Endpoint
+from tracegym.train.rl_config import RLConfig, lora_slots
+from tracegym.train.seating import Play, SeatChoice, Seating
+
+VLLM = Endpoint(base_url="http://127.0.0.1:8000/v1", model="base")
+MEMBERS = ["player_0", "player_1"]
+
+
+def seating(play: Play, pinned: dict | None = None, opponents=None) -> Seating:
+    return Seating(MEMBERS, play, pinned or {}, VLLM, "base", opponents)
+
+
+def models(binding: dict) -> dict:
+    """member -> (model name or 'policy', trainable)."""
+    return {m: (s.model.model if s.model else "policy", s.trainable) for m, s in binding.items()}
+
+
+def test_by_default_every_seat_is_the_policy_and_trains_as_its_task_says():
+    assert models(seating(Play()).next("policy", random.Random(0))) == {"player_0": ("policy", None),
+                                                                       "player_1": ("policy", None)}
+
+
+def test_an_alternating_learner_takes_the_seats_in_turn_against_the_base_model():
+    seats = seating(Play(learner="alternate", opponent="base"))
+    bindings = [models(seats.next("policy", random.Random(0))) for _ in range(3)]
+    assert bindings == [{"player_0": ("policy", None), "player_1": ("base", False)},
+                        {"player_0": ("base", False), "player_1": ("policy", None)},
+                        {"player_0": ("policy", None), "player_1": ("base", False)}]
+
+
+def test_a_random_learner_is_drawn_with_the_runs_generator_so_a_rerun_seats_the_same():
+    def learners(seed: int) -> list[str]:
+        seats, rng = seating(Play(learner="random")), random.Random(seed)
+        return [next(m for m, s in seats.next("policy", rng).items() if s.model is None) for _ in range(20)]
+
+    assert learners(3) == learners(3) and set(learners(3)) == set(MEMBERS)
+
+
+def test_opponents_from_the_pool_are_drawn_per_episode():
+    draws = iter(["pool-step-000005", "base"])
+    seats = seating(Play(learner="alternate", opponent="pool"), opponents=lambda rng, play: next(draws))
+    assert models(seats.next("policy", random.Random(0)))["player_1"] == ("pool-step-000005", False)
+    assert models(seats.next("policy", random.Random(0)))["player_0"] == ("base", False)
+
+
+def test_a_pinned_seat_keeps_its_model_and_the_learner_never_takes_it():
+    pinned = {"player_1": SeatChoice(model="judge-model", base_url="http://judge:8000/v1")}
+    seats = seating(Play(learner="alternate", opponent="base"), pinned)
+    for _ in range(2):
+        binding = seats.next("policy", random.Random(0))
+        assert binding["player_1"].model.base_url == "http://judge:8000/v1" and binding["player_0"].model is None
+
+
+def test_a_seat_pinned_to_train_keeps_its_flag():
+    binding = seating(Play(), {"player_1": SeatChoice(trainable=True)}).next("policy", random.Random(0))
+    assert binding["player_1"].trainable is True and binding["player_1"].model is None
+
+
+def test_the_alternation_is_state_a_resume_restores():
+    first = seating(Play(learner="alternate"))
+    first.next("policy", random.Random(0))
+    resumed = seating(Play(learner="alternate"))
+    resumed.load_state_dict(first.state_dict())
+    assert models(resumed.next("policy", random.Random(0))) == models(first.next("policy", random.Random(0)))
+
+
+def test_every_seat_pinned_leaves_no_seat_for_the_learner():
+    pinned = {m: SeatChoice(model="base") for m in MEMBERS}
+    with pytest.raises(UsageError, match="none is left for the learner"):
+        seating(Play(learner="alternate"), pinned)
+
+
+def test_an_opponent_needs_a_single_learner():
+    with pytest.raises(ValidationError, match="needs a single learner"):
+        Play(opponent="base")
+
+
+# --- the RL config -------------------------------------------------------------------------------------------
+def rl(env: dict, **fields) -> RLConfig:
+    return RLConfig.model_validate({"trainer": {"model": "tiny"}, "weight_sync": "lora",
+                                    "orchestrator": {"train": {"envs": [{"id": "kuhn-poker", **env}]}}, **fields})
+
+
+def test_a_seat_override_naming_a_seat_the_taskset_has_not_is_refused_naming_it():
+    with pytest.raises(ValidationError, match="seat 'player_9': taskset 'kuhn-poker' has no such seat") as caught:
+        rl({"seats": {"player_9": {"trainable": False}}})
+    assert caught.value.errors()[0]["loc"] == ("orchestrator", "train", "envs", 0, "seats")
+
+
+def test_seating_a_single_agent_taskset_is_refused():
+    with pytest.raises(ValidationError, match="single-agent"):
+        RLConfig.model_validate({"trainer": {"model": "tiny"}, "orchestrator": {"train": {"envs": [
+            {"id": "reverse-text", "play": {"learner": "alternate"}}]}}})
+
+
+def test_playing_the_base_model_or_the_pool_needs_lora_weight_sync():
+    with pytest.raises(ValidationError, match="needs weight_sync = 'lora'"):
+        rl({"play": {"learner": "alternate", "opponent": "pool"}}, weight_sync="merged")
+
+
+def test_vllm_holds_an_adapter_slot_per_pool_policy_besides_the_learners():
+    assert lora_slots(rl({"play": {"learner": "alternate", "opponent": "pool", "pool_latest": 3}})) == 4
+    assert lora_slots(rl({})) == 1
