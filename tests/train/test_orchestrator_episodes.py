@@ -7,8 +7,10 @@ import random
 
 import pytest
 
+from tracegym.core.episode import Episode
 from tracegym.core.task_data import TaskData
-from tracegym.testing import make_episode
+from tracegym.serve.local_server import local_server
+from tracegym.testing import FakeOpenAIServer, make_episode
 from tracegym.train.orchestrator import Orchestrator, build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
@@ -104,3 +106,35 @@ def test_the_seating_and_the_baselines_come_back_on_a_resume(tmp_path):
     asyncio.run(first.collect(1, 0, "policy"))
     asyncio.run(again.collect(1, 0, "policy"))
     assert again_fake.bindings == fake.bindings[6:]
+
+
+def test_a_step_of_self_play_through_a_real_env_server_trains_each_seat_on_its_own_exact_tokens(tmp_path):
+    """kuhn-poker on a real env server, both seats played by the fake OpenAI server (bet, then call: every hand
+    goes to a showdown); each seat's samples are its own trace's exact tokens, with loss only on its replies."""
+    config = RLConfig.model_validate({
+        "steps": 1, "trainer": {"model": "unused"}, "model": {"client": "chat"},
+        "orchestrator": {"tasks_per_step": 2, "group_size": 2, "max_async_steps": 0, "advantage": "rae",
+                         "train": {"envs": [{"id": "kuhn-poker", "options": {"num_tasks": 8}}]}}})
+    with FakeOpenAIServer(rule=lambda request: "bet call") as server, \
+            local_server("kuhn-poker", {"num_tasks": 8}, workers=1) as address:
+        endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs={"kuhn-poker": address})
+        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+
+        async def one_step():
+            try:
+                return await orchestrator.collect(0, 0, server.model)
+            finally:
+                await orchestrator.aclose()
+
+        samples, metrics = asyncio.run(one_step())
+    episodes = [Episode.model_validate_json(line)
+                for line in (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and all(e.ok for e in episodes) and len(samples) == 8
+    traces = {t.id: t for e in episodes for t in e.traces.values()}
+    for sample in samples:
+        trace = traces[sample.trace_id]
+        assert sample.token_ids == [i for n in trace.graph.nodes for i in (n.token_ids or [])]
+        assert sum(sample.loss_mask) == sum(sum(n.mask or []) for n in trace.graph.nodes if n.sampled) > 0
+        assert abs(sample.advantage) == pytest.approx(0.9) or abs(sample.advantage) < 0.9  # RAE, |R| = 1
+    assert metrics["seat/player_0/win_rate"] + metrics["seat/player_1/win_rate"] == pytest.approx(1.0)
+    assert metrics["episodes"] == 4 and metrics["episode_errors"] == 0
