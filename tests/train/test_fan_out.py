@@ -4,6 +4,7 @@ tokens; advantages are computed per (taskset, task, member), by whichever estima
 import pytest
 
 from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.messages import user
 from tracegym.core.task_data import TaskData
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.advantages import RAE, GroupAdvantages, group_mean
@@ -91,3 +92,14 @@ def test_rae_over_fanned_out_episodes_keeps_one_baseline_per_member_with_groups_
 def test_units_are_grouped_per_key_in_the_order_keys_first_appear():
     units, _ = episode_units([make_episode({"a": 1.0, "b": 0.0}), make_episode({"a": 0.0, "b": 1.0})])
     assert [[u.member for u in group] for group in by_key(units)] == [["a", "a"], ["b", "b"]]
+
+
+def test_a_member_whose_turn_never_came_makes_no_unit():
+    """player_0 forfeited before player_1 acted: player_1 won without a sampled token, so there is nothing to
+    train (not an invalid trace)."""
+    episode = make_episode({"player_0": -1.0, "player_1": 1.0})
+    late = episode.traces["player_1"]
+    late.graph = type(late.graph)()
+    late.graph.add(user("you are player_1"))
+    units, dropped = episode_units([episode])
+    assert [u.member for u in units] == ["player_0"] and dropped == {"no_turns": 1}

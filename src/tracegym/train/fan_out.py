@@ -3,12 +3,12 @@ trainable member, for an episode), grouped per baseline key (taskset, task, memb
 
 A unit is a member's own trace (its branches give its samples with its exact tokens) and its reward. A rollout
 or member that failed outside the model (`Trace.failure`), an episode that ended on an error (a failed slot, a
-verdict that did not parse, a member's endpoint down) and a reward that was never decided make no unit; each is
-counted by reason. Members the episode marks untrainable make none either: a seat pinned to another model, an
-opponent, a judge (its `Member.trainable` is off unless the run's seat binding says `trainable = true`). Which
-seats train is decided once, by the seat binding, and recorded on the episode. Advantages are whatever
-`GroupAdvantages` computes over each group's rewards: fan-out and the advantage estimator do not know of each
-other.
+verdict that did not parse, a member's endpoint down), a member whose turn never came (`no_turns`: the game
+ended first) and a reward that was never decided make no unit; each is counted by reason. Members the episode
+marks untrainable make none either: a seat pinned to another model, an opponent, a judge (its `Member.trainable`
+is off unless the run's seat binding says `trainable = true`). Which seats train is decided once, by the seat
+binding, and recorded on the episode. Advantages are whatever `GroupAdvantages` computes over each group's
+rewards: fan-out and the advantage estimator do not know of each other.
 
 >>> units, dropped = episode_units([episode])  # doctest: +SKIP
 >>> [(u.member, u.reward) for u in units]  # doctest: +SKIP
@@ -78,6 +78,8 @@ def member_unfit(episode: Episode, member: str) -> str | None:
     trace = episode.traces.get(member)
     if trace is None:
         return "no_trace"
+    if not any(node.sampled for node in trace.graph.nodes):  # the episode ended before its turn: nothing sampled
+        return "no_turns"
     return unfit(trace) or ("no_reward" if episode.rewards.get(member) is None else None)
 
 

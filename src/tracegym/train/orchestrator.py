@@ -208,7 +208,7 @@ class Orchestrator:
         groups = await asyncio.gather(*(group(*plan) for plan in plans))
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
-        pairs = self.advantaged(groups)
+        pairs, dropped = self.advantaged(groups)
         samples = self.samples_of(pairs, version, step)
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
         self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)))
@@ -220,6 +220,7 @@ class Orchestrator:
                         "traces_invalid": self.traces_invalid})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
+                            **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
                             **seat_metrics(episodes, pairs)})
         return samples, metrics
 
@@ -233,19 +234,21 @@ class Orchestrator:
         branch of each of those as a sample, stamped with the oldest policy version that sampled it (`version`,
         the one served when the step started, where the endpoint reported none); samples too old for `step` are
         dropped and counted."""
-        return self.samples_of(self.advantaged(groups), version, step)
+        return self.samples_of(self.advantaged(groups)[0], version, step)
 
-    def advantaged(self, groups: list[Group]) -> list[tuple[TrainingUnit, float]]:
+    def advantaged(self, groups: list[Group]) -> tuple[list[tuple[TrainingUnit, float]], Counter[str]]:
         """Each group fanned out into training units (one per rollout, or per trainable member of each episode),
-        with the advantages of each baseline key within the group."""
+        with the advantages of each baseline key within the group; and what made no unit, by reason."""
         out: list[tuple[TrainingUnit, float]] = []
+        dropped = Counter[str]()
         for group in groups:
             if group and isinstance(group[0], Episode):
-                units = episode_units(group, per_task=self.baseline_per_task)[0]  # type: ignore[arg-type]
+                units, left_out = episode_units(group, per_task=self.baseline_per_task)  # type: ignore[arg-type]
             else:
-                units = rollout_units(group)[0]  # type: ignore[arg-type]
+                units, left_out = rollout_units(group)  # type: ignore[arg-type]
             out += advantaged(units, self.advantages)
-        return out
+            dropped += left_out
+        return out, dropped
 
     def samples_of(self, pairs: list[tuple[TrainingUnit, float]], version: int, step: int) -> list[Sample]:
         """The samples of each unit's trace with its advantage, those too old for `step` dropped and counted."""
