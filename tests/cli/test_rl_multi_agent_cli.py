@@ -10,10 +10,10 @@ from tracegym.cli.main import main
 SELFPLAY = Path(__file__).parents[2] / "configs" / "rl" / "kuhn_poker_selfplay.toml"
 
 
-def test_the_shipped_self_play_config_resolves_with_rae_and_lora_slots_for_the_pool(capsys):
+def test_the_shipped_self_play_config_resolves_with_rae(capsys):
     assert main(["rl", "@", str(SELFPLAY), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert 'name = "rae"' in out and "max_loras = 5" in out
+    assert 'name = "rae"' in out and "max_loras = 1" in out
 
 
 @pytest.mark.parametrize(("toml", "named"), [

@@ -6,6 +6,7 @@ import pytest
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import user
 from tracegym.core.task_data import TaskData
+from tracegym.core.trace import StopReason
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.advantages import RAE, GroupAdvantages, group_mean
 from tracegym.train.fan_out import advantaged, by_key, episode_units, rollout_units
@@ -103,3 +104,12 @@ def test_a_member_whose_turn_never_came_makes_no_unit():
     late.graph.add(user("you are player_1"))
     units, dropped = episode_units([episode])
     assert [u.member for u in units] == ["player_0"] and dropped == {"no_turns": 1}
+
+
+def test_an_episode_cut_short_can_pay_its_trainable_members_a_set_reward():
+    """A reply ran into the completion budget: the unfinished hand pays 0, unless training says otherwise."""
+    episode = make_episode({"p0": 0.0, "p1": 0.0}, stop_reason=StopReason.TRUNCATED)
+    assert [u.reward for u in episode_units([episode])[0]] == [0.0, 0.0]
+    assert [u.reward for u in episode_units([episode], truncated_reward=-1.0)[0]] == [-1.0, -1.0]
+    finished = make_episode({"p0": 1.0, "p1": -1.0})
+    assert [u.reward for u in episode_units([finished], truncated_reward=-1.0)[0]] == [1.0, -1.0]

@@ -31,7 +31,8 @@ def make_episode(rewards: dict[str, float | None], *, trainable: dict[str, bool]
     trainable trace; every member trains unless `trainable` says otherwise. Outcomes follow the rewards'
     signs (`OUTCOME_OF`); `fields` set anything else on the episode (an error, metrics)."""
     data = task or TaskData(prompt="deal")
-    episode = Episode(task=data, taskset=taskset, members=list(rewards), stop_reason=StopReason.COMPLETED,
+    fields.setdefault("stop_reason", StopReason.COMPLETED)
+    episode = Episode(task=data, taskset=taskset, members=list(rewards),
                       trainable=trainable if trainable is not None else dict.fromkeys(rewards, True), **fields)
     for member, reward in rewards.items():
         episode.traces[member] = member_trace(member, reward, task=data, taskset=taskset, episode_id=episode.id)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tracegym.core.episode import Episode
-from tracegym.core.trace import Trace
+from tracegym.core.trace import StopReason, Trace
 from tracegym.train.advantages import GroupAdvantages, baseline_key
 
 
@@ -50,19 +50,24 @@ def rollout_units(traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[
     return units, dropped
 
 
-def episode_units(episodes: Iterable[Episode], per_task: bool = True) -> tuple[list[TrainingUnit], Counter[str]]:
+def episode_units(episodes: Iterable[Episode], per_task: bool = True,
+                  truncated_reward: float | None = None) -> tuple[list[TrainingUnit], Counter[str]]:
     """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
     (`episode_error` counts a member of an episode that ended on an error). `per_task=False` keys baselines per
-    (taskset, member) alone, as SPIRAL does (one baseline per game and role)."""
+    (taskset, member) alone, as SPIRAL does (one baseline per game and role). `truncated_reward`: the reward of
+    every trainable member of an episode cut short (a reply ran into the completion budget, a prompt no longer
+    fit), in place of its payoff; None keeps the payoff (an unfinished game's, usually 0)."""
     units, dropped = [], Counter[str]()
     for episode in episodes:
+        cut = truncated_reward is not None and episode.stop_reason == StopReason.TRUNCATED
         for member in episode.trainable_members:
             reason = "episode_error" if episode.error is not None else member_unfit(episode, member)
             if reason:
                 dropped[reason] += 1
                 continue
             key = baseline_key(episode.taskset, episode.task_key if per_task else "", member)
-            units.append(TrainingUnit(episode.traces[member], episode.rewards[member], key, member))  # type: ignore[arg-type]
+            reward = truncated_reward if cut else episode.rewards[member]
+            units.append(TrainingUnit(episode.traces[member], reward, key, member))  # type: ignore[arg-type]
     return units, dropped
 
 

@@ -131,16 +131,18 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
-                 baseline_per_task: bool = True) -> None:
+                 baseline_per_task: bool = True, truncated_reward: float | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
-        episode member's advantage baseline per task (else per taskset and member)."""
+        episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
+        reward of a trainable member of an episode cut short (None: its payoff)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
+        self.truncated_reward = truncated_reward
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -243,7 +245,8 @@ class Orchestrator:
         dropped = Counter[str]()
         for group in groups:
             if group and isinstance(group[0], Episode):
-                units, left_out = episode_units(group, per_task=self.baseline_per_task)  # type: ignore[arg-type]
+                units, left_out = episode_units(group, self.baseline_per_task,  # type: ignore[arg-type]
+                                                self.truncated_reward)
             else:
                 units, left_out = rollout_units(group)  # type: ignore[arg-type]
             out += advantaged(units, self.advantages)
@@ -371,7 +374,8 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
                                 held_out, seed=orch.seed, pool=pool,
-                                baseline_per_task=orch.advantage.baseline_per == "task")
+                                baseline_per_task=orch.advantage.baseline_per == "task",
+                                truncated_reward=orch.truncated_reward)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
@@ -386,7 +390,8 @@ def learner_traces(group: Group) -> list[Trace]:
 
 def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
     """The learner's mean reward (with its 95% interval, as `tracegym eval` computes it), win and forfeit rates
-    (with theirs), over the (episode, learner seats) a held-out evaluation played."""
+    (with theirs) and the share of games that reached an outcome, over the (episode, learner seats) a held-out
+    evaluation played."""
     rewards = [e.rewards.get(m) for e, seats in played for m in seats]
     outcomes = [e.outcomes.get(m) for e, seats in played for m in seats]
     estimate = mean_ci([r for r in rewards if r is not None])
@@ -395,6 +400,7 @@ def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
     return {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
             "eval_unscored": len(rewards) - estimate.n, "eval_win_rate": wins.mean,
             "eval_win_rate_ci95": wins.half_width, "eval_forfeit_rate": forfeits.mean,
+            "eval_decided_rate": len([o for o in outcomes if o is not None]) / len(outcomes) if outcomes else None,
             "eval_episode_errors": sum(e.error is not None for e, _ in played)}
 
 

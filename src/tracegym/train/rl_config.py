@@ -132,6 +132,10 @@ class OrchestratorConfig(BaseModel):
     """Rollouts in flight at once."""
     advantage: AdvantageConfig = AdvantageConfig()
     """How advantages are computed (`advantage = "rae"` is short for `[orchestrator.advantage] name = "rae"`)."""
+    truncated_reward: float | None = None
+    """Multi-agent: the reward of every trainable member of an episode cut short (a reply ran into
+    `max_completion_tokens`, or a prompt no longer fit), in place of its payoff; e.g. -1 makes rambling as bad
+    as forfeiting (an unfinished game otherwise pays 0, a safe harbour next to a lost one). Unset: the payoff."""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
