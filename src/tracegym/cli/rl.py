@@ -39,12 +39,16 @@ def run(args: list[str]) -> int:
     return launch(config, folder.path)
 
 
+SEATING = {"play", "seats"}
+"""An environment's fields the orchestrator uses to seat episodes, not its env server."""
+
+
 def resolved(config: RLConfig, run_dir: Path) -> str:
     """The config of every process, as TOML sections (one per env server the launcher would start or reach)."""
     sections = {
         "run": _toml(config),
         "vllm": vllm_config(config, run_dir).model_dump(mode="json", exclude_none=True),
-        "env_servers": {key: env.model_dump(mode="json") for key, env in env_servers(config).items()},
+        "env_servers": {key: env.model_dump(mode="json", exclude=SEATING) for key, env in env_servers(config).items()},
     }
     return tomli_w.dumps(toml_ready(sections))
 
