@@ -42,7 +42,8 @@ HOSTILE = {  # the function each task asks for -> what the model answers
 }
 EXPECTED = {  # the function -> the limit or ending its trace error names
     "sum_digits": ("processes", "wall"), "reverse_words": ("memory",), "is_palindrome": ("left 1 process",),
-    "count_vowels": ("signal 9",), "fizzbuzz": ("wall", "output"), "running_sum": ("cpu", "wall"),
+    "count_vowels": ("signal 9",), "running_sum": ("cpu", "wall"),
+    "fizzbuzz": ("wall", "output", "cpu"),  # a writer busy on an idle machine may spend its CPU seconds first
 }
 OPTIONS = {"num_tasks": len(HOSTILE), "wall_seconds": 3.0, "cpu_seconds": 1, "memory_mb": 256, "processes": 16}
 
