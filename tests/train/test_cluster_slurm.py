@@ -54,7 +54,9 @@ exec sleep 60""",
 }
 
 
-def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
+def simulate(tmp_path, nodes: str, *args: str) -> tuple[list[str], str]:
+    """Run the script written for `args` on a simulated allocation of `nodes`; the calls each node made (sorted) and
+    the run folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in FAKES.items():
@@ -62,15 +64,20 @@ def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
         (bin_dir / name).chmod(0o755)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    script = write_sbatch(config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path)), run_dir)
+    script = write_sbatch(config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args), run_dir)
     log = tmp_path / "calls.log"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": "gpu1 cpu1 gpu2 gpu3",
-           "SIM_LOG": str(log), "SLURM_JOB_NODELIST": "sim[1-4]", "SLURM_JOB_NUM_NODES": "4",
+    count = len(nodes.split())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": nodes,
+           "SIM_LOG": str(log), "SLURM_JOB_NODELIST": f"sim[1-{count}]", "SLURM_JOB_NUM_NODES": str(count),
            "SLURM_JOB_ID": "77"}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    calls = sorted(log.read_text().splitlines())
-    run = str(run_dir.resolve())
+    return sorted(log.read_text().splitlines()), str(run_dir.resolve())
+
+
+def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
+    calls, run = simulate(tmp_path, "gpu1 cpu1 gpu2 gpu3")
+    run_dir = tmp_path / "run"
     torchrun = ("python -m torch.distributed.run --nnodes=2 --node-rank={} --nproc-per-node=4 --master-addr=gpu2 "
                 f"--master-port=29500 -m tracegym.train.roles trainer {run}")
     assert calls == sorted([
@@ -88,6 +95,9 @@ def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
     assert (run_dir / "slurm" / "done-77").exists()
 
 
-def test_several_inference_nodes_are_refused_by_name(tmp_path):
-    with pytest.raises(UsageError, match=r"--slurm\.inference-nodes"):
-        write_sbatch(config("--slurm.inference-nodes", "2"), tmp_path)
+def test_several_inference_nodes_each_serve_and_all_reach_the_endpoints(tmp_path):
+    calls, run = simulate(tmp_path, "gpu1 gpu0 cpu1 gpu2 gpu3", "--slurm.inference-nodes", "2")
+    assert f"node=0 python -m tracegym.train.cluster vllm {run} 8000 0" in calls
+    assert f"node=1 python -m tracegym.train.cluster vllm {run} 8000 1" in calls
+    [endpoints] = [c for c in calls if "cluster endpoints" in c]
+    assert "--vllm http://gpu1:8000/v1 --vllm http://gpu0:8000/v1 " in endpoints

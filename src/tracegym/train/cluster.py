@@ -208,9 +208,6 @@ fi'''
 def write_sbatch(config: RLConfig, run_dir: Path) -> Path:
     """Write `rl.sbatch` (and the `logs/` folder its job log goes to) into the run folder, whose config the caller
     wrote; returns its path."""
-    if config.slurm.inference_nodes != 1:
-        raise UsageError(f"--slurm.inference-nodes: a run reaches one vLLM server for now, got "
-                         f"{config.slurm.inference_nodes}")
     path = run_dir.resolve() / SCRIPT
     (path.parent / "logs").mkdir(exist_ok=True)  # Slurm opens the job's log there before the script runs
     path.write_text(sbatch_script(config, run_dir.resolve()))
@@ -245,8 +242,8 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
     from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
     from tracegym.train.roles import load_config
 
-    if len(vllm_urls) != 1:
-        raise UsageError(f"--slurm.inference-nodes: this run reaches one vLLM server, got {len(vllm_urls)}")
+    if not vllm_urls:
+        raise UsageError("--slurm.inference-nodes: the run needs at least one vLLM server")
     for url in [*vllm_urls, *envs.values()]:
         check_resolves(url)
     config = load_config(run_dir)
@@ -258,7 +255,8 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
         asyncio.run(check_env_server(address, load_taskset(env.id, env.options)))
     folder = RLFolder(run_dir)
     folder.rewind()
-    folder.write_endpoints(Endpoints(base_url=vllm_urls[0], base_model=vllm_config(config, run_dir).name,
+    first, *rest = vllm_urls  # the roles route across them (models.router) and publish to each
+    folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=vllm_config(config, run_dir).name,
                                      envs=envs))
 
 
