@@ -22,6 +22,7 @@ FORBIDDEN = {
     "eval": {ROOT, "tasksets", "train", "cli", "testing"},
     "train": {ROOT, "tasksets", "eval", "cli", "testing"},
     "interop": {ROOT, "tasksets", "eval", "train", "cli", "testing"},
+    "view": {ROOT, "tasksets", "serve", "interop", "cli", "testing"},
 }
 """Packages each package must not import. `cli` sits on top and may import anything."""
 

@@ -101,7 +101,10 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
         envs = start_env_servers(config, run_dir, stack, out)
         folder.rewind()  # both processes go on from the newest checkpoint
         first, *rest = servers.base_urls
-        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs))
+        teacher = config.teacher  # a teacher at `base_url`, passed on as it is
+        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs,
+                                         teacher_base_url=teacher.base_urls() or None if teacher else None,
+                                         teacher_model=teacher.name if teacher else None))
         roles = [start_role("trainer", run_dir, config.trainer.num_processes), start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:

@@ -158,13 +158,33 @@ class RLModel(ModelChoice):
     """Context length (prompt + completion) of the run's vLLM server."""
 
 
+Mode = Literal["rl", "sft", "opd"]
+"""What a run optimises (DESIGN.md, Mode): `rl` the rewards of the policy's own rollouts; `sft` cross-entropy on the
+teacher's rollouts, re-rendered with the student's renderer; `opd` the teacher's logprobs on the student's own
+sampled tokens (on-policy distillation)."""
+
+
+class TeacherModel(ModelChoice):
+    """The teacher of an `sft` run (its rollouts are the training data, through the chat client by default) or an
+    `opd` run (it scores the student's tokens): an endpoint already running (`base_url`), or a model directory
+    (`name`, e.g. a checkpoint's merged weights) that the run serves with a vLLM server of its own."""
+
+    client: ClientKind = "chat"
+    """`chat` (the teacher's text, re-rendered for the student; any OpenAI-compatible endpoint) or `tokens`."""
+
+
 class RLConfig(BaseConfig):
     """Train a model with RL on tracegym environments."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    mode: Mode = "rl"
+    """`rl` (rewards), `sft` (the teacher's rollouts, filtered, as supervised data) or `opd` (on-policy
+    distillation: the teacher's logprobs on the student's own tokens); `sft` and `opd` need a `[teacher]`."""
     steps: int = 20
     """Training steps."""
     model: RLModel = RLModel()
+    teacher: TeacherModel | None = None
+    """The teacher of an `sft` or `opd` run; unused (and refused) in `rl`."""
     kv_cache_gib: float = Field(default=0.5, gt=0)
     """vLLM's KV cache on the CPU build, in GiB (~23 KB per token for SmolLM2-135M: 0.5 GiB holds ~23k tokens,
     plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
@@ -199,6 +219,16 @@ class RLConfig(BaseConfig):
             data = {**data, "trainer": trainer}
         return data
 
+
+    @model_validator(mode="after")
+    def _teacher_for_mode(self) -> RLConfig:
+        """`sft` and `opd` learn from a teacher; `rl` has none, and a `[teacher]` there would be silently unused."""
+        if self.mode != "rl" and self.teacher is None:
+            raise ValueError(f"mode = {self.mode!r} learns from a teacher: add a [teacher] section (`base_url` of "
+                             "an OpenAI-compatible endpoint, or `name` of a model directory to serve)")
+        if self.mode == "rl" and self.teacher is not None:
+            raise ValueError("[teacher] is used by mode = 'sft' or 'opd' only; remove it or set `mode`")
+        return self
 
     @model_validator(mode="after")
     def _base_model_served(self) -> RLConfig:

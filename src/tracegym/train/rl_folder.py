@@ -70,6 +70,10 @@ class Endpoints(BaseModel):
     """The name vLLM serves the base model under (policy version 0)."""
     envs: dict[str, Annotated[list[str], BeforeValidator(listed)]]
     """Env server addresses by name (`env_servers` in rl_config): one each, or several serving one environment."""
+    teacher_base_url: list[str] | None = None
+    """The teacher's API roots (`sft` and `opd` runs): its `base_url`, or the vLLM server the launcher started."""
+    teacher_model: str | None = None
+    """The name the teacher is requested under at `teacher_base_url`."""
 
 
 @dataclass(frozen=True)
