@@ -40,6 +40,7 @@ from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
+from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
 from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
@@ -48,6 +49,7 @@ from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
 from tracegym.train.staleness import StalenessControl
+from tracegym.train.tracking import build_tracker
 from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
@@ -131,11 +133,13 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
-                 baseline_per_task: bool = True, truncated_reward: float | None = None) -> None:
+                 baseline_per_task: bool = True, truncated_reward: float | None = None,
+                 difficulty: OnlineDifficulty[Group] | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
-        reward of a trainable member of an episode cut short (None: its payoff)."""
+        reward of a trainable member of an episode cut short (None: its payoff); `difficulty`: online difficulty of
+        the environments that have it."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
@@ -143,6 +147,7 @@ class Orchestrator:
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
         self.truncated_reward = truncated_reward
+        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -194,9 +199,12 @@ class Orchestrator:
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
         if self.pool is not None:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
+
+        def seats(env: TrainEnv) -> list[Seats] | None:
+            return env.seating and [env.seating.next(model, self.rng) for _ in range(size)]
+
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
-        plans = [(env, data, env.seating and [env.seating.next(model, self.rng) for _ in range(size)])
-                 for env, data in self.draw()]
+        plans = [(env, data, seats(env)) for env, data in self.draw()]
 
         async def group(env: TrainEnv, data: TaskData, seats: list[Seats] | None) -> Group:
             async with gate:
@@ -207,7 +215,12 @@ class Orchestrator:
                     env.client.run_episode(env.stream.taskset, data, endpoint, episode_index=i, seats=binding,
                                            sampling=self.sampling) for i, binding in enumerate(seats))))
 
-        groups = await asyncio.gather(*(group(*plan) for plan in plans))
+        async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
+            more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
+            return list(await asyncio.gather(*(group(env, data, seats(env)) for env, data in more)))
+
+        groups = await self.difficulty.complete(await asyncio.gather(*(group(*plan) for plan in plans)),
+                                                [env.id for env, _, _ in plans], self.plan.tasks_per_step, refill)
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
         pairs, dropped = self.advantaged(groups)
@@ -219,7 +232,7 @@ class Orchestrator:
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid})
+                        "traces_invalid": self.traces_invalid, **self.difficulty.metrics()})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -229,7 +242,7 @@ class Orchestrator:
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
         """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
         chosen = self.rng.choices(list(self.envs), [e.weight for e in self.envs.values()], k=self.plan.tasks_per_step)
-        return [(self.envs[env_id], self.envs[env_id].stream.next()) for env_id in chosen]
+        return [(self.envs[env_id], self.difficulty.draw(env_id, self.envs[env_id].stream.next)) for env_id in chosen]
 
     def to_samples(self, groups: list[Group], version: int, step: int) -> list[Sample]:
         """Advantages per group over its trainable rollouts (or its episodes' trainable members), then every
@@ -273,13 +286,14 @@ class Orchestrator:
     # --- state across a resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resume from `next_step` needs to go on as if never stopped: advantage state (e.g. EMA
-        baselines), counts, the environment draw and how far each task stream got."""
+        baselines), counts, the environment draw, how far each task stream got, and the online difficulty."""
         version, internal, gauss = self.rng.getstate()
         return {"next_step": self.next_step, "advantages": self.advantages.state_dict(),
                 "staleness": self.staleness.state_dict(), "traces_invalid": self.traces_invalid,
                 "rng": [version, list(internal), gauss],
                 "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()},
-                "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating}}
+                "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating},
+                "difficulty": self.difficulty.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_step = int(state["next_step"])
@@ -298,6 +312,8 @@ class Orchestrator:
                     raise UsageError(f"the checkpoint holds no seating of environment {env_id!r} (it was not "
                                      "multi-agent then); start a new run")
                 env.seating.load_state_dict(seating)
+        took_part = [env_id for env_id, env in self.envs.items() if env.stream.drawn]
+        self.difficulty.load_state_dict(state.get("difficulty", {}), took_part)
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
@@ -338,6 +354,7 @@ class Orchestrator:
         clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
         for client in clients.values():
             await client.aclose()
+        self.folder.close()
 
 
 def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
@@ -369,16 +386,20 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     held_out = HeldOut([HeldOutEnv(e.id, taskset, client(e, held_out=True), seating(e, taskset))
                         for e, taskset in zip(orch.eval.envs, held_out_sets, strict=True)],
                        orch.eval.sampling.to_sampling(), orch.eval.num_tasks, orch.eval.every)
+    difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
+                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
                                 build_advantages(orch.advantage),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
                                 held_out, seed=orch.seed, pool=pool,
                                 baseline_per_task=orch.advantage.baseline_per == "task",
-                                truncated_reward=orch.truncated_reward)
+                                truncated_reward=orch.truncated_reward, difficulty=difficulty)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
+    if tracker := build_tracker(config.tracking, folder.path, config.model_dump(mode="json")):
+        folder.track(tracker)
     return orchestrator
 
 
@@ -386,6 +407,16 @@ def learner_traces(group: Group) -> list[Trace]:
     """The traces of a group that training looks at: every rollout, or each episode's trainable members'."""
     return [t for item in group for t in ([item] if isinstance(item, Trace) else
                                           [item.traces[m] for m in item.trainable_members if m in item.traces])]
+
+
+def group_rewards(group: Group) -> list[float]:
+    """The rewards a group's advantages compare: its trainable rollouts' (or its episodes' trainable members')."""
+    return [t.reward for t in learner_traces(group) if trainable(t) and t.reward is not None]
+
+
+def group_key(group: Group) -> str:
+    """The task a group ran (each of its rollouts or episodes records it)."""
+    return group[0].task_key
 
 
 def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@
     episodes/step-000007.jsonl      the episodes of step 7 (multi-agent environments; each with its members' traces)
     evals/<env>/step-000010.jsonl   the episodes of a held-out multi-agent environment's evaluation at step 10
     logs/                           one log per process (vllm.log, trainer.log, orchestrator.log, env-<name>/)
+    wandb/, tensorboard/            what `[tracking]` turned on writes (the records of metrics.jsonl, sample traces)
     plots/                          what `tracegym plot` draws
 
 The orchestrator and the trainer are separate processes that talk only through this folder. A file one of them
@@ -39,6 +40,7 @@ from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.serve.wire import listed
+from tracegym.train.tracking import Tracker
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
@@ -92,10 +94,15 @@ class JsonlLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.mirror: Callable[[dict[str, Any]], None] | None = None
+        """Where each record also goes as it is appended (a tracker: W&B, TensorBoard)."""
 
     def append(self, record: dict[str, Any]) -> None:
+        stamped = {"time": time.time(), **record}
         with self.path.open("a") as f:
-            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+            f.write(json.dumps(stamped) + "\n")
+        if self.mirror is not None:
+            self.mirror(stamped)
 
     def read(self) -> list[dict[str, Any]]:
         """The records, skipping a line cut off by a killed writer (none when the file does not exist)."""
@@ -157,6 +164,8 @@ class RLFolder:
         """The orchestrator's records."""
         self.trainer_metrics = JsonlLog(path / "trainer_metrics.jsonl")
         """The trainer's records."""
+        self.tracker: Tracker | None = None
+        """Where the orchestrator's records and sample traces also go (`track`)."""
 
     @classmethod
     def create(cls, output_dir: Path, run_id: str | None = None) -> RLFolder:
@@ -171,6 +180,16 @@ class RLFolder:
             raise UsageError(f"--resume {path}: not an RL run folder (no {CONFIG})")
         folder.config_path.rename(path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
         return folder
+
+    def track(self, tracker: Tracker) -> None:
+        """From now on, hand `tracker` every record appended to `metrics` and the traces of each step."""
+        self.tracker, self.metrics.mirror = tracker, tracker.log
+
+    def close(self) -> None:
+        """Finish the tracker, if there is one (its last records flushed)."""
+        tracker, self.tracker, self.metrics.mirror = self.tracker, None, None
+        if tracker is not None:
+            tracker.close()
 
     # --- what the launcher hands the processes --------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -270,7 +289,11 @@ class RLFolder:
         return sorted((marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")), key=step_of)
 
     def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
-        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none)."""
+        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
+        the tracker gets them too."""
+        traces = list(traces)
+        if self.tracker is not None:
+            self.tracker.log_traces(step, traces)
         return self.write_records(Path("traces"), step, traces)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None) -> Path:
