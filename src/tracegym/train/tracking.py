@@ -154,6 +154,7 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+        self.wandb.teardown()  # finish() returns before W&B's service has written the run's files; this waits
 
 
 class TensorBoardTracker:
