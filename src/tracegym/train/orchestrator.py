@@ -8,7 +8,9 @@ and counted by reason), drop groups with no signal, turn every branch into train
 oldest policy version that sampled them, drop samples older than `max_async_steps`, and hand the batch to the
 trainer with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
-after the last. Metrics go to the run folder's `metrics.jsonl`, the step's traces to `traces/step-N.jsonl`.
+after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
+traces to `traces/step-N.jsonl`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
+its pass-rate band when drawing, and refills the step's groups without signal.
 
 `build_orchestrator` makes one from an RLConfig; the class takes only its parts.
 """
