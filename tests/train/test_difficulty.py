@@ -122,7 +122,8 @@ def test_groups_without_signal_are_refilled_until_the_step_has_its_batch_size():
     difficulty = online(a=DifficultyConfig(refills=5))
     run, calls = scripted_runs({"a": [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0], [1.0, 0.0]]})
     first = [("x", [1.0, 0.0]), ("y", [1.0, 1.0]), ("z", [0.0, 0.0])]  # one with signal, two without
-    groups = asyncio.run(difficulty.complete(first, ["a", "a", "a"], 3, run))
+    groups, env_ids = asyncio.run(difficulty.complete(first, ["a", "a", "a"], 3, run))
+    assert env_ids == ["a"] * 7
     assert calls == [["a", "a"], ["a"], ["a"]]  # both replaced; then one more is wanted, and is replaced once more
     assert sum(difficulty.signal(g) for g in groups) == 3 and len(groups) == 7
     assert difficulty.metrics() == {"difficulty/a/in_band": 3, "difficulty/a/too_easy": 2,
@@ -135,8 +136,9 @@ def test_refills_stop_at_their_bound_and_only_environments_that_have_them_refill
     difficulty = online(a=DifficultyConfig(refills=1), b=DifficultyConfig())
     run, calls = scripted_runs({"a": [[1.0, 1.0]] * 5})
     first = [("x", [1.0, 1.0]), ("y", [1.0, 1.0]), ("z", [0.0, 0.0])]
-    groups = asyncio.run(difficulty.complete(first, ["a", "a", "b"], 3, run))
-    assert calls == [["a"]] and len(groups) == 4  # one refill of `a`; `b` has none; the step goes on short
+    groups, env_ids = asyncio.run(difficulty.complete(first, ["a", "a", "b"], 3, run))
+    assert calls == [["a"]]  # one refill of `a`; `b` has none; the step goes on short
+    assert len(groups) == 4 and env_ids == ["a", "a", "b", "a"]
     metrics = difficulty.metrics()
     assert metrics["difficulty/a/refills"] == 1 and metrics["difficulty/b/refills"] == 0
     assert metrics["difficulty/a/no_signal"] == 3 and metrics["difficulty/b/no_signal"] == 1
@@ -145,8 +147,8 @@ def test_refills_stop_at_their_bound_and_only_environments_that_have_them_refill
 def test_without_online_difficulty_the_step_is_left_as_it_was():
     difficulty = online()
     run, calls = scripted_runs({})
-    groups = asyncio.run(difficulty.complete([("x", [1.0, 1.0])], ["a"], 2, run))
-    assert groups == [("x", [1.0, 1.0])] and calls == [] and difficulty.metrics() == {}
+    assert asyncio.run(difficulty.complete([("x", [1.0, 1.0])], ["a"], 2, run)) == ([("x", [1.0, 1.0])], ["a"])
+    assert calls == [] and difficulty.metrics() == {}
 
 
 def test_a_step_through_real_env_servers_keeps_its_batch_size_with_refills(tmp_path, env_addresses):  # noqa: F811

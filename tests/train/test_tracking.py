@@ -19,13 +19,14 @@ from tracegym.testing import FakeOpenAIServer
 from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig, parse_rl_args
 from tracegym.train.rl_folder import Endpoints, RLFolder
-from tracegym.train.tracking import TrackingConfig, build_tracker, markdown_table, scalars
+from tracegym.train.tracking import TrackingConfig, build_tracking, markdown_table, scalars
 
 RECORDS = [
     {"eval_step": 0, "env": "reverse-text", "policy_version": 0, "eval_reward": 0.25, "eval_n": 3},
     {"step": 0, "reward": 0.5, "failed/timeout": 1, "staleness": None},
     {"step": 0, "invalid_trace": "no logprobs", "problems": 2},
     {"step": 1, "reward": 0.75, "difficulty/reverse-text/refills": 2},
+    {"attempts": 2},  # no step of its own: logged at the latest one
 ]
 
 
@@ -43,9 +44,9 @@ TRACES = [trace("abc", "cba", 1.0, 0), trace("abc", "abc", 0.3, 1), trace("xyz",
 
 def track(folder: RLFolder, **config) -> None:
     """What a run does: records and traces appended through the folder, then the tracker finished."""
-    tracker = build_tracker(TrackingConfig.model_validate(config), folder.path, {"steps": 2})
-    assert tracker is not None
-    folder.track(tracker)
+    tracking = build_tracking(TrackingConfig.model_validate(config), folder.path, {"steps": 2})
+    assert tracking is not None
+    folder.track(tracking)
     for record in RECORDS:
         folder.metrics.append(record)
     folder.write_traces(1, TRACES)
@@ -58,7 +59,8 @@ def test_records_become_step_indexed_numbers_named_by_their_kind():
              "eval/reverse-text/eval_n": 3.0}),
         (0, {"reward": 0.5, "failed/timeout": 1.0}),
         (0, {"invalid_trace/problems": 2.0}),
-        (1, {"reward": 0.75, "difficulty/reverse-text/refills": 2.0})]
+        (1, {"reward": 0.75, "difficulty/reverse-text/refills": 2.0}),
+        (None, {"attempts": 2.0})]
 
 
 def test_the_sample_table_escapes_what_would_break_a_markdown_table():
@@ -110,6 +112,7 @@ def test_wandb_offline_holds_every_record_and_the_sample_table(tmp_path, wandb_h
     assert history[0]["eval/reverse-text/eval_reward"] == 0.25 and history[0]["reward"] == 0.5
     assert history[0]["failed/timeout"] == 1 and history[0]["invalid_trace/problems"] == 2
     assert history[1]["reward"] == 0.75 and history[1]["difficulty/reverse-text/refills"] == 2
+    assert history[1]["attempts"] == 2
     table = json.loads((run_file.parent / "files" / history[1]["samples/path"]).read_text())
     assert table["columns"] == ["step", "taskset", "task", "prompt", "completion", "reward"]
     assert table["data"] == [[1, "reverse-text", "abc", "abc", "cba", 1.0],  # the first rollout of each task
@@ -132,6 +135,7 @@ def test_tensorboard_event_files_hold_the_scalars_and_the_sample_table(tmp_path)
     assert [(e.step, e.value) for e in events.Scalars("reward")] == [(0, 0.5), (1, 0.75)]
     assert [(e.step, e.value) for e in events.Scalars("eval/reverse-text/eval_reward")] == [(0, 0.25)]
     assert [e.step for e in events.Scalars("difficulty/reverse-text/refills")] == [1]
+    assert [(e.step, e.value) for e in events.Scalars("attempts")] == [(1, 2.0)]
     [text] = events.Tensors("samples")
     table = text.tensor_proto.string_val[0].decode()
     assert text.step == 1 and table.count("| 1 | reverse-text |") == 3 and "| abc | cba | 1.0 |" in table
@@ -171,5 +175,5 @@ def test_a_tracker_enabled_but_not_installed_is_refused_naming_its_key(monkeypat
     with pytest.raises(UsageError, match=rf"{key} needs the `{module}` package, which is not installed"):
         parse_rl_args(args)
     with pytest.raises(UsageError, match=rf"{key} needs the `{module}` package"):
-        build_tracker(TrackingConfig.model_construct(wandb=None, tensorboard=True, samples=1) if module == "tensorboard"
-                      else TrackingConfig.model_construct(wandb={}, tensorboard=False, samples=1), Path("."), {})
+        on = {"wandb": None, "tensorboard": True} if module == "tensorboard" else {"wandb": {}, "tensorboard": False}
+        build_tracking(TrackingConfig.model_construct(samples=1, **on), Path("."), {})  # a config checked elsewhere

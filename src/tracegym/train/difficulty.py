@@ -144,10 +144,11 @@ class OnlineDifficulty(Generic[G]):
         return has_signal(self.rewards(group))
 
     async def complete(self, groups: list[G], env_ids: list[str], wanted: int,
-                       run: Callable[[list[str]], Awaitable[list[G]]]) -> list[G]:
+                       run: Callable[[list[str]], Awaitable[list[G]]]) -> tuple[list[G], list[str]]:
         """The step's groups (`groups[i]` drawn from `env_ids[i]`), with the extra ones run in place of those
-        without signal until `wanted` have signal or the environments' `refills` are spent; every group updates its
-        task's pass rate. `run(ids)` draws the next task of each environment in `ids` and runs its group."""
+        without signal until `wanted` have signal or the environments' `refills` are spent, and the environment of
+        each; every group updates its task's pass rate. `run(ids)` draws the next task of each environment in `ids`
+        and runs its group."""
         groups, env_ids = list(groups), list(env_ids)
         latest = list(zip(env_ids, groups, strict=True))
         while latest:
@@ -156,7 +157,7 @@ class OnlineDifficulty(Generic[G]):
             more = await run(again) if again else []
             groups, env_ids = groups + more, env_ids + again
             latest = list(zip(again, more, strict=True))
-        return groups
+        return groups, env_ids
 
     def observe(self, pairs: list[tuple[str, G]]) -> None:
         for env_id, group in pairs:

@@ -51,7 +51,7 @@ from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
 from tracegym.train.staleness import StalenessControl
-from tracegym.train.tracking import build_tracker
+from tracegym.train.tracking import build_tracking
 from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
@@ -221,8 +221,8 @@ class Orchestrator:
             more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
             return list(await asyncio.gather(*(group(env, data, seats(env)) for env, data in more)))
 
-        groups = await self.difficulty.complete(await asyncio.gather(*(group(*plan) for plan in plans)),
-                                                [env.id for env, _, _ in plans], self.plan.tasks_per_step, refill)
+        groups, _ = await self.difficulty.complete(await asyncio.gather(*(group(*plan) for plan in plans)),
+                                                   [env.id for env, _, _ in plans], self.plan.tasks_per_step, refill)
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
         pairs, dropped = self.advantaged(groups)
@@ -400,8 +400,8 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
-    if tracker := build_tracker(config.tracking, folder.path, config.model_dump(mode="json")):
-        folder.track(tracker)
+    if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):
+        folder.track(tracking)
     return orchestrator
 
 

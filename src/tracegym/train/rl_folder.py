@@ -40,7 +40,7 @@ from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.serve.wire import listed
-from tracegym.train.tracking import Tracker
+from tracegym.train.tracking import Tracking
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
@@ -95,7 +95,7 @@ class JsonlLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.mirror: Callable[[dict[str, Any]], None] | None = None
-        """Where each record also goes as it is appended (a tracker: W&B, TensorBoard)."""
+        """Where each record also goes as it is appended (`Tracking`: W&B, TensorBoard)."""
 
     def append(self, record: dict[str, Any]) -> None:
         stamped = {"time": time.time(), **record}
@@ -164,7 +164,7 @@ class RLFolder:
         """The orchestrator's records."""
         self.trainer_metrics = JsonlLog(path / "trainer_metrics.jsonl")
         """The trainer's records."""
-        self.tracker: Tracker | None = None
+        self.tracking: Tracking | None = None
         """Where the orchestrator's records and sample traces also go (`track`)."""
 
     @classmethod
@@ -181,15 +181,15 @@ class RLFolder:
         folder.config_path.rename(path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
         return folder
 
-    def track(self, tracker: Tracker) -> None:
-        """From now on, hand `tracker` every record appended to `metrics` and the traces of each step."""
-        self.tracker, self.metrics.mirror = tracker, tracker.log
+    def track(self, tracking: Tracking) -> None:
+        """From now on, hand `tracking` every record appended to `metrics` and the traces of each step."""
+        self.tracking, self.metrics.mirror = tracking, tracking.log
 
     def close(self) -> None:
-        """Finish the tracker, if there is one (its last records flushed)."""
-        tracker, self.tracker, self.metrics.mirror = self.tracker, None, None
-        if tracker is not None:
-            tracker.close()
+        """Finish tracking, if it is on (its last records flushed)."""
+        tracking, self.tracking, self.metrics.mirror = self.tracking, None, None
+        if tracking is not None:
+            tracking.close()
 
     # --- what the launcher hands the processes --------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -290,10 +290,10 @@ class RLFolder:
 
     def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
         """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
-        the tracker gets them too."""
+        tracking gets them too."""
         traces = list(traces)
-        if self.tracker is not None:
-            self.tracker.log_traces(step, traces)
+        if self.tracking is not None:
+            self.tracking.log_traces(step, traces)
         return self.write_records(Path("traces"), step, traces)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None) -> Path:

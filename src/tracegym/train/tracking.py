@@ -94,16 +94,42 @@ def require(module: str, key: str) -> None:
 
 
 class Tracker(Protocol):
-    """Takes the run's records and sample traces as they come."""
+    """One tracking tool: takes numbers and sample tables at a step."""
 
-    def log(self, record: dict[str, Any]) -> None:
-        """One record of `metrics.jsonl`."""
+    def scalars(self, step: int, numbers: dict[str, float]) -> None: ...
 
-    def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
-        """The traces of one step (the tracker logs a few)."""
+    def table(self, step: int, rows: list[list[Any]]) -> None:
+        """Sample rows under SAMPLE_COLUMNS."""
 
     def close(self) -> None:
         """Flush and finish."""
+
+
+class Tracking:
+    """What the run folder hands records and traces to: each tool on, fed the same numbers and sample rows. A
+    record with no step of its own is logged at the latest step seen."""
+
+    def __init__(self, trackers: list[Tracker], samples: int) -> None:
+        self.trackers, self.samples, self.step = trackers, samples, 0
+
+    def log(self, record: dict[str, Any]) -> None:
+        """One record of `metrics.jsonl`."""
+        step, numbers = scalars(record)
+        self.step = self.step if step is None else step
+        if numbers:
+            for tracker in self.trackers:
+                tracker.scalars(self.step, numbers)
+
+    def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
+        """A few of the traces of one step, as a sample table."""
+        rows = sample_rows(step, traces, self.samples)
+        if rows:
+            for tracker in self.trackers:
+                tracker.table(step, rows)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def scalars(record: dict[str, Any]) -> tuple[int | None, dict[str, float]]:
@@ -134,23 +160,19 @@ def transcript(messages: Sequence[Message]) -> str:
 class WandbTracker:
     """Logs to a W&B run (started here, finished by `close`)."""
 
-    def __init__(self, config: WandbConfig, run_dir: Path, run_config: dict[str, Any], samples: int) -> None:
+    def __init__(self, config: WandbConfig, run_dir: Path, run_config: dict[str, Any]) -> None:
         import wandb
 
-        self.wandb, self.samples = wandb, samples
+        self.wandb = wandb
         self.run = wandb.init(project=config.project, entity=config.entity, name=config.name or run_dir.name,
                               group=config.group, tags=config.tags, mode=config.mode, dir=str(run_dir),
                               config=run_config)
 
-    def log(self, record: dict[str, Any]) -> None:
-        step, numbers = scalars(record)
-        if numbers:
-            self.run.log(numbers, step=step)
+    def scalars(self, step: int, numbers: dict[str, float]) -> None:
+        self.run.log(numbers, step=step)
 
-    def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
-        rows = sample_rows(step, traces, self.samples)
-        if rows:
-            self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)}, step=step)
+    def table(self, step: int, rows: list[list[Any]]) -> None:
+        self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -160,25 +182,20 @@ class WandbTracker:
 class TensorBoardTracker:
     """Writes TensorBoard event files (scalars, and the sample table as text) with tensorboard's own writer."""
 
-    def __init__(self, log_dir: Path, samples: int) -> None:
+    def __init__(self, log_dir: Path) -> None:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.writer, self.samples = EventFileWriter(str(log_dir)), samples
+        self.writer = EventFileWriter(str(log_dir))
 
-    def log(self, record: dict[str, Any]) -> None:
+    def scalars(self, step: int, numbers: dict[str, float]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        step, numbers = scalars(record)
-        if numbers:
-            values = [Summary.Value(tag=name, simple_value=value) for name, value in numbers.items()]
-            self.write(step or 0, Summary(value=values))
+        self.write(step, Summary(value=[Summary.Value(tag=name, simple_value=v) for name, v in numbers.items()]))
 
-    def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
+    def table(self, step: int, rows: list[list[Any]]) -> None:
         from tensorboard.plugins.text.summary_v2 import text_pb
 
-        rows = sample_rows(step, traces, self.samples)
-        if rows:
-            self.write(step, text_pb("samples", markdown_table(rows)))
+        self.write(step, text_pb("samples", markdown_table(rows)))
 
     def write(self, step: int, summary: Any) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -200,36 +217,17 @@ def markdown_table(rows: list[list[Any]]) -> str:
     return "\n".join("| " + " | ".join(map(cell, line)) + " |" for line in lines)
 
 
-class Trackers:
-    """Several trackers as one."""
-
-    def __init__(self, trackers: list[Tracker]) -> None:
-        self.trackers = trackers
-
-    def log(self, record: dict[str, Any]) -> None:
-        for tracker in self.trackers:
-            tracker.log(record)
-
-    def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
-        for tracker in self.trackers:
-            tracker.log_traces(step, traces)
-
-    def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
-
-
-def build_tracker(config: TrackingConfig, run_dir: Path, run_config: dict[str, Any]) -> Tracker | None:
-    """The trackers `config` turns on, writing under `run_dir` (None: none is on). `run_config` is the resolved
+def build_tracking(config: TrackingConfig, run_dir: Path, run_config: dict[str, Any]) -> Tracking | None:
+    """The tools `config` turns on, writing under `run_dir` (None: none is on). `run_config` is the resolved
     config W&B records with the run."""
     trackers: list[Tracker] = []
     if config.wandb is not None:
         require_at_start("wandb", "tracking.wandb")
-        trackers.append(WandbTracker(config.wandb, run_dir, run_config, config.samples))
+        trackers.append(WandbTracker(config.wandb, run_dir, run_config))
     if config.tensorboard:
         require_at_start("tensorboard", "tracking.tensorboard")
-        trackers.append(TensorBoardTracker(run_dir / TENSORBOARD_DIR, config.samples))
-    return Trackers(trackers) if trackers else None
+        trackers.append(TensorBoardTracker(run_dir / TENSORBOARD_DIR))
+    return Tracking(trackers, config.samples) if trackers else None
 
 
 def require_at_start(module: str, key: str) -> None:
