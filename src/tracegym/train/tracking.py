@@ -4,9 +4,9 @@ with a table of a few traces per step.
 The RL config's `[tracking]` section (`TrackingConfig`) turns each on; `build_tracking` makes what it asks for and
 the run folder hands it every record as it is appended (`RLFolder.track`), so nothing is logged twice or missed.
 A step's record logs its numbers under their own names (`reward`, `failed/timeout`, `difficulty/<env>/in_band`), a
-held-out evaluation's under `eval/<env>/...` at its `eval_step`, and an event record (one with a text field, e.g.
-`invalid_trace`) its numbers under that field's name; a record with no step goes at the latest step. Each tool is imported only when enabled; enabled but not
-installed is a config error naming the key.
+held-out evaluation's under `eval/<env>/...` at its `eval_step`, an event record (one with a text field, e.g.
+`invalid_trace`) its numbers under that field's name, and a record with no step at the latest step. Each tool is
+imported only when enabled; enabled but not installed is a config error naming the key.
 
 >>> scalars({"time": 1.0, "step": 3, "reward": 0.5, "failed/timeout": 1, "staleness": None})
 (3, {'reward': 0.5, 'failed/timeout': 1.0})
