@@ -39,8 +39,8 @@ def run(args: list[str]) -> int:
     return launch(config, folder.path)
 
 
-SEATING = {"play", "seats"}
-"""An environment's fields the orchestrator uses to seat episodes, not its env server."""
+SEATING = {"play", "seats", "difficulty"}
+"""An environment's fields the orchestrator uses (to seat episodes, to pick tasks), not its env server."""
 
 
 def resolved(config: RLConfig, run_dir: Path) -> str:
