@@ -64,11 +64,11 @@ def _sibling_fork(graph: MessageGraph, k: int, own: Node, source: int, shared: i
     role = own.message.role
     if before is not None and same_message(before.message, own.message):
         return Fork(k, own.id, "resampled", source, shared,
-                    f"the same conversation was sent again: node {own.id} is a second {role} reply after "
-                    f"message {shared} (branch {source} has node {before.id})")
+                    f"the same conversation was sent again and answered anew: node {own.id} repeats node "
+                    f"{before.id} ({role}) of branch {source}")
     was = f" where branch {source} has {before.message.role} «{_snippet(before.message.text, 60)}»" if before else ""
     return Fork(k, own.id, "rewritten", source, shared,
-                f"the history was rewritten after message {shared}: it goes on with {role} "
+                f"the history was rewritten after its first {shared} messages: it goes on with {role} "
                 f"«{_snippet(own.message.text, 60)}»{was}")
 
 
@@ -95,7 +95,7 @@ def _token_drift(old: list[int], node: Node) -> str:
     new = (node.token_ids or [])[: (node.mask or []).count(0)]
     at = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
     if at is not None:
-        return f"they differ from token {at}: id {old[at]} before, id {new[at]} now"
+        return f"they differ from token {at} on: id {old[at]} before, id {new[at]} now"
     return f"the new prompt has {len(new)} tokens where the branch had {len(old)}"
 
 
