@@ -22,7 +22,7 @@ def test_private_runs_and_reasoning_content_are_marked_and_user_text_is_not_pars
     root = tree(message_html(said, Node(id=3, parent=2, message=said, sampled=True, parse_error=True,
                                         policy_version=2)))
     private = [text_of(e) for e in root.iter() if "private" in (e.get("class") or "").split()]
-    assert private == ["hidden", "<think>", "plan", "</think>"]
+    assert private == ["hidden", "<think>plan</think>"]
     assert "parse error" in text_of(root) and "policy v2" in text_of(root)
     assert next(root.iter("div")).get("data-parse-error") == "1"
     asked = tree(message_html(Message(role="user", content="<think>not private</think>")))

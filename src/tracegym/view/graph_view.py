@@ -141,7 +141,7 @@ def _branch_html(graph: MessageGraph, k: int, ids: list[int], own: list[int], fo
     if fork is not None:
         source = f' data-from-branch="{fork.source}"' if fork.source is not None else ""
         body.append(f'<div class="fork" data-fork="{fork.kind}"{source} data-node="{fork.node}">'
-                    f'<span class="fork-mark">⑂ {escape(fork.kind)}</span> {escape(fork.reason)}</div>')
+                    f'<span class="fork-mark">↳ fork: {escape(fork.kind)}</span> {escape(fork.reason)}</div>')
     if len(own) < len(ids):
         last_shared = ids[len(ids) - len(own) - 1]
         body.append(f'<p class="shared">shares nodes {ids[0]} to {last_shared} with an earlier branch</p>')

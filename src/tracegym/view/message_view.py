@@ -63,8 +63,14 @@ def _text_html(message: Message, private_tag: str) -> str:
     text = message.text
     if message.role != "assistant":
         return escape(text)
+    runs: list[tuple[str, bool]] = []
+    for run, private in marked(text, private_tag):  # one span per private block, its tags inside
+        if runs and runs[-1][1] == private:
+            runs[-1] = (runs[-1][0] + run, private)
+        else:
+            runs.append((run, private))
     return "".join(f'<span class="private" title="{PRIVATE_TITLE}">{escape(run)}</span>' if private
-                   else escape(run) for run, private in marked(text, private_tag))
+                   else escape(run) for run, private in runs)
 
 
 def _image_html(part: ImagePart) -> str:

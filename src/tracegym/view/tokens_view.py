@@ -174,48 +174,39 @@ def _segment(node: Node, pieces: list[str | None], loss: list[bool] | None, toke
     ids, mask, logprobs = node.token_ids or [], node.mask or [], node.logprobs or []
     version = f" data-version=\"{node.policy_version}\"" if node.policy_version is not None else ""
     label = f"node {node.id} · {node.message.role}" + (f" · policy v{node.policy_version}" if version else "")
+    special = tokenizer.special if tokenizer is not None else frozenset()
     spans = [_token(t, pieces[i], i < len(mask) and mask[i] == 1, logprobs[i] if i < len(logprobs) else None,
-                    bool(loss and loss[i]), tokenizer) for i, t in enumerate(ids)]
+                    bool(loss and loss[i]), t in special) for i, t in enumerate(ids)]
     flag = ' data-parse-error="1"' if node.parse_error else ""
     return (f'<span class="seg" data-node="{node.id}"{version}{flag}><span class="seg-mark" title="{escape(label)}">'
             f'{node.id}</span>{"".join(spans)}</span>')
 
 
-def _token(token: int, piece: str | None, sampled: bool, logprob: float | None, loss: bool,
-           tokenizer: TokenText | None) -> str:
-    classes = ["t"]
-    title = f"id {token}"
-    if piece is not None:
-        title += f" · {piece!r}"
-    data = f' data-id="{token}"'
-    if sampled:
-        classes.append("s")
-        if logprob is not None and math.isfinite(logprob):
-            classes.append(f"l{_bucket(logprob)}")
-            title += f" · logprob {logprob:.4f} · p {math.exp(min(logprob, 0.0)):.3f}"
-            data += f' data-lp="{logprob:.4f}"'
-        else:
-            title += " · no logprob"
-    if loss:
-        classes.append("loss")
-        title += " · trained"
-    if tokenizer is not None and token in tokenizer.special:
-        classes.append("sp")
-    if piece is None:
-        classes.append("raw")
-        shown = f"[{token}]"
-    else:
-        shown = piece
-        if piece == "":
-            classes.append("part")
-    return f'<span class="{" ".join(classes)}"{data} title="{escape(title)}">{escape(shown)}</span>'
+def _token(token: int, piece: str | None, sampled: bool, logprob: float | None, loss: bool, special: bool) -> str:
+    """One token's span (a long branch has tens of thousands: what does not change with the token's place is
+    made once per id, in `_face`)."""
+    classes, head, shown = _face(token, piece, special)
+    trained = " loss" if loss else ""
+    if not sampled:
+        return f'<span class="t{classes}{trained}" data-id="{token}" title="{head}">{shown}</span>'
+    if logprob is None or not math.isfinite(logprob):
+        return f'<span class="t s{classes}{trained}" data-id="{token}" title="{head} · no logprob">{shown}</span>'
+    bucket = next((i for i, floor in enumerate(_LOG_FLOORS) if logprob >= floor), len(_LOG_FLOORS))
+    lp = f"{logprob:.4f}"
+    title = f"{head} · logprob {lp} · p {math.exp(min(logprob, 0.0)):.3f}" + (" · trained" if loss else "")
+    return (f'<span class="t s l{bucket}{classes}{trained}" data-id="{token}" data-lp="{lp}" title="{title}">'
+            f"{shown}</span>")
 
 
-def _bucket(logprob: float) -> int:
-    p = math.exp(min(logprob, 0.0))
-    return next((i for i, floor in enumerate(BUCKETS) if p >= floor), len(BUCKETS))
+@lru_cache(maxsize=1 << 16)
+def _face(token: int, piece: str | None, special: bool) -> tuple[str, str, str]:
+    """A token's extra classes, its escaped title head (id and text) and its escaped text."""
+    classes = (" sp" if special else "") + (" raw" if piece is None else " part" if piece == "" else "")
+    head = f"id {token}" if piece is None else escape(f"id {token} · {piece!r}")
+    return classes, head, escape(f"[{token}]" if piece is None else piece)
 
 
+_LOG_FLOORS = [math.log(p) for p in BUCKETS]
 _LEGEND = ('<p class="legend"><span class="t">prompt</span> <span class="t s l0">sampled p≥0.9</span> '
            '<span class="t s l1">p≥0.5</span> <span class="t s l2">p≥0.25</span> <span class="t s l3">p≥0.1</span> '
            '<span class="t s l4">p&lt;0.1</span> <span class="t s l0 loss">trained (carries loss)</span></p>')
