@@ -13,6 +13,7 @@ from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_episode
 from tracegym.envs.proxy import attach
 from tracegym.envs.registry import load_taskset
+from tracegym.tasksets.tool_calculator import add
 from tracegym.testing import ScriptedModel, reply, tool_call
 from tracegym.testing.scripted_model import encode, render, render_body
 from tracegym.view.tokens_view import TokenText
@@ -29,16 +30,6 @@ def tree(fragment: str) -> ET.Element:
 
 def text_of(element: ET.Element) -> str:
     return "".join(element.itertext())
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
 
 
 @tg.reward
@@ -89,14 +80,10 @@ def proxy_trace() -> Trace:
 
 
 def by_member(**replies: list[str]) -> ScriptedModel:
-    """Each member answers from its own list in turn (the member is named in its system prompt)."""
+    """Each member answers from its own list in turn (the first member named in the system prompt)."""
     said = {member: iter(texts) for member, texts in replies.items()}
-
-    def rule(request):
-        head = request.messages[0].text
-        return next(next(it for member, it in said.items() if f"You are {member}" in head or
-                         (member == "judge" and "judge" in head)))
-    return ScriptedModel(rule=rule, tokens=True)
+    return ScriptedModel(rule=lambda r: next(next(it for m, it in said.items() if m in r.messages[0].text)),
+                         tokens=True)
 
 
 async def debate_episode(judge: str | None = None) -> tg.Episode:
@@ -112,6 +99,4 @@ async def poker_episode() -> tg.Episode:
     """A hand of Kuhn poker where player_0 leaves a `<think>` unclosed (a parse error) and then bets."""
     taskset = load_taskset("kuhn-poker")
     row = taskset.as_data({"prompt": "A new hand begins.", "cards": {"player_0": "K", "player_1": "Q"}, "id": "h"})
-    said = {"player_0": iter(["bet <think>they fold"]), "player_1": iter(["call"])}
-    model = ScriptedModel(rule=lambda r: next(said[r.messages[0].text.split()[2].rstrip(".")]), tokens=True)
-    return await run_episode(taskset, row, model)
+    return await run_episode(taskset, row, by_member(player_0=["bet <think>they fold"], player_1=["call"]))
