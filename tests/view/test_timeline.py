@@ -3,18 +3,21 @@
 import pytest
 from detail_traces import tool_trace, tree
 
+from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.timing import Span
 from tracegym.testing import make_trace
 from tracegym.view.timeline import timeline_svg
 
+SVG = "{http://www.w3.org/2000/svg}"
+
 
 def bars(svg: str) -> dict[str, list]:
+    """(x, width, y, title) of each bar, by stage."""
     out: dict[str, list] = {}
-    for g in tree(svg).iter("{http://www.w3.org/2000/svg}g"):
-        rect = g.find("{http://www.w3.org/2000/svg}rect")
+    for g in tree(svg).iter(f"{SVG}g"):
+        rect = g.find(f"{SVG}rect")
         out.setdefault(g.get("data-stage"), []).append(
-            (float(rect.get("x")), float(rect.get("width")), float(rect.get("y")), g.findtext(
-                "{http://www.w3.org/2000/svg}title")))
+            (float(rect.get("x")), float(rect.get("width")), float(rect.get("y")), g.findtext(f"{SVG}title")))
     return out
 
 
@@ -47,3 +50,14 @@ def test_no_spans_says_so_and_odd_names_are_escaped():
                                                                                       end=0.2)])
     drawn = bars(timeline_svg(odd))
     assert list(drawn) == ["tool:<b>&"] and len(drawn["tool:<b>&"]) == 1  # the unfinished span is left out
+
+
+async def test_a_stage_that_failed_is_marked_with_its_error():
+    trace = await tool_trace()
+    trace.errors.append(TraceError(kind=ErrorKind.TOOL, stage="tool:add", message="boom <b>", turn=0))
+    trace.errors.append(TraceError(kind=ErrorKind.TASK, stage="scoring:correct", message="no number"))
+    root = tree(timeline_svg(trace))
+    failed = {g.get("data-stage"): g.findtext(f"{SVG}title") for g in root.iter(f"{SVG}g")
+              if "failed" in g.get("class").split()}
+    assert set(failed) == {"tool:add", "scoring"}
+    assert failed["tool:add"].endswith("tool error at tool:add: boom <b>") and "no number" in failed["scoring"]

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from html import escape
 
+from tracegym.core.errors import TraceError
 from tracegym.core.timing import Span
 from tracegym.core.trace import Trace
 
@@ -30,7 +31,9 @@ def timeline_svg(trace: Trace) -> str:
     rollout's end (its `total` span, else the latest end), with tick marks in seconds: a lane per stage kind
     (`LANES`; overlapping spans, e.g. parallel tool calls, stack in rows), the lane's count and summed
     seconds in its label. Each bar is a `<g class="span" data-stage=NAME>` with a `<title>`: stage, turn,
-    start and duration. A trace with no spans gives a `<p class="empty">`."""
+    start and duration; a stage where an error was recorded (`trace.errors`: same stage, or a scorer's
+    `scoring:NAME`, in the same turn) is also `failed`, its title ending with the error. A trace with no spans
+    gives a `<p class="empty">`."""
     spans = [s for s in trace.spans if s.name != "total" and _finite(s)]
     if not spans:
         return '<p class="empty timeline">No timing recorded for this trace.</p>'
@@ -45,7 +48,7 @@ def timeline_svg(trace: Trace) -> str:
         seconds = sum(b.span.duration for b in bars)
         parts.append(f'<text class="lane" x="4" y="{y + ROW * 0.7:.1f}">{escape(lane)} x{len(bars)} · '
                      f'{_seconds(seconds)}</text>')
-        parts += [_bar(b, y, scale, lane) for b in bars]
+        parts += [_bar(b, y, scale, lane, _errors_of(b.span, trace.errors)) for b in bars]
         y += rows * ROW
     return (f'<svg class="timeline" viewBox="0 0 {WIDTH} {height}" width="100%" role="img" '
             f'xmlns="http://www.w3.org/2000/svg" aria-label="timeline of {len(spans)} spans over '
@@ -90,16 +93,24 @@ def _tick_step(end: float) -> float:
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def _bar(bar: _Bar, y: int, scale: float, lane: str) -> str:
+def _errors_of(span: Span, errors: list[TraceError]) -> list[TraceError]:
+    return [e for e in errors if (e.stage == span.name or e.stage.startswith(span.name + ":"))
+            and (e.turn is None or span.turn is None or e.turn == span.turn)]
+
+
+def _bar(bar: _Bar, y: int, scale: float, lane: str, errors: list[TraceError]) -> str:
     span = bar.span
     x, w = LABEL_WIDTH + span.start * scale, max(span.duration * scale, 1.0)
     top = y + bar.row * ROW + 3
     turn = f" · turn {span.turn}" if span.turn is not None else ""
     label = f"{span.name} {_seconds(span.duration)}"
     title = f"{span.name}{turn} · start {_seconds(span.start)} · {_seconds(span.duration)}"
+    title += "".join(f" · {e.kind.value} error at {e.stage}: {e.message}" for e in errors)
     text = (f'<text x="{x + 3:.1f}" y="{top + ROW * 0.55:.1f}">{escape(label)}</text>'
             if len(label) * CHAR_WIDTH + 6 <= w else "")
-    return (f'<g class="span lane-{escape(lane)}" data-stage="{escape(span.name)}"><title>{escape(title)}</title>'
+    failed = " failed" if errors else ""
+    return (f'<g class="span lane-{escape(lane)}{failed}" data-stage="{escape(span.name)}">'
+            f"<title>{escape(title)}</title>"
             f'<rect x="{x:.1f}" y="{top}" width="{w:.1f}" height="{ROW - 6}" rx="2"/>{text}</g>')
 
 

@@ -225,6 +225,8 @@ def _summary(trace: Trace, path: list[Node], ids: list[int], loss: list[bool] | 
         rows.append(("policy version", ", ".join(map(str, versions))))
     if advantage is not None:
         rows.append(("advantage", f"{advantage:.3f}"))
+    if trace.is_truncated:
+        rows.append(("truncated", "the last turn ran out of context or completion budget"))
     if tokenizer is None:
         rows.append(("text", "no tokenizer found for model " + (trace.model or "(unnamed)") + ": ids shown"))
     cells = "".join(f'<dt>{escape(k)}</dt><dd data-key="{escape(k)}">{escape(v)}</dd>' for k, v in rows)
