@@ -1,6 +1,6 @@
 """Graph view: each branch, where it forks and why, for each way a message graph forks."""
 
-from detail_traces import SCRIPT, proxy_trace, retokenized_trace, text_of, tool_trace, tree
+from detail_traces import BYTES, SCRIPT, proxy_trace, retokenized_trace, text_of, tool_trace, tree
 
 from tracegym.view.graph_view import forks, graph_html
 
@@ -19,6 +19,8 @@ def test_a_prompt_that_no_longer_extends_the_tokens_is_a_retokenized_fork_at_the
     old, new = (trace.graph.tokens(leaf)[drift] for leaf in trace.graph.leaves())
     assert f"differ from token {drift} on: id {old} before, id {new} now" in text_of(marker)
     assert (chr(old), chr(new)) == ("f", "F")  # the template capitalised the first reply
+    [named] = fork_markers(graph_html(trace, tokenizer=BYTES))
+    assert f"id {old} 'f' before, id {new} 'F' now" in text_of(named)
 
 
 def test_an_agent_programs_rewritten_repeated_and_new_conversations_each_fork_with_their_reason():

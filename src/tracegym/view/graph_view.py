@@ -22,6 +22,7 @@ from tracegym.core.graph import MessageGraph, Node
 from tracegym.core.trace import Trace
 from tracegym.envs.proxy import same_message
 from tracegym.view.message_view import message_html
+from tracegym.view.tokens_view import TokenText
 
 SNIPPET = 100
 """Characters of a message shown on its collapsed line."""
@@ -43,8 +44,9 @@ class Fork:
     reason: str
 
 
-def forks(graph: MessageGraph) -> list[Fork]:
-    """The fork of every branch but the first, in branch order (`graph.branches()`)."""
+def forks(graph: MessageGraph, tokenizer: TokenText | None = None) -> list[Fork]:
+    """The fork of every branch but the first, in branch order (`graph.branches()`); `tokenizer` adds the text
+    of the tokens where a retokenized fork's renders part."""
     branches = graph.branches()
     out = []
     for k in range(1, len(branches)):
@@ -54,7 +56,7 @@ def forks(graph: MessageGraph) -> list[Fork]:
         if own.parent is not None:
             out.append(_sibling_fork(graph, k, own, earlier[own.parent], shared, branches))
         else:
-            out.append(_root_fork(graph, k, own, branches, earlier))
+            out.append(_root_fork(graph, k, own, branches, earlier, tokenizer))
     return out
 
 
@@ -72,7 +74,8 @@ def _sibling_fork(graph: MessageGraph, k: int, own: Node, source: int, shared: i
                 f"«{_snippet(own.message.text, 60)}»{was}")
 
 
-def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]], earlier: dict[int, int]) -> Fork:
+def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]], earlier: dict[int, int],
+               tokenizer: TokenText | None) -> Fork:
     copied = graph.path(root.id - 1) if root.id > 0 else []
     mine = [graph.nodes[i] for i in branches[k]]
     is_copy = copied and len(mine) > len(copied) and all(
@@ -83,33 +86,37 @@ def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]
                     " continues no earlier branch")
     source = earlier.get(copied[-1].id, 0)
     model = next((n for n in mine[len(copied):] if n.token_ids), None)
-    why = _token_drift(graph.tokens(copied[-1].id), model) if model else "its model turn has no tokens"
+    why = _token_drift(graph.tokens(copied[-1].id), model, tokenizer) if model else "its model turn has no tokens"
     return Fork(k, root.id, "retokenized", source, 0,
                 f"the prompt of node {model.id if model else '?'} did not extend branch {source}'s tokens ({why}), "
                 f"so its {len(copied)} messages were copied into a new branch whose model turn carries the whole "
                 "prompt")
 
 
-def _token_drift(old: list[int], node: Node) -> str:
+def _token_drift(old: list[int], node: Node, tokenizer: TokenText | None) -> str:
     """Where the branch's tokens and the new turn's prompt part."""
     new = (node.token_ids or [])[: (node.mask or []).count(0)]
     at = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
     if at is not None:
-        return f"they differ from token {at} on: id {old[at]} before, id {new[at]} now"
+        said = tokenizer.pieces([old[at], new[at]]) if tokenizer is not None else [None, None]
+        before, now = (f" {p!r}" if p is not None else "" for p in said)
+        return f"they differ from token {at} on: id {old[at]}{before} before, id {new[at]}{now} now"
     return f"the new prompt has {len(new)} tokens where the branch had {len(old)}"
 
 
-def graph_html(trace: Trace, branch_href: Callable[[int], str] | None = None) -> str:
+def graph_html(trace: Trace, branch_href: Callable[[int], str] | None = None,
+               tokenizer: TokenText | None = None) -> str:
     """The message graph of `trace` as a `<section class="graph">`: one `<div class="branch" data-branch=K>` per
     branch (K as in `trace.graph.branches()`, the current one marked `data-current`), each listing the nodes it
     does not share with an earlier branch as collapsed `<details class="node">` (the whole message inside).
     A branch that forks opens with `<div class="fork" data-fork=KIND data-from-branch=J data-node=ID>` saying
-    why (`forks`). `branch_href(K)`, when given, links each branch (to its tokens view)."""
+    why (`forks`; with `tokenizer`, the differing tokens' text too). `branch_href(K)`, when given, links each
+    branch (to its tokens view)."""
     graph = trace.graph
     if not graph.nodes:
         return '<section class="graph"><p class="empty">The message graph is empty.</p></section>'
     branches = graph.branches()
-    by_branch = {f.branch: f for f in forks(graph)}
+    by_branch = {f.branch: f for f in forks(graph, tokenizer)}
     head = graph.head
     seen: set[int] = set()
     parts = []
