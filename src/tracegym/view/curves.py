@@ -120,6 +120,7 @@ def _axes(scale: _Scale) -> str:
                    f'<text class="ytick" x="{left - 4}" y="{y + 4:.1f}">{_label(value)}</text>')
     for value in (x0, (x0 + x1) / 2, x1):
         out.append(f'<text class="xtick" x="{scale.x(value):.1f}" y="{bottom + 16}">{_label(value)}</text>')
+    out.append(f'<text class="axis-name" x="4" y="{bottom + 16}">step</text>')
     return "".join(out)
 
 
