@@ -26,7 +26,7 @@ RECORDS = [
     {"step": 0, "reward": 0.5, "failed/timeout": 1, "staleness": None},
     {"step": 0, "invalid_trace": "no logprobs", "problems": 2},
     {"step": 1, "reward": 0.75, "difficulty/reverse-text/refills": 2},
-    {"attempts": 2},  # no step of its own: logged at the latest one
+    {"empty_batch": 2, "attempt": 1, "rollouts": 8},  # no step of its own: at the latest one, named by its kind
 ]
 
 
@@ -60,7 +60,7 @@ def test_records_become_step_indexed_numbers_named_by_their_kind():
         (0, {"reward": 0.5, "failed/timeout": 1.0}),
         (0, {"invalid_trace/problems": 2.0}),
         (1, {"reward": 0.75, "difficulty/reverse-text/refills": 2.0}),
-        (None, {"attempts": 2.0})]
+        (None, {"empty_batch": 2.0, "empty_batch/attempt": 1.0, "empty_batch/rollouts": 8.0})]
 
 
 def test_the_sample_table_escapes_what_would_break_a_markdown_table():
@@ -112,7 +112,7 @@ def test_wandb_offline_holds_every_record_and_the_sample_table(tmp_path, wandb_h
     assert history[0]["eval/reverse-text/eval_reward"] == 0.25 and history[0]["reward"] == 0.5
     assert history[0]["failed/timeout"] == 1 and history[0]["invalid_trace/problems"] == 2
     assert history[1]["reward"] == 0.75 and history[1]["difficulty/reverse-text/refills"] == 2
-    assert history[1]["attempts"] == 2
+    assert history[1]["empty_batch/attempt"] == 1 and history[1]["empty_batch/rollouts"] == 8
     table = json.loads((run_file.parent / "files" / history[1]["samples/path"]).read_text())
     assert table["columns"] == ["step", "taskset", "task", "prompt", "completion", "reward"]
     assert table["data"] == [[1, "reverse-text", "abc", "abc", "cba", 1.0],  # the first rollout of each task
@@ -135,7 +135,7 @@ def test_tensorboard_event_files_hold_the_scalars_and_the_sample_table(tmp_path)
     assert [(e.step, e.value) for e in events.Scalars("reward")] == [(0, 0.5), (1, 0.75)]
     assert [(e.step, e.value) for e in events.Scalars("eval/reverse-text/eval_reward")] == [(0, 0.25)]
     assert [e.step for e in events.Scalars("difficulty/reverse-text/refills")] == [1]
-    assert [(e.step, e.value) for e in events.Scalars("attempts")] == [(1, 2.0)]
+    assert [(e.step, e.value) for e in events.Scalars("empty_batch/rollouts")] == [(1, 8.0)]
     [text] = events.Tensors("samples")
     table = text.tensor_proto.string_val[0].decode()
     assert text.step == 1 and table.count("| 1 | reverse-text |") == 3 and "| abc | cba | 1.0 |" in table

@@ -5,8 +5,9 @@ The RL config's `[tracking]` section (`TrackingConfig`) turns each on; `build_tr
 the run folder hands it every record as it is appended (`RLFolder.track`), so nothing is logged twice or missed.
 A step's record logs its numbers under their own names (`reward`, `failed/timeout`, `difficulty/<env>/in_band`), a
 held-out evaluation's under `eval/<env>/...` at its `eval_step`, an event record (one with a text field, e.g.
-`invalid_trace`) its numbers under that field's name, and a record with no step at the latest step. Each tool is
-imported only when enabled; enabled but not installed is a config error naming the key.
+`invalid_trace`) its numbers under that field's name, and a record with no step of its own (an event between
+steps) under its first field's name, at the latest step. Each tool is imported only when enabled; enabled but not
+installed is a config error naming the key.
 
 >>> scalars({"time": 1.0, "step": 3, "reward": 0.5, "failed/timeout": 1, "staleness": None})
 (3, {'reward': 0.5, 'failed/timeout': 1.0})
@@ -14,6 +15,8 @@ imported only when enabled; enabled but not installed is a config error naming t
 (5, {'eval/wordle/eval_reward': 0.25})
 >>> scalars({"step": 2, "invalid_trace": "no logprobs", "problems": 3})
 (2, {'invalid_trace/problems': 3.0})
+>>> scalars({"empty_batch": 4, "attempt": 1, "rollouts": 8})
+(None, {'empty_batch': 4.0, 'empty_batch/attempt': 1.0, 'empty_batch/rollouts': 8.0})
 """
 
 from __future__ import annotations
@@ -133,15 +136,18 @@ class Tracking:
 
 
 def scalars(record: dict[str, Any]) -> tuple[int | None, dict[str, float]]:
-    """The step a record belongs to and its numbers, named as the module docstring says."""
-    if "eval_step" in record:
-        step, prefix, skip = record["eval_step"], f"eval/{record.get('env', '')}/", {"eval_step", "env"}
-    else:
-        event = next((k for k, v in record.items() if isinstance(v, str)), None)
-        step, prefix, skip = record.get("step"), f"{event}/" if event else "", {"step"}
-    numbers = {f"{prefix}{k}": float(v) for k, v in record.items()
-               if k not in skip and k != "time" and isinstance(v, int | float)}
-    return step, numbers
+    """The step a record belongs to (None: it has none of its own) and its numbers, named as the module docstring
+    says."""
+    fields = {k: v for k, v in record.items() if k != "time"}
+    if "eval_step" in fields:
+        step, kind, skip = fields["eval_step"], f"eval/{fields.get('env', '')}", {"eval_step", "env"}
+    elif "step" in fields:
+        step, skip = fields["step"], {"step"}
+        kind = next((k for k, v in fields.items() if isinstance(v, str)), "")
+    else:  # an event between steps (e.g. an attempt at a batch that came out empty): named by its first field
+        step, kind, skip = None, next(iter(fields), ""), set()
+    return step, {(k if k == kind else f"{kind}/{k}" if kind else k): float(v) for k, v in fields.items()
+                  if k not in skip and isinstance(v, int | float)}
 
 
 def sample_rows(step: int, traces: Sequence[Trace], n: int) -> list[list[Any]]:
