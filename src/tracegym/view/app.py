@@ -83,11 +83,14 @@ class Viewer:
                 if (trace.id, branch) in found}
 
 
+VIEWER = web.AppKey("viewer", Viewer)
+
+
 def make_app(index: RunFolderIndex, *, follow: bool = True) -> web.Application:
     """The viewer over `index`; `follow` keeps indexing appended lines in the background."""
     viewer = Viewer(index)
     app = web.Application(middlewares=[_errors])
-    app["viewer"] = viewer
+    app[VIEWER] = viewer
     app.router.add_get("/", _run_page)
     app.router.add_get("/trace/{n}", _trace_page)
     app.router.add_get("/episode/{n}", _episode_page)
@@ -107,7 +110,7 @@ def make_app(index: RunFolderIndex, *, follow: bool = True) -> web.Application:
 
 
 async def _follower(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(_follow(app["viewer"]))
+    task = asyncio.create_task(_follow(app[VIEWER]))
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -221,7 +224,7 @@ def row_json(index: RunFolderIndex, n: int, row: Row) -> dict[str, Any]:
 
 # --- requests and errors -------------------------------------------------------------------------------------
 def _viewer(request: web.Request) -> Viewer:
-    viewer: Viewer = request.app["viewer"]
+    viewer: Viewer = request.app[VIEWER]
     viewer.look()
     return viewer
 

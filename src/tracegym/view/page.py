@@ -1,5 +1,6 @@
-"""Page: the HTML frame every viewer page shares (head, navigation, style) and the small pieces pages build
-from (escaped text, numbers to 3 decimals, tables, key-value lists, fragments drawn by other modules)."""
+"""Page: the HTML frame every viewer page shares (head, navigation, the layout's style: view/static/ styles the
+fragments) and the small pieces pages are built from (numbers to 3 decimals, tables, key-value lists, notes,
+fragments drawn by other modules)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,8 @@ tr.problem td{background:#fff3f0}.err{color:#b00020}.muted{color:#667}.note{back
 border:1px solid #eed78a;padding:.4em .7em;margin:.5em 0}
 form.filters{display:flex;flex-wrap:wrap;gap:.6em;align-items:end;margin:.5em 0}
 form.filters label{display:flex;flex-direction:column;font-size:.85em}
-.msg{border:1px solid #dde;border-radius:6px;margin:.5em 0;background:#fff}
-.msg>.role{font-weight:600;padding:.2em .6em;border-bottom:1px solid #eef;background:#f4f6fa}
-.msg pre,pre.raw{white-space:pre-wrap;word-break:break-word;margin:.4em .6em;font:13px/1.4 ui-monospace,monospace}
-.msg.system>.role{background:#eceff3}.msg.assistant>.role{background:#e6f4ea}.msg.tool>.role{background:#fff4d6}
-.msg.env>.role{background:#e8f0fe}.private{border-left:3px solid #a970ff;background:#f7f2ff}
+pre.raw{white-space:pre-wrap;word-break:break-word;margin:.4em .6em;font:13px/1.4 ui-monospace,monospace}
+.env-response>.muted{font-size:12px}
 dl.kv{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dl.kv dt{color:#445}dl.kv dd{margin:0}
 section{margin:1.2em 0}h2{font-size:1.15em;margin:.3em 0}nav.pages a,nav.pages span{margin-right:.6em}
 """

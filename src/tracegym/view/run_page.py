@@ -8,23 +8,13 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from tracegym.view.curves import CURVE_KEYS, curves_svg
 from tracegym.view.page import fragment, key_values, note, number, section, table
 from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, SORT_KEYS, STOP_REASONS, RowQuery
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
 
-try:  # view-detail's renderer; the page says so where it is missing
-    from tracegym.view.curves import curves_svg
-except ImportError:  # pragma: no cover
-    curves_svg = None  # type: ignore[assignment]
-
-CURVES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward", ("reward", "eval_reward")),
-    ("lengths", ("completion_tokens_mean", "truncation_rate")),
-    ("staleness", ("staleness",)),
-    ("filters", ("groups_filtered", "samples_dropped_stale", "traces_invalid", "filter", "rollouts_failed")),
-)
-"""The charts of an RL run: a title and the record keys drawn in it (a key also draws `key/...` and `key_...`
-variants, such as held-out rewards per environment and counts per filter)."""
+TRAINER_KEYS = ["loss"]
+"""The trainer's records drawn below the orchestrator's."""
 STEP_COLUMNS = ("reward", "completion_tokens_mean", "staleness", "policy_version", "rollouts", "samples",
                 "rollouts_failed", "generation_s")
 
@@ -117,45 +107,17 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 # --- RL runs ---------------------------------------------------------------------------------------------------
-def curve_records(metrics: list[dict[str, Any]], trainer: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per step for the curves: the orchestrator's step records, each held-out evaluation under
-    `eval_reward/<env>` at its step, and the trainer's records under `trainer/<key>`."""
-    records = [m for m in metrics if "step" in m and "invalid_trace" not in m]
-    for m in metrics:
-        if "eval_step" in m and "eval_reward" in m:
-            records.append({"step": m["eval_step"], f"eval_reward/{m.get('env', '')}": m["eval_reward"]})
-    records += [{"step": m["step"], **{f"trainer/{k}": v for k, v in m.items() if k != "step"}}
-                for m in trainer if "step" in m]
-    return sorted(records, key=lambda m: m["step"])
-
-
-def curve_keys(records: list[dict[str, Any]], wanted: Iterable[str]) -> list[str]:
-    """The numeric keys of `records` that a chart of `wanted` draws, in order of first appearance."""
-    found: dict[str, None] = {}
-    for record in records:
-        for key, value in record.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and any(
-                    key == w or key.startswith((f"{w}/", f"{w}_")) for w in wanted):
-                found[key] = None
-    return list(found)
-
-
 def _rl_sections(index: RunFolderIndex) -> str:
     metrics, trainer = index.metrics(), index.trainer_metrics()
-    records = curve_records(metrics, trainer)
-    charts = []
-    for title, wanted in (*CURVES, ("trainer", ("trainer/loss",))):
-        keys = curve_keys(records, wanted)
-        if keys:
-            charts.append(f"<figure><figcaption>{escape(title)}</figcaption>"
-                          f"{fragment(f'{title} curves', curves_svg, records, keys)}</figure>")
+    charts = fragment("curves", curves_svg, metrics, CURVE_KEYS) if metrics else ""
+    charts += fragment("trainer curves", curves_svg, trainer, TRAINER_KEYS) if trainer else ""
     steps = [m for m in metrics if "step" in m and "invalid_trace" not in m]
     columns = [c for c in STEP_COLUMNS if any(c in m for m in steps)]
     traced = set(index.steps())
     rows = [[f'<a href="/?step={m["step"]}#rows">{m["step"]}</a>' if m["step"] in traced else str(m["step"]),
              *(number(m.get(c)) for c in columns)] for m in steps]
     bad = [m for m in metrics if "invalid_trace" in m]
-    parts = [section("Curves", "".join(charts) or note("no metrics.jsonl records yet")),
+    parts = [section("Curves", charts or note("no metrics.jsonl records yet")),
              section("Steps", table(["step", *columns], rows) if rows else note("no steps recorded yet"))]
     if bad:
         parts.append(section("Invalid traces", table(["step", "problem", "count"], [

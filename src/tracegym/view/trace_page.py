@@ -8,17 +8,12 @@ import json
 from html import escape
 from typing import Any
 
-from tracegym.core.graph import Node
 from tracegym.core.trace import Trace
+from tracegym.view.graph_view import graph_html
+from tracegym.view.message_view import message_html
 from tracegym.view.page import fragment, key_values, note, number, section, table
-
-try:  # view-detail's renderers; the page says so where one is missing
-    from tracegym.view.graph_view import graph_html
-    from tracegym.view.timeline import timeline_svg
-    from tracegym.view.tokens_view import TokenText, tokens_html
-except ImportError:  # pragma: no cover
-    graph_html = timeline_svg = tokens_html = None  # type: ignore[assignment]
-    TokenText = Any  # type: ignore[assignment,misc]
+from tracegym.view.timeline import timeline_svg
+from tracegym.view.tokens_view import TokenText, tokens_html
 
 
 def current_branch(trace: Trace) -> int:
@@ -47,7 +42,8 @@ def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: Token
                          _branch_links(len(branches), chosen) + _conversation(trace, branches[chosen] if branches
                                                                               else []), id_="conversation"))
     parts.append(section("Timeline", fragment("timeline", timeline_svg, trace), id_="timeline"))
-    parts.append(section("Message graph", fragment("message graph", graph_html, trace), id_="graph"))
+    parts.append(section("Message graph", fragment("message graph", graph_html, trace,
+                                                    lambda k: f"?branch={k}#tokens"), id_="graph"))
     parts.append(section("Tokens", fragment("tokens view", tokens_html, trace, chosen, tokenizer,
                                             advantage=advantages.get(chosen)), id_="tokens"))
     parts.append(section("Task", f"<details><summary>task data</summary><pre class=raw>"
@@ -91,35 +87,12 @@ def _branch_links(count: int, chosen: int) -> str:
 
 
 def _conversation(trace: Trace, path: list[int]) -> str:
-    """The messages along a branch, each labelled by who said it."""
-    return "".join(_message(trace.graph.nodes[i], position, trace.prompt_length) for position, i in
-                   enumerate(path))
-
-
-def _message(node: Node, position: int, prompt_length: int) -> str:
-    message = node.message
-    role, css = message.role, message.role
-    if role == "user" and position >= prompt_length:
-        role, css = "environment response", "env"
-    elif role == "tool":
-        role = f"tool result{f' ({message.name})' if message.name else ''}"
-    marks = [m for m, on in (("sampled", node.sampled), ("reply did not parse", node.parse_error)) if on]
-    if node.policy_version is not None:
-        marks.append(f"policy v{node.policy_version}")
-    label = escape(role) + (f' <span class="muted">· {escape(" · ".join(marks))}</span>' if marks else "")
-    body = f"<pre>{escape(message.text)}</pre>" if message.text or not message.tool_calls else ""
-    if message.reasoning_content:
-        body = (f'<div class="private"><div class="muted">reasoning (private: no other member sees it)</div>'
-                f"<pre>{escape(message.reasoning_content)}</pre></div>") + body
-    for call in message.tool_calls:
-        arguments = escape(_pretty(call.arguments))
-        body += f'<div class="call"><strong>→ {escape(call.name)}</strong><pre>{arguments}</pre></div>'
-    return f'<div class="msg {css}" id="node-{node.id}"><div class="role">{label}</div>{body}</div>'
-
-
-def _pretty(arguments: str) -> str:
-    """Tool call arguments indented when they are JSON, as sent when they are not."""
-    try:
-        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except ValueError:
-        return arguments
+    """The messages along a branch; a user message after the prompt is the environment's response."""
+    parts = []
+    for position, i in enumerate(path):
+        node = trace.graph.nodes[i]
+        html = message_html(node.message, node)
+        if node.message.role == "user" and position >= trace.prompt_length:
+            html = f'<div class="env-response"><span class="muted">environment response</span>{html}</div>'
+        parts.append(html)
+    return "".join(parts)
