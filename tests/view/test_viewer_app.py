@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -242,3 +243,25 @@ def test_row_links_are_stable_across_the_pages(tmp_path):
     index.refresh()
     assert len(index.traces) == 12 and [r.line for r in index.traces] == list(range(1, 13))
     assert re.search(r"line 12", index.where(index.traces[-1]))
+
+
+async def test_the_follower_indexes_in_the_background_and_picks_up_appends(tmp_path):
+    path = eval_folder(tmp_path, broken=False)
+    client = TestClient(TestServer(make_app(RunFolderIndex.open(path))))  # not refreshed: the follower reads it
+    await client.start_server()
+    try:
+        assert await _eventually(client, 10)
+        writer = RunFolder(path)
+        writer.append(tool_trace(7))
+        writer.close()
+        assert await _eventually(client, 11)
+    finally:
+        await client.close()
+
+
+async def _eventually(client: TestClient, traces: int) -> bool:
+    for _ in range(100):
+        if (await _json(client, "/api/run"))["traces"] == traces:
+            return True
+        await asyncio.sleep(0.05)
+    return False

@@ -30,17 +30,13 @@ from tracegym.view.page import layout
 from tracegym.view.row_query import QueryError, RowQuery
 from tracegym.view.run_folder_index import Row, RowError, RowKind, RunFolderIndex, RunKind
 from tracegym.view.run_page import run_page, select
+from tracegym.view.tokens_view import token_text_for
 from tracegym.view.trace_page import trace_page
 
-try:  # view-detail's tokenizer loader
-    from tracegym.view.tokens_view import token_text_for
-except ImportError:  # pragma: no cover
-    token_text_for = None  # type: ignore[assignment]
-
 STATIC = Path(__file__).parent / "static"
-LINES_PER_LOOK = 2000
-"""Lines indexed at a time (a request, or one turn of the follower): ~30 ms, so pages stay responsive while a
-large folder is read."""
+LINES_PER_LOOK = 1000
+"""Lines indexed at a time (one turn of the follower, or a request when nothing follows): ~30 ms, so pages stay
+responsive while a large folder is read."""
 FOLLOW_EVERY_S = 0.5
 """How often the follower looks for appended lines once it has caught up."""
 LIVE_RELOAD_S = 5
@@ -52,22 +48,25 @@ class Viewer:
     """What the handlers share: the index, and what is loaded once and kept (tokenizer, step advantages)."""
 
     index: RunFolderIndex
-    tokenizers: dict[str, Any] = field(default_factory=dict)
+    following: bool = False
+    """A background task indexes appended lines; requests then never wait for indexing."""
+    tokenizers: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     advantages: OrderedDict[int, dict[tuple[str, int], float]] = field(default_factory=OrderedDict)
 
     def look(self) -> int:
         """Index a bounded number of new lines."""
         return self.index.refresh(max_lines=LINES_PER_LOOK)
 
-    async def tokenizer(self, trace: Trace) -> Any:
-        """The token texts of the run's model (None when it cannot be loaded here), loaded once."""
+    async def tokenizer(self, trace: Trace | None = None) -> Any:
+        """The token texts of the run's model (the config's, else the trace's; None when they cannot be loaded
+        here), loaded once in a thread: the first trace page waits for it, other requests do not."""
         model = self.index.config().get("model")
-        name = (model.get("name") if isinstance(model, dict) else None) or trace.model
-        if token_text_for is None or not name:
+        name = (model.get("name") if isinstance(model, dict) else None) or (trace.model if trace else None)
+        if not name:
             return None
         if name not in self.tokenizers:
-            self.tokenizers[name] = await asyncio.to_thread(_quietly, token_text_for, name)
-        return self.tokenizers[name]
+            self.tokenizers[name] = asyncio.ensure_future(asyncio.to_thread(_quietly, token_text_for, name))
+        return await self.tokenizers[name]
 
     async def branch_advantages(self, row: Row, trace: Trace) -> dict[int, float]:
         """An RL trace's advantage per branch, from its step's batch (empty when the batch is gone)."""
@@ -88,7 +87,7 @@ VIEWER = web.AppKey("viewer", Viewer)
 
 def make_app(index: RunFolderIndex, *, follow: bool = True) -> web.Application:
     """The viewer over `index`; `follow` keeps indexing appended lines in the background."""
-    viewer = Viewer(index)
+    viewer = Viewer(index, following=follow)
     app = web.Application(middlewares=[_errors])
     app[VIEWER] = viewer
     app.router.add_get("/", _run_page)
@@ -100,10 +99,7 @@ def make_app(index: RunFolderIndex, *, follow: bool = True) -> web.Application:
     app.router.add_get("/api/trace/{n}", _api_trace)
     app.router.add_get("/api/episode/{n}", _api_episode)
     app.router.add_get("/api/metrics", _api_metrics)
-    if STATIC.is_dir():
-        app.router.add_static("/static/", STATIC)
-    else:
-        app.router.add_get("/static/{name}", _no_static)
+    app.router.add_static("/static/", STATIC)
     if follow:
         app.cleanup_ctx.append(_follower)
     return app
@@ -118,14 +114,23 @@ async def _follower(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _follow(viewer: Viewer) -> None:
-    """Index the folder a bounded slice at a time, yielding to requests in between, then watch it grow."""
+    """Index the folder a bounded slice at a time, yielding to requests in between, then watch it grow. Once
+    caught up the first time, load the model's token texts, so the first trace page need not wait for them."""
+    prefetch: asyncio.Future[Any] | None = None
     while True:
         try:
             read = viewer.look()
         except OSError as exc:  # a file vanished or became unreadable: the pages say so; look again later
             print(f"tracegym view: cannot read the run folder: {exc}", file=sys.stderr)
             read = 0
+        if not read and prefetch is None:
+            prefetch = asyncio.ensure_future(_quiet_tokenizer(viewer))
         await asyncio.sleep(0 if read else FOLLOW_EVERY_S)
+
+
+async def _quiet_tokenizer(viewer: Viewer) -> None:
+    with contextlib.suppress(UsageError, OSError):  # a config that cannot be read: its pages say so
+        await viewer.tokenizer()
 
 
 # --- pages -----------------------------------------------------------------------------------------------------
@@ -173,17 +178,13 @@ async def _member_page(request: web.Request) -> web.Response:
     return _html(layout(f"episode {n} · {member}", body, run=str(viewer.index.path)))
 
 
-async def _no_static(request: web.Request) -> web.Response:
-    return web.Response(text="", content_type="text/css" if request.path.endswith(".css") else "text/javascript")
-
-
 # --- JSON --------------------------------------------------------------------------------------------------------
 async def _api_run(request: web.Request) -> web.Response:
     index = _viewer(request).index
     return web.json_response({
         "path": str(index.path), "kind": index.kind.value, "generation": index.generation,
         "traces": len(index.traces), "episodes": len(index.episodes),
-        "unreadable": sum(r.problem is not None for r in (*index.traces, *index.episodes)),
+        "unreadable": index.unreadable,
         "pending_bytes": index.pending_bytes, "incomplete": index.incomplete(), "steps": index.steps(),
         "summary": index.summary() if index.kind is RunKind.EVAL else None, "config": index.config()})
 
@@ -225,7 +226,8 @@ def row_json(index: RunFolderIndex, n: int, row: Row) -> dict[str, Any]:
 # --- requests and errors -------------------------------------------------------------------------------------
 def _viewer(request: web.Request) -> Viewer:
     viewer: Viewer = request.app[VIEWER]
-    viewer.look()
+    if not viewer.following:
+        viewer.look()
     return viewer
 
 

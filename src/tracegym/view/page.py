@@ -71,11 +71,9 @@ def note(text: str, *, error: bool = False) -> str:
     return f'<p class="note{" err" if error else ""}">{escape(text)}</p>'
 
 
-def fragment(what: str, draw: Callable[..., str] | None, *args: Any, **kwargs: Any) -> str:
-    """A fragment drawn by another module (timeline, graph, tokens, ...); when drawing fails the page says so in
-    its place and shows the rest, and the error goes to the viewer's stderr."""
-    if draw is None:
-        return note(f"the {what} is not available in this build")
+def fragment(what: str, draw: Callable[..., str], *args: Any, **kwargs: Any) -> str:
+    """A fragment drawn by another module (timeline, graph, tokens, ...); when drawing fails (a trace no check
+    foresaw) the page says so in its place and shows the rest, and the error goes to the viewer's stderr."""
     try:
         return draw(*args, **kwargs)
     except Exception as exc:

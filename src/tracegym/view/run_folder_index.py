@@ -118,6 +118,8 @@ class RunFolderIndex:
     sources: list[Source] = field(default_factory=list)
     traces: list[Row] = field(default_factory=list)
     episodes: list[Row] = field(default_factory=list)
+    unreadable: int = 0
+    """Rows whose line is not a record."""
     generation: int = 0
     """Bumped each time the index starts over (a file was replaced): row numbers from before mean nothing."""
     _members: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -178,7 +180,7 @@ class RunFolderIndex:
         return _inode(source.path) != source.inode or _size(source.path) < source.offset + source.tail
 
     def _restart(self) -> None:
-        self.sources, self.traces, self.episodes = [], [], []
+        self.sources, self.traces, self.episodes, self.unreadable = [], [], [], 0
         self._members.clear()
         self._searches.clear()
         self.generation += 1
@@ -215,6 +217,7 @@ class RunFolderIndex:
         else:
             self._summarize_episode(row, line)
             self.episodes.append(row)
+        self.unreadable += row.problem is not None
 
     def _summarize_episode(self, row: Row, line: bytes) -> None:
         try:

@@ -69,9 +69,8 @@ def _status(index: RunFolderIndex) -> str:
              ("taskset", config.get("taskset", "")), ("model", model), ("traces", len(index.traces))]
     if index.episodes:
         items.append(("episodes", len(index.episodes)))
-    unreadable = sum(r.problem is not None for r in (*index.traces, *index.episodes))
-    if unreadable:
-        items.append(("unreadable lines", unreadable))
+    if index.unreadable:
+        items.append(("unreadable lines", index.unreadable))
     parts = [key_values(items)]
     if index.pending_bytes:
         parts.append(note(f"indexing: {index.pending_bytes:,} bytes still to read; reload for the rest"))
