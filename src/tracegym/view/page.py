@@ -23,6 +23,7 @@ form.filters label{display:flex;flex-direction:column;font-size:.85em}
 pre.raw{white-space:pre-wrap;word-break:break-word;margin:.4em .6em;font:13px/1.4 ui-monospace,monospace}
 .env-response>.muted{font-size:12px}
 dl.kv{display:grid;grid-template-columns:max-content auto;gap:.1em 1em}dl.kv dt{color:#445}dl.kv dd{margin:0}
+.groups{display:flex;flex-wrap:wrap;gap:.5em 2.5em;align-items:flex-start}.groups h3{font-size:1em;margin:.3em 0}
 section{margin:1.2em 0}h2{font-size:1.15em;margin:.3em 0}nav.pages a,nav.pages span{margin-right:.6em}
 """
 

@@ -71,7 +71,7 @@ def _status(index: RunFolderIndex) -> str:
         items.append(("episodes", len(index.episodes)))
     if index.unreadable:
         items.append(("unreadable lines", index.unreadable))
-    parts = [key_values(items)]
+    parts = [key_values((k, v) for k, v in items if v != ""), '<p><a href="#rows">to the table</a></p>']
     if index.pending_bytes:
         parts.append(note(f"indexing: {index.pending_bytes:,} bytes still to read; reload for the rest"))
     parts += [note(line) for line in index.incomplete()]
@@ -88,11 +88,9 @@ def _summary(summary: dict[str, Any] | None, index: RunFolderIndex) -> str:
             [("num_traces", len(index.traces)), ("num_scored", len(scored)), ("reward", mean)])
     flat = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
     nested = [(k, v) for k, v in summary.items() if isinstance(v, dict)]
-    parts = [key_values(flat)]
-    for name, values in nested:
-        if values:
-            parts.append(f"<h3>{escape(name)}</h3>" + key_values(_flatten(values)))
-    return "".join(parts)
+    groups = [f'<div><h3>{escape(name)}</h3>{key_values(_flatten(values))}</div>' for name, values in nested if values]
+    return f'<div class="groups"><div><h3>run</h3>{key_values(flat)}</div>{"".join(groups)}</div>'
+
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

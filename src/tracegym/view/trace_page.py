@@ -38,7 +38,7 @@ def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: Token
         parts.append(section("Errors", table(["kind", "stage", "turn", "message"], [
             [f'<span class="err">{escape(e.kind.value)}</span>', escape(e.stage), number(e.turn),
              f"<pre class=raw>{escape(e.message)}</pre>"] for e in trace.errors]), id_="errors"))
-    parts.append(section(f"Conversation (branch {chosen + 1} of {len(branches)})",
+    parts.append(section(f"Conversation (branch {chosen}; {len(branches)} in all)",
                          _branch_links(len(branches), chosen) + _conversation(trace, branches[chosen] if branches
                                                                               else []), id_="conversation"))
     parts.append(section("Timeline", fragment("timeline", timeline_svg, trace), id_="timeline"))
@@ -81,7 +81,7 @@ def _scores(trace: Trace) -> str:
 def _branch_links(count: int, chosen: int) -> str:
     if count <= 1:
         return ""
-    links = [f"<span>{i + 1}</span>" if i == chosen else f'<a href="?branch={i}#conversation">{i + 1}</a>'
+    links = [f"<span>{i}</span>" if i == chosen else f'<a href="?branch={i}#conversation">{i}</a>'
              for i in range(count)]
     return f'<nav class="pages">branch {" ".join(links)}</nav>'
 
