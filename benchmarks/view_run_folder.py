@@ -5,7 +5,9 @@ Writes an eval run folder of `--traces` single-turn traces (outside the clock: 1
 unscored, some model errors and truncations), starts `tracegym view` on it as a user does (a subprocess, port 0),
 and times over HTTP: the first response of the run page (the index is still being built), the time until every
 line is indexed, the run page again, a filter query (stop reason + reward range + sort), a search in message text
-(cold, then paged), and a trace page; then reads the viewer's peak RSS (VmHWM). Side by side, in its own process:
+(cold, then paged), and trace pages (the first waits for the model's tokenizer, which the viewer loads once it has
+indexed the folder); then reads the viewer's peak RSS (VmHWM). The machine's load average is printed: on the
+shared 2-core machine every figure scales with it. Side by side, in its own process:
 what reading the whole file as traces costs (`eval.run_folder.read_trace_file`), the approach the index avoids.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/view_run_folder.py [--traces 100000]
@@ -93,6 +95,7 @@ def measure_viewer(run: Path, total: int) -> dict[str, float]:
                 f'"traces": {total},' not in get(base + "/api/run")[2]:
             time.sleep(0.05)
         out["start to fully indexed (s)"] = time.perf_counter() - started
+        out["trace page, first (s)"] = get(base + "/trace/0")[0]  # waits for the tokenizer the viewer loads
         out["run page, indexed (s)"] = statistics.median(get(base + "/")[0] for _ in range(5))
         times = [get(base + FILTER) for _ in range(5)]
         assert "matching" in times[0][2]
@@ -100,7 +103,7 @@ def measure_viewer(run: Path, total: int) -> dict[str, float]:
         out["filter query, median of 5 (s)"] = statistics.median(t[0] for t in times)
         out["search, cold (s)"] = get(base + SEARCH)[0]
         out["search, next page (s)"] = get(base + SEARCH + "&page=2")[0]
-        out["trace page (s)"] = get(base + f"/trace/{total - 1}")[0]
+        out["trace page, next (s)"] = get(base + f"/trace/{total - 1}")[0]
         out["viewer peak RSS (MB)"] = peak_mb(viewer.pid)
         return out
     finally:
@@ -129,8 +132,10 @@ def main() -> None:
         run = write_run(Path(tmp), args.traces)
         size = (run / "traces.jsonl").stat().st_size
         print(f"wrote {args.traces:,} traces ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
+        load = f"{os.getloadavg()[0]:.1f}"
         viewer = measure_viewer(run, args.traces)
         whole = measure_whole_load(run)
+    print(f"load average before: {load} / after: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     print(f"\n{'measure':38} {'value':>9} {'target':>8} {'ratio':>6}")
     for name, value in viewer.items():
         target = TARGET_MB if "MB" in name else TARGET_S if name.startswith(("run page", "filter")) else None

@@ -85,20 +85,25 @@ class RowQuery:
         )
         return replace(query, show=RowKind(query.show), per_page=int(query.per_page))
 
-    def matches(self, row: Row) -> bool:
-        """True when the row passes every filter (the search is applied by the index)."""
+    def _filters(self) -> list[Callable[[Row], bool]]:
+        """One check per filter that is set (the search is applied by the index)."""
+        checks: list[Callable[[Row], bool]] = []
         if self.reward_min is not None or self.reward_max is not None:
             low = -math.inf if self.reward_min is None else self.reward_min
             high = math.inf if self.reward_max is None else self.reward_max
-            if not any(low <= r <= high for r in row.rewards):
-                return False
-        if self.stop and (row.problem is not None or row.stop_reason != self.stop):
-            return False
-        if self.error and not _error_matches(self.error, row):
-            return False
-        if self.taskset and row.taskset != self.taskset:
-            return False
-        return self.step is None or row.step == self.step
+            if self.show is RowKind.TRACE:
+                checks.append(lambda r: r.reward is not None and low <= r.reward <= high)
+            else:
+                checks.append(lambda r: any(low <= x <= high for x in r.rewards))
+        if self.stop:
+            checks.append(lambda r: r.stop_reason == self.stop and r.problem is None)
+        if self.error:
+            checks.append(lambda r: _error_matches(self.error, r))
+        if self.taskset:
+            checks.append(lambda r: r.taskset == self.taskset)
+        if self.step is not None:
+            checks.append(lambda r: r.step == self.step)
+        return checks
 
     @property
     def filtered(self) -> bool:
@@ -108,11 +113,15 @@ class RowQuery:
 
     def select(self, rows: list[Row], searched: list[int] | None) -> list[int]:
         """The numbers of the rows to show, filtered and sorted (`searched`: the rows the search found)."""
-        numbers = range(len(rows)) if searched is None else searched
-        chosen = [n for n in numbers if self.matches(rows[n])]
+        chosen = list(range(len(rows))) if searched is None else list(searched)
+        for check in self._filters():  # each filter narrows the list in one comprehension: ~50 ns a row
+            chosen = [n for n in chosen if check(rows[n])]
         if self.sort != "line" or self.desc:
             key = SORT_KEYS[self.sort]
-            chosen.sort(key=lambda n: (rows[n].problem is not None, key(rows[n])), reverse=self.desc)
+            unreadable = [n for n in chosen if rows[n].problem is not None]  # listed last, whatever the order
+            chosen = [n for n in chosen if rows[n].problem is None]
+            chosen.sort(key=lambda n: key(rows[n]), reverse=self.desc)
+            chosen += unreadable
         return chosen
 
     def url(self, **changes: Any) -> str:

@@ -120,6 +120,8 @@ class RunFolderIndex:
     episodes: list[Row] = field(default_factory=list)
     unreadable: int = 0
     """Rows whose line is not a record."""
+    tasksets: set[str] = field(default_factory=set)
+    """The tasksets the rows name."""
     generation: int = 0
     """Bumped each time the index starts over (a file was replaced): row numbers from before mean nothing."""
     _members: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -181,6 +183,7 @@ class RunFolderIndex:
 
     def _restart(self) -> None:
         self.sources, self.traces, self.episodes, self.unreadable = [], [], [], 0
+        self.tasksets.clear()
         self._members.clear()
         self._searches.clear()
         self.generation += 1
@@ -218,6 +221,7 @@ class RunFolderIndex:
             self._summarize_episode(row, line)
             self.episodes.append(row)
         self.unreadable += row.problem is not None
+        self.tasksets.add(row.taskset)
 
     def _summarize_episode(self, row: Row, line: bytes) -> None:
         try:

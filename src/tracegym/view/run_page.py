@@ -124,8 +124,7 @@ def _rl_sections(index: RunFolderIndex) -> str:
 
 # --- the table -------------------------------------------------------------------------------------------------
 def _filters(index: RunFolderIndex, query: RowQuery) -> str:
-    rows = index.rows(query.show)
-    tasksets = sorted({r.taskset for r in rows if r.taskset})
+    tasksets = sorted(t for t in index.tasksets if t)
     fields = [_hidden("show", query.show.value), *([_hidden("live", "1")] if query.live else []),
               _input("reward ≥", "reward_min", query.reward_min), _input("reward ≤", "reward_max", query.reward_max),
               _select("stop reason", "stop", STOP_REASONS, query.stop),
