@@ -43,7 +43,7 @@ def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: Token
                                                                               else []), id_="conversation"))
     parts.append(section("Timeline", fragment("timeline", timeline_svg, trace), id_="timeline"))
     parts.append(section("Message graph", fragment("message graph", graph_html, trace,
-                                                    lambda k: f"?branch={k}#tokens"), id_="graph"))
+                                                    lambda k: f"?branch={k}#tokens", tokenizer), id_="graph"))
     parts.append(section("Tokens", fragment("tokens view", tokens_html, trace, chosen, tokenizer,
                                             advantage=advantages.get(chosen)), id_="tokens"))
     parts.append(section("Task", f"<details><summary>task data</summary><pre class=raw>"
