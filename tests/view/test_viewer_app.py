@@ -224,7 +224,7 @@ async def test_rl_run_shows_steps_curves_and_the_traces_of_a_step(tmp_path):
         page = await _text(client, "/")
         assert '<a href="/?step=1#rows">1</a>' in page and "<td>0.750</td>" in page
         drawn = re.findall(r'data-key="([\w/*]+)"><figcaption>[^<]*</figcaption><svg', page)
-        assert drawn == ["reward", "eval_reward", "completion_tokens_mean", "staleness", "loss"]
+        assert drawn == ["reward", "eval_reward", "completion_tokens_mean", "staleness", "trainer/loss"]
         rows = (await _json(client, "/api/rows?step=1"))["rows"]
         assert [(r["step"], r["index"]) for r in rows] == [(1, 0), (1, 1)]
         trace = await _text(client, "/trace/3")

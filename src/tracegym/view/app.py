@@ -49,7 +49,10 @@ class Viewer:
 
     index: RunFolderIndex
     following: bool = False
-    """A background task indexes appended lines; requests then never wait for indexing."""
+    """A background task indexes appended lines: requests then index only what little is new once it has caught
+    up (a reload shows an appended line at once), never a backlog."""
+    caught_up: bool = False
+    """The follower's last look found nothing new."""
     tokenizers: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     advantages: OrderedDict[int, dict[tuple[str, int], float]] = field(default_factory=OrderedDict)
 
@@ -123,6 +126,7 @@ async def _follow(viewer: Viewer) -> None:
         except OSError as exc:  # a file vanished or became unreadable: the pages say so; look again later
             print(f"tracegym view: cannot read the run folder: {exc}", file=sys.stderr)
             read = 0
+        viewer.caught_up = not read
         if not read and prefetch is None:
             prefetch = asyncio.ensure_future(_quiet_tokenizer(viewer))
         await asyncio.sleep(0 if read else FOLLOW_EVERY_S)
@@ -226,7 +230,7 @@ def row_json(index: RunFolderIndex, n: int, row: Row) -> dict[str, Any]:
 # --- requests and errors -------------------------------------------------------------------------------------
 def _viewer(request: web.Request) -> Viewer:
     viewer: Viewer = request.app[VIEWER]
-    if not viewer.following:
+    if not viewer.following or viewer.caught_up:
         viewer.look()
     return viewer
 

@@ -13,8 +13,8 @@ from tracegym.view.page import fragment, key_values, note, number, section, tabl
 from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, SORT_KEYS, STOP_REASONS, RowQuery
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
 
-TRAINER_KEYS = ["loss"]
-"""The trainer's records drawn below the orchestrator's."""
+TRAINER_KEYS = ["trainer/loss"]
+"""The trainer's records drawn below the orchestrator's (their keys prefixed `trainer/`)."""
 STEP_COLUMNS = ("reward", "completion_tokens_mean", "staleness", "policy_version", "rollouts", "samples",
                 "rollouts_failed", "generation_s")
 
@@ -89,7 +89,7 @@ def _summary(summary: dict[str, Any] | None, index: RunFolderIndex) -> str:
     flat = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
     nested = [(k, v) for k, v in summary.items() if isinstance(v, dict)]
     groups = [f'<div><h3>{escape(name)}</h3>{key_values(_flatten(values))}</div>' for name, values in nested if values]
-    return f'<div class="groups"><div><h3>run</h3>{key_values(flat)}</div>{"".join(groups)}</div>'
+    return f'<div class="groups"><div>{key_values(flat)}</div>{"".join(groups)}</div>'
 
 
 
@@ -107,6 +107,8 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 def _rl_sections(index: RunFolderIndex) -> str:
     metrics, trainer = index.metrics(), index.trainer_metrics()
     charts = fragment("curves", curves_svg, metrics, CURVE_KEYS) if metrics else ""
+    trainer = [{"step": m["step"], **{f"trainer/{k}": v for k, v in m.items() if k != "step"}}
+               for m in trainer if isinstance(m, dict) and "step" in m]
     charts += fragment("trainer curves", curves_svg, trainer, TRAINER_KEYS) if trainer else ""
     steps = [m for m in metrics if "step" in m and "invalid_trace" not in m]
     columns = [c for c in STEP_COLUMNS if any(c in m for m in steps)]
