@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -155,6 +158,7 @@ async def test_an_unreadable_file_is_a_4xx_page(tmp_path):
         assert "summary.json is not valid JSON" in await _text(client, "/", 422)
         (summary.parent / "config.toml").write_text("= not toml")
         assert "is not valid TOML" in await _text(client, "/", 422)
+        assert "It is five" in await _text(client, "/trace/9")  # a trace page needs no config
     finally:
         await client.close()
 
@@ -265,3 +269,10 @@ async def _eventually(client: TestClient, traces: int) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+def test_the_viewer_imports_neither_torch_nor_transformers():
+    code = "import sys, tracegym.cli.view; print(sorted({'torch', 'transformers', 'vllm'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")})
+    assert done.stdout.strip() == "[]"

@@ -63,7 +63,10 @@ class Viewer:
     async def tokenizer(self, trace: Trace | None = None) -> Any:
         """The token texts of the run's model (the config's, else the trace's; None when they cannot be loaded
         here), loaded once in a thread: the first trace page waits for it, other requests do not."""
-        model = self.index.config().get("model")
+        try:
+            model = self.index.config().get("model")
+        except UsageError:  # a config that cannot be read: the run page says so; a trace page goes on without it
+            model = None
         name = (model.get("name") if isinstance(model, dict) else None) or (trace.model if trace else None)
         if not name:
             return None
@@ -133,7 +136,7 @@ async def _follow(viewer: Viewer) -> None:
 
 
 async def _quiet_tokenizer(viewer: Viewer) -> None:
-    with contextlib.suppress(UsageError, OSError):  # a config that cannot be read: its pages say so
+    with contextlib.suppress(OSError):  # a config that cannot be read: its pages say so
         await viewer.tokenizer()
 
 
