@@ -29,8 +29,10 @@ from tracegym.train.rl_folder import EPISODES as RL_EPISODES
 from tracegym.train.rl_folder import TRACES as RL_TRACES
 from tracegym.train.rl_folder import RLFolder, step_of
 
-CHUNK = 4 << 20
-"""Bytes read from a file at a time (indexing and searching never hold more of a file than this)."""
+CHUNK = 1 << 20
+"""Bytes read from a file at a time when indexing (more when one line is longer)."""
+SEARCH_CHUNK = 4 << 20
+"""Bytes read from a file at a time when searching (a search never holds more of a file than this)."""
 SEARCHES_KEPT = 8
 """Searches whose matches are kept, so paging through one does not scan again."""
 
@@ -313,7 +315,7 @@ class RunFolderIndex:
             first = self.traces[number]
             with self.sources[first.source].path.open("rb") as f:
                 f.seek(first.offset)
-                chunk = f.read(CHUNK).lower()
+                chunk = f.read(SEARCH_CHUNK).lower()
             end = first.offset + len(chunk)
             while number < len(self.traces):
                 row = self.traces[number]
@@ -405,10 +407,15 @@ def problem_of(line: bytes, exc: Exception, what: str) -> str:
 
 def _fill(row: Row, record: Trace | Episode, members: list[Trace] | None = None) -> None:
     """The summary fields a trace and an episode share (an episode's totals are over its members' traces)."""
-    traces = [record] if isinstance(record, Trace) else members or []
     row.task_key = sys.intern(record.task_key)
     row.taskset = sys.intern(record.taskset)
     row.stop_reason = sys.intern(record.stop_reason.value if record.stop_reason else "none")
+    if isinstance(record, Trace):  # the common case, without the loops over members (indexing is per line)
+        row.errors = tuple(sorted({e.kind.value for e in record.errors})) if record.errors else ()
+        row.turns, row.duration = record.num_turns, float(record.duration())
+        row.prompt_tokens, row.completion_tokens = record.usage.prompt_tokens, record.usage.completion_tokens
+        return
+    traces = members or []
     row.errors = tuple(sorted({e.kind.value for t in traces for e in t.errors}))
     row.turns = sum(t.num_turns for t in traces)
     row.prompt_tokens = sum(t.usage.prompt_tokens for t in traces)
