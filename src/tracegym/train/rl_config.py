@@ -141,9 +141,9 @@ class OrchestratorConfig(BaseModel):
     """Rollout filters, run on every trainable rollout after scoring, a section each with its mode and thresholds:
     `[orchestrator.filters.gibberish] mode = "enforce"` (`detect`, the default, only counts; `off`)."""
     batch_attempts: int = Field(default=10, ge=1)
-    """Attempts at each step's batch: a step left with no samples (every rollout filtered, failed or in a group
+    """Attempts at each step's batch: a step left with no samples (its rollouts filtered out, failed or in groups
     without signal) is rolled out again with new tasks, up to this many times in all; then the run stops, saying
-    what became of the rollouts."""
+    what became of the rollouts. (A step whose every rollout failed stops at once: a model or endpoint problem.)"""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
