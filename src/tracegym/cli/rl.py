@@ -15,6 +15,7 @@ from tracegym.train.cluster import write_sbatch
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.teacher import check_teacher
 
 
 def run(args: list[str]) -> int:
@@ -24,6 +25,7 @@ def run(args: list[str]) -> int:
     config = with_model_paths(config)
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
+    check_teacher(config)
     if config.dry_run and config.cluster == "local":
         print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
         return 0

@@ -45,6 +45,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
+from tracegym.train.distillation import Distiller, reward_advantage
 from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
 from tracegym.train.filters import RolloutFilter, screen
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
@@ -55,6 +56,7 @@ from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
 from tracegym.train.staleness import StalenessControl
+from tracegym.train.teacher import build_teacher
 from tracegym.train.tracking import build_tracking
 from tracegym.train.trainer_loop import orchestrator_state
 
@@ -142,20 +144,21 @@ class Orchestrator:
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
                  baseline_per_task: bool = True, truncated_reward: float | None = None,
-                 filters: list[RolloutFilter] | None = None,
+                 filters: list[RolloutFilter] | None = None, distiller: Distiller | None = None,
                  difficulty: OnlineDifficulty[Group] | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
         reward of a trainable member of an episode cut short (None: its payoff); `filters`: the rollout filters
-        that run on each trainable rollout; `difficulty`: online difficulty of the environments that have it."""
+        that run on each trainable rollout; `distiller`: an `opd` run's teacher, which sets every sample's
+        per-token advantages; `difficulty`: online difficulty of the environments that have it."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
-        self.truncated_reward = truncated_reward
+        self.truncated_reward, self.distiller = truncated_reward, distiller
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
         self.next_step = 0
@@ -249,6 +252,7 @@ class Orchestrator:
                                           for t in traces if trainable(t)))
         pairs, dropped = self.advantaged(groups)
         samples = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step)
+        samples, distillation = await self.distiller(samples) if self.distiller and samples else (samples, {})
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
         self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=attempt > 0)
         if episodes:
@@ -256,7 +260,8 @@ class Orchestrator:
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid, **screening.metrics(), **self.difficulty.metrics()})
+                        "traces_invalid": self.traces_invalid, **screening.metrics(), **distillation,
+                        **self.difficulty.metrics()})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -378,6 +383,8 @@ class Orchestrator:
         clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
         for client in clients.values():
             await client.aclose()
+        if self.distiller is not None:
+            await self.distiller.aclose()
         self.folder.close()
 
 
@@ -413,13 +420,15 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
-                                build_advantages(orch.advantage),
+                                build_advantages(reward_advantage(orch.advantage, config.mode)),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency,
                                          orch.batch_attempts),
                                 held_out, seed=orch.seed, pool=pool,
                                 baseline_per_task=orch.advantage.baseline_per == "task",
                                 truncated_reward=orch.truncated_reward, filters=orch.filters.active(),
+                                distiller=Distiller(build_teacher(config, endpoints), config.opd)
+                                if config.mode == "opd" else None,
                                 difficulty=difficulty)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:

@@ -20,6 +20,7 @@ from tracegym.serve.wire import Addresses
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.cluster import SlurmConfig
 from tracegym.train.difficulty import DifficultyConfig
+from tracegym.train.distillation import OPDConfig
 from tracegym.train.filters import Filters
 from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
 from tracegym.train.tracking import TrackingConfig
@@ -216,6 +217,8 @@ class RLConfig(BaseConfig):
     model: RLModel = RLModel()
     teacher: TeacherModel | None = None
     """The teacher of an `sft` or `opd` run; unused (and refused) in `rl`."""
+    opd: OPDConfig = OPDConfig()
+    """On-policy distillation (`mode = "opd"`): the advantage's make-up and who scores the student's tokens."""
     kv_cache_gib: float = Field(default=0.5, gt=0)
     """vLLM's KV cache on the CPU build, in GiB (~23 KB per token for SmolLM2-135M: 0.5 GiB holds ~23k tokens,
     plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
