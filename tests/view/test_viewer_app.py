@@ -61,7 +61,7 @@ async def test_run_page_prints_summary_json_numbers_to_3_decimals(eval_client, t
     page = await _text(eval_client, "/")
     assert f"<dt>reward</dt><dd>{summary['reward']:.3f}</dd>" in page
     assert f"<dt>reward_ci95</dt><dd>{summary['reward_ci95']:.3f}</dd>" in page
-    assert f"<dt>1</dt><dd>{summary['pass_at_k']['1']:.3f}</dd>" in page
+    assert f'<td class="num" data-key="pass_at_k.1">{summary["pass_at_k"]["1"]:.3f}</td>' in page  # by k, in a table
     assert "<dt>num_traces</dt><dd>10</dd>" in page
     api = await _json(eval_client, "/api/run")
     assert api["summary"] == summary and api["traces"] == 12 and api["unreadable"] == 2

@@ -30,13 +30,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not Non
 
 SUMMARY_FIGURES = """(() => {
   const section = [...document.querySelectorAll('section')].find(s => s.querySelector('h2')?.innerText === 'Summary');
-  return [...section.querySelectorAll('dl.kv')].map(dl => {
-    const h3 = dl.previousElementSibling?.tagName === 'H3' ? dl.previousElementSibling.innerText : '';
-    const pairs = {};
-    for (const dt of dl.querySelectorAll('dt')) pairs[dt.innerText] = dt.nextElementSibling.innerText;
-    return [h3, pairs];
-  });
+  const figures = {};
+  for (const dt of section.querySelectorAll('dl.kv dt')) figures[dt.innerText] = dt.nextElementSibling.innerText;
+  for (const td of section.querySelectorAll('td[data-key]')) figures[td.dataset.key] = td.innerText;
+  return figures;
 })()"""
+"""summary.json's figures on the run page, by their dotted path in the file (`rewards.correct.mean`)."""
 TABLE_ROWS = "[...document.querySelectorAll('#rows table tbody tr')].map(tr => [...tr.cells].map(td => td.innerText))"
 
 UNMARKED_PRIVATE = """[...document.querySelectorAll('main *:not(script):not(style)')].flatMap(e => [...e.childNodes])
@@ -132,6 +131,12 @@ def shown(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def flat_json(value: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """A JSON object's leaves by dotted path."""
+    return [leaf for k, v in value.items()
+            for leaf in (flat_json(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)])]
+
+
 async def open_ok(page: Page, url: str, shot: Path) -> None:
     """Open `url`, expect HTTP 200 and no script error, and keep a screenshot."""
     response = await page.goto(url)
@@ -144,17 +149,16 @@ async def open_ok(page: Page, url: str, shot: Path) -> None:
 async def test_the_run_page_prints_the_summary_to_3_decimals_and_lists_every_trace(page, eval_url, runs, shots):
     await open_ok(page, f"{eval_url}/", shots / "eval-run.png")
     summary = json.loads((runs.eval / "summary.json").read_text())
-    groups = dict(await page.evaluate(SUMMARY_FIGURES))
-    flat = groups[""]
-    for key, value in summary.items():
+    figures = await page.evaluate(SUMMARY_FIGURES)
+    for key, value in flat_json(summary):
         if isinstance(value, float):
-            assert flat[key] == f"{value:.3f}", key
+            assert figures[key] == f"{value:.3f}", key
         elif isinstance(value, int):
-            assert flat[key] == str(value), key
-    assert flat["reward"] == f"{summary['reward']:.3f}" and summary["reward"] not in (0.0, 1.0)
-    assert groups["rewards"]["correct.mean"] == f"{summary['rewards']['correct']['mean']:.3f}"
-    assert groups["rewards"]["brief.mean"] == f"{summary['rewards']['brief']['mean']:.3f}"
-    assert groups["errors_by_kind"]["model"] == "2" and groups["errors_by_kind"]["tool"] == "2"
+            assert figures[key] == str(value), key
+    assert figures["reward"] == f"{summary['reward']:.3f}" and summary["reward"] not in (0.0, 1.0)
+    assert figures["rewards.correct.mean"] == f"{summary['rewards']['correct']['mean']:.3f}"
+    assert figures["rewards.brief.mean"] == f"{summary['rewards']['brief']['mean']:.3f}"
+    assert figures["errors_by_kind.model"] == "2" and figures["errors_by_kind.tool"] == "2"
 
     rows = await page.evaluate(TABLE_ROWS)
     written = traces(runs.eval)
@@ -275,9 +279,10 @@ async def test_the_episode_page_shows_the_members_side_by_side_with_private_reas
     episode = Episode.model_validate(records(runs.debate / "episodes.jsonl")[0])
     await open_ok(page, f"{debate_url}/", shots / "debate-run.png")
     seats = json.loads((runs.debate / "summary.json").read_text())["seats"]
-    figures = dict(await page.evaluate(SUMMARY_FIGURES))["seats"]
+    figures = await page.evaluate(SUMMARY_FIGURES)
     for member in episode.members:
-        assert figures[f"{member}.reward"] == f"{seats[member]['reward']:.3f}"
+        assert figures[f"seats.{member}.reward"] == f"{seats[member]['reward']:.3f}"
+    assert await page.evaluate("document.querySelector('#rows').getBoundingClientRect().top") < 800  # compact
     rows = await page.evaluate(TABLE_ROWS)
     assert len(rows) == 2
     assert rows[0][3] == ", ".join(f"{m} {shown(episode.rewards[m])}" for m in episode.members)

@@ -12,6 +12,7 @@ from tracegym.view.curves import CURVE_KEYS, curves_svg
 from tracegym.view.page import fragment, key_values, note, number, section, table
 from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, SORT_KEYS, STOP_REASONS, RowQuery
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
+from tracegym.view.summary_view import summary_html
 
 TRAINER_KEYS = ["trainer/loss"]
 """The trainer's records drawn below the orchestrator's (their keys prefixed `trainer/`)."""
@@ -63,10 +64,8 @@ def run_page(index: RunFolderIndex, selection: Selection) -> str:
 
 
 def _status(index: RunFolderIndex) -> str:
-    config = index.config()
-    model = config.get("model", {}).get("name", "") if isinstance(config.get("model"), dict) else ""
-    items = [("folder", str(index.path)), ("kind", f"{index.kind.value} run"),
-             ("taskset", config.get("taskset", "")), ("model", model), ("traces", len(index.traces))]
+    items = [("folder", str(index.path)), ("kind", f"{index.kind.value} run"), *_config_facts(index),
+             ("traces", len(index.traces))]
     if index.episodes:
         items.append(("episodes", len(index.episodes)))
     if index.unreadable:
@@ -78,29 +77,41 @@ def _status(index: RunFolderIndex) -> str:
     return "".join(parts)
 
 
+def _config_facts(index: RunFolderIndex) -> list[tuple[str, str]]:
+    """What the saved config says the run was: an eval run's taskset, an RL run's training and held-out envs,
+    and the model (by id or name, never a raw table)."""
+    config = index.config()
+    if index.kind is RunKind.EVAL:
+        facts = [("taskset", _name(config.get("taskset")))]
+    else:
+        orchestrator = _table(config.get("orchestrator"))
+        facts = [("train envs", _names(_table(orchestrator.get("train")).get("envs"))),
+                 ("held-out envs", _names(_table(orchestrator.get("eval")).get("envs")))]
+    return [*facts, ("model", _name(config.get("model"), "name"))]
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _name(value: Any, key: str = "id") -> str:
+    """A config entry's id (a string entry as it is)."""
+    return value if isinstance(value, str) else str(_table(value).get(key, ""))
+
+
+def _names(values: Any) -> str:
+    return ", ".join(_name(v) for v in values) if isinstance(values, list) else ""
+
+
 def _summary(summary: dict[str, Any] | None, index: RunFolderIndex) -> str:
-    """summary.json's numbers as written (floats to 3 decimals); while the run writes none, counts so far."""
+    """summary.json's figures as written; while the run has written none, how many rows so far (the figures
+    are the run's to compute, once, when it ends)."""
     if summary is None:
-        scored = [r.reward for r in index.traces if r.reward is not None]
-        mean = sum(scored) / len(scored) if scored else None
+        scored = sum(r.reward is not None for r in index.traces)
         return note("no summary.json yet: the run is still going (or was killed before writing it); "
-                    "counts so far from the traces:") + key_values(
-            [("num_traces", len(index.traces)), ("num_scored", len(scored)), ("reward", mean)])
-    flat = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
-    nested = [(k, v) for k, v in summary.items() if isinstance(v, dict)]
-    groups = [f'<div><h3>{escape(name)}</h3>{key_values(_flatten(values))}</div>' for name, values in nested if values]
-    return f'<div class="groups"><div>{key_values(flat)}</div>{"".join(groups)}</div>'
-
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out += _flatten(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
+                    "its figures appear when it ends. So far:") + key_values(
+            [("traces", len(index.traces)), ("scored", scored), ("episodes", len(index.episodes))])
+    return summary_html(summary)
 
 
 # --- RL runs ---------------------------------------------------------------------------------------------------

@@ -180,7 +180,7 @@ def _segment(node: Node, pieces: list[str | None], loss: list[bool] | None, toke
     flag = ' data-parse-error="1"' if node.parse_error else ""
     # <wbr>: a line may break between two tokens, never inside one (unless one token is wider than the line)
     return (f'<span class="seg" data-node="{node.id}"{version}{flag}><span class="seg-mark" title="{escape(label)}">'
-            f'{node.id}</span>{"<wbr>".join(spans)}</span>')
+            f'{node.id}</span>{"<wbr/>".join(spans)}</span>')
 
 
 def _token(token: int, piece: str | None, sampled: bool, logprob: float | None, loss: bool, special: bool) -> str:
