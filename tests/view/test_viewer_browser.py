@@ -397,19 +397,13 @@ async def test_a_trace_appended_to_a_running_folder_appears_on_reload(page, runs
         assert "incomplete" not in " ".join(await page.texts(".note"))
 
 
-# --- known defects, reported to the pages' owners: each flips to a failure once fixed (then drop its marker) -----
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "on a member's trace page the message graph's collapsed line of an assistant node (graph_view._node_html's "
-    "snippet) shows its <think> text unmarked"))
+# --- once defects: private reasoning everywhere, the taskset by its id -------------------------------------------
 @pytest.mark.parametrize("path", ["/episode/0/member/debater_a", "/episode/0/member/judge"])
 async def test_private_reasoning_is_marked_private_on_a_members_trace_page(page, debate_url, path):
     await page.goto(f"{debate_url}{path}")
     assert await page.evaluate(UNMARKED_PRIVATE) == []  # the tokens view shows exact tokens: left out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the run page's status prints config.toml's [taskset] table as a Python dict ({'id': ...}) instead of the "
-    "taskset's id"))
 async def test_the_run_page_names_the_taskset_by_its_id(page, debate_url):
     await page.goto(f"{debate_url}/")
     status = await page.evaluate("Object.fromEntries([...document.querySelectorAll('main > dl.kv')[0]"
