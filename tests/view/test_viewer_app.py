@@ -240,6 +240,25 @@ async def test_rl_run_shows_steps_curves_and_the_traces_of_a_step(tmp_path):
         await client.close()
 
 
+async def test_rl_runs_held_out_episodes_are_rows_and_search_finds_episodes(tmp_path):
+    client = await _client(rl_folder(tmp_path))
+    try:
+        rows = (await _json(client, "/api/rows?show=episode&phase=held-out"))["rows"]
+        assert [(r["held_out"], r["step"], r["taskset"]) for r in rows] == [("eval-debate", 1, "debate")]
+        assert (await _json(client, "/api/rows?show=episode&phase=train"))["rows"] == []
+        page = await _text(client, "/?show=episode")
+        assert "<td>held-out eval-debate</td>" in page and '<select name="phase">' in page
+        episode = await _text(client, f"/episode/{rows[0]['n']}")
+        assert "debater_a" in episode and "1.000" in episode
+        member = (await _json(client, f"/api/episode/{rows[0]['n']}"))["traces"]["debater_a"]
+        said = member["graph"]["nodes"][-1]["message"]["content"]
+        found = await _json(client, f"/api/rows?show=episode&q={said[3:12]}")
+        assert [r["n"] for r in found["rows"]] == [rows[0]["n"]]
+        assert (await _json(client, "/api/rows?show=episode&q=no such words"))["rows"] == []
+    finally:
+        await client.close()
+
+
 def test_row_links_are_stable_across_the_pages(tmp_path):
     index = RunFolderIndex.open(eval_folder(tmp_path))
     index.refresh(max_lines=5)

@@ -244,8 +244,8 @@ def _query(request: web.Request, index: RunFolderIndex) -> RowQuery:
     if repeated:
         raise QueryError(f"each parameter once: {', '.join(repeated)} given more than once")
     query = RowQuery.parse(dict(params))
-    if "show" not in params and index.episodes:  # a multi-agent run lists its episodes first
-        query = replace(query, show=RowKind.EPISODE)
+    if "show" not in params:
+        query = replace(query, show=index.first_shown)
     return query
 
 

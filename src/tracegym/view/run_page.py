@@ -10,7 +10,7 @@ from typing import Any
 
 from tracegym.view.curves import CURVE_KEYS, curves_svg
 from tracegym.view.page import fragment, key_values, note, number, section, table
-from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, SORT_KEYS, STOP_REASONS, RowQuery
+from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, PHASES, SORT_KEYS, STOP_REASONS, RowQuery
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
 from tracegym.view.summary_view import summary_html
 
@@ -42,7 +42,7 @@ class Selection:
 def select(index: RunFolderIndex, query: RowQuery) -> Selection:
     """The rows of the run that `query` asks for."""
     rows = index.rows(query.show)
-    searched = index.search(query.q) if query.q and query.show is RowKind.TRACE else None
+    searched = index.search(query.q, query.show) if query.q else None
     return Selection(query, query.select(rows, searched), len(rows))
 
 
@@ -147,8 +147,9 @@ def _filters(index: RunFolderIndex, query: RowQuery) -> str:
     if index.kind is RunKind.RL:
         fields.append(_select("step", "step", [str(s) for s in index.steps()],
                               "" if query.step is None else str(query.step)))
-    if query.show is RowKind.TRACE:
-        fields.append(_input("search messages", "q", query.q, size=24))
+    if query.show is RowKind.EPISODE and index.held_out_envs():
+        fields.append(_select("phase", "phase", PHASES, query.phase))
+    fields.append(_input("search messages", "q", query.q, size=24))
     fields += [_select("sort", "sort", list(SORT_KEYS), query.sort, blank=False),
                _select("order", "desc", ["0", "1"], "1" if query.desc else "0", blank=False,
                        labels={"0": "ascending", "1": "descending"}),
@@ -174,35 +175,37 @@ def _rows_table(index: RunFolderIndex, selection: Selection) -> str:
     query = selection.query
     rows = index.rows(query.show)
     episodes = query.show is RowKind.EPISODE
-    show_step = index.kind is RunKind.RL
+    extra = [*(["step"] if index.kind is RunKind.RL else []),
+             *(["phase"] if episodes and index.held_out_envs() else [])]
     show_member = not episodes and any(r.member for r in (rows[n] for n in selection.shown))
     heads = [("#", "line"), ("task", "task"), ("episode" if episodes else "rollout", "index"),
              ("rewards" if episodes else "reward", "reward"), ("stop reason", "stop"), ("errors", "errors"),
              ("turns", "turns"), ("tokens in / out", "tokens"), ("duration (s)", "duration")]
-    if show_step:
-        heads.append(("step", "step"))
+    heads += [(c, c) for c in extra]
     heads.append(("taskset", "taskset"))
     head = [_sort_link(query, label, key) for label, key in heads] + (["member"] if show_member else [])
     body, classes = [], []
     for n in selection.shown:
         row = rows[n]
-        body.append(_cells(index, n, row, episodes, show_step, show_member))
+        body.append(_cells(index, n, row, episodes, extra, show_member))
         classes.append("problem" if row.problem else "")
     return table(head, body, classes=classes) if body else ""
 
 
-def _cells(index: RunFolderIndex, n: int, row: Row, episodes: bool, show_step: bool, show_member: bool) -> list[str]:
+def _cells(index: RunFolderIndex, n: int, row: Row, episodes: bool, extra: list[str], show_member: bool
+           ) -> list[str]:
+    """A row's cells; the `extra` columns (`step`, `phase`) before the taskset."""
     link = f'<a href="/{"episode" if episodes else "trace"}/{n}">{n}</a>'
     if row.problem is not None:
-        width = 8 + show_step
+        width = 8 + len(extra)
         return [link, f'<span class="err">{escape(index.where(row))}: {escape(row.problem)}</span>',
                 *[""] * width, *([""] if show_member else [])]
     reward = ", ".join(f"{escape(m)} {number(r)}" for m, r in row.member_rewards) if episodes else number(row.reward)
     cells = [link, escape(row.task_key), str(row.index), reward, escape(row.stop_reason),
              f'<span class="err">{escape(", ".join(row.errors))}</span>' if row.errors else "",
              str(row.turns), f"{row.prompt_tokens} / {row.completion_tokens}", number(row.duration)]
-    if show_step:
-        cells.append("" if row.step is None else str(row.step))
+    phase = escape(f"held-out {row.held_out}") if row.held_out else "train"
+    cells += [phase if c == "phase" else "" if row.step is None else str(row.step) for c in extra]
     cells.append(escape(row.taskset))
     if show_member:
         cells.append(escape(row.member or ""))
