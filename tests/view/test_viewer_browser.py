@@ -337,6 +337,9 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
     ys = await page.evaluate("[...document.querySelector('figure.curve[data-key=reward] g.series polyline')"
                              ".getAttribute('points').trim().split(/\\s+/)].map(p => +p.split(',')[1])")
     assert ys == sorted(ys, reverse=True) and ys[0] > ys[-1]  # the reward rose step by step: the line climbs
+    ticks = await page.evaluate("[...document.querySelectorAll('figure.curve text.xtick')].map(t => t.textContent)")
+    assert ticks and all(t.isdigit() for t in ticks), ticks  # whole steps only
+    assert "failed rollouts" in await page.text(".curves-none")  # no chart without data: named once instead
     loaded = await page.evaluate("performance.getEntriesByType('resource').map(r => r.name)")
     assert all(url.startswith(rl_url) for url in loaded), loaded  # nothing from a CDN: no network here
 

@@ -14,7 +14,7 @@ from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, PHASES, SORT_KEYS
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
 from tracegym.view.summary_view import summary_html
 
-TRAINER_KEYS = ["trainer/loss"]
+TRAINER_KEYS = {"trainer/loss": "trainer loss"}
 """The trainer's records drawn below the orchestrator's (their keys prefixed `trainer/`)."""
 STEP_COLUMNS = ("reward", "completion_tokens_mean", "staleness", "policy_version", "rollouts", "samples",
                 "rollouts_failed", "generation_s")
