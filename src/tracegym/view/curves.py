@@ -16,6 +16,8 @@ from fnmatch import fnmatchcase
 from html import escape
 from typing import Any
 
+from tracegym.view.page import number
+
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 480, 200, 52, 26, 12, 12
 """One chart's size and margins, in SVG units."""
 CURVE_KEYS = {"reward": "reward (trainable rollouts)", "eval_reward": "held-out reward (95% interval)",
@@ -152,9 +154,9 @@ def _line(name: str, points: list[Point], color: str, scale: _Scale) -> str:
         out.append(f'<polyline class="line" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}"/>')
     every = math.ceil(len(points) / MAX_DOTS)
     for (x, y), (s, v, c) in list(zip(xy, points, strict=True))[::every]:
-        interval = f" ± {c:.3f}" if c is not None else ""
+        interval = f" ± {number(c)}" if c is not None else ""
         out.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.5"><title>{escape(name)} at step '
-                   f'{_label(s)}: {v:.3f}{interval}</title></circle>')
+                   f'{_label(s)}: {number(v)}{interval}</title></circle>')
     return "".join(out) + "</g>"
 
 
