@@ -52,19 +52,23 @@ def _side_by_side(names: list[str], tables: dict[str, dict[str, Any]]) -> str:
     """Tables of figures with the same keys as one: a row per key, a column per table."""
     keys = list(tables[names[0]])
     body = [[escape(key), *(_cell(f"{name}.{key}", tables[name][key]) for name in names)] for key in keys]
-    return _table(" · ".join(names), ["", *names], body)
+    if len(names) == 1:  # its caption names it
+        return _table(names[0], [], body)
+    return _table("", ["", *names], body)
 
 
 def _table(caption: str, head: list[str], body: list[list[str]]) -> str:
-    heads = "".join(f"<th>{escape(h)}</th>" for h in head)
+    # a dotted name may break after a dot, so a table of many figures fits the page
+    heads = "".join(f"<th>{escape(h).replace('.', '.<wbr>')}</th>" for h in head)
     rows = "".join("<tr>" + "".join(f"<td>{c}</td>" if i == 0 else c for i, c in enumerate(row)) + "</tr>"
                    for row in body)
-    return (f'<table class="summary-table"><caption>{escape(caption)}</caption><thead><tr>{heads}</tr></thead>'
-            f"<tbody>{rows}</tbody></table>")
+    return (f'<table class="summary-table">{f"<caption>{escape(caption)}</caption>" if caption else ""}'
+            f'{f"<thead><tr>{heads}</tr></thead>" if head else ""}<tbody>{rows}</tbody></table>')
 
 
 def _cell(key: str, value: Any) -> str:
-    return f'<td class="num" data-key="{escape(key)}">{number(value)}</td>'
+    css = "num" if isinstance(value, int | float) or value is None else "text"
+    return f'<td class="{css}" data-key="{escape(key)}">{number(value)}</td>'
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
