@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from headless_chromium import Chromium, Page, chromium_missing
-from view_runs import byte_model, cut_off, debate_run, eval_run, rl_run
+from view_runs import byte_model, cut_off, debate_run, eval_run, held_out_debates, rl_run
 from viewer_process import viewer
 
 from tracegym.core.episode import Episode
@@ -63,7 +63,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     made = eval_run(root / "eval", model)
     live = Path(shutil.copytree(made, root / "live"))
     cut_off(made)
-    return Runs(made, live, debate_run(root / "debate", model), rl_run(root / "rl", model))
+    debate, rl = debate_run(root / "debate", model), rl_run(root / "rl", model)
+    held_out_debates(rl, debate)
+    return Runs(made, live, debate, rl)
 
 
 @pytest.fixture(scope="module")
@@ -359,6 +361,21 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
     advantage = next(s.advantage for s in batch.samples if s.trace_id == trace.id)
     assert await page.text("#tokens dd[data-key='advantage']") == f"{advantage:.3f}"
     assert await page.text("#tokens dd[data-key='policy version']") == "2"
+
+
+async def test_an_rl_runs_held_out_episodes_are_listed_and_open(page, rl_url, runs, shots):
+    await open_ok(page, f"{rl_url}/?show=episode&phase=held-out", shots / "rl-held-out.png")
+    head = await page.evaluate("[...document.querySelectorAll('#rows table thead th')].map(th => th.innerText)")
+    rows = await page.evaluate(TABLE_ROWS)
+    written = records(runs.rl / "evals" / "eval-debate" / "step-000004.jsonl")
+    assert len(rows) == len(written) == 2
+    assert {r[head.index("phase")] for r in rows} == {"held-out eval-debate"}
+    await open_ok(page, f"{rl_url}/episode/{rows[0][0]}", shots / "rl-held-out-episode.png")
+    members = await page.evaluate("[...document.querySelectorAll('.members .member')].map(c => c.dataset.member)")
+    assert members == ["debater_a", "debater_b", "judge"]
+    assert await page.evaluate(UNMARKED_PRIVATE) == []
+    await page.goto(f"{rl_url}/?show=episode&q=Both+were+brief")  # the judge's reasoning, in its trace
+    assert len(await page.evaluate(TABLE_ROWS)) == 2
 
 
 # --- bad input and a live folder -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """View runs: the run folders the viewer's browser tests open, made by the fakes through the code that makes real
 ones: `tracegym eval` of this file's calculator taskset and of `debate` (in process, against the fake OpenAI
 server), and an RL run folder (written with `RLFolder`'s own writers from scripted rollouts, as the orchestrator and
-the trainer write it).
+the trainer write it, with the debates as a held-out evaluation's episodes).
 
 The eval run's traces hold what the pages must show: tool calls with their results, a fork (a reply whose
 `<tool_call>` text the client re-read as a call, so the next prompt re-renders that turn and does not extend the
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import tracegym as tg
 from tracegym.cli.main import main
+from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_group
 from tracegym.models.client import ModelRequest
@@ -195,3 +196,14 @@ def rl_run(output_dir: Path, model: str) -> Path:
     folder.metrics.append({"eval_step": RL_STEPS, "env": "reverse-word", "policy_version": RL_STEPS,
                            "eval_reward": 0.8, "eval_reward_ci95": 0.1, "eval_n": 3, "eval_unscored": 0})
     return folder.path
+
+
+def held_out_debates(rl: Path, debate: Path) -> None:
+    """The debate run's episodes, each with its members' traces, written into the RL run as a held-out
+    multi-agent environment's evaluation at its last step (as the orchestrator writes one)."""
+    traces = [Trace.model_validate_json(line) for line in (debate / "traces.jsonl").read_text().splitlines()]
+    episodes = [Episode.model_validate_json(line) for line in (debate / "episodes.jsonl").read_text().splitlines()]
+    for episode in episodes:
+        episode.traces = {t.member: t for t in traces if t.episode_id == episode.id and t.member}
+    RLFolder(rl).write_episodes(RL_STEPS, episodes, held_out="eval:debate")
+
