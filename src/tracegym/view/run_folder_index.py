@@ -370,6 +370,11 @@ class RunFolderIndex:
         path = self.path / CONFIG
         return read_toml(path) if path.exists() else {}
 
+    def model(self) -> str:
+        """The model the saved config names ('' when it names none)."""
+        model = self.config().get("model")
+        return str(model.get("name") or "") if isinstance(model, dict) else ""
+
     def metrics(self) -> list[dict[str, Any]]:
         """An RL run's orchestrator records (per step, per held-out evaluation, per bad trace)."""
         return RLFolder(self.path).metrics.read() if self.kind is RunKind.RL else []

@@ -87,16 +87,16 @@ def _config_facts(index: RunFolderIndex) -> list[tuple[str, str]]:
         orchestrator = _table(config.get("orchestrator"))
         facts = [("train envs", _names(_table(orchestrator.get("train")).get("envs"))),
                  ("held-out envs", _names(_table(orchestrator.get("eval")).get("envs")))]
-    return [*facts, ("model", _name(config.get("model"), "name"))]
+    return [*facts, ("model", index.model())]
 
 
 def _table(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _name(value: Any, key: str = "id") -> str:
+def _name(value: Any) -> str:
     """A config entry's id (a string entry as it is)."""
-    return value if isinstance(value, str) else str(_table(value).get(key, ""))
+    return value if isinstance(value, str) else str(_table(value).get("id", ""))
 
 
 def _names(values: Any) -> str:
