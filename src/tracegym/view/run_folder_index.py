@@ -139,7 +139,8 @@ class RunFolderIndex:
     def open(cls, path: Path) -> RunFolderIndex:
         """The (empty) index of the run folder at `path`; a UsageError naming what is wrong when it is not one."""
         if not path.is_dir():
-            raise UsageError(f"{str(path)!r} is not a run folder: no such directory")
+            what = "a file, not a directory" if path.exists() else "no such directory"
+            raise UsageError(f"{str(path)!r} is not a run folder: {what}")
         rl = RLFolder(path)
         if rl.metrics.path.exists() or (path / RL_TRACES).is_dir() or (path / RL_EPISODES).is_dir():
             return cls(path, RunKind.RL)
