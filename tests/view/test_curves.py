@@ -9,7 +9,7 @@ from tracegym.view.curves import curves_svg
 SVG = "{http://www.w3.org/2000/svg}"
 RECORDS = [
     *({"step": s, "reward": 0.1 * s, "completion_tokens_mean": 20 + s, "filters/calc/gibberish": 0.5 / (s + 1),
-       "filters/calc/repetition": 0.1} for s in range(5)),
+       "filters/calc/repetition": 0.1, "filters/calc/checked": 8} for s in range(5)),
     {"eval_step": 0, "env": "calc", "eval_reward": 0.2, "eval_reward_ci95": 0.05},
     {"eval_step": 4, "env": "calc", "eval_reward": 0.6, "eval_reward_ci95": 0.1},
     {"eval_step": 4, "env": "<b>odd</b>", "eval_reward": 0.4, "eval_reward_ci95": 0.1},

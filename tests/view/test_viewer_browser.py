@@ -331,11 +331,13 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
                                  "(g.querySelector('polyline')?.getAttribute('points') || '').trim().split(/\\s+/)"
                                  ".filter(Boolean).length, g.querySelectorAll('circle.point').length])])")
     keys = [key for key, _ in curves]
-    for wanted in ("reward", "completion_tokens_mean", "staleness", "groups_filtered", "trainer/loss"):
+    for wanted in ("reward", "completion_tokens_mean", "staleness", "groups_filtered", "filters/all/*",
+                   "rollouts_filtered", "trainer/loss"):
         assert wanted in keys, f"no {wanted} curve among {keys}"
     points = {key: {name: count for name, count, _ in series} for key, series in curves}
     assert points["reward"]["reward"] == 4  # one point per step
     assert points["eval_reward"] == {"reverse-word": 2}  # the held-out env's evaluations at steps 0 and 4
+    assert set(points["filters/all/*"]) == {"filters/all/gibberish", "filters/all/repetition", "filters/all/dropped"}
     ys = await page.evaluate("[...document.querySelector('figure.curve[data-key=reward] g.series polyline')"
                              ".getAttribute('points').trim().split(/\\s+/)].map(p => +p.split(',')[1])")
     assert ys == sorted(ys, reverse=True) and ys[0] > ys[-1]  # the reward rose step by step: the line climbs

@@ -26,6 +26,7 @@ from tracegym.envs.evaluate import run_group
 from tracegym.models.client import ModelRequest
 from tracegym.testing import Fail, FakeOpenAIServer, ScriptedModel, reply, tool_call
 from tracegym.train.advantages import group_mean
+from tracegym.train.filters import Gibberish, Repetition, screen
 from tracegym.train.orchestrator import step_metrics
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.samples import trace_samples
@@ -184,6 +185,7 @@ def rl_run(output_dir: Path, model: str) -> Path:
                    for sample in trace_samples(trace)]
         metrics = step_metrics(groups, samples, 0.5 + 0.1 * step)
         metrics.update(policy_version=step, staleness=0, groups_filtered=0, samples_dropped_stale=0)
+        metrics.update(screen([Gibberish(), Repetition()], (("reverse-word", t) for g in groups for t in g)).metrics())
         folder.write_traces(step, (t for g in groups for t in g))
         folder.write_batch(step, samples, metrics)
         folder.metrics.append({"step": step, **metrics})

@@ -5,7 +5,8 @@ A step record has `step` and the orchestrator's figures (`reward`, `completion_t
 `groups_filtered`, ...); a held-out record has `eval_step`, `env` and `eval_reward` with its 95% half-width
 `eval_reward_ci95`. A key `K` is read from the records that have it, at `step` (else `eval_step`); records with an
 `env` draw one line per env; a `K_ci95` beside `K` draws the interval as a band and error bars. A key with `*`
-(`failed/*`) draws one line per metric it matches. A key no record has draws no chart: one line names them all.
+(`failed/*`, `filters/all/*`) draws one line per rate it matches (not a `_ci95`, nor a filter's `checked` count).
+A key no record has draws no chart: one line names them all.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from fnmatch import fnmatchcase
 from html import escape
 from typing import Any
 
+from tracegym.train.filters import ALL, CHECKED
 from tracegym.view.page import number
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 480, 200, 52, 26, 12, 12
 """One chart's size and margins, in SVG units."""
 CURVE_KEYS = {"reward": "reward (trainable rollouts)", "eval_reward": "held-out reward (95% interval)",
               "completion_tokens_mean": "completion tokens (mean)", "staleness": "staleness (policy versions)",
-              "groups_filtered": "groups filtered out", "failed/*": "failed rollouts, by reason",
+              "groups_filtered": "groups filtered out", f"filters/{ALL}/*": "share of rollouts each filter caught",
+              "rollouts_filtered": "rollouts left out by filters", "failed/*": "failed rollouts, by reason",
               "samples_dropped_stale": "samples dropped as too stale"}
 """The metrics an RL run page shows by default (`metrics.jsonl` keys, `train.orchestrator.step_metrics`), titled."""
 MAX_DOTS = 300
@@ -69,7 +72,7 @@ def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[Point]]:
 def _matching(record: dict[str, Any], key: str) -> list[str]:
     if "*" not in key:
         return [key] if key in record else []
-    return [k for k in record if fnmatchcase(k, key) and not k.endswith("_ci95")]
+    return [k for k in record if fnmatchcase(k, key) and not k.endswith(("_ci95", f"/{CHECKED}"))]
 
 
 def _finite(value: object) -> bool:
