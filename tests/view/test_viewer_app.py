@@ -67,6 +67,18 @@ async def test_run_page_prints_summary_json_numbers_to_3_decimals(eval_client, t
     assert api["summary"] == summary and api["traces"] == 12 and api["unreadable"] == 2
 
 
+async def test_a_run_without_summary_json_yet_shows_counts_and_computes_no_figure(tmp_path):
+    path = eval_folder(tmp_path, broken=False)
+    (path / "summary.json").unlink()
+    client = await _client(path)
+    try:
+        page = await _text(client, "/")
+        assert "no summary.json yet" in page and "<dt>scored traces so far</dt><dd>7</dd>" in page
+        assert "<dt>reward</dt>" not in page  # the run's to compute, once, as summary.json's
+    finally:
+        await client.close()
+
+
 async def test_rows_filter_by_reward_stop_error_and_taskset(eval_client):
     rows = (await _json(eval_client, "/api/rows?per_page=100"))["rows"]
     assert len(rows) == 12

@@ -109,8 +109,7 @@ def _summary(summary: dict[str, Any] | None, index: RunFolderIndex) -> str:
     if summary is None:
         scored = sum(r.reward is not None for r in index.traces)
         return note("no summary.json yet: the run is still going (or was killed before writing it); "
-                    "its figures appear when it ends. So far:") + key_values(
-            [("traces", len(index.traces)), ("scored", scored), ("episodes", len(index.episodes))])
+                    "its figures appear when it ends") + key_values([("scored traces so far", scored)])
     return summary_html(summary)
 
 
