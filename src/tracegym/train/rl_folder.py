@@ -46,11 +46,18 @@ CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json"
 STEP_PREFIX = "step-"
 TRACES, EPISODES = "traces", "episodes"
 """The folders of each step's traces and episodes."""
+EVALS = "evals"
+"""The folder of held-out evaluations' episodes: one folder per environment (`held_out_folder`)."""
 
 
 def step_name(step: int) -> str:
     """`step-000007`: how step 7 is named in every per-step folder (batches, checkpoints, traces)."""
     return f"{STEP_PREFIX}{step:06d}"
+
+
+def held_out_folder(env: str) -> str:
+    """`evals/<env>`: the folder of a held-out environment's episodes (`:`, as in `eval:debate`, becomes `-`)."""
+    return f"{EVALS}/{env.replace(':', '-')}"
 
 
 def step_of(path: Path) -> int:
@@ -303,7 +310,7 @@ class RLFolder:
                        keep: bool = False) -> Path:
         """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
         with its members' traces, written whole (`keep`: after those already there)."""
-        folder = Path("evals") / held_out.replace(":", "-") if held_out else Path(EPISODES)
+        folder = Path(held_out_folder(held_out) if held_out else EPISODES)
         return self.write_records(folder, step, episodes, keep)
 
     def write_records(self, folder: Path, step: int, records: Iterable[BaseModel], keep: bool = False) -> Path:
@@ -315,8 +322,13 @@ class RLFolder:
         return path
 
     def step_records(self, folder: str) -> list[Path]:
-        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`), by step."""
+        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`, a `held_out_folder`), by step."""
         return sorted(self._steps(folder, "*.jsonl"), key=step_of)
+
+    def held_out_envs(self) -> list[str]:
+        """The held-out environments with episodes written so far, as their `evals/<env>` folders name them."""
+        root = self.path / EVALS
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
     def _batch_path(self, step: int) -> Path:
         return self.path / "batches" / f"{step_name(step)}.msgpack"
