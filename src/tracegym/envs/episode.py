@@ -31,7 +31,7 @@ from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
 from tracegym.envs.rollout import Ended, Rollout, Timeouts, score
 from tracegym.envs.schedule import Slot, check_slot
 from tracegym.envs.thread_lane import contained
-from tracegym.envs.view import attributed, public_text
+from tracegym.envs.view import Public, attributed, public_text
 from tracegym.models.client import ModelClient
 
 T = TypeVar("T")
@@ -107,14 +107,14 @@ class EpisodeRun:
             rollout.trace.prompt_length = len(rollout.trace.graph.nodes)
             for name in EPISODE_METRICS:
                 rollout.count(name, 0)
-        slots = self._call("schedule", lambda: iter(self.task.schedule()))
+        slots = iter(self._call("schedule", self.task.schedule))
         while not self.task.over:
-            slot = self._call("schedule", lambda: next(slots, None))
+            slot = self._call("schedule", next, slots, None)
             if slot is None:
                 break
             if self.slots >= self.task.max_turns:
                 raise Ended(StopReason.MAX_TURNS)
-            self._call("schedule", lambda: check_slot(slot, self.episode.members))  # noqa: B023
+            check_slot(slot, self.episode.members)
             await self._slot(slot)
             self.slots += 1
         self._call("settle", self.task.settle)
@@ -128,19 +128,20 @@ class EpisodeRun:
             for result in results:  # a failure ends the episode before any move of the slot is applied
                 if isinstance(result, BaseException):
                     raise result
-            moves: list[_Move] = results  # type: ignore[assignment]
+            moves: list[_Move] = sorted(results, key=lambda d: self.episode.members.index(d.member))  # type: ignore[arg-type]
         else:
             moves = [await self._turn(slot.members[0])]
-        for done in sorted(moves, key=lambda d: self.episode.members.index(d.member)):
+        for done in moves:
             if done.move is FORFEIT:
                 self.rollouts[done.member].count("forfeits", 1)
-                self._call(f"forfeit:{done.member}", lambda d=done: self.task.forfeit(d.member))
+                self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
             else:
-                self._call(f"act:{done.member}", lambda d=done: self.task.act(d.member, d.move))
+                self._call(f"act:{done.member}", self.task.act, done.member, done.move)
             if self.task.public_outputs:
+                said = attributed(done.member, done.public)  # one message, shared by every other view
                 for other in self.episode.members:
                     if other != done.member:
-                        self.inbox[other].append(attributed(done.member, done.public))
+                        self.inbox[other].append(said)
         for member in slot.members:
             await self.rollouts[member].check_stops()
 
@@ -151,8 +152,7 @@ class EpisodeRun:
         try:
             self._deliver(member)
             for attempt in range(self.task.move_retries + 1):
-                reply = await self._reply(rollout)
-                public = public_text(reply.text, self.task.private_tag)
+                public = await self._reply(rollout)
                 if public.malformed:
                     rollout.count("parse_errors", 1)
                 try:
@@ -169,16 +169,22 @@ class EpisodeRun:
             raise _MemberFailed(member, rollout.trace.errors[-1], exc) from exc
         raise AssertionError("unreachable")
 
-    async def _reply(self, rollout: Rollout) -> Message:
-        """One model turn of a member, with its tool calls answered (at most `tool_rounds` rounds of them)."""
-        malformed: Callable[[Message], bool] = lambda m: public_text(m.text, self.task.private_tag).malformed  # noqa: E731
+    async def _reply(self, rollout: Rollout) -> Public:
+        """One model turn of a member, with its tool calls answered (at most `tool_rounds` rounds of them): the
+        public part of its last reply, read once as the reply arrives (it also flags the reply's node)."""
+        read: list[Public] = []
+
+        def malformed(reply: Message) -> bool:
+            read.append(public_text(reply.text, self.task.private_tag))
+            return read[-1].malformed
+
         reply = await rollout.model_turn(malformed, length_ends=False)
         for _ in range(self.task.tool_rounds):
             if not reply.tool_calls:
                 break
             await rollout.run_tools(reply.tool_calls)
             reply = await rollout.model_turn(malformed, length_ends=False)
-        return reply
+        return read[-1]
 
     def _deliver(self, member: str) -> None:
         """Append what `member` has not yet seen: the others' public output, then the referee's message."""
@@ -191,10 +197,10 @@ class EpisodeRun:
         if told:
             graph.add(user(told))
 
-    def _call(self, stage: str, fn: Callable[[], T]) -> T:
+    def _call(self, stage: str, fn: Callable[..., T], *args: Any) -> T:
         """Run a hook of the task, its failure recorded at `stage`."""
         self.stage = stage
-        return fn()
+        return fn(*args)
 
     # --- ending ------------------------------------------------------------------------------------------
     async def _score(self) -> None:

@@ -12,7 +12,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,9 +75,8 @@ def check_members(owner: str, members: Sequence[Member]) -> None:
         seen.add(member.id)
 
 
-def check_slot(slot: Slot, members: Iterable[str]) -> None:
+def check_slot(slot: Slot, members: Collection[str]) -> None:
     """A UsageError naming a member of `slot` that is not among `members`."""
-    known = list(members)
     for member in slot.members:
-        if member not in known:
-            raise UsageError(f"the schedule names unknown member {member!r} (members: {', '.join(known)})")
+        if member not in members:
+            raise UsageError(f"the schedule names unknown member {member!r} (members: {', '.join(members)})")

@@ -14,6 +14,7 @@ Public(text='check', malformed=True)
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -33,14 +34,16 @@ class Public:
 
 def public_text(text: str, tag: str = PRIVATE_TAG) -> Public:
     """The text outside `<tag>...</tag>` blocks, stripped; malformed when a tag is unclosed, stray or nested."""
-    parts = re.split(f"(</?{re.escape(tag)}>)", text)
+    pattern, opening, closing = _markup(tag)
+    if closing[2:] not in text:  # neither tag occurs: all of it is public (every reply of a model that never thinks)
+        return Public(text.strip(), False)
     shown: list[str] = []
     depth, malformed = 0, False
-    for part in parts:
-        if part == f"<{tag}>":
+    for part in pattern.split(text):
+        if part == opening:
             malformed |= depth > 0
             depth += 1
-        elif part == f"</{tag}>":
+        elif part == closing:
             if depth == 0:  # reasoning with no opening tag: whatever came before may be private
                 malformed = True
                 shown.clear()
@@ -48,7 +51,13 @@ def public_text(text: str, tag: str = PRIVATE_TAG) -> Public:
                 depth -= 1
         elif depth == 0:
             shown.append(part)
-    return Public(" ".join(p.strip() for p in shown if p.strip()), malformed or depth > 0)
+    return Public(" ".join(s for s in (p.strip() for p in shown) if s), malformed or depth > 0)
+
+
+@functools.cache
+def _markup(tag: str) -> tuple[re.Pattern[str], str, str]:
+    """The pattern that splits a reply at `tag`'s markup, and its opening and closing tags (built once a tag)."""
+    return re.compile(f"(</?{re.escape(tag)}>)"), f"<{tag}>", f"</{tag}>"
 
 
 def attributed(member: str, text: str) -> Message:
