@@ -25,6 +25,7 @@ from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, StageTimeout, TraceError, TracegymError
 from tracegym.core.messages import Message, user
 from tracegym.core.sampling import Sampling
+from tracegym.core.seat_tally import EPISODE_METRICS, FORFEITS, INVALID_MOVES, PARSE_ERRORS
 from tracegym.core.timing import Span
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
@@ -35,8 +36,6 @@ from tracegym.envs.view import Public, attributed, public_text
 from tracegym.models.client import ModelClient
 
 T = TypeVar("T")
-EPISODE_METRICS = ("parse_errors", "invalid_moves", "forfeits")
-"""Counts the driver keeps on every member's trace (and sums into the episode's metrics)."""
 FORFEIT = object()
 """The move of a member that ran out of retries."""
 
@@ -133,7 +132,7 @@ class EpisodeRun:
             moves = [await self._turn(slot.members[0])]
         for done in moves:
             if done.move is FORFEIT:
-                self.rollouts[done.member].count("forfeits", 1)
+                self.rollouts[done.member].count(FORFEITS, 1)
                 self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
             else:
                 self._call(f"act:{done.member}", self.task.act, done.member, done.move)
@@ -154,11 +153,11 @@ class EpisodeRun:
             for attempt in range(self.task.move_retries + 1):
                 public = await self._reply(rollout)
                 if public.malformed:
-                    rollout.count("parse_errors", 1)
+                    rollout.count(PARSE_ERRORS, 1)
                 try:
                     return _Move(member, self.task.move(member, public.text), public.text)
                 except InvalidMove as invalid:
-                    rollout.count("invalid_moves", 1)
+                    rollout.count(INVALID_MOVES, 1)
                     if attempt == self.task.move_retries:
                         return _Move(member, FORFEIT, public.text)
                     rollout.trace.graph.add(user(f"Invalid move: {invalid} Try again."))

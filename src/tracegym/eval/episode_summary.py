@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tracegym.core.episode import Episode, Outcome
 from tracegym.core.interval import mean_ci
+from tracegym.core.seat_tally import FORFEITS, INVALID_MOVES, PARSE_ERRORS, SeatTally
 
 
 class SeatSummary(BaseModel):
@@ -61,15 +62,14 @@ def summarize_episodes(episodes: Sequence[Episode], *, wall_time: float | None =
     ended = [e for e in episodes if e.ended_normally]
     members = list(dict.fromkeys(m for e in episodes for m in e.members))
     per_task = Counter(e.task_key for e in episodes)
-    turns = sum(_turns(e, m) for e in ended for m in e.members)
-    parse_errors = sum(e.metrics.get("parse_errors") or 0 for e in ended)
+    every_seat = SeatTally.of((e, m) for e in ended for m in e.members)
     return EpisodeSummary(
         num_episodes=len(episodes),
         num_ok=sum(e.ok for e in episodes),
         num_tasks=len(per_task),
         episodes_per_task=max(per_task.values(), default=0),
         seats={m: _seat(ended, m) for m in members},
-        parse_error_rate=parse_errors / turns if turns else 0.0,
+        parse_error_rate=every_seat.per_turn(PARSE_ERRORS),
         forfeit_rate=sum(Outcome.FORFEIT in e.outcomes.values() for e in ended) / len(ended) if ended else 0.0,
         errored_episodes=len(episodes) - len(ended),
         errors_by_kind=dict(Counter(e.error.kind.value for e in episodes if e.error is not None)),
@@ -81,23 +81,16 @@ def summarize_episodes(episodes: Sequence[Episode], *, wall_time: float | None =
 
 def _seat(ended: list[Episode], member: str) -> SeatSummary:
     mine = [e for e in ended if member in e.members]
-    reward = mean_ci([r for e in mine if (r := e.rewards.get(member)) is not None])
-    outcomes = Counter(e.outcomes[member].value for e in mine if member in e.outcomes)
-    turns = sum(_turns(e, member) for e in mine)
-    metric = lambda name: sum(e.member_metrics.get(member, {}).get(name) or 0 for e in mine)  # noqa: E731
+    tally = SeatTally.of((e, member) for e in mine)
+    reward = mean_ci(tally.rewards)
     return SeatSummary(
         model=next((e.models[member] for e in reversed(mine) if member in e.models), ""),
         reward=reward.mean, reward_ci95=reward.half_width, num_scored=reward.n,
-        outcomes={o.value: outcomes[o.value] / len(mine) for o in Outcome} if outcomes else {},
-        parse_error_rate=metric("parse_errors") / turns if turns else 0.0,
-        forfeit_rate=metric("forfeits") / len(mine) if mine else 0.0,
-        invalid_moves=metric("invalid_moves") / len(mine) if mine else 0.0,
+        outcomes={o.value: rate for o, rate in tally.outcome_rates(over=tally.episodes).items()},
+        parse_error_rate=tally.per_turn(PARSE_ERRORS),
+        forfeit_rate=tally.per_episode(FORFEITS),
+        invalid_moves=tally.per_episode(INVALID_MOVES),
     )
-
-
-def _turns(episode: Episode, member: str) -> int:
-    trace = episode.traces.get(member)
-    return sum(1 for n in trace.graph.nodes if n.sampled) if trace is not None else 0
 
 
 def episode_table(summary: EpisodeSummary, title: str = "") -> Table:

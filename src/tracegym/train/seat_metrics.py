@@ -12,11 +12,9 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from tracegym.core.episode import Episode, Outcome
+from tracegym.core.episode import Episode
+from tracegym.core.seat_tally import PARSE_ERRORS, SeatTally
 from tracegym.train.fan_out import TrainingUnit
-
-PARSE_ERRORS = "parse_errors"
-"""The member metric counting a member's turns whose markup did not parse (kept, masked from training)."""
 
 
 def seat_metrics(episodes: list[Episode], advantaged: Iterable[tuple[TrainingUnit, float]]) -> dict[str, Any]:
@@ -27,24 +25,19 @@ def seat_metrics(episodes: list[Episode], advantaged: Iterable[tuple[TrainingUni
         advantages.setdefault(unit.member or "", []).append(advantage)
     out: dict[str, Any] = {}
     for member in by_member:
-        seats = [(e, member) for e in episodes if member in e.members]
+        seats = SeatTally.of((e, member) for e in episodes if member in e.members)
         out.update(figures(f"seat/{member}/", seats, advantages.get(member, [])))
-    learner = [(e, m) for e in episodes for m in e.trainable_members]
+    learner = SeatTally.of((e, m) for e in episodes for m in e.trainable_members)
     out.update(figures("learner/", learner, [a for values in advantages.values() for a in values]))
     return out
 
 
-def figures(prefix: str, seats: list[tuple[Episode, str]], advantages: list[float]) -> dict[str, Any]:
-    """The figures of one member (or the learner) over the (episode, member) pairs it sat in."""
-    rewards = [r for e, m in seats if (r := e.rewards.get(m)) is not None]
-    outcomes = [o for e, m in seats if (o := e.outcomes.get(m)) is not None]
-    out: dict[str, Any] = {"episodes": len(seats),
-                           "parse_errors": sum(e.member_metrics.get(m, {}).get(PARSE_ERRORS) or 0 for e, m in seats)}
-    if rewards:
-        out["reward"] = statistics.fmean(rewards)
-    if outcomes:
-        for outcome in Outcome:
-            out[f"{outcome.value}_rate"] = sum(o == outcome for o in outcomes) / len(outcomes)
+def figures(prefix: str, tally: SeatTally, advantages: list[float]) -> dict[str, Any]:
+    """The figures of one member (or the learner) from its tally and the advantages it trained with."""
+    out: dict[str, Any] = {"episodes": tally.episodes, PARSE_ERRORS: int(tally.metrics[PARSE_ERRORS])}
+    if tally.rewards:
+        out["reward"] = statistics.fmean(tally.rewards)
+    out.update({f"{outcome.value}_rate": rate for outcome, rate in tally.outcome_rates().items()})
     if advantages:
         out["advantage_mean"] = statistics.fmean(advantages)
         out["advantage_std"] = statistics.pstdev(advantages)
