@@ -92,11 +92,12 @@ def test_imports_sees_absolute_root_and_relative_forms():
 
 
 PUBLIC_SURFACE = [
-    "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "ErrorKind", "InfrastructureError",
-    "Message", "ModelClient", "ModelError", "ModelRequest", "ModelResponse", "Sampling", "StopReason", "Task",
-    "TaskData", "Taskset", "TasksetConfig", "Timeouts", "ToolCall", "Trace", "TracegymError", "UsageError",
-    "evaluate", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "run_group", "run_rollout",
-    "stop",
+    "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "Episode", "ErrorKind",
+    "InfrastructureError", "InvalidMove", "Member", "Message", "ModelClient", "ModelError", "ModelRequest",
+    "ModelResponse", "MultiAgentTask", "Outcome", "Sampling", "Seat", "Slot", "StopReason", "Task", "TaskData",
+    "Taskset", "TasksetConfig", "Timeouts", "ToolCall", "Trace", "TracegymError", "UsageError", "evaluate",
+    "evaluate_episodes", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "run_episode",
+    "run_group", "run_rollout", "stop",
 ]
 """Every name `tracegym` exports. Changing it is an API change: update this list on purpose."""
 
