@@ -396,7 +396,7 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
                                      replicas=endpoints.replicas)
     uses_pool = any(e.play.opponent == "pool" for e in [*orch.train.envs, *orch.eval.envs])
-    pool = OpponentPool(folder, lora_loader(endpoints.base_url), endpoints.base_model) if uses_pool else None
+    pool = OpponentPool(folder, lora_loader(endpoint.servers()), endpoints.base_model) if uses_pool else None
 
     def seating(env: EnvChoice, taskset: Taskset) -> Seating | None:
         if not is_multi_agent(taskset):
