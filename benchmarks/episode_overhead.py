@@ -4,8 +4,13 @@ A two-seat, ten-turn episode (`Duet`: members a and b alternate for 5 rounds, ea
 output) against a ten-turn single-agent rollout (`Solo`: the task answers every turn), both against a model that
 answers at once: in process (a scripted model) and through an env server (the fake OpenAI server in its own
 process). The same number of episodes and rollouts run at the same concurrency; the ratio episode time /
-rollout time is the overhead (target <= 1.2x); each is measured `--repeat` times, alternating, and the median
-ratio is reported (a shared machine's noise moves single runs by tens of percent).
+rollout time is the overhead (target <= 1.2x); each is measured `--repeat` times, alternating which side goes
+first, and the median ratio is reported (a shared machine's noise moves single runs by tens of percent). Each
+side starts from the same heap: its own fresh scripted model (which keeps every request it answered) and a
+garbage collection just before it, so neither pays for the other's leftovers in the collector's passes. In
+process, the CPU time this process spent is measured too: the work is all in it, and on a machine shared with
+other jobs the CPU-time ratio moves far less than the wall-clock one (an env server spreads the work over
+processes, so there only wall time is meaningful).
 
     .venv/bin/python benchmarks/episode_overhead.py [--count 400] [--concurrency 32]
 """
@@ -14,12 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
+import os
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import tracegym as tg
 from tracegym.envs.evaluate import evaluate_episodes
@@ -61,35 +69,53 @@ class Duet(Solo):
     task_class = DuetTask
 
 
-async def timed(run: Awaitable[object]) -> float:
-    start = time.perf_counter()
+class Took(NamedTuple):
+    """Seconds one side took: on the wall clock, and of this process's CPU."""
+
+    wall: float
+    cpu: float
+
+
+async def timed(run: Awaitable[object]) -> Took:
+    gc.collect()
+    start, cpu = time.perf_counter(), time.process_time()
     await run
-    return time.perf_counter() - start
+    return Took(time.perf_counter() - start, time.process_time() - cpu)
 
 
-async def in_process(count: int, concurrency: int) -> tuple[float, float]:
-    model = ScriptedModel(rule=lambda r: "<think>hm</think>Fine.", tokens=True)
-    solo = await timed(tg.evaluate(Solo(), model, num_tasks=count, concurrency=concurrency))
-    duet = await timed(evaluate_episodes(Duet(), model, num_tasks=count, concurrency=concurrency))
-    return solo, duet
+async def in_process(count: int, concurrency: int, duet_first: bool = False) -> tuple[Took, Took]:
+    def model() -> ScriptedModel:
+        return ScriptedModel(rule=lambda r: "<think>hm</think>Fine.", tokens=True)
+
+    async def solo() -> Took:
+        return await timed(tg.evaluate(Solo(), model(), num_tasks=count, concurrency=concurrency))
+
+    async def duet() -> Took:
+        return await timed(evaluate_episodes(Duet(), model(), num_tasks=count, concurrency=concurrency))
+
+    if duet_first:
+        episodes = await duet()
+        return await solo(), episodes
+    return await solo(), await duet()
 
 
-async def served(count: int, concurrency: int) -> tuple[float, float]:
+async def served(count: int, concurrency: int, duet_first: bool = False) -> tuple[Took, Took]:
     sys.path.insert(0, str(SPEC_FILE.parent))
     from fake_endpoint import fake_endpoint
 
     from tracegym.serve import EnvClient, local_server
 
-    times = []
+    times = {}
+    sides = [("Solo", Solo()), ("Duet", Duet())]
     with fake_endpoint() as base_url:
         endpoint = tg.Endpoint(base_url=base_url, model="fake-model", api_key_env=None)
-        for name, taskset in (("Solo", Solo()), ("Duet", Duet())):
+        for name, taskset in reversed(sides) if duet_first else sides:
             with local_server(f"{SPEC_FILE}:{name}", workers=1) as address:
                 async with EnvClient(address) as client:
                     run = client.evaluate_episodes if name == "Duet" else client.evaluate
                     await run(taskset, endpoint, num_tasks=min(count, 20), concurrency=concurrency)  # warm up
-                    times.append(await timed(run(taskset, endpoint, num_tasks=count, concurrency=concurrency)))
-    return times[0], times[1]
+                    times[name] = await timed(run(taskset, endpoint, num_tasks=count, concurrency=concurrency))
+    return times["Solo"], times["Duet"]
 
 
 def main() -> None:
@@ -98,14 +124,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    print(f"{args.count} ten-call rollouts vs {args.count} two-seat ten-turn episodes, concurrency {args.concurrency}")
+    print(f"{args.count} ten-call rollouts vs {args.count} two-seat ten-turn episodes, concurrency {args.concurrency}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     for where, measure in (("in process", in_process), ("env server", served)):
         asyncio.run(measure(min(args.count, 50), args.concurrency))  # warm up imports and caches
-        runs = [asyncio.run(measure(args.count, args.concurrency)) for _ in range(args.repeat)]
-        solo, duet = (statistics.median(r[i] for r in runs) for i in (0, 1))
-        ratio = statistics.median(d / s for s, d in runs)
+        runs = [asyncio.run(measure(args.count, args.concurrency, duet_first=i % 2 == 1)) for i in range(args.repeat)]
+        solo, duet = (statistics.median(r[i].wall for r in runs) for i in (0, 1))
+        ratio = statistics.median(d.wall / s.wall for s, d in runs)
+        cpu_ratio = statistics.median(d.cpu / s.cpu for s, d in runs)
+        cpu = f", CPU-time ratio {cpu_ratio:.2f}x" if where == "in process" else ""
         print(f"{where:>10}: rollouts {solo:.2f}s ({args.count / solo:.0f}/s), episodes {duet:.2f}s "
-              f"({args.count / duet:.0f}/s), median ratio {ratio:.2f}x of {args.repeat} (target <= 1.2x)")
+              f"({args.count / duet:.0f}/s), median ratio {ratio:.2f}x{cpu} of {args.repeat} (target <= 1.2x)")
 
 
 if __name__ == "__main__":
