@@ -73,10 +73,10 @@ def marked(text: str, tag: str = PRIVATE_TAG) -> list[tuple[str, bool]]:
     >>> marked("<think>fold?</think>bet")
     [('<think>', True), ('fold?', True), ('</think>', True), ('bet', False)]
     """
-    opening, closing = f"<{tag}>", f"</{tag}>"
+    pattern, opening, closing = _markup(tag)
     runs: list[tuple[str, bool]] = []
     depth = 0
-    for part in re.split(f"(</?{re.escape(tag)}>)", text):
+    for part in pattern.split(text):
         if part == opening:
             depth += 1
         elif part == closing:
