@@ -47,6 +47,7 @@ from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
+from tracegym.train.sft import SFTSource, build_sft_source
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.trainer_loop import orchestrator_state
 
@@ -131,18 +132,20 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
-                 baseline_per_task: bool = True, truncated_reward: float | None = None) -> None:
+                 baseline_per_task: bool = True, truncated_reward: float | None = None,
+                 sft: SFTSource | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
-        reward of a trainable member of an episode cut short (None: its payoff)."""
+        reward of a trainable member of an episode cut short (None: its payoff); `sft`: an `sft` run's teacher,
+        whose rollouts are the data (held-out evaluation stays on `endpoint`, the student)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
-        self.truncated_reward = truncated_reward
+        self.truncated_reward, self.sft = truncated_reward, sft
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -189,7 +192,7 @@ class Orchestrator:
     async def collect(self, step: int, version: int, model: str) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics."""
         started = time.monotonic()
-        endpoint = self.endpoint.model_copy(update={"model": model})
+        endpoint = self.sft.teacher if self.sft else self.endpoint.model_copy(update={"model": model})
         size = self.plan.group_size
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
         if self.pool is not None:
@@ -210,8 +213,13 @@ class Orchestrator:
         groups = await asyncio.gather(*(group(*plan) for plan in plans))
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
-        pairs, dropped = self.advantaged(groups)
-        samples = self.samples_of(pairs, version, step)
+        if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
+            pairs, dropped = [], Counter[str]()
+            ran = [(env.stream.taskset, g) for (env, _, _), g in zip(plans, groups, strict=True)]
+            samples, extra = self.sft.batch(step, ran, version)
+        else:
+            pairs, dropped = self.advantaged(groups)
+            samples, extra = self.samples_of(pairs, version, step), {}
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
         self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)))
         if episodes:
@@ -219,7 +227,7 @@ class Orchestrator:
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid})
+                        "traces_invalid": self.traces_invalid, **extra})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -375,7 +383,9 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
                                 held_out, seed=orch.seed, pool=pool,
                                 baseline_per_task=orch.advantage.baseline_per == "task",
-                                truncated_reward=orch.truncated_reward)
+                                truncated_reward=orch.truncated_reward,
+                                sft=build_sft_source(config.sft, config.teacher, endpoints, endpoint)
+                                if config.mode == "sft" and config.teacher else None)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
