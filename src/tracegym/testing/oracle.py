@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tracegym.core.errors import TracegymError
 from tracegym.core.messages import Message
 from tracegym.envs.registry import load_taskset
 from tracegym.models.client import ModelRequest
@@ -73,7 +74,11 @@ def main(argv: list[str]) -> int:
     except json.JSONDecodeError as exc:
         print(f"--options: not JSON: {exc}", file=sys.stderr)
         return 2
-    server = oracle_server(args.taskset, options, port=args.port, model=args.model, max_tasks=args.max_tasks)
+    try:
+        server = oracle_server(args.taskset, options, port=args.port, model=args.model, max_tasks=args.max_tasks)
+    except TracegymError as exc:
+        print(f"--taskset / --options: {exc}", file=sys.stderr)
+        return 2
     with server:
         print(f"oracle for {args.taskset}: {server.base_url} (model {args.model!r})", flush=True)
         try:
