@@ -102,14 +102,17 @@ class Repetition(BaseModel):
         return any(self.loop_length(ids) >= 0 for ids, _ in turns(trace))
 
     def loop_length(self, ids: Sequence[int]) -> int:
-        """The length of the first qualifying loop in `ids` (a periodic stretch), or -1 when there is none."""
+        """The length of the first loop in `ids` (the shortest period first), to where it ends; -1: none."""
         for period in range(1, min(self.max_period, len(ids) // self.min_repeats) + 1):
             need = max(self.min_tokens, period * self.min_repeats) - period  # positions equal to one period back
             streak = 0
-            for i in range(period, len(ids)):
-                streak = streak + 1 if ids[i] == ids[i - period] else 0
-                if streak >= need:
+            for i in range(period, len(ids) + 1):
+                if i < len(ids) and ids[i] == ids[i - period]:
+                    streak += 1
+                elif streak >= need:
                     return streak + period
+                else:
+                    streak = 0
         return -1
 
 
@@ -184,7 +187,7 @@ def screen(filters: Sequence[RolloutFilter], traces: Iterable[tuple[str, Trace]]
 
 def drops_by_env(records: Iterable[dict[str, Any]]) -> str:
     """What enforcing filters left out, per environment, summed over steps' (or attempts') metrics, e.g.
-    `reverse-text: 16 of 16 dropped (caught by gibberish 16, repetition 3)`; '' when they left nothing out."""
+    `reverse-text: 16 of 16, caught by gibberish 16 and repetition 3`; '' when they left nothing out."""
     checked, counts = Counter[str](), Counter[tuple[str, str]]()
     for record in records:
         for key, value in record.items():
@@ -198,6 +201,7 @@ def drops_by_env(records: Iterable[dict[str, Any]]) -> str:
     parts = []
     for env in sorted(checked):
         if counts[env, DROPPED]:
-            caught = ", ".join(f"{name} {n}" for (e, name), n in sorted(counts.items()) if e == env and name != DROPPED)
-            parts.append(f"{env}: {counts[env, DROPPED]} of {checked[env]} dropped (caught by {caught})")
+            caught = " and ".join(f"{name} {n}" for (e, name), n in sorted(counts.items())
+                                  if e == env and name != DROPPED)
+            parts.append(f"{env}: {counts[env, DROPPED]} of {checked[env]}, caught by {caught}")
     return "; ".join(parts)

@@ -145,7 +145,7 @@ def supervise(roles: list[Role], servers: VLLMServers, out: IO[str]) -> int:
         if failed:
             role = failed[0]
             if codes[role.name] == STOPPED_EXIT:  # it says why on its last line
-                say(out, f"{role.name} stopped the run; stopping everything. {log_tail(role.log_path, 1)}")
+                say(out, f"stopping everything: {log_tail(role.log_path, 1)}")
                 return 1
             say(out, f"{role.name} died (exit {codes[role.name]}); stopping everything. Its log ends:")
             print(log_tail(role.log_path), file=out, flush=True)

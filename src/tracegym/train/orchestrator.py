@@ -184,8 +184,9 @@ class Orchestrator:
         no_signal = self.advantages.filtered
         return await regenerated(
             lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts,
-            lambda tried: f"step {step}: {rollouts_fate(tried, self.advantages.filtered - no_signal)}",
-            lambda attempt, metrics: self.folder.metrics.append({"empty_batch": step, "attempt": attempt, **metrics}))
+            lambda tried: rollouts_fate(tried, self.advantages.filtered - no_signal),
+            lambda attempt, metrics: self.folder.metrics.append({"empty_batch": step, "attempt": attempt, **metrics}),
+            what=f"step {step}")
 
     def hand_over(self, step: int, samples: list[Sample], metrics: dict[str, Any]) -> None:
         """Write the batch of `step` with the state a resume after it needs (the trainer checkpoints that state

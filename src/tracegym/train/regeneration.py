@@ -8,7 +8,7 @@ an SFT run's teacher traces, ...); what explains an empty one is any function of
 >>> async def nothing(attempt): return [], {"rollouts": 8}
 >>> asyncio.run(regenerated(nothing, 2, lambda tried: f"{len(tried)} x {tried[0]['rollouts']} rollouts"))
 Traceback (most recent call last):
-tracegym.train.regeneration.EmptyBatch: nothing to train on after 2 attempts: 2 x 8 rollouts
+tracegym.train.regeneration.EmptyBatch: the batch: nothing to train on after 2 attempts: 2 x 8 rollouts
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ STOPPED_EXIT = 4
 
 async def regenerated(make: Make[S], attempts: int, why: Callable[[list[Metrics]], str],
                       on_empty: Callable[[int, Metrics], None] = lambda attempt, metrics: None,
-                      ) -> tuple[list[S], Metrics]:
+                      what: str = "the batch") -> tuple[list[S], Metrics]:
     """The first of at most `attempts` batches from `make` that has samples, with its metrics (plus
-    `batch_attempts`); `on_empty(attempt, metrics)` hears of each empty one. When all are empty: `EmptyBatch`,
-    saying `why(metrics of every attempt)`."""
+    `batch_attempts`); `on_empty(attempt, metrics)` hears of each empty one. When all are empty: `EmptyBatch`
+    naming `what` (e.g. `step 3`) and saying `why(metrics of every attempt)`."""
     tried: list[Metrics] = []
     for attempt in range(attempts):
         samples, metrics = await make(attempt)
@@ -51,7 +51,7 @@ async def regenerated(make: Make[S], attempts: int, why: Callable[[list[Metrics]
             return samples, {**metrics, ATTEMPTS_KEY: attempt + 1}
         on_empty(attempt, metrics)
         tried.append(metrics)
-    raise EmptyBatch(f"nothing to train on after {attempts} attempt{'s' * (attempts != 1)}: {why(tried)}")
+    raise EmptyBatch(f"{what}: nothing to train on after {attempts} attempt{'s' * (attempts != 1)}: {why(tried)}")
 
 
 def rollouts_fate(tried: list[Metrics], no_signal: int | None = None) -> str:
@@ -66,6 +66,6 @@ def rollouts_fate(tried: list[Metrics], no_signal: int | None = None) -> str:
     drops = drops_by_env(tried)
     rest = total["rollouts"] - total["rollouts_failed"] - total["rollouts_filtered"]
     groups = f" ({no_signal} groups had every reward the same)" if no_signal else ""
-    return (f"{total['rollouts']} rollouts: {total['rollouts_failed']} failed{f' ({reasons})' if reasons else ''}; "
-            f"{total['rollouts_filtered']} dropped by enforced filters{f' ({drops})' if drops else ''}; "
-            f"{rest} left without signal{groups}, or with samples too stale or untrainable")
+    return (f"{total['rollouts']} rollouts: {total['rollouts_failed']} failed{f' ({reasons})' if reasons else ''}, "
+            f"{total['rollouts_filtered']} dropped by enforced filters{f' ({drops})' if drops else ''}, "
+            f"{rest} left without signal{groups} or with samples too stale or untrainable")
