@@ -5,6 +5,7 @@ config error; and in the orchestrator: a caught rollout is saved but not trained
 import asyncio
 import doctest
 import json
+import random
 
 import pytest
 
@@ -49,22 +50,23 @@ def loop(reward: float = 0.0, **fields) -> Trace:
 
 # --- gibberish ---------------------------------------------------------------------------------------------------
 def test_gibberish_catches_a_run_of_unlikely_tokens_not_a_lone_one():
-    assert Gibberish().catches(gibberish())
+    assert Gibberish(run=2).catches(gibberish())
     lone = tokened(([5, 6, 7], [UNLIKELY, -0.1, UNLIKELY]))
-    assert not Gibberish().catches(lone) and Gibberish(run=1).catches(lone)
+    assert not Gibberish(run=2).catches(lone) and Gibberish().catches(lone)  # prime-rl's default: any one
     assert not Gibberish(logprob_below=-25.0).catches(gibberish())
+    assert not Gibberish().catches(tokened([5, 6, 7]))
 
 
 def test_gibberish_counts_only_rare_tokens_when_asked_and_never_the_prompt():
-    assert not Gibberish(min_token_id=7).catches(gibberish())  # token 6 of the run is below the id
-    assert Gibberish(min_token_id=6).catches(gibberish())
+    assert not Gibberish(min_token_id=7, run=2).catches(gibberish())  # token 6 of the run is below the id
+    assert Gibberish(min_token_id=7).catches(gibberish()) and not Gibberish(min_token_id=8).catches(gibberish())
     # the prompt tokens on a model node carry logprob 0.0 (not sampled): a run there is not looked at
     assert not Gibberish(logprob_below=0.5, run=3).catches(tokened([9]))
 
 
 def test_a_gibberish_run_does_not_span_two_turns_and_a_turn_without_logprobs_is_not_checked():
     split = tokened(([5, 6], [-0.1, UNLIKELY]), ([7, 8], [UNLIKELY, -0.1]))
-    assert not Gibberish().catches(split)
+    assert not Gibberish(run=2).catches(split)
     assert not Gibberish(run=1).catches(tokened(([5, 6], None)))
 
 
@@ -72,8 +74,9 @@ def test_a_gibberish_run_does_not_span_two_turns_and_a_turn_without_logprobs_is_
 def test_repetition_catches_a_unit_repeated_back_to_back_anywhere_in_a_turn():
     assert Repetition().catches(loop())
     assert Repetition().loop_length([10, 11, 12] * 12) == 36
-    assert Repetition().catches(tokened([1, 2, 3, 4, 5], [9] * 40))  # `the the the ...` after a start
-    assert Repetition().catches(tokened([4, 5], list(range(40, 47)) * 5))  # a 7-token sentence, five times
+    assert Repetition().catches(tokened([1, 2, 3, 4, 5] + [9] * 12))  # `the the the ...` after a start
+    assert Repetition().catches(tokened([4, 5] + list(range(40, 47)) * 4 + [3]))  # a 7-token sentence, 4 times
+    assert not Repetition().catches(tokened([1, 2, 3, 4, 5] + [9] * 11))
 
 
 def test_repetition_needs_enough_repeats_over_enough_tokens():
@@ -82,6 +85,31 @@ def test_repetition_needs_enough_repeats_over_enough_tokens():
     assert not Repetition().catches(tokened(list(range(20, 40)) * 3))  # 3 repeats, 4 needed
     assert Repetition(min_repeats=3).catches(tokened(list(range(20, 40)) * 3))
     assert not Repetition(max_period=19).catches(tokened(list(range(20, 40)) * 4))  # the unit is 20 long
+
+
+def brute_loop_length(ids: list[int], rule: Repetition) -> int:
+    """The definition, checked at every position: the first maximal run of ids[i] == ids[i - p] long enough."""
+    for period in range(1, min(rule.max_period, len(ids) // rule.min_repeats) + 1):
+        need, run = max(rule.min_tokens, period * rule.min_repeats) - period, 0
+        for i in range(period, len(ids) + 1):
+            if i < len(ids) and ids[i] == ids[i - period]:
+                run += 1
+            elif run >= need:
+                return run + period
+            else:
+                run = 0
+    return -1
+
+
+def test_the_anchored_search_finds_what_checking_every_position_finds():
+    rng = random.Random(0)
+    found = 0
+    for _ in range(3000):
+        rule = Repetition(max_period=rng.randint(1, 8), min_repeats=rng.randint(2, 5), min_tokens=rng.randint(1, 16))
+        ids = [rng.randrange(rng.randint(1, 4)) for _ in range(rng.randint(0, 60))]
+        assert rule.loop_length(ids) == brute_loop_length(ids, rule), (rule, ids)
+        found += rule.loop_length(ids) > 0
+    assert 300 < found < 2700  # both outcomes well exercised
 
 
 def test_repetition_looks_within_each_turn():
