@@ -11,18 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
+from tracegym.core.errors import ErrorKind, InfrastructureError
 from tracegym.core.messages import assistant, system, tool, user
 from tracegym.core.trace import StopReason
 from tracegym.envs.evaluate import run_rollout
 from tracegym.envs.registry import load_taskset
+from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import ChatMLRenderer, LibraryRenderer, renderer_for
 from tracegym.models.token_client import TokenClient
+from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_trace, reply, tool_call
 from tracegym.testing.oracle import oracle_server
+from tracegym.train.orchestrator import build_orchestrator
+from tracegym.train.regeneration import EmptyBatch
 from tracegym.train.rl_config import RLConfig
-from tracegym.train.rl_folder import Endpoints
+from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.samples import trace_samples
 from tracegym.train.sft import (
     SFTConfig,
@@ -210,17 +214,45 @@ def test_truncated_and_failed_teacher_rollouts_are_dropped():
 
 
 # --- the source: a step's batch, and its stops -------------------------------------------------------------
-def test_a_step_where_every_rollout_is_filtered_out_stops_naming_the_sft_keys(smol):
+def test_a_step_where_every_rollout_is_filtered_out_is_empty_and_says_which_keys_to_loosen(smol):
     source = SFTSource(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(min_reward=1.0))
-    taskset = load_taskset("reverse-text")
-    with pytest.raises(UsageError, match=r"step 3: every teacher rollout was filtered out \(2 below_min_reward\);"
-                                         r" lower \[sft\] min_reward \(now 1.0\).*http://teacher:1/v1"):
-        source.batch(3, [(taskset, group(0.5, 0.2))], version=2)
+    samples, figures = source.batch([(load_taskset("reverse-text"), group(0.5, 0.2))], version=2)
+    assert samples == [] and figures["sft/dropped/below_min_reward"] == 2
+    why = source.why_empty([figures, figures])
+    assert why == ("every teacher rollout was filtered out (4 below_min_reward); lower [sft] min_reward (now 1.0), "
+                   "set [sft] keep_truncated, or check the teacher at http://teacher:1/v1")
+
+
+def test_an_sft_run_whose_teacher_is_always_wrong_stops_after_its_attempts(tmp_path, smol):
+    """Through the orchestrator and a real env server: each empty step is made again with new tasks, then the run
+    stops (EmptyBatch) naming the [sft] keys."""
+    config = RLConfig.model_validate({
+        "mode": "sft", "model": {"client": "chat"}, "trainer": {"model": str(embedded_model_dir())},
+        "teacher": {"base_url": "http://127.0.0.1:1/v1"}, "sft": {"min_reward": 1.0},
+        "orchestrator": {"tasks_per_step": 2, "group_size": 2, "batch_attempts": 2,
+                         "train": {"envs": [{"id": "reverse-text", "options": {"reward": "exact"}}]}}})
+    with FakeOpenAIServer(rule=lambda request: "not the reversal") as teacher, \
+            local_server("reverse-text", {"reward": "exact"}, workers=1) as env:
+        endpoints = Endpoints(base_url="http://127.0.0.1:1/v1", base_model="m", envs={"reverse-text": env},
+                              teacher_base_url=[teacher.base_url], teacher_model="fake-model")
+        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+
+        async def make():
+            try:
+                return await orchestrator.make_batch(0, 0, "m")
+            finally:
+                await orchestrator.aclose()
+
+        with pytest.raises(EmptyBatch, match=r"step 0: nothing to train on after 2 attempts: every teacher rollout "
+                                             r"was filtered out \(8 below_min_reward\); lower \[sft\] min_reward"):
+            asyncio.run(make())
+    empties = [r for r in RLFolder(tmp_path).metrics.read() if "empty_batch" in r]
+    assert [r["attempt"] for r in empties] == [0, 1]
 
 
 def test_a_step_batch_is_stamped_and_counted(smol):
     source = SFTSource(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(keep_best=1))
-    samples, figures = source.batch(0, [(load_taskset("reverse-text"), group(0.2, 0.9))], version=4)
+    samples, figures = source.batch([(load_taskset("reverse-text"), group(0.2, 0.9))], version=4)
     assert len(samples) == 1 and samples[0].policy_version == 4 and samples[0].reward == 0.9
     assert figures == {"sft/kept": 1, "sft/kept_rate": 0.5, "sft/dropped/not_best": 1}
 

@@ -29,6 +29,7 @@ from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
+from tracegym.train.regeneration import STOPPED_EXIT
 from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import LAUNCHER_PID_ENV
@@ -143,6 +144,9 @@ def supervise(roles: list[Role], servers: VLLMServers, out: IO[str]) -> int:
         check_servers(servers, lost, out)
         if failed:
             role = failed[0]
+            if codes[role.name] == STOPPED_EXIT:  # it says why on its last line
+                say(out, f"stopping everything: {log_tail(role.log_path, 1)}")
+                return 1
             say(out, f"{role.name} died (exit {codes[role.name]}); stopping everything. Its log ends:")
             print(log_tail(role.log_path), file=out, flush=True)
             return 1

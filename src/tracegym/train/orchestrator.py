@@ -4,9 +4,11 @@ Per step: wait until the trainer's policy is recent enough (`max_async_steps`), 
 the environments by weight, run a group of `group_size` rollouts per task through the env servers against the
 currently served policy, compute advantages per group over the rollouts that ended on the model's own output
 (a rollout that failed outside the model, `Trace.failure`, is left out of its group's statistics and of training,
-and counted by reason), drop groups with no signal, turn every branch into training samples stamped with the
-oldest policy version that sampled them, drop samples older than `max_async_steps`, and hand the batch to the
-trainer with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
+and counted by reason), drop groups with no signal, run the rollout filters (`filters`: an enforcing one keeps
+what it catches out of training), turn every branch into training samples stamped with the oldest policy version
+that sampled them, drop samples older than `max_async_steps`, and hand the batch to the trainer (a batch left
+empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
+with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
 after the last. Metrics go to the run folder's `metrics.jsonl`, the step's traces to `traces/step-N.jsonl`.
 
@@ -41,7 +43,9 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
 from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
+from tracegym.train.filters import RolloutFilter, screen
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
+from tracegym.train.regeneration import regenerated, rollouts_fate
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
@@ -124,6 +128,8 @@ class StepPlan:
     group_size: int
     concurrency: int
     """Rollouts in flight at once."""
+    batch_attempts: int = 1
+    """Attempts at a step's batch before an empty one stops the run (`regeneration`)."""
 
 
 class Orchestrator:
@@ -133,12 +139,13 @@ class Orchestrator:
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
                  baseline_per_task: bool = True, truncated_reward: float | None = None,
-                 sft: SFTSource | None = None) -> None:
+                 filters: list[RolloutFilter] | None = None, sft: SFTSource | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
-        reward of a trainable member of an episode cut short (None: its payoff); `sft`: an `sft` run's teacher,
-        whose rollouts are the data (held-out evaluation stays on `endpoint`, the student)."""
+        reward of a trainable member of an episode cut short (None: its payoff); `filters`: the rollout filters
+        that run on each trainable rollout; `sft`: an `sft` run's teacher, whose rollouts are the data (held-out
+        evaluation stays on `endpoint`, the student)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
@@ -146,6 +153,7 @@ class Orchestrator:
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
         self.truncated_reward, self.sft = truncated_reward, sft
+        self.filters = filters or []
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -167,10 +175,21 @@ class Orchestrator:
         """Make and hand over the batch of `step` once the trainer's policy allows it; evaluate when it is time."""
         version, model = await self.policy_when(lambda v: self.staleness.may_start(step, v),
                                                 f"a policy fresh enough for step {step}")
-        self.hand_over(step, *await self.collect(step, version, model))
+        self.hand_over(step, *await self.make_batch(step, version, model))
         every = self.held_out.every
         if every and self.next_step % every == 0 and self.next_step < self.plan.steps:
             await self.evaluate(self.next_step)
+
+    async def make_batch(self, step: int, version: int, model: str) -> tuple[list[Sample], dict[str, Any]]:
+        """The step's samples and metrics, from new tasks again while they come out empty (`regeneration`); each
+        empty attempt's metrics go to `metrics.jsonl` as `{"empty_batch": step, "attempt": n, ...}`."""
+        no_signal = self.advantages.filtered
+        why = self.sft.why_empty if self.sft else (
+            lambda tried: rollouts_fate(tried, self.advantages.filtered - no_signal))
+        return await regenerated(
+            lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts, why,
+            lambda attempt, metrics: self.folder.metrics.append({"empty_batch": step, "attempt": attempt, **metrics}),
+            what=f"step {step}")
 
     def hand_over(self, step: int, samples: list[Sample], metrics: dict[str, Any]) -> None:
         """Write the batch of `step` with the state a resume after it needs (the trainer checkpoints that state
@@ -189,8 +208,9 @@ class Orchestrator:
 
         return await Poll(what, POLICY_WAIT_S).wait_async(accepted)
 
-    async def collect(self, step: int, version: int, model: str) -> tuple[list[Sample], dict[str, Any]]:
-        """The samples of one step and its metrics."""
+    async def collect(self, step: int, version: int, model: str, attempt: int = 0,
+                      ) -> tuple[list[Sample], dict[str, Any]]:
+        """The samples of one step and its metrics; the traces of a later `attempt` join the step's earlier ones."""
         started = time.monotonic()
         endpoint = self.sft.teacher if self.sft else self.endpoint.model_copy(update={"model": model})
         size = self.plan.group_size
@@ -213,21 +233,24 @@ class Orchestrator:
         groups = await asyncio.gather(*(group(*plan) for plan in plans))
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
+        screening = screen(self.filters, ((plan[0].id, t) for plan, traces in zip(plans, trained, strict=True)
+                                          for t in traces if trainable(t)))
         if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
             pairs, dropped = [], Counter[str]()
-            ran = [(env.stream.taskset, g) for (env, _, _), g in zip(plans, groups, strict=True)]
-            samples, extra = self.sft.batch(step, ran, version)
+            ran = [(env.stream.taskset, [t for t in g if screening.keeps(t)]) for (env, _, _), g
+                   in zip(plans, groups, strict=True)]
+            samples, extra = self.sft.batch(ran, version)
         else:
             pairs, dropped = self.advantaged(groups)
-            samples, extra = self.samples_of(pairs, version, step), {}
+            samples, extra = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step), {}
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
-        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)))
+        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=attempt > 0)
         if episodes:
-            self.folder.write_episodes(step, episodes)
+            self.folder.write_episodes(step, episodes, keep=attempt > 0)
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid, **extra})
+                        "traces_invalid": self.traces_invalid, **screening.metrics(), **extra})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -380,10 +403,11 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
                                 build_advantages(orch.advantage),
                                 StalenessControl(orch.max_async_steps),
-                                StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency),
+                                StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency,
+                                         orch.batch_attempts),
                                 held_out, seed=orch.seed, pool=pool,
                                 baseline_per_task=orch.advantage.baseline_per == "task",
-                                truncated_reward=orch.truncated_reward,
+                                truncated_reward=orch.truncated_reward, filters=orch.filters.active(),
                                 sft=build_sft_source(config.sft, config.teacher, endpoints, endpoint)
                                 if config.mode == "sft" and config.teacher else None)
     checkpoint = folder.latest_checkpoint()

@@ -19,6 +19,7 @@ from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Addresses
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.cluster import SlurmConfig
+from tracegym.train.filters import Filters
 from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
 from tracegym.train.sft import SFTConfig
 from tracegym.train.trainer import TrainerConfig
@@ -137,6 +138,13 @@ class OrchestratorConfig(BaseModel):
     """Multi-agent: the reward of every trainable member of an episode cut short (a reply ran into
     `max_completion_tokens`, or a prompt no longer fit), in place of its payoff; e.g. -1 makes rambling as bad
     as forfeiting (an unfinished game otherwise pays 0, a safe harbour next to a lost one). Unset: the payoff."""
+    filters: Filters = Filters()
+    """Rollout filters, run on every trainable rollout after scoring, a section each with its mode and thresholds:
+    `[orchestrator.filters.gibberish] mode = "enforce"` (`detect`, the default, only counts; `off`)."""
+    batch_attempts: int = Field(default=10, ge=1)
+    """Attempts at each step's batch: a step left with no samples (every rollout filtered, failed or in a group
+    without signal) is rolled out again with new tasks, up to this many times in all; then the run stops, saying
+    what became of the rollouts."""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()

@@ -269,21 +269,24 @@ class RLFolder:
         """Every complete checkpoint, oldest first."""
         return sorted((marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")), key=step_of)
 
-    def write_traces(self, step: int, traces: Iterable[Trace]) -> Path:
-        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none)."""
-        return self.write_records(Path("traces"), step, traces)
+    def write_traces(self, step: int, traces: Iterable[Trace], keep: bool = False) -> Path:
+        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
+        `keep`: after the traces already there (a step made again keeps its earlier attempts')."""
+        return self.write_records(Path("traces"), step, traces, keep)
 
-    def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None) -> Path:
+    def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None,
+                       keep: bool = False) -> Path:
         """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
-        with its members' traces, written whole."""
+        with its members' traces, written whole (`keep`: after those already there)."""
         folder = Path("evals") / held_out.replace(":", "-") if held_out else Path("episodes")
-        return self.write_records(folder, step, episodes)
+        return self.write_records(folder, step, episodes, keep)
 
-    def write_records(self, folder: Path, step: int, records: Iterable[BaseModel]) -> Path:
-        """`<folder>/step-N.jsonl`, one record a line, written whole."""
+    def write_records(self, folder: Path, step: int, records: Iterable[BaseModel], keep: bool = False) -> Path:
+        """`<folder>/step-N.jsonl`, one record a line, written whole (`keep`: after the records already there)."""
         path = self.path / folder / f"{step_name(step)}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, "".join(record.model_dump_json() + "\n" for record in records))
+        earlier = path.read_text() if keep and path.exists() else ""
+        write_atomic(path, earlier + "".join(record.model_dump_json() + "\n" for record in records))
         return path
 
     def _batch_path(self, step: int) -> Path:

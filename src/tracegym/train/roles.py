@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tracegym.core.errors import TracegymError
 from tracegym.runtimes.processes import Parent, watch_parent
+from tracegym.train.regeneration import STOPPED_EXIT, EmptyBatch
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
 
@@ -98,6 +99,9 @@ def main(argv: list[str]) -> int:
     exit_with_parent(int(os.environ.get(LAUNCHER_PID_ENV, os.getppid())))
     try:
         ROLES[argv[0]](Path(argv[1]))
+    except EmptyBatch as exc:  # not a crash: the run cannot learn as configured, and says why
+        print(f"{argv[0]}: stopped the run: {exc}", file=sys.stderr)
+        return STOPPED_EXIT
     except TracegymError as exc:
         print(f"{argv[0]}: {exc.kind.value} error: {exc}", file=sys.stderr)
         return 1

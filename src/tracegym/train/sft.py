@@ -9,7 +9,8 @@ student's prompts at inference (`next_prompt_ids`: the first prompt rendered, ea
 previous prompt and completion), with the teacher's assistant messages as the student's completion ids
 (`Renderer.completion_ids`); loss falls on those completion ids only. The teacher's own template and token ids
 never reach the student: a teacher of another model family gives the same samples as one of the student's.
-A step with nothing left to train on stops the run, naming the `[sft]` keys to loosen.
+A step with nothing left to train on is made again with new tasks (`regeneration`), then stops the run naming
+the `[sft]` keys to loosen.
 
 The trainer minimises `cross_entropy_loss` on those samples (`trainer.objective = "cross_entropy"`, which the
 mode sets), packed by the same token budget as RL.
@@ -149,19 +150,22 @@ def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor,
 
 
 # --- the teacher as a source of batches ------------------------------------------------------------------
+DROPPED = "sft/dropped/"
+"""The prefix of the metrics counting dropped teacher rollouts by reason."""
+
+
 class SFTSource:
     """What an `sft` run's orchestrator needs: the teacher's endpoint, the student's renderer and the filters."""
 
     def __init__(self, teacher: Endpoint, renderer: Renderer, config: SFTConfig) -> None:
         self.teacher, self.renderer, self.config = teacher, renderer, config
-        self.dropped = Counter[str]()
-        """Teacher rollouts filtered out so far, by reason."""
 
-    def batch(self, step: int, groups: Sequence[tuple[Taskset, Sequence[Any]]],
+    def batch(self, groups: Sequence[tuple[Taskset, Sequence[Any]]],
               version: int) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step's groups (each with the taskset that ran it, for its tools), stamped with the
-        policy `version` served when the step started, and the step's SFT figures; no sample at all stops the
-        run (UsageError naming the `[sft]` keys)."""
+        policy `version` served when the step started, and the step's SFT figures (`sft/kept`, `sft/kept_rate`,
+        `sft/dropped/<reason>`). No sample at all is an empty batch: the orchestrator makes the step again with
+        new tasks, and stops the run with `why_empty` after its last attempt."""
         samples: list[Sample] = []
         dropped = Counter[str]()
         kept = 0
@@ -174,15 +178,19 @@ class SFTSource:
             kept += len(traces)
             for trace in traces:
                 samples += sft_samples(trace, self.renderer, taskset.task(trace.task).tool_specs())
-        self.dropped += dropped
-        if not samples:
-            raise UsageError(f"step {step}: every teacher rollout was filtered out ({_counts(dropped)}); lower "
-                             f"[sft] min_reward (now {self.config.min_reward}), set keep_truncated, or check the "
-                             f"teacher at {self.teacher.base_url}")
-        stamped = [s.model_copy(update={"policy_version": version}) for s in samples]
         total = kept + sum(dropped.values())
+        stamped = [s.model_copy(update={"policy_version": version}) for s in samples]
         return stamped, {"sft/kept": kept, "sft/kept_rate": kept / total if total else 0.0,
-                         **{f"sft/dropped/{reason}": n for reason, n in sorted(dropped.items())}}
+                         **{f"{DROPPED}{reason}": n for reason, n in sorted(dropped.items())}}
+
+    def why_empty(self, tried: Sequence[dict[str, Any]]) -> str:
+        """Why every attempt at a step came out empty, from the attempts' figures: what the filters dropped, and
+        the `[sft]` keys to loosen."""
+        dropped = Counter[str]()
+        for figures in tried:
+            dropped.update({k.removeprefix(DROPPED): v for k, v in figures.items() if k.startswith(DROPPED)})
+        return (f"every teacher rollout was filtered out ({_counts(dropped)}); lower [sft] min_reward (now "
+                f"{self.config.min_reward}), set [sft] keep_truncated, or check the teacher at {self.teacher.base_url}")
 
 
 def _counts(counter: Counter[str]) -> str:
