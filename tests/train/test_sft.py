@@ -5,8 +5,8 @@ import asyncio
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -50,29 +50,6 @@ def smol() -> ChatMLRenderer:
     return renderer
 
 
-@dataclass
-class ToyCall:
-    """Shaped like a parsed tool call of the `renderers` package."""
-
-    raw: str
-    name: str | None = None
-    arguments: object = None
-    status: str = "ok"
-    id: str | None = None
-
-
-@dataclass
-class ToyParsed:
-    content: str
-    reasoning_content: str | None = None
-    tool_calls: list[ToyCall] = field(default_factory=list)
-
-
-@dataclass
-class ToyBridged:
-    token_ids: list[int]
-
-
 class ToyTemplate:
     """A `renderers`-package renderer of another chat format than ChatML: a message is its role id, one id per
     character of its content (a tool call as `\\x01name\\x02arguments`), then 0; the assistant's role id 9 is the
@@ -93,13 +70,15 @@ class ToyTemplate:
         return [*ids, 9] if add_generation_prompt else ids
 
     def bridge_to_next_turn(self, prompt_ids, completion_ids, new_messages, *, tools=None):
-        return ToyBridged([*prompt_ids, *completion_ids, *self.render_ids(new_messages, add_generation_prompt=True)])
+        return SimpleNamespace(token_ids=[*prompt_ids, *completion_ids,
+                                          *self.render_ids(new_messages, add_generation_prompt=True)])
 
-    def parse_response(self, token_ids, *, tools=None, prompt_ids=None) -> ToyParsed:
-        text = "".join(chr(t) for t in token_ids if t != 0)
-        content, *calls = text.split("\x01")
-        parsed = [ToyCall(raw=c, name=c.split("\x02")[0], arguments=c.split("\x02")[1]) for c in calls]
-        return ToyParsed(content=content, tool_calls=parsed)
+    def parse_response(self, token_ids, *, tools=None, prompt_ids=None) -> SimpleNamespace:
+        """Shaped like the package's ParsedResponse (content, reasoning, calls shaped like its ParsedToolCall)."""
+        content, *calls = "".join(chr(t) for t in token_ids if t != 0).split("\x01")
+        parsed = [SimpleNamespace(raw=c, name=c.split("\x02")[0], arguments=c.split("\x02")[1], id=None)
+                  for c in calls]
+        return SimpleNamespace(content=content, reasoning_content=None, tool_calls=parsed)
 
 
 class ToyTokenizer:
