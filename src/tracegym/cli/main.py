@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("tracegym.cli.plot", "write PNG curves of an RL run (reward, eval reward, lengths, staleness)"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
     "serve": ("tracegym.cli.serve", "serve a taskset to env clients (ZMQ) and print the bound address"),
+    "view": ("tracegym.cli.view", "browse a run folder's traces, episodes and curves in a local web page"),
 }
 OWN_HELP = {"eval", "rl", "inference", "serve"}
 """Commands whose config parser answers `--help` with every option; the others print their module docstring."""

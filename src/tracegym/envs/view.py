@@ -54,3 +54,26 @@ def public_text(text: str, tag: str = PRIVATE_TAG) -> Public:
 def attributed(member: str, text: str) -> Message:
     """Another member's public output as a user message in a view: its text prefixed by who said it."""
     return Message(role="user", content=f"[{member}] {text}", name=member)
+
+
+def marked(text: str, tag: str = PRIVATE_TAG) -> list[tuple[str, bool]]:
+    """The reply as runs of (text, private) in order, the tags inside the private runs, by `public_text`'s rules
+    (its text is the public runs, stripped and joined): for a viewer that shows a whole reply, its private part
+    marked.
+
+    >>> marked("<think>fold?</think>bet")
+    [('<think>', True), ('fold?', True), ('</think>', True), ('bet', False)]
+    """
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    runs: list[tuple[str, bool]] = []
+    depth = 0
+    for part in re.split(f"(</?{re.escape(tag)}>)", text):
+        if part == opening:
+            depth += 1
+        elif part == closing:
+            if depth == 0:  # a stray closing tag: everything before it is private, as public_text hides it
+                runs = [(run, True) for run, _ in runs]
+            depth = max(depth - 1, 0)
+        if part:
+            runs.append((part, depth > 0 or part == closing))
+    return runs

@@ -42,6 +42,8 @@ from tracegym.serve.wire import listed
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
+TRACES, EPISODES = "traces", "episodes"
+"""The folders of each step's traces and episodes."""
 
 
 def step_name(step: int) -> str:
@@ -272,13 +274,13 @@ class RLFolder:
     def write_traces(self, step: int, traces: Iterable[Trace], keep: bool = False) -> Path:
         """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
         `keep`: after the traces already there (a step made again keeps its earlier attempts')."""
-        return self.write_records(Path("traces"), step, traces, keep)
+        return self.write_records(Path(TRACES), step, traces, keep)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None,
                        keep: bool = False) -> Path:
         """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
         with its members' traces, written whole (`keep`: after those already there)."""
-        folder = Path("evals") / held_out.replace(":", "-") if held_out else Path("episodes")
+        folder = Path("evals") / held_out.replace(":", "-") if held_out else Path(EPISODES)
         return self.write_records(folder, step, episodes, keep)
 
     def write_records(self, folder: Path, step: int, records: Iterable[BaseModel], keep: bool = False) -> Path:
@@ -288,6 +290,10 @@ class RLFolder:
         earlier = path.read_text() if keep and path.exists() else ""
         write_atomic(path, earlier + "".join(record.model_dump_json() + "\n" for record in records))
         return path
+
+    def step_records(self, folder: str) -> list[Path]:
+        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`), by step."""
+        return sorted(self._steps(folder, "*.jsonl"), key=step_of)
 
     def _batch_path(self, step: int) -> Path:
         return self.path / "batches" / f"{step_name(step)}.msgpack"
