@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.model_choice import ModelChoice
 from tracegym.models.renderer import Renderer, load_renderer
 from tracegym.models.token_client import next_prompt_ids
-from tracegym.models.transport import Unavailable, backoff_delay, served_models
+from tracegym.models.transport import PROBE_TIMEOUT_S, Unavailable, backoff_delay, served_models
 from tracegym.train.fan_out import unfit
 from tracegym.train.rl_folder import Endpoints
 
@@ -197,9 +197,11 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in sorted(counter.items())) or "no rollouts"
 
 
-def reach_teacher(teacher: ModelChoice, endpoints: Endpoints, sleep: Any = time.sleep) -> Endpoint:
+def reach_teacher(teacher: ModelChoice, endpoints: Endpoints,
+                  sleep: Callable[[float], object] = time.sleep) -> Endpoint:
     """The teacher's Endpoint (chat client by default), after checking it answers: `GET /models` tried
-    `1 + max_retries` times with the teacher's backoff, then an InfrastructureError naming the endpoint. Its model
+    `1 + max_retries` times (each within the probe timeout) with the teacher's backoff, then an
+    InfrastructureError naming the endpoint. Its model
     name is `teacher_model`, else the one the endpoint lists first."""
     urls = endpoints.teacher_base_url
     if not urls:
@@ -208,7 +210,7 @@ def reach_teacher(teacher: ModelChoice, endpoints: Endpoints, sleep: Any = time.
                                                                       replicas=urls[1:])
     for attempt in range(teacher.max_retries + 1):
         try:
-            listed = served_models(urls[0], endpoint.api_key(), teacher.timeout)
+            listed = served_models(urls[0], endpoint.api_key(), min(teacher.timeout, PROBE_TIMEOUT_S))
             break
         except Unavailable as exc:
             if attempt == teacher.max_retries:
