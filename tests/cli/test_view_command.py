@@ -31,6 +31,7 @@ def eval_folder(root: Path) -> Path:
 @pytest.mark.parametrize(("args", "said"), [
     (["{missing}"], "is not a run folder: no such directory"),
     (["{empty}"], "is not a run folder: it has no config.toml"),
+    (["{file}"], "is not a run folder: a file, not a directory"),
     (["{run}", "--port", "http"], "--port 'http': a port is a whole number"),
     (["{run}", "--port"], "--port needs a value"),
     (["{run}", "--host", "0.0.0.0"], "add --allow-remote"),
@@ -39,7 +40,9 @@ def eval_folder(root: Path) -> Path:
 ])
 def test_bad_paths_and_flags_are_one_line_and_exit_2(tmp_path, capsys, args, said):
     (tmp_path / "empty").mkdir()
-    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "run": tmp_path}
+    (tmp_path / "traces.jsonl").write_text("")
+    paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "run": tmp_path,
+             "file": tmp_path / "traces.jsonl"}
     assert main(["view", *(a.format(**paths) for a in args)]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err

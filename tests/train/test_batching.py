@@ -55,6 +55,12 @@ def test_collate_keeps_logits_from_the_position_before_the_first_loss_token():
 
 def test_collate_carries_advantages_temperatures_and_sampler_logprobs():
     batch = collate([sample(3, advantage=0.5, temperature=0.7), sample(3, advantage=-1.0)])
-    assert batch.advantages.tolist() == [0.5, -1.0]
+    assert batch.advantages.tolist() == [[0.5] * 3, [-1.0] * 3]  # one per token: each row's advantage throughout
     assert torch.allclose(batch.temperatures, torch.tensor([0.7, 1.0]))
     assert batch.sampler_logprobs[0].tolist() == [0.0, -0.5, -0.5]
+
+
+def test_collate_carries_per_token_advantages_where_a_sample_has_them():
+    distilled = sample(3).model_copy(update={"token_advantages": [0.0, 0.25, -0.75]})
+    batch = collate([sample(4, advantage=2.0), distilled])
+    assert batch.advantages.tolist() == [[2.0] * 4, [0.0, 0.0, 0.25, -0.75]]  # row 1 left-padded by one

@@ -65,3 +65,11 @@ def test_token_logprobs_divide_logits_by_the_temperature():
     logits = torch.tensor([[[2.0, 0.0]]])
     at_two = token_logprobs(logits, torch.tensor([[0]]), torch.tensor([2.0]))
     assert at_two.item() == pytest.approx(1.0 - math.log(math.e + 1.0))
+
+
+def test_per_token_advantages_weigh_each_token_by_its_own():
+    trainer, sampler, _, mask = _example()
+    per_token = torch.tensor([[0.0, 3.0, 1.0], [0.0, -0.5, 4.0]])
+    loss, _ = policy_gradient_loss(trainer, sampler, per_token, mask, BOUND)
+    # kept: row 0 token 1 (-3 * 1.0) and row 1 token 1 (+0.5 * 1.25); the masked tokens' advantages do not count
+    assert loss.item() == pytest.approx((-3.0 + 0.625) / 4)

@@ -38,3 +38,11 @@ def test_plot_run_writes_reward_lengths_and_staleness_pngs(tmp_path: Path) -> No
 def test_plot_run_without_metrics_names_the_missing_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"metrics\.jsonl"):
         plot_run(tmp_path)
+
+
+def test_an_opd_run_also_gets_its_per_token_kl_curve(tmp_path: Path) -> None:
+    lines = [{"step": s, "reward": 0.1, "completion_tokens_mean": 9.0, "staleness": 1, "opd/kl": 3.0 - s / 2}
+             for s in range(4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    written = plot_run(tmp_path)
+    assert "kl.png" in [p.name for p in written] and (tmp_path / "plots" / "kl.png").read_bytes()[:4] == b"\x89PNG"

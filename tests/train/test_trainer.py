@@ -167,3 +167,16 @@ def test_saving_merged_weights_leaves_the_base_weights_bit_identical(tmp_path):
     trainer.save_merged(tmp_path)
     after = dict(trainer.model.named_parameters())
     assert base and all(torch.equal(after[n], value) for n, value in base.items())
+
+
+def test_merged_weights_get_the_base_models_config_and_tokenizer_files_so_they_load_on_their_own(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors", ".tracegym-complete"):
+        (base / name).write_text(name)
+    trainer = tiny_trainer()
+    trainer.config = trainer.config.model_copy(update={"model": str(base)})
+    merged = trainer.save_merged(tmp_path / "merged")
+    assert sorted(p.name for p in merged.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (merged / "config.json").read_text() == "config.json"
+    assert (merged / "model.safetensors").read_bytes() != b"model.safetensors"  # the merged weights, not the base's

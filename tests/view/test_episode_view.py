@@ -32,7 +32,7 @@ async def test_rewards_outcomes_and_the_judges_verdict_are_shown():
     root = tree(episode_html(episode, {}))
     rows = {r.get("data-member"): [text_of(td) for td in r.iter("td")] for r in root.iter("tr") if r.get("data-member")}
     winner = next(m for m, o in episode.outcomes.items() if o.value == "win")
-    assert rows[winner][3:5] == ["1", "win"] and rows["judge"][2:5] == ["no", "1", "—"]
+    assert rows[winner][3:5] == ["1.000", "win"] and rows["judge"][2:5] == ["no", "1.000", "—"]
     [verdict] = [d for d in root.iter("div") if d.get("class") == "verdict"]
     assert verdict.get("data-member") == "judge" and f"VERDICT: {episode.task.answer}" in text_of(verdict)
 
@@ -55,4 +55,4 @@ async def test_poker_parse_errors_are_flagged_and_traces_given_apart_are_used():
     assert "No trace recorded" in text_of(shown["player_1"])
     rows = {r.get("data-member"): [text_of(td) for td in r.iter("td")] for r in tree(html).iter("tr")
             if r.get("data-member")}
-    assert rows["player_0"][3:5] == ["1", "win"] and rows["player_1"][3:5] == ["-1", "loss"]
+    assert rows["player_0"][3:5] == ["1.000", "win"] and rows["player_1"][3:5] == ["-1.000", "loss"]

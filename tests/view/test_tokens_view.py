@@ -128,3 +128,11 @@ def test_the_static_files_ship_and_fetch_nothing_from_the_network():
     script, style = (static / "viewer.js").read_text(), (static / "viewer.css").read_text()
     assert ".t.s.l0" in style and "token-detail" in script
     assert not any(word in script + style for word in ("http://", "https://", "//cdn", "@import"))
+
+
+async def test_the_tokens_of_private_reasoning_are_marked_private():
+    html = tokens_html(await tool_trace(last="<think>secret plan</think>3"), 0, BYTES)
+    private = tokens(html, "private")
+    assert "".join(t.text or "" for t in private) == "<think>secret plan</think>"
+    assert all("s" in t.get("class").split() and "private reasoning" in t.get("title") for t in private)
+    assert not tokens(tokens_html(await tool_trace(), 0, BYTES), "private")

@@ -61,10 +61,22 @@ async def test_run_page_prints_summary_json_numbers_to_3_decimals(eval_client, t
     page = await _text(eval_client, "/")
     assert f"<dt>reward</dt><dd>{summary['reward']:.3f}</dd>" in page
     assert f"<dt>reward_ci95</dt><dd>{summary['reward_ci95']:.3f}</dd>" in page
-    assert f"<dt>1</dt><dd>{summary['pass_at_k']['1']:.3f}</dd>" in page
+    assert f'<td class="num" data-key="pass_at_k.1">{summary["pass_at_k"]["1"]:.3f}</td>' in page  # by k, in a table
     assert "<dt>num_traces</dt><dd>10</dd>" in page
     api = await _json(eval_client, "/api/run")
     assert api["summary"] == summary and api["traces"] == 12 and api["unreadable"] == 2
+
+
+async def test_a_run_without_summary_json_yet_shows_counts_and_computes_no_figure(tmp_path):
+    path = eval_folder(tmp_path, broken=False)
+    (path / "summary.json").unlink()
+    client = await _client(path)
+    try:
+        page = await _text(client, "/")
+        assert "no summary.json yet" in page and "<dt>scored traces so far</dt><dd>7</dd>" in page
+        assert "<dt>reward</dt>" not in page  # the run's to compute, once, as summary.json's
+    finally:
+        await client.close()
 
 
 async def test_rows_filter_by_reward_stop_error_and_taskset(eval_client):
@@ -236,6 +248,25 @@ async def test_rl_run_shows_steps_curves_and_the_traces_of_a_step(tmp_path):
         metrics = await _json(client, "/api/metrics")
         assert [m["loss"] for m in metrics["trainer"]] == [1.0, 0.5]
         assert (await _json(client, "/api/run"))["steps"] == [0, 1]
+    finally:
+        await client.close()
+
+
+async def test_rl_runs_held_out_episodes_are_rows_and_search_finds_episodes(tmp_path):
+    client = await _client(rl_folder(tmp_path))
+    try:
+        rows = (await _json(client, "/api/rows?show=episode&phase=held-out"))["rows"]
+        assert [(r["held_out"], r["step"], r["taskset"]) for r in rows] == [("eval-debate", 1, "debate")]
+        assert (await _json(client, "/api/rows?show=episode&phase=train"))["rows"] == []
+        page = await _text(client, "/?show=episode")
+        assert "<td>held-out eval-debate</td>" in page and '<select name="phase">' in page
+        episode = await _text(client, f"/episode/{rows[0]['n']}")
+        assert "debater_a" in episode and "1.000" in episode
+        member = (await _json(client, f"/api/episode/{rows[0]['n']}"))["traces"]["debater_a"]
+        said = member["graph"]["nodes"][-1]["message"]["content"]
+        found = await _json(client, f"/api/rows?show=episode&q={said[3:12]}")
+        assert [r["n"] for r in found["rows"]] == [rows[0]["n"]]
+        assert (await _json(client, "/api/rows?show=episode&q=no such words"))["rows"] == []
     finally:
         await client.close()
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from headless_chromium import Chromium, Page, chromium_missing
-from view_runs import byte_model, cut_off, debate_run, eval_run, rl_run
+from view_runs import byte_model, cut_off, debate_run, eval_run, held_out_debates, rl_run
 from viewer_process import viewer
 
 from tracegym.core.episode import Episode
@@ -30,13 +30,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not Non
 
 SUMMARY_FIGURES = """(() => {
   const section = [...document.querySelectorAll('section')].find(s => s.querySelector('h2')?.innerText === 'Summary');
-  return [...section.querySelectorAll('dl.kv')].map(dl => {
-    const h3 = dl.previousElementSibling?.tagName === 'H3' ? dl.previousElementSibling.innerText : '';
-    const pairs = {};
-    for (const dt of dl.querySelectorAll('dt')) pairs[dt.innerText] = dt.nextElementSibling.innerText;
-    return [h3, pairs];
-  });
+  const figures = {};
+  for (const dt of section.querySelectorAll('dl.kv dt')) figures[dt.innerText] = dt.nextElementSibling.innerText;
+  for (const td of section.querySelectorAll('td[data-key]')) figures[td.dataset.key] = td.innerText;
+  return figures;
 })()"""
+"""summary.json's figures on the run page, by their dotted path in the file (`rewards.correct.mean`)."""
 TABLE_ROWS = "[...document.querySelectorAll('#rows table tbody tr')].map(tr => [...tr.cells].map(td => td.innerText))"
 
 UNMARKED_PRIVATE = """[...document.querySelectorAll('main *:not(script):not(style)')].flatMap(e => [...e.childNodes])
@@ -64,7 +63,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     made = eval_run(root / "eval", model)
     live = Path(shutil.copytree(made, root / "live"))
     cut_off(made)
-    return Runs(made, live, debate_run(root / "debate", model), rl_run(root / "rl", model))
+    debate, rl = debate_run(root / "debate", model), rl_run(root / "rl", model)
+    held_out_debates(rl, debate)
+    return Runs(made, live, debate, rl)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +133,12 @@ def shown(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def flat_json(value: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """A JSON object's leaves by dotted path."""
+    return [leaf for k, v in value.items()
+            for leaf in (flat_json(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)])]
+
+
 async def open_ok(page: Page, url: str, shot: Path) -> None:
     """Open `url`, expect HTTP 200 and no script error, and keep a screenshot."""
     response = await page.goto(url)
@@ -144,17 +151,16 @@ async def open_ok(page: Page, url: str, shot: Path) -> None:
 async def test_the_run_page_prints_the_summary_to_3_decimals_and_lists_every_trace(page, eval_url, runs, shots):
     await open_ok(page, f"{eval_url}/", shots / "eval-run.png")
     summary = json.loads((runs.eval / "summary.json").read_text())
-    groups = dict(await page.evaluate(SUMMARY_FIGURES))
-    flat = groups[""]
-    for key, value in summary.items():
+    figures = await page.evaluate(SUMMARY_FIGURES)
+    for key, value in flat_json(summary):
         if isinstance(value, float):
-            assert flat[key] == f"{value:.3f}", key
+            assert figures[key] == f"{value:.3f}", key
         elif isinstance(value, int):
-            assert flat[key] == str(value), key
-    assert flat["reward"] == f"{summary['reward']:.3f}" and summary["reward"] not in (0.0, 1.0)
-    assert groups["rewards"]["correct.mean"] == f"{summary['rewards']['correct']['mean']:.3f}"
-    assert groups["rewards"]["brief.mean"] == f"{summary['rewards']['brief']['mean']:.3f}"
-    assert groups["errors_by_kind"]["model"] == "2" and groups["errors_by_kind"]["tool"] == "2"
+            assert figures[key] == str(value), key
+    assert figures["reward"] == f"{summary['reward']:.3f}" and summary["reward"] not in (0.0, 1.0)
+    assert figures["rewards.correct.mean"] == f"{summary['rewards']['correct']['mean']:.3f}"
+    assert figures["rewards.brief.mean"] == f"{summary['rewards']['brief']['mean']:.3f}"
+    assert figures["errors_by_kind.model"] == "2" and figures["errors_by_kind.tool"] == "2"
 
     rows = await page.evaluate(TABLE_ROWS)
     written = traces(runs.eval)
@@ -275,9 +281,10 @@ async def test_the_episode_page_shows_the_members_side_by_side_with_private_reas
     episode = Episode.model_validate(records(runs.debate / "episodes.jsonl")[0])
     await open_ok(page, f"{debate_url}/", shots / "debate-run.png")
     seats = json.loads((runs.debate / "summary.json").read_text())["seats"]
-    figures = dict(await page.evaluate(SUMMARY_FIGURES))["seats"]
+    figures = await page.evaluate(SUMMARY_FIGURES)
     for member in episode.members:
-        assert figures[f"{member}.reward"] == f"{seats[member]['reward']:.3f}"
+        assert figures[f"seats.{member}.reward"] == f"{seats[member]['reward']:.3f}"
+    assert await page.evaluate("document.querySelector('#rows').getBoundingClientRect().top") < 800  # compact
     rows = await page.evaluate(TABLE_ROWS)
     assert len(rows) == 2
     assert rows[0][3] == ", ".join(f"{m} {shown(episode.rewards[m])}" for m in episode.members)
@@ -324,14 +331,19 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
                                  "(g.querySelector('polyline')?.getAttribute('points') || '').trim().split(/\\s+/)"
                                  ".filter(Boolean).length, g.querySelectorAll('circle.point').length])])")
     keys = [key for key, _ in curves]
-    for wanted in ("reward", "completion_tokens_mean", "staleness", "groups_filtered", "trainer/loss"):
+    for wanted in ("reward", "completion_tokens_mean", "staleness", "groups_filtered", "filters/all/*",
+                   "rollouts_filtered", "trainer/loss"):
         assert wanted in keys, f"no {wanted} curve among {keys}"
     points = {key: {name: count for name, count, _ in series} for key, series in curves}
     assert points["reward"]["reward"] == 4  # one point per step
     assert points["eval_reward"] == {"reverse-word": 2}  # the held-out env's evaluations at steps 0 and 4
+    assert set(points["filters/all/*"]) == {"filters/all/gibberish", "filters/all/repetition", "filters/all/dropped"}
     ys = await page.evaluate("[...document.querySelector('figure.curve[data-key=reward] g.series polyline')"
                              ".getAttribute('points').trim().split(/\\s+/)].map(p => +p.split(',')[1])")
     assert ys == sorted(ys, reverse=True) and ys[0] > ys[-1]  # the reward rose step by step: the line climbs
+    ticks = await page.evaluate("[...document.querySelectorAll('figure.curve text.xtick')].map(t => t.textContent)")
+    assert ticks and all(t.isdigit() for t in ticks), ticks  # whole steps only
+    assert "failed rollouts" in await page.text(".curves-none")  # no chart without data: named once instead
     loaded = await page.evaluate("performance.getEntriesByType('resource').map(r => r.name)")
     assert all(url.startswith(rl_url) for url in loaded), loaded  # nothing from a CDN: no network here
 
@@ -351,6 +363,21 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
     advantage = next(s.advantage for s in batch.samples if s.trace_id == trace.id)
     assert await page.text("#tokens dd[data-key='advantage']") == f"{advantage:.3f}"
     assert await page.text("#tokens dd[data-key='policy version']") == "2"
+
+
+async def test_an_rl_runs_held_out_episodes_are_listed_and_open(page, rl_url, runs, shots):
+    await open_ok(page, f"{rl_url}/?show=episode&phase=held-out", shots / "rl-held-out.png")
+    head = await page.evaluate("[...document.querySelectorAll('#rows table thead th')].map(th => th.innerText)")
+    rows = await page.evaluate(TABLE_ROWS)
+    written = records(runs.rl / "evals" / "eval-debate" / "step-000004.jsonl")
+    assert len(rows) == len(written) == 2
+    assert {r[head.index("phase")] for r in rows} == {"held-out eval-debate"}
+    await open_ok(page, f"{rl_url}/episode/{rows[0][0]}", shots / "rl-held-out-episode.png")
+    members = await page.evaluate("[...document.querySelectorAll('.members .member')].map(c => c.dataset.member)")
+    assert members == ["debater_a", "debater_b", "judge"]
+    assert await page.evaluate(UNMARKED_PRIVATE) == []
+    await page.goto(f"{rl_url}/?show=episode&q=Both+were+brief")  # the judge's reasoning, in its trace
+    assert len(await page.evaluate(TABLE_ROWS)) == 2
 
 
 # --- bad input and a live folder -----------------------------------------------------------------------------
@@ -392,19 +419,13 @@ async def test_a_trace_appended_to_a_running_folder_appears_on_reload(page, runs
         assert "incomplete" not in " ".join(await page.texts(".note"))
 
 
-# --- known defects, reported to the pages' owners: each flips to a failure once fixed (then drop its marker) -----
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "on a member's trace page the message graph's collapsed line of an assistant node (graph_view._node_html's "
-    "snippet) shows its <think> text unmarked"))
+# --- once defects: private reasoning everywhere, the taskset by its id -------------------------------------------
 @pytest.mark.parametrize("path", ["/episode/0/member/debater_a", "/episode/0/member/judge"])
 async def test_private_reasoning_is_marked_private_on_a_members_trace_page(page, debate_url, path):
     await page.goto(f"{debate_url}{path}")
     assert await page.evaluate(UNMARKED_PRIVATE) == []  # the tokens view shows exact tokens: left out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the run page's status prints config.toml's [taskset] table as a Python dict ({'id': ...}) instead of the "
-    "taskset's id"))
 async def test_the_run_page_names_the_taskset_by_its_id(page, debate_url):
     await page.goto(f"{debate_url}/")
     status = await page.evaluate("Object.fromEntries([...document.querySelectorAll('main > dl.kv')[0]"

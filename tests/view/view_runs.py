@@ -1,7 +1,7 @@
 """View runs: the run folders the viewer's browser tests open, made by the fakes through the code that makes real
 ones: `tracegym eval` of this file's calculator taskset and of `debate` (in process, against the fake OpenAI
 server), and an RL run folder (written with `RLFolder`'s own writers from scripted rollouts, as the orchestrator and
-the trainer write it).
+the trainer write it, with the debates as a held-out evaluation's episodes).
 
 The eval run's traces hold what the pages must show: tool calls with their results, a fork (a reply whose
 `<tool_call>` text the client re-read as a call, so the next prompt re-renders that turn and does not extend the
@@ -20,11 +20,13 @@ from pathlib import Path
 
 import tracegym as tg
 from tracegym.cli.main import main
+from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_group
 from tracegym.models.client import ModelRequest
 from tracegym.testing import Fail, FakeOpenAIServer, ScriptedModel, reply, tool_call
 from tracegym.train.advantages import group_mean
+from tracegym.train.filters import Gibberish, Repetition, screen
 from tracegym.train.orchestrator import step_metrics
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.samples import trace_samples
@@ -183,6 +185,7 @@ def rl_run(output_dir: Path, model: str) -> Path:
                    for sample in trace_samples(trace)]
         metrics = step_metrics(groups, samples, 0.5 + 0.1 * step)
         metrics.update(policy_version=step, staleness=0, groups_filtered=0, samples_dropped_stale=0)
+        metrics.update(screen([Gibberish(), Repetition()], (("reverse-word", t) for g in groups for t in g)).metrics())
         folder.write_traces(step, (t for g in groups for t in g))
         folder.write_batch(step, samples, metrics)
         folder.metrics.append({"step": step, **metrics})
@@ -195,3 +198,14 @@ def rl_run(output_dir: Path, model: str) -> Path:
     folder.metrics.append({"eval_step": RL_STEPS, "env": "reverse-word", "policy_version": RL_STEPS,
                            "eval_reward": 0.8, "eval_reward_ci95": 0.1, "eval_n": 3, "eval_unscored": 0})
     return folder.path
+
+
+def held_out_debates(rl: Path, debate: Path) -> None:
+    """The debate run's episodes, each with its members' traces, written into the RL run as a held-out
+    multi-agent environment's evaluation at its last step (as the orchestrator writes one)."""
+    traces = [Trace.model_validate_json(line) for line in (debate / "traces.jsonl").read_text().splitlines()]
+    episodes = [Episode.model_validate_json(line) for line in (debate / "episodes.jsonl").read_text().splitlines()]
+    for episode in episodes:
+        episode.traces = {t.member: t for t in traces if t.episode_id == episode.id and t.member}
+    RLFolder(rl).write_episodes(RL_STEPS, episodes, held_out="eval:debate")
+

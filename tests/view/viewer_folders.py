@@ -96,8 +96,8 @@ def episodes_folder(root: Path) -> Path:
 
 
 def rl_folder(root: Path) -> Path:
-    """An RL run of two steps: each step's traces, batch (advantages) and metrics, a held-out evaluation and the
-    trainer's records."""
+    """An RL run of two steps: each step's traces, batch (advantages) and metrics, a held-out evaluation (its
+    record, and a held-out multi-agent environment's episode at step 1) and the trainer's records."""
     folder = RLFolder.create(root, run_id="rl")
     folder.write_config({"model": {"name": "fake-model"}, "orchestrator": {"group_size": 2}})
     for step in range(2):
@@ -111,6 +111,8 @@ def rl_folder(root: Path) -> Path:
                                "staleness": 0, "policy_version": step, "rollouts": 2, "samples": 2})
         folder.trainer_metrics.append({"step": step, "loss": 1.0 - step / 2})
     folder.metrics.append({"eval_step": 2, "env": "calc", "policy_version": 2, "eval_reward": 0.75})
+    folder.write_episodes(1, [make_episode({"debater_a": 1.0, "debater_b": 0.0}, taskset="debate")],
+                          held_out="eval:debate")
     return folder.path
 
 

@@ -15,6 +15,7 @@ from tracegym.train.cluster import write_sbatch
 from tracegym.train.launcher import launch, vllm_config, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.teacher import check_teacher
 
 
 def run(args: list[str]) -> int:
@@ -24,6 +25,7 @@ def run(args: list[str]) -> int:
     config = with_model_paths(config)
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
+    check_teacher(config)
     if config.dry_run and config.cluster == "local":
         print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
         return 0
@@ -39,8 +41,8 @@ def run(args: list[str]) -> int:
     return launch(config, folder.path)
 
 
-SEATING = {"play", "seats"}
-"""An environment's fields the orchestrator uses to seat episodes, not its env server."""
+SEATING = {"play", "seats", "difficulty"}
+"""An environment's fields the orchestrator uses (to seat episodes, to pick tasks), not its env server."""
 
 
 def resolved(config: RLConfig, run_dir: Path) -> str:

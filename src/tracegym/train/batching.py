@@ -74,7 +74,7 @@ class MicroBatch:
     sampler_logprobs: torch.Tensor
     """[B, T] the sampler's logprob of each token (0 where no loss)."""
     advantages: torch.Tensor
-    """[B] one advantage per row."""
+    """[B, T] the advantage of each token (a sample's `token_advantages`, else its `advantage` on every token)."""
     temperatures: torch.Tensor
     """[B] the sampling temperature of each row."""
     keep: int
@@ -104,6 +104,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
     positions = torch.zeros((rows, width), dtype=torch.long)
     loss_mask = torch.zeros((rows, width), dtype=torch.bool)
     logprobs = torch.zeros((rows, width), dtype=torch.float32)
+    advantages = torch.zeros((rows, width), dtype=torch.float32)
     for row, sample in enumerate(samples):
         n, start = len(sample), width - len(sample)
         input_ids[row, start:] = torch.tensor(sample.token_ids, dtype=torch.long)
@@ -112,6 +113,8 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         loss_mask[row, start:] = torch.tensor(sample.loss_mask, dtype=torch.bool)
         loss_mask[row, start] = False
         logprobs[row, start:] = torch.tensor(sample.logprobs, dtype=torch.float32)
+        per_token = sample.token_advantages
+        advantages[row, start:] = torch.tensor(per_token, dtype=torch.float32) if per_token else sample.advantage
     first_loss = int(loss_mask.any(0).nonzero().min()) if loss_mask.any() else width - 1
     return MicroBatch(
         input_ids=input_ids,
@@ -119,7 +122,7 @@ def collate(samples: Sequence[Sample], pad_id: int = 0) -> MicroBatch:
         position_ids=positions,
         loss_mask=loss_mask,
         sampler_logprobs=logprobs,
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
+        advantages=advantages,
         temperatures=torch.tensor([s.temperature for s in samples], dtype=torch.float32),
         keep=width - first_loss + 1,
     )

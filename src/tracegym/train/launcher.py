@@ -33,6 +33,7 @@ from tracegym.train.regeneration import STOPPED_EXIT
 from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import LAUNCHER_PID_ENV
+from tracegym.train.teacher import core_split, served_here, teacher_endpoints
 
 STOP_GRACE_S = 20.0
 
@@ -98,14 +99,15 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
         count = config.model.servers
         say(out, "starting vLLM ..." if count == 1 else f"starting {count} vLLM servers ...")
         served = vllm_config(config, run_dir)
-        servers = stack.enter_context(VLLMServers(served, count))
+        student_cores, teacher_cores = core_split(config)
+        servers = stack.enter_context(VLLMServers(served, count, student_cores))
+        if served_here(config):
+            say(out, "starting the teacher's vLLM ...")
+        teacher = stack.enter_context(teacher_endpoints(config, folder.log_path("teacher-vllm"), teacher_cores))
         envs = start_env_servers(config, run_dir, stack, out)
         folder.rewind()  # both processes go on from the newest checkpoint
         first, *rest = servers.base_urls
-        teacher = config.teacher  # a teacher at `base_url`, passed on as it is
-        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs,
-                                         teacher_base_url=teacher.base_urls() or None if teacher else None,
-                                         teacher_model=teacher.name if teacher else None))
+        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs, **teacher))
         roles = [start_role("trainer", run_dir, config.trainer.num_processes), start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:

@@ -45,7 +45,8 @@ def policy_gradient_loss(
     config: LossConfig = LossConfig(),
     num_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch ([B, K] tensors, [B] advantages) and its sums for metrics.
+    """The loss of one micro-batch ([B, K] tensors; advantages [B] per row or [B, K] per token) and its sums for
+    metrics.
 
     `num_tokens` is the number of loss tokens in the whole step (default: this micro-batch's). The sums:
     `tokens`, `masked_low`, `masked_high`, `ratio` (over unmasked tokens), `abs_log_ratio` (over all tokens).
@@ -57,7 +58,8 @@ def policy_gradient_loss(
         high = loss_mask & (log_ratio > math.log(config.max_ratio))
         kept = loss_mask & ~low & ~high
     ratio = torch.exp(torch.where(kept, log_ratio, torch.zeros_like(log_ratio)))  # no exp() of huge ratios
-    per_token = torch.where(kept, -advantages[:, None] * ratio, torch.zeros_like(ratio))
+    per_row = advantages.dim() == 1
+    per_token = torch.where(kept, -(advantages[:, None] if per_row else advantages) * ratio, torch.zeros_like(ratio))
     denominator = num_tokens if num_tokens is not None else int(loss_mask.sum())
     loss = per_token.sum() / max(denominator, 1)
     with torch.no_grad():

@@ -10,7 +10,9 @@ that sampled them, drop samples older than `max_async_steps`, and hand the batch
 empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
 with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
-after the last. Metrics go to the run folder's `metrics.jsonl`, the step's traces to `traces/step-N.jsonl`.
+after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
+traces to `traces/step-N.jsonl`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
+its pass-rate band when drawing, and refills the step's groups without signal.
 
 `build_orchestrator` makes one from an RLConfig; the class takes only its parts.
 """
@@ -42,6 +44,8 @@ from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.train.advantages import GroupAdvantages, build_advantages
+from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
+from tracegym.train.distillation import Distiller, reward_advantage
 from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
 from tracegym.train.filters import RolloutFilter, screen
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
@@ -53,6 +57,8 @@ from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
 from tracegym.train.sft import SFTSource, build_sft_source
 from tracegym.train.staleness import StalenessControl
+from tracegym.train.teacher import build_teacher
+from tracegym.train.tracking import build_tracking
 from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
@@ -139,21 +145,24 @@ class Orchestrator:
                  advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
                  baseline_per_task: bool = True, truncated_reward: float | None = None,
-                 filters: list[RolloutFilter] | None = None, sft: SFTSource | None = None) -> None:
+                 filters: list[RolloutFilter] | None = None, distiller: Distiller | None = None,
+                 difficulty: OnlineDifficulty[Group] | None = None, sft: SFTSource | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
         reward of a trainable member of an episode cut short (None: its payoff); `filters`: the rollout filters
-        that run on each trainable rollout; `sft`: an `sft` run's teacher, whose rollouts are the data (held-out
-        evaluation stays on `endpoint`, the student)."""
+        that run on each trainable rollout; `distiller`: an `opd` run's teacher, which sets every sample's
+        per-token advantages; `difficulty`: online difficulty of the environments that have it; `sft`: an `sft`
+        run's teacher, whose rollouts are the data (held-out evaluation stays on `endpoint`, the student)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
-        self.truncated_reward, self.sft = truncated_reward, sft
+        self.truncated_reward, self.distiller, self.sft = truncated_reward, distiller, sft
         self.filters = filters or []
+        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
         self.next_step = 0
         """The step whose batch comes next."""
         self.traces_invalid = 0
@@ -217,9 +226,12 @@ class Orchestrator:
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
         if self.pool is not None:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
+
+        def seats(env: TrainEnv) -> list[Seats] | None:
+            return env.seating and [env.seating.next(model, self.rng) for _ in range(size)]
+
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
-        plans = [(env, data, env.seating and [env.seating.next(model, self.rng) for _ in range(size)])
-                 for env, data in self.draw()]
+        plans = [(env, data, seats(env)) for env, data in self.draw()]
 
         async def group(env: TrainEnv, data: TaskData, seats: list[Seats] | None) -> Group:
             async with gate:
@@ -230,19 +242,26 @@ class Orchestrator:
                     env.client.run_episode(env.stream.taskset, data, endpoint, episode_index=i, seats=binding,
                                            sampling=self.sampling) for i, binding in enumerate(seats))))
 
-        groups = await asyncio.gather(*(group(*plan) for plan in plans))
+        async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
+            more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
+            return list(await asyncio.gather(*(group(env, data, seats(env)) for env, data in more)))
+
+        drawn = await asyncio.gather(*(group(*plan) for plan in plans))
+        groups, env_ids = await self.difficulty.complete(drawn, [env.id for env, _, _ in plans],
+                                                         self.plan.tasks_per_step, refill)
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
-        screening = screen(self.filters, ((plan[0].id, t) for plan, traces in zip(plans, trained, strict=True)
+        screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
                                           for t in traces if trainable(t)))
         if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
             pairs, dropped = [], Counter[str]()
-            ran = [(env.stream.taskset, [t for t in g if screening.keeps(t)]) for (env, _, _), g
-                   in zip(plans, groups, strict=True)]
+            ran = [(self.envs[env_id].stream.taskset, [t for t in g if screening.keeps(t)])
+                   for env_id, g in zip(env_ids, groups, strict=True)]
             samples, extra = self.sft.batch(ran, version)
         else:
             pairs, dropped = self.advantaged(groups)
             samples, extra = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step), {}
+        samples, distillation = await self.distiller(samples) if self.distiller and samples else (samples, {})
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
         self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=attempt > 0)
         if episodes:
@@ -250,7 +269,8 @@ class Orchestrator:
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid, **screening.metrics(), **extra})
+                        "traces_invalid": self.traces_invalid, **screening.metrics(), **distillation,
+                        **self.difficulty.metrics(), **extra})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -260,7 +280,7 @@ class Orchestrator:
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
         """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
         chosen = self.rng.choices(list(self.envs), [e.weight for e in self.envs.values()], k=self.plan.tasks_per_step)
-        return [(self.envs[env_id], self.envs[env_id].stream.next()) for env_id in chosen]
+        return [(self.envs[env_id], self.difficulty.draw(env_id, self.envs[env_id].stream.next)) for env_id in chosen]
 
     def to_samples(self, groups: list[Group], version: int, step: int) -> list[Sample]:
         """Advantages per group over its trainable rollouts (or its episodes' trainable members), then every
@@ -304,13 +324,14 @@ class Orchestrator:
     # --- state across a resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resume from `next_step` needs to go on as if never stopped: advantage state (e.g. EMA
-        baselines), counts, the environment draw and how far each task stream got."""
+        baselines), counts, the environment draw, how far each task stream got, and the online difficulty."""
         version, internal, gauss = self.rng.getstate()
         return {"next_step": self.next_step, "advantages": self.advantages.state_dict(),
                 "staleness": self.staleness.state_dict(), "traces_invalid": self.traces_invalid,
                 "rng": [version, list(internal), gauss],
                 "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()},
-                "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating}}
+                "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating},
+                "difficulty": self.difficulty.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_step = int(state["next_step"])
@@ -329,6 +350,8 @@ class Orchestrator:
                     raise UsageError(f"the checkpoint holds no seating of environment {env_id!r} (it was not "
                                      "multi-agent then); start a new run")
                 env.seating.load_state_dict(seating)
+        took_part = [env_id for env_id, env in self.envs.items() if env.stream.drawn]
+        self.difficulty.load_state_dict(state.get("difficulty", {}), took_part)
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
@@ -369,6 +392,9 @@ class Orchestrator:
         clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
         for client in clients.values():
             await client.aclose()
+        if self.distiller is not None:
+            await self.distiller.aclose()
+        self.folder.close()
 
 
 def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
@@ -400,19 +426,26 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     held_out = HeldOut([HeldOutEnv(e.id, taskset, client(e, held_out=True), seating(e, taskset))
                         for e, taskset in zip(orch.eval.envs, held_out_sets, strict=True)],
                        orch.eval.sampling.to_sampling(), orch.eval.num_tasks, orch.eval.every)
+    difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
+                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
     orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
-                                build_advantages(orch.advantage),
+                                build_advantages(reward_advantage(orch.advantage, config.mode)),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency,
                                          orch.batch_attempts),
                                 held_out, seed=orch.seed, pool=pool,
                                 baseline_per_task=orch.advantage.baseline_per == "task",
                                 truncated_reward=orch.truncated_reward, filters=orch.filters.active(),
+                                distiller=Distiller(build_teacher(config, endpoints), config.opd)
+                                if config.mode == "opd" else None,
+                                difficulty=difficulty,
                                 sft=build_sft_source(config.sft, config.teacher, endpoints, endpoint)
                                 if config.mode == "sft" and config.teacher else None)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
+    if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):
+        folder.track(tracking)
     return orchestrator
 
 
@@ -420,6 +453,16 @@ def learner_traces(group: Group) -> list[Trace]:
     """The traces of a group that training looks at: every rollout, or each episode's trainable members'."""
     return [t for item in group for t in ([item] if isinstance(item, Trace) else
                                           [item.traces[m] for m in item.trainable_members if m in item.traces])]
+
+
+def group_rewards(group: Group) -> list[float]:
+    """The rewards a group's advantages compare: its trainable rollouts' (or its episodes' trainable members')."""
+    return [t.reward for t in learner_traces(group) if trainable(t) and t.reward is not None]
+
+
+def group_key(group: Group) -> str:
+    """The task a group ran (each of its rollouts or episodes records it)."""
+    return group[0].task_key
 
 
 def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:

@@ -19,9 +19,12 @@ from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Addresses
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.cluster import SlurmConfig
+from tracegym.train.difficulty import DifficultyConfig
+from tracegym.train.distillation import OPDConfig
 from tracegym.train.filters import Filters
 from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
 from tracegym.train.sft import SFTConfig
+from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
 
 RENAMES = [
@@ -63,6 +66,9 @@ class EnvChoice(BaseModel):
     seats: dict[str, SeatChoice] = Field(default_factory=dict)
     """A multi-agent environment: members pinned for the whole run, by member id (e.g. `judge = { model =
     "base" }`, or `{ trainable = true }` to train a judge's verdicts)."""
+    difficulty: DifficultyConfig | None = None
+    """A training environment: online difficulty (tasks whose recent pass rate is outside a band are drawn less;
+    groups without signal refilled), e.g. `difficulty = { low = 0.1, high = 0.9, refills = 4 }`; unset: off."""
 
     @field_validator("play", "seats")
     @classmethod
@@ -119,6 +125,15 @@ class EvalPhase(BaseModel):
     """Evaluate before step 0, every N steps, and after the last step; 0: only before and after."""
     sampling: RLSampling = RLSampling(temperature=0.0)
 
+    @field_validator("envs")
+    @classmethod
+    def _no_difficulty(cls, envs: list[EnvChoice]) -> list[EnvChoice]:
+        """Held-out tasks are the same at every evaluation: online difficulty is for training environments."""
+        for i, env in enumerate(envs):
+            if env.difficulty is not None:
+                raise ValueError(f"envs.{i} ({env.id}): `difficulty` applies to training environments only")
+        return envs
+
 
 class OrchestratorConfig(BaseModel):
     """The orchestrator: rollouts, advantages, batches."""
@@ -142,9 +157,9 @@ class OrchestratorConfig(BaseModel):
     """Rollout filters, run on every trainable rollout after scoring, a section each with its mode and thresholds:
     `[orchestrator.filters.gibberish] mode = "enforce"` (`detect`, the default, only counts; `off`)."""
     batch_attempts: int = Field(default=10, ge=1)
-    """Attempts at each step's batch: a step left with no samples (every rollout filtered, failed or in a group
+    """Attempts at each step's batch: a step left with no samples (its rollouts filtered out, failed or in groups
     without signal) is rolled out again with new tasks, up to this many times in all; then the run stops, saying
-    what became of the rollouts."""
+    what became of the rollouts. (A step whose every rollout failed stops at once: a model or endpoint problem.)"""
     seed: int = 0
     """Seed of the task order."""
     train: TrainPhase = TrainPhase()
@@ -154,6 +169,15 @@ class OrchestratorConfig(BaseModel):
     @classmethod
     def _advantage_by_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _refills_need_groups(self) -> OrchestratorConfig:
+        """A group of one never has signal: refilling it would only spend the refills."""
+        refilling = [e.id for e in self.train.envs if e.difficulty and e.difficulty.refills]
+        if refilling and self.group_size < 2:
+            raise ValueError(f"{refilling[0]}: difficulty.refills needs group_size >= 2 (a group of one never has "
+                             "signal)")
+        return self
 
 
 class RLModel(ModelChoice):
@@ -196,6 +220,8 @@ class RLConfig(BaseConfig):
     """The teacher of an `sft` or `opd` run; unused (and refused) in `rl`."""
     sft: SFTConfig = SFTConfig()
     """`sft` runs: which of the teacher's rollouts are trained on (reward threshold, best-of-n per task)."""
+    opd: OPDConfig = OPDConfig()
+    """On-policy distillation (`mode = "opd"`): the advantage's make-up and who scores the student's tokens."""
     kv_cache_gib: float = Field(default=0.5, gt=0)
     """vLLM's KV cache on the CPU build, in GiB (~23 KB per token for SmolLM2-135M: 0.5 GiB holds ~23k tokens,
     plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
@@ -217,6 +243,8 @@ class RLConfig(BaseConfig):
     """`local`: run every process on this machine; `slurm`: write the run folder and the batch script that runs
     them on a Slurm allocation (`sbatch RUN_DIR/rl.sbatch`), laid out as the `slurm` section says, and exit."""
     slurm: SlurmConfig = SlurmConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    """Where the orchestrator's records go besides `metrics.jsonl`: Weights & Biases, TensorBoard."""
 
     @model_validator(mode="before")
     @classmethod

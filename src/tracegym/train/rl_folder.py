@@ -12,6 +12,7 @@
     episodes/step-000007.jsonl      the episodes of step 7 (multi-agent environments; each with its members' traces)
     evals/<env>/step-000010.jsonl   the episodes of a held-out multi-agent environment's evaluation at step 10
     logs/                           one log per process (vllm.log, trainer.log, orchestrator.log, env-<name>/)
+    wandb/, tensorboard/            what `[tracking]` turned on writes (the records of metrics.jsonl, sample traces)
     plots/                          what `tracegym plot` draws
 
 The orchestrator and the trainer are separate processes that talk only through this folder. A file one of them
@@ -39,16 +40,24 @@ from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.serve.wire import listed
+from tracegym.train.tracking import Tracking
 
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
 TRACES, EPISODES = "traces", "episodes"
 """The folders of each step's traces and episodes."""
+EVALS = "evals"
+"""The folder of held-out evaluations' episodes: one folder per environment (`held_out_folder`)."""
 
 
 def step_name(step: int) -> str:
     """`step-000007`: how step 7 is named in every per-step folder (batches, checkpoints, traces)."""
     return f"{STEP_PREFIX}{step:06d}"
+
+
+def held_out_folder(env: str) -> str:
+    """`evals/<env>`: the folder of a held-out environment's episodes (`:`, as in `eval:debate`, becomes `-`)."""
+    return f"{EVALS}/{env.replace(':', '-')}"
 
 
 def step_of(path: Path) -> int:
@@ -94,10 +103,15 @@ class JsonlLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.mirror: Callable[[dict[str, Any]], None] | None = None
+        """Where each record also goes as it is appended (`Tracking`: W&B, TensorBoard)."""
 
     def append(self, record: dict[str, Any]) -> None:
+        stamped = {"time": time.time(), **record}
         with self.path.open("a") as f:
-            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+            f.write(json.dumps(stamped) + "\n")
+        if self.mirror is not None:
+            self.mirror(stamped)
 
     def read(self) -> list[dict[str, Any]]:
         """The records, skipping a line cut off by a killed writer (none when the file does not exist)."""
@@ -159,6 +173,8 @@ class RLFolder:
         """The orchestrator's records."""
         self.trainer_metrics = JsonlLog(path / "trainer_metrics.jsonl")
         """The trainer's records."""
+        self.tracking: Tracking | None = None
+        """Where the orchestrator's records and sample traces also go (`track`)."""
 
     @classmethod
     def create(cls, output_dir: Path, run_id: str | None = None) -> RLFolder:
@@ -173,6 +189,16 @@ class RLFolder:
             raise UsageError(f"--resume {path}: not an RL run folder (no {CONFIG})")
         folder.config_path.rename(path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
         return folder
+
+    def track(self, tracking: Tracking) -> None:
+        """From now on, hand `tracking` every record appended to `metrics` and the traces of each step."""
+        self.tracking, self.metrics.mirror = tracking, tracking.log
+
+    def close(self) -> None:
+        """Finish tracking, if it is on (its last records flushed)."""
+        tracking, self.tracking, self.metrics.mirror = self.tracking, None, None
+        if tracking is not None:
+            tracking.close()
 
     # --- what the launcher hands the processes --------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -273,14 +299,18 @@ class RLFolder:
 
     def write_traces(self, step: int, traces: Iterable[Trace], keep: bool = False) -> Path:
         """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
-        `keep`: after the traces already there (a step made again keeps its earlier attempts')."""
+        `keep`: after the traces already there (a step made again keeps its earlier attempts'). Tracking gets them
+        too."""
+        traces = list(traces)
+        if self.tracking is not None:
+            self.tracking.log_traces(step, traces)
         return self.write_records(Path(TRACES), step, traces, keep)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None,
                        keep: bool = False) -> Path:
         """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
         with its members' traces, written whole (`keep`: after those already there)."""
-        folder = Path("evals") / held_out.replace(":", "-") if held_out else Path(EPISODES)
+        folder = Path(held_out_folder(held_out) if held_out else EPISODES)
         return self.write_records(folder, step, episodes, keep)
 
     def write_records(self, folder: Path, step: int, records: Iterable[BaseModel], keep: bool = False) -> Path:
@@ -292,8 +322,13 @@ class RLFolder:
         return path
 
     def step_records(self, folder: str) -> list[Path]:
-        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`), by step."""
+        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`, a `held_out_folder`), by step."""
         return sorted(self._steps(folder, "*.jsonl"), key=step_of)
+
+    def held_out_envs(self) -> list[str]:
+        """The held-out environments with episodes written so far, as their `evals/<env>` folders name them."""
+        root = self.path / EVALS
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
     def _batch_path(self, step: int) -> Path:
         return self.path / "batches" / f"{step_name(step)}.msgpack"

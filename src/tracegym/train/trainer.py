@@ -18,6 +18,7 @@ world size resumes at any other.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ from tracegym.train.sft import cross_entropy_loss
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
 STATE_FILE = "trainer.pt"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".tmp")
 LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio")
 """The per-micro-batch sums a step adds up (over micro-batches, then over ranks, in this order)."""
 
@@ -159,7 +161,7 @@ class Trainer:
         cols = batch.targets
         if self.config.objective == "cross_entropy":
             return cross_entropy_loss(logprobs, batch.loss_mask[:, cols], num_tokens)
-        return policy_gradient_loss(logprobs, batch.sampler_logprobs[:, cols], batch.advantages,
+        return policy_gradient_loss(logprobs, batch.sampler_logprobs[:, cols], batch.advantages[:, cols],
                                     batch.loss_mask[:, cols], self.loss_config, num_tokens)
 
     def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
@@ -217,6 +219,7 @@ class Trainer:
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
                 tmp.replace(path / "model.safetensors")
+                copy_model_files(Path(self.config.model), path)  # servable on its own, e.g. as a teacher
         return path
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
@@ -254,6 +257,17 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.version = int(state["version"])
         return dict(state["extra"])
+
+
+def copy_model_files(source: Path, target: Path) -> None:
+    """Copy the model directory `source`'s config and tokenizer files (every file but weights) into `target`
+    where missing, so that merged weights there load on their own (vLLM, transformers)."""
+    if not source.is_dir():
+        return  # a hub id: its files are not here to copy
+    for file in source.iterdir():
+        weights = file.name.endswith(WEIGHT_SUFFIXES) or ".index." in file.name or file.name.startswith(".")
+        if file.is_file() and not weights and not (target / file.name).exists():
+            shutil.copyfile(file, target / file.name)
 
 
 def checkpoint_extra_state(path: str | Path) -> dict[str, Any]:

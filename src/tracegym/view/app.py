@@ -64,10 +64,10 @@ class Viewer:
         """The token texts of the run's model (the config's, else the trace's; None when they cannot be loaded
         here), loaded once in a thread: the first trace page waits for it, other requests do not."""
         try:
-            model = self.index.config().get("model")
+            model = self.index.model()
         except UsageError:  # a config that cannot be read: the run page says so; a trace page goes on without it
-            model = None
-        name = (model.get("name") if isinstance(model, dict) else None) or (trace.model if trace else None)
+            model = ""
+        name = model or (trace.model if trace else None)
         if not name:
             return None
         if name not in self.tokenizers:
@@ -244,8 +244,8 @@ def _query(request: web.Request, index: RunFolderIndex) -> RowQuery:
     if repeated:
         raise QueryError(f"each parameter once: {', '.join(repeated)} given more than once")
     query = RowQuery.parse(dict(params))
-    if "show" not in params and index.episodes:  # a multi-agent run lists its episodes first
-        query = replace(query, show=RowKind.EPISODE)
+    if "show" not in params:
+        query = replace(query, show=index.first_shown)
     return query
 
 

@@ -5,22 +5,29 @@ A step record has `step` and the orchestrator's figures (`reward`, `completion_t
 `groups_filtered`, ...); a held-out record has `eval_step`, `env` and `eval_reward` with its 95% half-width
 `eval_reward_ci95`. A key `K` is read from the records that have it, at `step` (else `eval_step`); records with an
 `env` draw one line per env; a `K_ci95` beside `K` draws the interval as a band and error bars. A key with `*`
-(`filters/*`, `failed/*`) draws one line per metric it matches.
+(`failed/*`, `filters/all/*`) draws one line per rate it matches (not a `_ci95`, nor a filter's `checked` count).
+A key no record has draws no chart: one line names them all.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from html import escape
 from typing import Any
 
+from tracegym.train.filters import ALL, CHECKED
+from tracegym.view.page import number
+
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 480, 200, 52, 26, 12, 12
 """One chart's size and margins, in SVG units."""
-CURVE_KEYS = ["reward", "eval_reward", "completion_tokens_mean", "staleness", "groups_filtered", "filters/*",
-              "failed/*", "samples_dropped_stale"]
-"""The metrics an RL run page shows by default."""
+CURVE_KEYS = {"reward": "reward (trainable rollouts)", "eval_reward": "held-out reward (95% interval)",
+              "completion_tokens_mean": "completion tokens (mean)", "staleness": "staleness (policy versions)",
+              "groups_filtered": "groups filtered out", f"filters/{ALL}/*": "share of rollouts each filter caught",
+              "rollouts_filtered": "rollouts left out by filters", "failed/*": "failed rollouts, by reason",
+              "samples_dropped_stale": "samples dropped as too stale"}
+"""The metrics an RL run page shows by default (`metrics.jsonl` keys, `train.orchestrator.step_metrics`), titled."""
 MAX_DOTS = 300
 """At most this many hoverable dots per line (every k-th point beyond it; the line keeps them all)."""
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
@@ -29,12 +36,18 @@ Point = tuple[float, float, float | None]
 """(step, value, 95% half-width or None)."""
 
 
-def curves_svg(records: list[dict[str, Any]], keys: list[str]) -> str:
-    """One `<figure class="curve" data-key=K>` per key in `keys` (an `<svg>` with axes, a line per series, a dot
-    per point, the interval band where the records have `K_ci95`, and a legend when there are several series;
-    a key no record has gives a figure saying so). Records that are not dicts, lack a step or hold a value that
-    is not a finite number are skipped (a metrics file being written may end in anything)."""
-    return '<div class="curves">' + "".join(_figure(key, _series(records, key)) for key in keys) + "</div>"
+def curves_svg(records: list[dict[str, Any]], keys: Mapping[str, str]) -> str:
+    """One `<figure class="curve" data-key=K>` captioned with its title per key K of `keys` (an `<svg>` with axes,
+    a line per series, a dot per point, the interval band where the records have `K_ci95`, and a legend when there
+    are several series); the keys no record has are named in one `<p class="curves-none">` after them. Records
+    that are not dicts, lack a step or hold a value that is not a finite number are skipped (a metrics file being
+    written may end in anything)."""
+    drawn = {key: _series(records, key) for key in keys}
+    figures = "".join(_figure(key, keys[key], series) for key, series in drawn.items() if series)
+    missing = [keys[key] for key, series in drawn.items() if not series]
+    none = f'<p class="curves-none muted">not recorded in this run: {escape(", ".join(missing))}</p>' if missing \
+        else ""
+    return f'<div class="curves">{figures}</div>{none}'
 
 
 def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[Point]]:
@@ -59,22 +72,21 @@ def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[Point]]:
 def _matching(record: dict[str, Any], key: str) -> list[str]:
     if "*" not in key:
         return [key] if key in record else []
-    return [k for k in record if fnmatchcase(k, key) and not k.endswith("_ci95")]
+    return [k for k in record if fnmatchcase(k, key) and not k.endswith(("_ci95", f"/{CHECKED}"))]
 
 
 def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _figure(key: str, series: dict[str, list[Point]]) -> str:
-    caption = f"<figcaption>{escape(key)}</figcaption>"
-    if not series:
-        return f'<figure class="curve" data-key="{escape(key)}">{caption}<p class="empty">no records</p></figure>'
+def _figure(key: str, title: str, series: dict[str, list[Point]]) -> str:
+    caption = f"<figcaption>{escape(title)}</figcaption>"
     points = [p for s in series.values() for p in s]
-    xs = _span([p[0] for p in points])
+    steps = [p[0] for p in points]
+    xs = _span(steps)
     ys = _span([y for p in points for y in (p[1] - (p[2] or 0), p[1] + (p[2] or 0))])
     scale = _Scale(xs, ys)
-    body = [_axes(scale)]
+    body = [_axes(scale, _step_ticks(min(steps), max(steps)))]
     for i, (name, pts) in enumerate(series.items()):
         body.append(_line(name or key, pts, COLORS[i % len(COLORS)], scale))
     legend = ""
@@ -110,16 +122,22 @@ class _Scale:
         return HEIGHT - BOTTOM - (value - low) / (high - low) * (HEIGHT - BOTTOM - TOP)
 
 
-def _axes(scale: _Scale) -> str:
-    (x0, x1), (y0, y1) = scale.xs, scale.ys
+def _step_ticks(first: float, last: float) -> list[int]:
+    """The steps labelled on the x axis: the first, the last and a whole step near the middle (steps are whole)."""
+    low, high = math.ceil(first), math.floor(last)
+    return sorted({low, (low + high) // 2, high}) if low <= high else [round(first)]
+
+
+def _axes(scale: _Scale, steps: list[int]) -> str:
+    y0, y1 = scale.ys
     left, right, top, bottom = LEFT, WIDTH - RIGHT, TOP, HEIGHT - BOTTOM
     out = [f'<rect class="plot" x="{left}" y="{top}" width="{right - left}" height="{bottom - top}"/>']
     for value in (y0, (y0 + y1) / 2, y1):
         y = scale.y(value)
         out.append(f'<line class="grid" x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}"/>'
                    f'<text class="ytick" x="{left - 4}" y="{y + 4:.1f}">{_label(value)}</text>')
-    for value in (x0, (x0 + x1) / 2, x1):
-        out.append(f'<text class="xtick" x="{scale.x(value):.1f}" y="{bottom + 16}">{_label(value)}</text>')
+    for step in steps:
+        out.append(f'<text class="xtick" x="{scale.x(step):.1f}" y="{bottom + 16}">{step}</text>')
     out.append(f'<text class="axis-name" x="4" y="{bottom + 16}">step</text>')
     return "".join(out)
 
@@ -139,9 +157,9 @@ def _line(name: str, points: list[Point], color: str, scale: _Scale) -> str:
         out.append(f'<polyline class="line" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}"/>')
     every = math.ceil(len(points) / MAX_DOTS)
     for (x, y), (s, v, c) in list(zip(xy, points, strict=True))[::every]:
-        interval = f" ± {c:.3f}" if c is not None else ""
+        interval = f" ± {number(c)}" if c is not None else ""
         out.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.5"><title>{escape(name)} at step '
-                   f'{_label(s)}: {v:.3f}{interval}</title></circle>')
+                   f'{_label(s)}: {number(v)}{interval}</title></circle>')
     return "".join(out) + "</g>"
 
 

@@ -13,7 +13,7 @@ from tracegym.view.page import fragment
 
 def episode_page(episode: Episode, *, where: str, number_: int, json_url: str) -> str:
     """The body of `/episode/<n>`: member traces link to `/episode/<n>/member/<id>`."""
-    title = f"{episode.task_key} · episode {episode.episode_index}"
+    title = f"task {episode.task_key} · episode {episode.episode_index}"
     links = " ".join(_member_link(number_, m) if m in episode.traces
                      else f'<span class="muted">{escape(m)} (no trace)</span>' for m in episode.members)
     return (f"<h1>{escape(title)}</h1><p class=\"muted\">{escape(where)} · <a href=\"{escape(json_url)}\">JSON</a>"

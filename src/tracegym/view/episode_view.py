@@ -16,6 +16,7 @@ from tracegym.core.errors import TraceError
 from tracegym.core.trace import Trace
 from tracegym.envs.view import public_text
 from tracegym.view.message_view import message_html
+from tracegym.view.page import number
 
 VERDICT_WORD = "verdict:"
 """A judge's reply ends with a line `VERDICT: X` (`envs.multi_agent.verdict`); the line is shown as it was."""
@@ -39,7 +40,7 @@ def episode_html(episode: Episode, traces: dict[str, Trace]) -> str:
 def _head(episode: Episode) -> str:
     facts = [("taskset", episode.taskset), ("task", episode.task_key), ("episode", str(episode.episode_index)),
              ("stop", episode.stop_reason.value if episode.stop_reason else "unfinished")]
-    facts += [(k, _number(v)) for k, v in sorted(episode.metrics.items())]
+    facts += [(k, number(v)) for k, v in sorted(episode.metrics.items())]
     cells = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in facts)
     error = _error_html(episode.error, "episode-error") if episode.error else ""
     return f'<dl class="episode-head">{cells}</dl>{error}'
@@ -72,15 +73,15 @@ def _members_table(episode: Episode, traces: dict[str, Trace | None]) -> str:
         outcome = episode.outcomes.get(m)
         metrics = episode.member_metrics.get(m, {})
         cells = [m, episode.models.get(m, traces[m].model if traces[m] else ""),
-                 "yes" if episode.trainable.get(m) else "no", _number(episode.rewards.get(m)),
-                 outcome.value if outcome else "—", *(_number(metrics.get(n)) for n in names)]
+                 "yes" if episode.trainable.get(m) else "no", number(episode.rewards.get(m)),
+                 outcome.value if outcome else "—", *(number(metrics.get(n)) for n in names)]
         rows.append(f'<tr data-member="{escape(m)}">' + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     return f'<table class="members-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 def _column(episode: Episode, member: str, trace: Trace | None) -> str:
     reward, outcome = episode.rewards.get(member), episode.outcomes.get(member)
-    head = (f'<div class="member-head"><b>{escape(member)}</b> · reward <span class="reward">{_number(reward)}'
+    head = (f'<div class="member-head"><b>{escape(member)}</b> · reward <span class="reward">{number(reward)}'
             f'</span>' + (f' · <span class="outcome">{escape(outcome.value)}</span>' if outcome else "") + "</div>")
     if trace is None:
         return f'<div class="member" data-member="{escape(member)}">{head}<p class="empty">No trace recorded for ' \
@@ -94,9 +95,3 @@ def _column(episode: Episode, member: str, trace: Trace | None) -> str:
         body.append(html)
     return f'<div class="member" data-member="{escape(member)}">{head}{"".join(body)}</div>'
 
-
-def _number(value: float | None) -> str:
-    """A figure to 3 decimals (integers as they are); — for a missing one."""
-    if value is None:
-        return "—"
-    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from html import escape
 
 from tracegym.core.graph import MessageGraph, Node
+from tracegym.core.messages import Message
 from tracegym.core.trace import Trace
 from tracegym.envs.proxy import same_message
-from tracegym.view.message_view import message_html
+from tracegym.envs.view import public_text
+from tracegym.view.message_view import message_html, snippet_html
 from tracegym.view.tokens_view import TokenText
 
 SNIPPET = 100
@@ -68,10 +70,10 @@ def _sibling_fork(graph: MessageGraph, k: int, own: Node, source: int, shared: i
         return Fork(k, own.id, "resampled", source, shared,
                     f"the same conversation was sent again and answered anew: node {own.id} repeats node "
                     f"{before.id} ({role}) of branch {source}")
-    was = f" where branch {source} has {before.message.role} «{_snippet(before.message.text, 60)}»" if before else ""
+    was = f" where branch {source} has {before.message.role} «{_snippet(_said(before.message), 60)}»" if before else ""
     return Fork(k, own.id, "rewritten", source, shared,
                 f"the history was rewritten after its first {shared} messages: it goes on with {role} "
-                f"«{_snippet(own.message.text, 60)}»{was}")
+                f"«{_snippet(_said(own.message), 60)}»{was}")
 
 
 def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]], earlier: dict[int, int],
@@ -82,7 +84,7 @@ def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]
         a.message == b.message and not b.token_ids for a, b in zip(copied, mine, strict=False))
     if not is_copy:
         return Fork(k, root.id, "new-conversation", None, 0,
-                    f"a new conversation: its first message ({root.message.role} «{_snippet(root.message.text, 60)}»)"
+                    f"a new conversation: its first message ({root.message.role} «{_snippet(_said(root.message), 60)}»)"
                     " continues no earlier branch")
     source = earlier.get(copied[-1].id, 0)
     model = next((n for n in mine[len(copied):] if n.token_ids), None)
@@ -164,10 +166,21 @@ def _node_html(node: Node) -> str:
     if node.parse_error:
         flags += " · parse error"
     line = (f'<span class="role">{escape(node.message.role)}</span> <span class="node-id">{node.id}</span> '
-            f'<span class="snippet">{escape(_snippet(node.message.text or _calls(node), SNIPPET))}</span>'
+            f'<span class="snippet">{_snippet_html(node)}</span>'
             f'<span class="node-flags">{escape(flags)}</span>')
     return f'<details class="node role-{escape(node.message.role)}" data-node="{node.id}"><summary>{line}</summary>' \
            f'{message_html(node.message, node)}</details>'
+
+
+def _snippet_html(node: Node) -> str:
+    if node.message.text:
+        return snippet_html(node.message, SNIPPET)
+    return escape(_snippet(_calls(node), SNIPPET))
+
+
+def _said(message: Message) -> str:
+    """A message's text for a fork's reason, which is plain text: an assistant's without its private runs."""
+    return public_text(message.text).text if message.role == "assistant" else message.text
 
 
 def _calls(node: Node) -> str:

@@ -55,22 +55,43 @@ def _node_flags(node: Node) -> list[str]:
     return flags
 
 
+def snippet_html(message: Message, limit: int, *, private_tag: str = PRIVATE_TAG) -> str:
+    """The message's text on one line, cut to `limit` characters, its private runs marked as in `message_html`
+    (a collapsed line of a list of messages)."""
+    out, left = [], limit
+    for run, private in _runs(message, private_tag):
+        flat = " ".join(run.split())
+        if left <= 0 or not flat:
+            continue
+        flat = flat if len(flat) <= left else flat[: left - 1] + "…"
+        left -= len(flat) + 1
+        out.append(_run_html(flat, private))
+    return " ".join(out)
+
+
 def _text_html(message: Message, private_tag: str) -> str:
     """The content, private runs marked on an assistant's text; images as a placeholder (never fetched)."""
     if isinstance(message.content, list):
         parts = [escape(p.text) if not isinstance(p, ImagePart) else _image_html(p) for p in message.content]
         return "".join(parts)
-    text = message.text
+    return "".join(_run_html(run, private) for run, private in _runs(message, private_tag))
+
+
+def _runs(message: Message, private_tag: str) -> list[tuple[str, bool]]:
+    """The text as runs of (text, private): an assistant's `<think>` blocks are private, one run each."""
     if message.role != "assistant":
-        return escape(text)
+        return [(message.text, False)]
     runs: list[tuple[str, bool]] = []
-    for run, private in marked(text, private_tag):  # one span per private block, its tags inside
+    for run, private in marked(message.text, private_tag):  # one run per private block, its tags inside
         if runs and runs[-1][1] == private:
             runs[-1] = (runs[-1][0] + run, private)
         else:
             runs.append((run, private))
-    return "".join(f'<span class="private" title="{PRIVATE_TITLE}">{escape(run)}</span>' if private
-                   else escape(run) for run, private in runs)
+    return runs
+
+
+def _run_html(run: str, private: bool) -> str:
+    return f'<span class="private" title="{PRIVATE_TITLE}">{escape(run)}</span>' if private else escape(run)
 
 
 def _image_html(part: ImagePart) -> str:

@@ -21,6 +21,8 @@ STOP_REASONS = (*(r.value for r in StopReason), "none")
 """`none`: no stop reason recorded (the rollout never finished)."""
 ERROR_CHOICES = ("none", "any", *(k.value for k in ErrorKind), "unreadable")
 """`none`/`any`: rows without / with an error; `unreadable`: lines that are not records."""
+PHASES = ("train", "held-out")
+"""An RL run's episodes: its training rollouts, or a held-out evaluation's (`evals/<env>/`)."""
 SORT_KEYS: dict[str, Callable[[Row], Any]] = {
     "line": lambda r: (r.step or 0, r.source, r.line),
     "task": lambda r: r.task_key,
@@ -33,6 +35,7 @@ SORT_KEYS: dict[str, Callable[[Row], Any]] = {
     "duration": lambda r: r.duration,
     "step": lambda r: r.step or 0,
     "taskset": lambda r: r.taskset,
+    "phase": lambda r: r.held_out or "",
 }
 
 
@@ -52,6 +55,8 @@ class RowQuery:
     error: str = ""
     taskset: str = ""
     step: int | None = None
+    phase: str = ""
+    """`train` or `held-out` (`PHASES`): an RL run's training or held-out evaluation episodes."""
     q: str = ""
     """Text to find in the messages."""
     sort: str = "line"
@@ -76,6 +81,7 @@ class RowQuery:
             error=_choice(get, "error", ERROR_CHOICES, ""),
             taskset=get.get("taskset", "")[:200],
             step=_integer(get, "step", 0, None),
+            phase=_choice(get, "phase", PHASES, ""),
             q=get.get("q", "")[:200],
             sort=_choice(get, "sort", list(SORT_KEYS), "line"),
             desc=_choice(get, "desc", ["0", "1"], "0") == "1",
@@ -103,13 +109,16 @@ class RowQuery:
             checks.append(lambda r: r.taskset == self.taskset)
         if self.step is not None:
             checks.append(lambda r: r.step == self.step)
+        if self.phase:
+            held_out = self.phase == "held-out"
+            checks.append(lambda r: (r.held_out is not None) == held_out)
         return checks
 
     @property
     def filtered(self) -> bool:
         """True when any filter or search is set."""
         return any((self.reward_min is not None, self.reward_max is not None, self.stop, self.error, self.taskset,
-                    self.step is not None, self.q))
+                    self.step is not None, self.phase, self.q))
 
     def select(self, rows: list[Row], searched: list[int] | None) -> list[int]:
         """The numbers of the rows to show, filtered and sorted (`searched`: the rows the search found)."""

@@ -27,7 +27,7 @@ from tracegym.core.trace import SCHEMA_VERSION, Trace
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
 from tracegym.train.rl_folder import EPISODES as RL_EPISODES
 from tracegym.train.rl_folder import TRACES as RL_TRACES
-from tracegym.train.rl_folder import RLFolder, step_of
+from tracegym.train.rl_folder import RLFolder, held_out_folder, step_of
 
 CHUNK = 1 << 20
 """Bytes read from a file at a time when indexing (more when one line is longer)."""
@@ -66,6 +66,8 @@ class Source:
     path: Path
     kind: RowKind
     step: int | None
+    held_out: str | None = None
+    """The `evals/<env>` folder of a held-out evaluation's episodes (None for the training rollouts)."""
     offset: int = 0
     """Bytes indexed: the file's complete lines up to here are rows."""
     lines: int = 0
@@ -102,6 +104,8 @@ class Row:
     step: int | None = None
     member: str | None = None
     episode_id: str | None = None
+    held_out: str | None = None
+    """The environment of a held-out evaluation's episode, as its `evals/<env>` folder names it."""
 
     @property
     def rewards(self) -> list[float]:
@@ -128,14 +132,15 @@ class RunFolderIndex:
     """Bumped each time the index starts over (a file was replaced): row numbers from before mean nothing."""
     _members: dict[str, dict[str, int]] = field(default_factory=dict)
     """Eval runs: episode id -> member -> row of its trace."""
-    _searches: OrderedDict[str, tuple[int, int, list[int]]] = field(default_factory=OrderedDict)
-    """Query -> (generation, rows scanned, matching rows), newest last."""
+    _searches: OrderedDict[tuple[RowKind, str], tuple[int, int, list[int]]] = field(default_factory=OrderedDict)
+    """(kind, query) -> (generation, rows scanned, matching rows), newest last."""
 
     @classmethod
     def open(cls, path: Path) -> RunFolderIndex:
         """The (empty) index of the run folder at `path`; a UsageError naming what is wrong when it is not one."""
         if not path.is_dir():
-            raise UsageError(f"{str(path)!r} is not a run folder: no such directory")
+            what = "a file, not a directory" if path.exists() else "no such directory"
+            raise UsageError(f"{str(path)!r} is not a run folder: {what}")
         rl = RLFolder(path)
         if rl.metrics.path.exists() or (path / RL_TRACES).is_dir() or (path / RL_EPISODES).is_dir():
             return cls(path, RunKind.RL)
@@ -166,19 +171,22 @@ class RunFolderIndex:
 
     def _discover(self) -> None:
         known = {s.path for s in self.sources}
-        for path, kind, step in self._files():
-            if path not in known and path.exists():
-                self.sources.append(Source(path, kind, step, inode=_inode(path)))
+        for source in self._files():
+            if source.path not in known and source.path.exists():
+                source.inode = _inode(source.path)
+                self.sources.append(source)
 
-    def _files(self) -> Iterator[tuple[Path, RowKind, int | None]]:
+    def _files(self) -> Iterator[Source]:
         if self.kind is RunKind.EVAL:
-            yield self.path / TRACES, RowKind.TRACE, None
-            yield self.path / EPISODES, RowKind.EPISODE, None
+            yield Source(self.path / TRACES, RowKind.TRACE, None)
+            yield Source(self.path / EPISODES, RowKind.EPISODE, None)
             return
         rl = RLFolder(self.path)
-        for kind, folder in ((RowKind.TRACE, RL_TRACES), (RowKind.EPISODE, RL_EPISODES)):
+        folders = [(RowKind.TRACE, RL_TRACES, None), (RowKind.EPISODE, RL_EPISODES, None),
+                   *((RowKind.EPISODE, held_out_folder(env), env) for env in rl.held_out_envs())]
+        for kind, folder, held_out in folders:
             for path in rl.step_records(folder):
-                yield path, kind, step_of(path)
+                yield Source(path, kind, step_of(path), held_out)
 
     def _replaced(self, source: Source) -> bool:
         return _inode(source.path) != source.inode or _size(source.path) < source.offset + source.tail
@@ -209,7 +217,7 @@ class RunFolderIndex:
 
     def _add(self, number: int, source: Source, line: bytes) -> None:
         source.lines += 1
-        row = Row(number, source.offset, len(line), source.lines, step=source.step)
+        row = Row(number, source.offset, len(line), source.lines, step=source.step, held_out=source.held_out)
         source.offset += len(line) + 1
         source.tail = 0
         if not line.strip():
@@ -245,6 +253,13 @@ class RunFolderIndex:
         return [self._parse(r, Trace) for r in rows if r.problem is None]
 
     # --- reading records ---------------------------------------------------------------------------------
+    @property
+    def first_shown(self) -> RowKind:
+        """What the run page lists unless asked: a multi-agent run's episodes, else traces (an RL run whose only
+        episodes are held-out evaluations' trains on traces)."""
+        played = any(s.kind is RowKind.EPISODE and s.held_out is None and s.lines for s in self.sources)
+        return RowKind.EPISODE if played else RowKind.TRACE
+
     def rows(self, kind: RowKind) -> list[Row]:
         return self.traces if kind is RowKind.TRACE else self.episodes
 
@@ -290,42 +305,51 @@ class RunFolderIndex:
                 from None
 
     # --- searching message text --------------------------------------------------------------------------
-    def search(self, query: str) -> list[int]:
-        """Trace rows with a message whose text (or tool call) contains `query`, ignoring case. Scans the files
-        a chunk at a time; the matches of recent queries are kept and extended as lines are appended."""
-        key = query.casefold()
-        generation, scanned, found = self._searches.pop(key, (self.generation, 0, []))
+    def search(self, query: str, kind: RowKind = RowKind.TRACE) -> list[int]:
+        """Rows of `kind` with a message whose text (or tool call) contains `query`, ignoring case (an episode:
+        in one of its members' traces). Scans the files a chunk at a time; the matches of recent queries are
+        kept and extended as lines are appended."""
+        if kind is RowKind.EPISODE and self.kind is RunKind.EVAL:  # its members' traces are trace rows
+            ids = {self.traces[n].episode_id for n in self.search(query)} - {None}
+            return [n for n, row in enumerate(self.episodes) if row.episode_id in ids]
+        rows, key = self.rows(kind), query.casefold()
+        generation, scanned, found = self._searches.pop((kind, key), (self.generation, 0, []))
         if generation != self.generation:
             scanned, found = 0, []
         # the query as it appears inside a JSON string; bytes.lower() folds ASCII only, so other text is checked
         # on every line
         needle = json.dumps(key)[1:-1].encode() if key.isascii() else b""
-        for number in self._lines_containing(needle, scanned):
-            if _mentions(self._parse(self.traces[number], Trace), key):
+        for number in self._lines_containing(rows, needle, scanned):
+            if any(_mentions(trace, key) for trace in self._traces_in(rows[number], kind)):
                 found.append(number)
-        self._searches[key] = (self.generation, len(self.traces), found)
+        self._searches[(kind, key)] = (self.generation, len(rows), found)
         while len(self._searches) > SEARCHES_KEPT:
             self._searches.popitem(last=False)
         return found
 
-    def _lines_containing(self, needle: bytes, start: int) -> Iterator[int]:
-        """Readable trace rows from `start` on whose raw line contains `needle` (lowercased)."""
+    def _traces_in(self, row: Row, kind: RowKind) -> list[Trace]:
+        if kind is RowKind.TRACE:
+            return [self._parse(row, Trace)]
+        return list(self._parse(row, Episode).traces.values())
+
+    def _lines_containing(self, rows: list[Row], needle: bytes, start: int) -> Iterator[int]:
+        """Readable rows of `rows` from `start` on whose raw line contains `needle` (lowercased)."""
         number = start
-        while number < len(self.traces):
-            first = self.traces[number]
+        while number < len(rows):
+            first = rows[number]
             with self.sources[first.source].path.open("rb") as f:
                 f.seek(first.offset)
                 chunk = f.read(SEARCH_CHUNK).lower()
             end = first.offset + len(chunk)
-            while number < len(self.traces):
-                row = self.traces[number]
+            while number < len(rows):
+                row = rows[number]
                 if row.source != first.source or row.offset + row.length > end:
                     break
                 begin = row.offset - first.offset
                 if row.problem is None and chunk.find(needle, begin, begin + row.length) >= 0:
                     yield number
                 number += 1
-            if number < len(self.traces) and self.traces[number] is first:  # one line longer than a chunk
+            if number < len(rows) and rows[number] is first:  # one line longer than a chunk
                 if first.problem is None and needle in self.raw(first).lower():
                     yield number
                 number += 1
@@ -347,6 +371,11 @@ class RunFolderIndex:
         path = self.path / CONFIG
         return read_toml(path) if path.exists() else {}
 
+    def model(self) -> str:
+        """The model the saved config names ('' when it names none)."""
+        model = self.config().get("model")
+        return str(model.get("name") or "") if isinstance(model, dict) else ""
+
     def metrics(self) -> list[dict[str, Any]]:
         """An RL run's orchestrator records (per step, per held-out evaluation, per bad trace)."""
         return RLFolder(self.path).metrics.read() if self.kind is RunKind.RL else []
@@ -354,6 +383,10 @@ class RunFolderIndex:
     def trainer_metrics(self) -> list[dict[str, Any]]:
         """An RL run's trainer records, one per step."""
         return RLFolder(self.path).trainer_metrics.read() if self.kind is RunKind.RL else []
+
+    def held_out_envs(self) -> list[str]:
+        """The held-out environments whose evaluation episodes are indexed (an RL run), by name."""
+        return sorted({s.held_out for s in self.sources if s.held_out is not None})
 
     def steps(self) -> list[int]:
         """The steps whose traces or episodes are indexed, in order."""

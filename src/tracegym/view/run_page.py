@@ -10,10 +10,11 @@ from typing import Any
 
 from tracegym.view.curves import CURVE_KEYS, curves_svg
 from tracegym.view.page import fragment, key_values, note, number, section, table
-from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, SORT_KEYS, STOP_REASONS, RowQuery
+from tracegym.view.row_query import ERROR_CHOICES, PAGE_SIZES, PHASES, SORT_KEYS, STOP_REASONS, RowQuery
 from tracegym.view.run_folder_index import Row, RowKind, RunFolderIndex, RunKind
+from tracegym.view.summary_view import summary_html
 
-TRAINER_KEYS = ["trainer/loss"]
+TRAINER_KEYS = {"trainer/loss": "trainer loss"}
 """The trainer's records drawn below the orchestrator's (their keys prefixed `trainer/`)."""
 STEP_COLUMNS = ("reward", "completion_tokens_mean", "staleness", "policy_version", "rollouts", "samples",
                 "rollouts_failed", "generation_s")
@@ -41,7 +42,7 @@ class Selection:
 def select(index: RunFolderIndex, query: RowQuery) -> Selection:
     """The rows of the run that `query` asks for."""
     rows = index.rows(query.show)
-    searched = index.search(query.q) if query.q and query.show is RowKind.TRACE else None
+    searched = index.search(query.q, query.show) if query.q else None
     return Selection(query, query.select(rows, searched), len(rows))
 
 
@@ -63,10 +64,8 @@ def run_page(index: RunFolderIndex, selection: Selection) -> str:
 
 
 def _status(index: RunFolderIndex) -> str:
-    config = index.config()
-    model = config.get("model", {}).get("name", "") if isinstance(config.get("model"), dict) else ""
-    items = [("folder", str(index.path)), ("kind", f"{index.kind.value} run"),
-             ("taskset", config.get("taskset", "")), ("model", model), ("traces", len(index.traces))]
+    items = [("folder", str(index.path)), ("kind", f"{index.kind.value} run"), *_config_facts(index),
+             ("traces", len(index.traces))]
     if index.episodes:
         items.append(("episodes", len(index.episodes)))
     if index.unreadable:
@@ -78,29 +77,40 @@ def _status(index: RunFolderIndex) -> str:
     return "".join(parts)
 
 
+def _config_facts(index: RunFolderIndex) -> list[tuple[str, str]]:
+    """What the saved config says the run was: an eval run's taskset, an RL run's training and held-out envs,
+    and the model (by id or name, never a raw table)."""
+    config = index.config()
+    if index.kind is RunKind.EVAL:
+        facts = [("taskset", _name(config.get("taskset")))]
+    else:
+        orchestrator = _table(config.get("orchestrator"))
+        facts = [("train envs", _names(_table(orchestrator.get("train")).get("envs"))),
+                 ("held-out envs", _names(_table(orchestrator.get("eval")).get("envs")))]
+    return [*facts, ("model", index.model())]
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _name(value: Any) -> str:
+    """A config entry's id (a string entry as it is)."""
+    return value if isinstance(value, str) else str(_table(value).get("id", ""))
+
+
+def _names(values: Any) -> str:
+    return ", ".join(_name(v) for v in values) if isinstance(values, list) else ""
+
+
 def _summary(summary: dict[str, Any] | None, index: RunFolderIndex) -> str:
-    """summary.json's numbers as written (floats to 3 decimals); while the run writes none, counts so far."""
+    """summary.json's figures as written; while the run has written none, how many rows so far (the figures
+    are the run's to compute, once, when it ends)."""
     if summary is None:
-        scored = [r.reward for r in index.traces if r.reward is not None]
-        mean = sum(scored) / len(scored) if scored else None
+        scored = sum(r.reward is not None for r in index.traces)
         return note("no summary.json yet: the run is still going (or was killed before writing it); "
-                    "counts so far from the traces:") + key_values(
-            [("num_traces", len(index.traces)), ("num_scored", len(scored)), ("reward", mean)])
-    flat = [(k, v) for k, v in summary.items() if not isinstance(v, dict)]
-    nested = [(k, v) for k, v in summary.items() if isinstance(v, dict)]
-    groups = [f'<div><h3>{escape(name)}</h3>{key_values(_flatten(values))}</div>' for name, values in nested if values]
-    return f'<div class="groups"><div>{key_values(flat)}</div>{"".join(groups)}</div>'
-
-
-
-def _flatten(values: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out += _flatten(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
+                    "its figures appear when it ends") + key_values([("scored traces so far", scored)])
+    return summary_html(summary)
 
 
 # --- RL runs ---------------------------------------------------------------------------------------------------
@@ -136,8 +146,9 @@ def _filters(index: RunFolderIndex, query: RowQuery) -> str:
     if index.kind is RunKind.RL:
         fields.append(_select("step", "step", [str(s) for s in index.steps()],
                               "" if query.step is None else str(query.step)))
-    if query.show is RowKind.TRACE:
-        fields.append(_input("search messages", "q", query.q, size=24))
+    if query.show is RowKind.EPISODE and index.held_out_envs():
+        fields.append(_select("phase", "phase", PHASES, query.phase))
+    fields.append(_input("search messages", "q", query.q, size=24))
     fields += [_select("sort", "sort", list(SORT_KEYS), query.sort, blank=False),
                _select("order", "desc", ["0", "1"], "1" if query.desc else "0", blank=False,
                        labels={"0": "ascending", "1": "descending"}),
@@ -163,35 +174,37 @@ def _rows_table(index: RunFolderIndex, selection: Selection) -> str:
     query = selection.query
     rows = index.rows(query.show)
     episodes = query.show is RowKind.EPISODE
-    show_step = index.kind is RunKind.RL
+    extra = [*(["step"] if index.kind is RunKind.RL else []),
+             *(["phase"] if episodes and index.held_out_envs() else [])]
     show_member = not episodes and any(r.member for r in (rows[n] for n in selection.shown))
     heads = [("#", "line"), ("task", "task"), ("episode" if episodes else "rollout", "index"),
              ("rewards" if episodes else "reward", "reward"), ("stop reason", "stop"), ("errors", "errors"),
              ("turns", "turns"), ("tokens in / out", "tokens"), ("duration (s)", "duration")]
-    if show_step:
-        heads.append(("step", "step"))
+    heads += [(c, c) for c in extra]
     heads.append(("taskset", "taskset"))
     head = [_sort_link(query, label, key) for label, key in heads] + (["member"] if show_member else [])
     body, classes = [], []
     for n in selection.shown:
         row = rows[n]
-        body.append(_cells(index, n, row, episodes, show_step, show_member))
+        body.append(_cells(index, n, row, episodes, extra, show_member))
         classes.append("problem" if row.problem else "")
     return table(head, body, classes=classes) if body else ""
 
 
-def _cells(index: RunFolderIndex, n: int, row: Row, episodes: bool, show_step: bool, show_member: bool) -> list[str]:
+def _cells(index: RunFolderIndex, n: int, row: Row, episodes: bool, extra: list[str], show_member: bool
+           ) -> list[str]:
+    """A row's cells; the `extra` columns (`step`, `phase`) before the taskset."""
     link = f'<a href="/{"episode" if episodes else "trace"}/{n}">{n}</a>'
     if row.problem is not None:
-        width = 8 + show_step
+        width = 8 + len(extra)
         return [link, f'<span class="err">{escape(index.where(row))}: {escape(row.problem)}</span>',
                 *[""] * width, *([""] if show_member else [])]
     reward = ", ".join(f"{escape(m)} {number(r)}" for m, r in row.member_rewards) if episodes else number(row.reward)
     cells = [link, escape(row.task_key), str(row.index), reward, escape(row.stop_reason),
              f'<span class="err">{escape(", ".join(row.errors))}</span>' if row.errors else "",
              str(row.turns), f"{row.prompt_tokens} / {row.completion_tokens}", number(row.duration)]
-    if show_step:
-        cells.append("" if row.step is None else str(row.step))
+    phase = escape(f"held-out {row.held_out}") if row.held_out else "train"
+    cells += [phase if c == "phase" else "" if row.step is None else str(row.step) for c in extra]
     cells.append(escape(row.taskset))
     if show_member:
         cells.append(escape(row.member or ""))

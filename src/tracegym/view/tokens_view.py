@@ -25,8 +25,10 @@ from pathlib import Path
 
 from tracegym.core.graph import Node
 from tracegym.core.trace import Trace
+from tracegym.envs.view import marked
 from tracegym.models.embedded import SERVED_MODEL_NAME, default_cache_dir, is_complete
 from tracegym.train.samples import trace_samples
+from tracegym.view.page import number
 
 BUCKETS = (0.9, 0.5, 0.25, 0.1)
 """Probability floors of the logprob colours `l0` .. `l3`; a sampled token below the last one is `l4`."""
@@ -175,17 +177,40 @@ def _segment(node: Node, pieces: list[str | None], loss: list[bool] | None, toke
     version = f" data-version=\"{node.policy_version}\"" if node.policy_version is not None else ""
     label = f"node {node.id} · {node.message.role}" + (f" · policy v{node.policy_version}" if version else "")
     special = tokenizer.special if tokenizer is not None else frozenset()
+    private = _private(pieces) if node.message.role == "assistant" else set()
     spans = [_token(t, pieces[i], i < len(mask) and mask[i] == 1, logprobs[i] if i < len(logprobs) else None,
-                    bool(loss and loss[i]), t in special) for i, t in enumerate(ids)]
+                    bool(loss and loss[i]), t in special, i in private) for i, t in enumerate(ids)]
     flag = ' data-parse-error="1"' if node.parse_error else ""
+    # <wbr>: a line may break between two tokens, never inside one (unless one token is wider than the line)
     return (f'<span class="seg" data-node="{node.id}"{version}{flag}><span class="seg-mark" title="{escape(label)}">'
-            f'{node.id}</span>{"".join(spans)}</span>')
+            f'{node.id}</span>{"<wbr/>".join(spans)}</span>')
 
 
-def _token(token: int, piece: str | None, sampled: bool, logprob: float | None, loss: bool, special: bool) -> str:
+def _private(pieces: list[str | None]) -> set[int]:
+    """The positions of an assistant turn's tokens whose text lies in a `<think>` block (as `message_view` marks
+    the message), found in the text the pieces join to; none without a tokenizer."""
+    runs = marked("".join(p or "" for p in pieces))
+    blocks, at = [], 0
+    for run, private in runs:
+        if private:
+            blocks.append((at, at + len(run)))
+        at += len(run)
+    out, at = set(), 0
+    for i, piece in enumerate(pieces):
+        end = at + len(piece or "")
+        if any(start < end and at < stop for start, stop in blocks):
+            out.add(i)
+        at = end
+    return out
+
+
+def _token(token: int, piece: str | None, sampled: bool, logprob: float | None, loss: bool, special: bool,
+           private: bool = False) -> str:
     """One token's span (a long branch has tens of thousands: what does not change with the token's place is
     made once per id, in `_face`)."""
     classes, head, shown = _face(token, piece, special)
+    if private:
+        classes, head = f"{classes} private", f"{head} · private reasoning"
     trained = " loss" if loss else ""
     if not sampled:
         return f'<span class="t{classes}{trained}" data-id="{token}" title="{head}">{shown}</span>'
@@ -209,7 +234,8 @@ def _face(token: int, piece: str | None, special: bool) -> tuple[str, str, str]:
 _LOG_FLOORS = [math.log(p) for p in BUCKETS]
 _LEGEND = ('<p class="legend"><span class="t">prompt</span> <span class="t s l0">sampled p≥0.9</span> '
            '<span class="t s l1">p≥0.5</span> <span class="t s l2">p≥0.25</span> <span class="t s l3">p≥0.1</span> '
-           '<span class="t s l4">p&lt;0.1</span> <span class="t s l0 loss">trained (carries loss)</span></p>')
+           '<span class="t s l4">p&lt;0.1</span> <span class="t s l0 loss">trained (carries loss)</span> '
+           '<span class="t s l0 private">private reasoning (&lt;think&gt;)</span></p>')
 
 
 def _summary(trace: Trace, path: list[Node], ids: list[int], loss: list[bool] | None, why_not: str | None,
@@ -219,15 +245,15 @@ def _summary(trace: Trace, path: list[Node], ids: list[int], loss: list[bool] | 
     rows = [("tokens", str(len(ids))), ("sampled", str(count))]
     rows.append(("trained", str(sum(loss))) if loss is not None else ("trained", f"none ({why_not})"))
     if sampled:
-        rows.append(("mean sampled logprob", f"{sum(sampled) / len(sampled):.3f}"))
+        rows.append(("mean sampled logprob", number(sum(sampled) / len(sampled))))
     versions = sorted({n.policy_version for n in path if n.sampled and n.policy_version is not None})
     if versions:
         rows.append(("policy version", ", ".join(map(str, versions))))
     if advantage is not None:
-        rows.append(("advantage", f"{advantage:.3f}"))
+        rows.append(("advantage", number(advantage)))
     if trace.is_truncated:
         rows.append(("truncated", "the last turn ran out of context or completion budget"))
     if tokenizer is None:
         rows.append(("text", "no tokenizer found for model " + (trace.model or "(unnamed)") + ": ids shown"))
-    cells = "".join(f'<dt>{escape(k)}</dt><dd data-key="{escape(k)}">{escape(v)}</dd>' for k, v in rows)
+    cells = "".join(f'<dt>{escape(k)}</dt><dd data-key="{escape(k)}">{number(v)}</dd>' for k, v in rows)
     return f'<dl class="tokens-summary">{cells}</dl>'

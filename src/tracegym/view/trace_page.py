@@ -29,7 +29,7 @@ def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: Token
     neighbouring traces)."""
     branches = trace.branches
     chosen = current_branch(trace) if branch is None else branch
-    title = f"{trace.task_key} · rollout {trace.rollout_index}" + (f" · {trace.member}" if trace.member else "")
+    title = f"task {trace.task_key} · rollout {trace.rollout_index}" + (f" · {trace.member}" if trace.member else "")
     parts = [f"<h1>{escape(title)}</h1>",
              f'<p class="muted">{escape(where)} · <a href="{escape(json_url)}">JSON</a> {nav}</p>',
              section("Outcome", _facts(trace, advantages.get(chosen))),

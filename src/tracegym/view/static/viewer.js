@@ -27,6 +27,7 @@
     }
     parts.push(token.classList.contains("s") ? "sampled" : "prompt");
     if (token.classList.contains("loss")) { parts.push("trained"); }
+    if (token.classList.contains("private")) { parts.push("private reasoning"); }
     if (seg) {
       parts.push("node " + seg.dataset.node);
       if (seg.dataset.version !== undefined) { parts.push("policy v" + seg.dataset.version); }

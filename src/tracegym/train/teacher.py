@@ -1,0 +1,205 @@
+"""Teacher: the model an `sft` or `opd` run learns from, reached at its `base_url` or served here by a vLLM server of
+its own, checked to tokenize as the student does, and asked for its logprob of each of a sequence's tokens.
+
+Scoring goes through vLLM's completions API with the token ids as the prompt and `prompt_logprobs = 0` (one request
+per sequence; each prompt position's entry holds the actual next token's logprob, computed from the raw logits
+whatever `--logprobs-mode` says), or through transformers in this process (`TransformersTeacher`) where no teacher
+endpoint is wanted. An endpoint that stays down through the teacher's retries stops the run, naming it.
+
+>>> teacher = VLLMTeacher(endpoint)  # doctest: +SKIP
+>>> await teacher.logprobs([1, 2, 3])  # doctest: +SKIP
+[-2.1, -0.4]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tracegym.core.errors import InfrastructureError, ModelError, TracegymError, UsageError
+from tracegym.models import transport
+from tracegym.models.endpoint import Endpoint
+from tracegym.models.launch import only_served_model, server_config
+from tracegym.models.vllm_server import VLLMServer, is_cpu_build
+from tracegym.models.vllm_servers import CORES_ENV, core_shares
+from tracegym.train.distillation import Teacher
+from tracegym.train.rl_config import RLConfig, TeacherModel
+from tracegym.train.rl_folder import Endpoints
+
+PROBE = "Reverse 'river mountain' -> 'niatnuom revir'! 123 + 4.5 = ? ¿Qué tal? 你好 <|im_start|>user\n\t ok<|im_end|>"
+"""Text whose token ids must be the same under the student's and the teacher's tokenizer (words, digits, accents,
+CJK, whitespace, chat-template markers)."""
+
+
+class VLLMTeacher:
+    """The teacher at a vLLM endpoint; the endpoint's `max_retries` and `timeout` bound each request."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.transport = transport.Transport(endpoint)
+
+    async def logprobs(self, token_ids: list[int]) -> list[float]:
+        body = {"model": self.endpoint.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0,
+                "temperature": 1.0}
+        try:
+            reply = await self.transport.post("/completions", body)
+        except InfrastructureError as exc:
+            raise InfrastructureError(f"the [teacher] endpoint {self.endpoint.base_url} is down: {exc}") from None
+        except ModelError as exc:
+            raise ModelError(f"the [teacher] endpoint {self.endpoint.base_url} refused to score: {exc}") from None
+        return prompt_logprobs(reply.data, token_ids)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+def prompt_logprobs(data: dict[str, Any], token_ids: list[int]) -> list[float]:
+    """The logprob of each of `token_ids[1:]` in a vLLM completions reply with `prompt_logprobs` (a list with one
+    entry per prompt token: None for the first, then `{str(token_id): {"logprob": ...}, ...}`)."""
+    try:
+        entries = data["choices"][0]["prompt_logprobs"]
+        if len(entries) != len(token_ids):
+            raise ValueError(f"{len(entries)} entries for {len(token_ids)} tokens")
+        return [float(entry[str(token)]["logprob"]) for token, entry in zip(token_ids[1:], entries[1:], strict=True)]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ModelError(f"the [teacher] endpoint's reply has no prompt logprobs for the tokens sent ({exc!r}); "
+                         "it must be a vLLM server") from None
+
+
+class TransformersTeacher:
+    """The teacher loaded with transformers in this process (float32), scoring one sequence at a time off the
+    event loop; for a teacher small enough to run beside the orchestrator without a server of its own."""
+
+    def __init__(self, model_dir: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        except OSError as exc:
+            raise UsageError(f"[teacher] name: cannot load {model_dir!r} with transformers: {exc}") from None
+        self.lock = asyncio.Lock()  # one forward at a time: parallel ones would only share the same cores
+
+    async def logprobs(self, token_ids: list[int]) -> list[float]:
+        async with self.lock:
+            return await asyncio.to_thread(self._logprobs, token_ids)
+
+    def _logprobs(self, token_ids: list[int]) -> list[float]:
+        import torch
+
+        with torch.no_grad():
+            ids = torch.tensor([token_ids])
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+            picked = logits.gather(-1, ids[0, 1:, None]).squeeze(-1)
+            return (picked - torch.logsumexp(logits, dim=-1)).tolist()
+
+    async def aclose(self) -> None:
+        return None
+
+
+# --- serving and checking ---------------------------------------------------------------------------------------
+def served_here(config: RLConfig) -> bool:
+    """Whether the launcher starts a vLLM server for the teacher: it is named by `name` (no `base_url`) and is
+    reached through an endpoint (not scored in process by transformers)."""
+    teacher = config.teacher
+    return (teacher is not None and teacher.base_url is None
+            and not (config.mode == "opd" and config.opd.scorer == "transformers"))
+
+
+def core_split(config: RLConfig) -> tuple[list[str] | None, str | None]:
+    """On the CPU build, with a teacher served here: the student's servers' core shares and the teacher's (the
+    last of `model.servers + 1` shares), so the servers do not fight over the same cores; else (None, None)."""
+    if not served_here(config) or not is_cpu_build():
+        return None, None
+    shares = core_shares(config.model.servers + 1)
+    return shares[:-1], shares[-1]
+
+
+@contextlib.contextmanager
+def teacher_endpoints(config: RLConfig, log_path: Path, cores: str | None) -> Iterator[dict[str, Any]]:
+    """`Endpoints`' teacher fields: a vLLM server of the teacher started here (stopped on exit; bound to `cores`),
+    its `base_url` as given, or none (no teacher, or one scored in process)."""
+    teacher = config.teacher
+    if teacher is None or (teacher.base_url is None and not served_here(config)):
+        yield {"teacher_base_url": None, "teacher_model": None}
+        return
+    if teacher.base_url is not None:
+        yield {"teacher_base_url": teacher.base_urls(), "teacher_model": teacher.name}
+        return
+    served = server_config(teacher, log_path=log_path)
+    env = {**served.env, CORES_ENV: cores} if cores else served.env
+    served = served.model_copy(update={"cpu_kv_cache_gib": config.kv_cache_gib, "env": env})
+    with VLLMServer(served) as server:
+        yield {"teacher_base_url": [server.base_url], "teacher_model": served.name}
+
+
+def teacher_endpoint(teacher: TeacherModel, base_urls: list[str], model: str | None) -> Endpoint:
+    """The Endpoint of the teacher at `base_urls` (the first; vLLM scores, replicas are not routed here) under
+    `model` (None: the one model the server serves), with `[teacher]`'s timeouts and retries."""
+    name = model or only_served_model(base_urls[0], teacher.api_key_env)
+    return teacher.endpoint(base_urls[0], name)
+
+
+def build_teacher(config: RLConfig, endpoints: Endpoints) -> Teacher:
+    """The teacher that scores an `opd` run's samples: its endpoint (as the launcher wrote it), or transformers."""
+    assert config.teacher is not None, "an opd run has a [teacher] (RLConfig checks it)"
+    if config.opd.scorer == "transformers" and config.teacher.name is not None:  # check_teacher: it is set
+        return TransformersTeacher(config.teacher.name)
+    if not endpoints.teacher_base_url:
+        raise UsageError("the run's endpoints.json names no teacher endpoint (was it written by an older launcher?)")
+    return VLLMTeacher(teacher_endpoint(config.teacher, endpoints.teacher_base_url, endpoints.teacher_model))
+
+
+def check_teacher(config: RLConfig) -> None:
+    """For an `opd` run, a UsageError naming `[teacher]` unless the teacher can score and tokenizes as the student
+    (the trainer's model) does: the same vocabulary (a teacher directory), or the same token ids of `PROBE` (a
+    teacher at `base_url`, which must answer)."""
+    teacher = config.teacher
+    if config.mode != "opd" or teacher is None:
+        return
+    if config.opd.scorer == "transformers" and teacher.name is None:
+        raise UsageError("[opd] scorer = 'transformers' needs [teacher] name (a model directory to load)")
+    student = load_tokenizer(config.model.tokenizer or config.trainer.model, "[model]")
+    expected = student.encode(PROBE, add_special_tokens=False)
+    if teacher.base_url is not None:
+        got = endpoint_tokens(teacher, PROBE)
+        where = f"the [teacher] endpoint {teacher.base_urls()[0]}"
+    else:
+        source = teacher.tokenizer or teacher.name or config.trainer.model
+        tokenizer = load_tokenizer(source, "[teacher]")
+        if tokenizer.get_vocab() != student.get_vocab():
+            raise UsageError(f"[teacher] name: {source!r} has another vocabulary than the student "
+                             f"{config.trainer.model!r} ({len(tokenizer)} vs {len(student)} tokens); on-policy "
+                             "distillation scores the student's token ids, so both must share one tokenizer")
+        got, where = tokenizer.encode(PROBE, add_special_tokens=False), f"[teacher] {source!r}"
+    if got != expected:
+        raise UsageError(f"{where} tokenizes differently from the student {config.trainer.model!r} (a probe "
+                         f"text gives {len(got)} vs {len(expected)} tokens); teacher and student must share one "
+                         "tokenizer")
+
+
+def load_tokenizer(source: str, section: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{section}: cannot load the tokenizer of {source!r}: {exc}") from None
+
+
+def endpoint_tokens(teacher: TeacherModel, text: str) -> list[int]:
+    """`text`'s token ids by the teacher's vLLM (`POST /tokenize` at the server root); a UsageError naming the
+    endpoint when it does not answer or cannot tokenize."""
+    base = teacher.base_urls()[0].rstrip("/")
+    root = base.removesuffix("/v1")
+    try:
+        name = teacher.name or only_served_model(base, teacher.api_key_env)
+        body = {"model": name, "prompt": text, "add_special_tokens": False}
+        reply = transport.json_object(root, transport.call(f"{root}/tokenize", body, timeout=teacher.timeout))
+        return [int(t) for t in reply["tokens"]]
+    except (TracegymError, KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"[teacher] base_url: {base} cannot tokenize a probe text ({exc}); the teacher must be a "
+                         "running vLLM server") from None
