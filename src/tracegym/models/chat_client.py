@@ -58,12 +58,13 @@ class ChatClient:
                               tools_offered=bool(request.tools), policy_version=reply.policy_version)
 
     async def _post(self, request: ModelRequest) -> Reply:
-        body = request_body(self.endpoint.model, request, tokens=self._ask_tokens)
+        asked = self._ask_tokens  # concurrent requests may all be rejected: each that asked tries again
+        body = request_body(self.endpoint.model, request, tokens=asked)
         try:
             return await self.transport.post("/chat/completions", body)
         except Refused as exc:
             rejected = exc.status == 400 and any(name in exc.detail for name in _TOKEN_FIELDS)
-            if rejected and self.endpoint.tokens == "auto" and self._ask_tokens:
+            if rejected and self.endpoint.tokens == "auto" and asked:
                 self._ask_tokens = False  # this endpoint is not vLLM: stop asking for token ids and try again
                 return await self._post(request)
             raise

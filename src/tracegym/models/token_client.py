@@ -73,15 +73,8 @@ class TokenClient:
         return self._max_model_len
 
     def prompt_ids(self, request: ModelRequest) -> list[int]:
-        """The bridge onto the branch's tokens when the request says which of them were sampled and the
-        renderer proves the extension safe; else the whole conversation rendered."""
-        prefix = request.prefix
-        if prefix is not None:
-            new = request.messages[prefix.covered_messages:]
-            bridged = self.renderer.bridge(prefix.prompt_ids, prefix.completion_ids, new, request.tools)
-            if bridged is not None:
-                return bridged
-        return self.renderer.render(request.messages, request.tools)
+        """This turn's prompt ids (`next_prompt_ids`)."""
+        return next_prompt_ids(self.renderer, request)
 
     def parse_completion(self, data: dict[str, Any], prompt_ids: list[int], *, include_stop_str: bool = False,
                          policy_version: int | None = None) -> ModelResponse:
@@ -109,6 +102,19 @@ class TokenClient:
             completion_logprobs=logprobs,
             policy_version=policy_version,
         )
+
+
+def next_prompt_ids(renderer: Renderer, request: ModelRequest) -> list[int]:
+    """The bridge onto the branch's tokens when the request says which of them were sampled and the renderer
+    proves the extension safe; else the whole conversation rendered. (SFT renders a teacher's conversation for
+    the student through this too, so its samples hold the tokens the student sees at inference.)"""
+    prefix = request.prefix
+    if prefix is not None:
+        new = request.messages[prefix.covered_messages:]
+        bridged = renderer.bridge(prefix.prompt_ids, prefix.completion_ids, new, request.tools)
+        if bridged is not None:
+            return bridged
+    return renderer.render(request.messages, request.tools)
 
 
 def _sampled(data: dict[str, Any]) -> tuple[dict[str, Any], list[int], list[float]]:

@@ -1,13 +1,16 @@
-"""Reverse text: reverse a short generated phrase character by character; reward is the LCS ratio."""
+"""Reverse text: reverse a short generated phrase character by character; reward is the LCS ratio (or, with
+`reward = "exact"`, exact reversal only, which an echo of the phrase cannot partly earn); the metric `exact` says
+whether the reply was the exact reversal either way."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
-from tracegym.envs.scorers import reward
+from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
 
@@ -70,14 +73,35 @@ class ReverseTextConfig(TasksetConfig):
     """Fewest words in a phrase."""
     max_words: int = 3
     """Most words in a phrase."""
+    reward: Literal["lcs", "exact"] = "lcs"
+    """`lcs`: the longest-common-subsequence ratio with the reversal (partial credit; an echo of the phrase earns
+    ~0.35 of it); `exact`: 1.0 for the exact reversal, else 0.0."""
 
 
-class ReverseTask(Task):
+class ReverseTask(Task[TaskData, ReverseTextConfig]):
     """One phrase to reverse."""
 
     @reward
     def lcs(self, trace: Trace) -> float:
         return lcs_ratio(trace.last_reply.strip(), str(self.data.answer))
+
+    @metric
+    def exact(self, trace: Trace) -> float:
+        return self.reversed_exactly(trace)
+
+    def reversed_exactly(self, trace: Trace) -> float:
+        """1.0 when the reply (stripped) is the exact reversal, else 0.0."""
+        return float(trace.last_reply.strip() == str(self.data.answer))
+
+
+class ExactReverseTask(ReverseTask):
+    """One phrase to reverse, rewarded for the exact reversal only (`reward = "exact"`)."""
+
+    lcs = None  # type: ignore[assignment]
+
+    @reward
+    def exact(self, trace: Trace) -> float:
+        return self.reversed_exactly(trace)
 
 
 def make_row(rng: random.Random, cfg: ReverseTextConfig, index: int) -> TaskData:
@@ -95,3 +119,8 @@ class ReverseText(Taskset[ReverseTextConfig]):
 
     def load(self) -> Iterator[TaskData]:
         return seeded_rows(make_row, self.config, self.config.num_tasks)
+
+    def task(self, row: Any) -> ReverseTask:
+        """A task scored as `reward` says."""
+        cls = ExactReverseTask if self.config.reward == "exact" else ReverseTask
+        return cls(self.as_data(row), **self._task_options())

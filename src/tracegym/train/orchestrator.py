@@ -55,6 +55,7 @@ from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
+from tracegym.train.sft import SFTSource, build_sft_source
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.teacher import build_teacher
 from tracegym.train.tracking import build_tracking
@@ -145,20 +146,21 @@ class Orchestrator:
                  held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
                  baseline_per_task: bool = True, truncated_reward: float | None = None,
                  filters: list[RolloutFilter] | None = None, distiller: Distiller | None = None,
-                 difficulty: OnlineDifficulty[Group] | None = None) -> None:
+                 difficulty: OnlineDifficulty[Group] | None = None, sft: SFTSource | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
         episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
         reward of a trainable member of an episode cut short (None: its payoff); `filters`: the rollout filters
         that run on each trainable rollout; `distiller`: an `opd` run's teacher, which sets every sample's
-        per-token advantages; `difficulty`: online difficulty of the environments that have it."""
+        per-token advantages; `difficulty`: online difficulty of the environments that have it; `sft`: an `sft`
+        run's teacher, whose rollouts are the data (held-out evaluation stays on `endpoint`, the student)."""
         self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
         self.envs = {env.id: env for env in envs}
         self.advantages, self.staleness = advantages, staleness
         self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
         self.rng = random.Random(seed)
         self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
-        self.truncated_reward, self.distiller = truncated_reward, distiller
+        self.truncated_reward, self.distiller, self.sft = truncated_reward, distiller, sft
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
         self.next_step = 0
@@ -191,9 +193,10 @@ class Orchestrator:
         """The step's samples and metrics, from new tasks again while they come out empty (`regeneration`); each
         empty attempt's metrics go to `metrics.jsonl` as `{"empty_batch": step, "attempt": n, ...}`."""
         no_signal = self.advantages.filtered
+        why = self.sft.why_empty if self.sft else (
+            lambda tried: rollouts_fate(tried, self.advantages.filtered - no_signal))
         return await regenerated(
-            lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts,
-            lambda tried: rollouts_fate(tried, self.advantages.filtered - no_signal),
+            lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts, why,
             lambda attempt, metrics: self.folder.metrics.append({"empty_batch": step, "attempt": attempt, **metrics}),
             what=f"step {step}")
 
@@ -218,7 +221,7 @@ class Orchestrator:
                       ) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics; the traces of a later `attempt` join the step's earlier ones."""
         started = time.monotonic()
-        endpoint = self.endpoint.model_copy(update={"model": model})
+        endpoint = self.sft.teacher if self.sft else self.endpoint.model_copy(update={"model": model})
         size = self.plan.group_size
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
         if self.pool is not None:
@@ -250,8 +253,14 @@ class Orchestrator:
         check_not_all_failed(step, trained)
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
                                           for t in traces if trainable(t)))
-        pairs, dropped = self.advantaged(groups)
-        samples = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step)
+        if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
+            pairs, dropped = [], Counter[str]()
+            ran = [(self.envs[env_id].stream.taskset, [t for t in g if screening.keeps(t)])
+                   for env_id, g in zip(env_ids, groups, strict=True)]
+            samples, extra = self.sft.batch(ran, version)
+        else:
+            pairs, dropped = self.advantaged(groups)
+            samples, extra = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step), {}
         samples, distillation = await self.distiller(samples) if self.distiller and samples else (samples, {})
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
         self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=attempt > 0)
@@ -261,7 +270,7 @@ class Orchestrator:
         metrics.update({"policy_version": version, "staleness": step - version,
                         "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
                         "traces_invalid": self.traces_invalid, **screening.metrics(), **distillation,
-                        **self.difficulty.metrics()})
+                        **self.difficulty.metrics(), **extra})
         if episodes:
             metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
                             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
@@ -429,7 +438,9 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
                                 truncated_reward=orch.truncated_reward, filters=orch.filters.active(),
                                 distiller=Distiller(build_teacher(config, endpoints), config.opd)
                                 if config.mode == "opd" else None,
-                                difficulty=difficulty)
+                                difficulty=difficulty,
+                                sft=build_sft_source(config.sft, config.teacher, endpoints, endpoint)
+                                if config.mode == "sft" and config.teacher else None)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))

@@ -23,6 +23,7 @@ from tracegym.train.difficulty import DifficultyConfig
 from tracegym.train.distillation import OPDConfig
 from tracegym.train.filters import Filters
 from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
+from tracegym.train.sft import SFTConfig
 from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
 
@@ -217,6 +218,8 @@ class RLConfig(BaseConfig):
     model: RLModel = RLModel()
     teacher: TeacherModel | None = None
     """The teacher of an `sft` or `opd` run; unused (and refused) in `rl`."""
+    sft: SFTConfig = SFTConfig()
+    """`sft` runs: which of the teacher's rollouts are trained on (reward threshold, best-of-n per task)."""
     opd: OPDConfig = OPDConfig()
     """On-policy distillation (`mode = "opd"`): the advantage's make-up and who scores the student's tokens."""
     kv_cache_gib: float = Field(default=0.5, gt=0)
@@ -252,6 +255,7 @@ class RLConfig(BaseConfig):
             model = data.get("model")
             name = model.get("name") if isinstance(model, dict) else getattr(model, "name", None)
             trainer.setdefault("model", name or "")
+            trainer.setdefault("objective", "cross_entropy" if data.get("mode") == "sft" else "policy_gradient")
             data = {**data, "trainer": trainer}
         return data
 
@@ -264,6 +268,9 @@ class RLConfig(BaseConfig):
                              "an OpenAI-compatible endpoint, or `name` of a model directory to serve)")
         if self.mode == "rl" and self.teacher is not None:
             raise ValueError("[teacher] is used by mode = 'sft' or 'opd' only; remove it or set `mode`")
+        if (self.trainer.objective == "cross_entropy") != (self.mode == "sft"):
+            raise ValueError(f"trainer.objective = {self.trainer.objective!r} does not fit mode = {self.mode!r}; "
+                             "leave it unset (the mode sets it)")
         return self
 
     @model_validator(mode="after")

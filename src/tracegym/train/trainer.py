@@ -41,6 +41,7 @@ from tracegym.train.data_parallel import (
     sharded_optimizer_state,
 )
 from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
+from tracegym.train.sft import cross_entropy_loss
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
@@ -86,6 +87,9 @@ class TrainerConfig(BaseModel):
     """Tokens whose trainer/sampler probability ratio is below this carry no gradient."""
     max_ratio: float = 8.0
     """Tokens whose trainer/sampler probability ratio is above this carry no gradient."""
+    objective: Literal["policy_gradient", "cross_entropy"] = "policy_gradient"
+    """What a step minimises: the policy-gradient loss (`rl`, `opd`) or the cross-entropy of the loss tokens
+    (`sft`); `tracegym rl` sets it from `mode`."""
     num_threads: int | None = None
     """Torch CPU threads (per process); None leaves torch's default."""
     num_processes: int = Field(default=1, ge=1)
@@ -155,6 +159,8 @@ class Trainer:
     def _loss(self, batch: MicroBatch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = self._logprobs(batch)
         cols = batch.targets
+        if self.config.objective == "cross_entropy":
+            return cross_entropy_loss(logprobs, batch.loss_mask[:, cols], num_tokens)
         return policy_gradient_loss(logprobs, batch.sampler_logprobs[:, cols], batch.advantages[:, cols],
                                     batch.loss_mask[:, cols], self.loss_config, num_tokens)
 
