@@ -205,17 +205,19 @@ class Trainer:
                 self.model.save_pretrained(path, **whole)
         return path
 
-    def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16, changed_only: bool = False) -> Path:
         """Write the full weights with the adapter merged in (`model.safetensors`, checkpoint names), for a vLLM
         that reloads its base weights in place. Each LoRA delta is added to a copy, so the base weights stay
-        bit-identical (peft's merge then unmerge would round them a little every step)."""
+        bit-identical (peft's merge then unmerge would round them a little every step). `changed_only` (LoRA):
+        only the weights an adapter touches, for a vLLM that already holds the rest (a partial reload)."""
         path = Path(path)
         with torch.no_grad(), gathered(self.model):
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
                 layers = _lora_layers(self.model) if self.is_lora else {}
                 weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous().cpu()
-                           for n, p in self.model.named_parameters() if "lora_" not in n}
+                           for n, p in self.model.named_parameters()
+                           if "lora_" not in n and (n in layers or not (changed_only and layers))}
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
                 tmp.replace(path / "model.safetensors")

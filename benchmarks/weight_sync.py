@@ -1,0 +1,97 @@
+"""Benchmark: merged weight sync, save + vLLM reload seconds, full weights on disk vs changed weights on tmpfs.
+
+SmolLM2-135M with LoRA r=16 on every linear layer (the trainer's default targets), vLLM (CPU build, dev mode,
+one process). Each rep moves the adapter (as a step would) and publishes it both ways, alternating in one run:
+`full-disk` (today's path: every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it)
+and `changed-tmpfs` (only the LoRA-touched weights, into a folder on /dev/shm; vLLM reloads just those, keeping
+the embedding and norms it holds). After the last rep both publish the same weights and their greedy outputs
+must agree.
+
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/weight_sync.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tracegym.models import transport
+from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+from tracegym.train.trainer import Trainer, TrainerConfig, build_trainer
+from tracegym.train.weight_sync import MergedWeightSync
+
+TMPFS = Path("/dev/shm")
+PROMPT = "The capital of France is"
+
+
+def move_adapter(trainer: Trainer, seed: int) -> None:
+    """Nudge every LoRA B (what a trainer step does, at a size that changes greedy text)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+
+
+def publish(trainer: Trainer, sync: MergedWeightSync, folder: Path, changed_only: bool) -> tuple[float, float]:
+    """Save and publish; the seconds of each."""
+    start = time.perf_counter()
+    path = trainer.save_merged(folder, changed_only=changed_only)
+    saved = time.perf_counter()
+    sync.publish(path, trainer.version)
+    return saved - start, sync.last_seconds
+
+
+def greedy(base_url: str) -> str:
+    body = {"model": SERVED_MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.0}
+    return json.loads(transport.call(base_url + "/completions", body, timeout=60))["choices"][0]["text"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5, help="publishes per way")
+    args = parser.parse_args()
+    model_dir = str(embedded_model_dir())
+    trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=16, lora_alpha=32, num_threads=2))
+    config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=512,
+                              cpu_kv_cache_gib=0.25, cpu_one_process=True, env={"VLLM_SERVER_DEV_MODE": "1"})
+    ways = {"full-disk": False, "changed-tmpfs": True}
+    times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
+    with (tempfile.TemporaryDirectory(prefix="tracegym-sync-disk-", dir=Path.home()) as disk,
+          tempfile.TemporaryDirectory(prefix="tracegym-sync-", dir=TMPFS) as shm, VLLMServer(config) as server):
+        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        folders = {"full-disk": Path(disk) / "merged", "changed-tmpfs": Path(shm) / "merged"}
+        base_text = greedy(server.base_url)
+        for rep in range(args.reps):
+            move_adapter(trainer, rep)
+            for way, changed_only in ways.items():
+                trainer.version += 1
+                times[way].append(publish(trainer, sync, folders[way], changed_only))
+                print(f"rep {rep} {way}: save {times[way][-1][0]:.3f} s  load {times[way][-1][1]:.3f} s", flush=True)
+        texts = {}
+        for way, changed_only in ways.items():
+            publish(trainer, sync, folders[way], changed_only)
+            texts[way] = greedy(server.base_url)
+        sizes = {way: (folders[way] / "model.safetensors").stat().st_size / 2**20 for way in ways}
+    print(f"\nmerged weight sync, {args.reps} reps each (mean seconds; load average {os.getloadavg()[0]:.1f})")
+    print(f"{'way':<16}{'MB':>8}{'save':>8}{'load':>8}{'total':>8}")
+    for way, rows in times.items():
+        save, load = statistics.fmean(r[0] for r in rows), statistics.fmean(r[1] for r in rows)
+        print(f"{way:<16}{sizes[way]:>8.0f}{save:>8.3f}{load:>8.3f}{save + load:>8.3f}")
+    old, new = (sum(statistics.fmean(r[i] for r in times[w]) for i in (0, 1)) for w in ways)
+    print(f"ratio changed-tmpfs / full-disk: {new / old:.2f}")
+    same = texts["full-disk"] == texts["changed-tmpfs"]
+    print(f"greedy text: base {base_text!r}; after both ways {'the same' if same else 'DIFFERENT'} "
+          f"({texts['changed-tmpfs']!r}); {'changed' if texts['changed-tmpfs'] != base_text else 'UNCHANGED'}")
+
+
+if __name__ == "__main__":
+    main()
