@@ -60,7 +60,8 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
                    adapters: Path) -> dict[str, float]:
     """Generate, train, publish; the seconds of each part and the step's numbers."""
     taskset = load_taskset("reverse-text", {"seed": 1000 + step})
-    sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens)
+    sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, extra=fixed_length(args.max_tokens)
+                        if args.fixed_length else {})
     t0 = time.perf_counter()
     traces = await evaluate(taskset, client, num_tasks=args.tasks, rollouts=args.rollouts, sampling=sampling)
     t1 = time.perf_counter()
@@ -74,6 +75,11 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
             "completion_tokens": float(sum(t.completion_length for t in traces)),
             "reward": statistics.fmean(t.reward or 0.0 for t in traces), "samples": float(len(batch)),
             "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
+
+
+def fixed_length(tokens: int) -> dict[str, object]:
+    """vLLM's request fields that make every completion exactly `tokens` long (EOS and stop tokens ignored)."""
+    return {"min_tokens": tokens, "ignore_eos": True}
 
 
 def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
@@ -166,7 +172,8 @@ def print_table(rows: list[dict[str, float]], memory: PeakMemory) -> None:
     print(f"target <= {TARGET_S} s per step: {'met' if mean_total <= TARGET_S else 'NOT met'} ({mean_total:.2f} s)")
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The benchmark's flags (also how `rl_step_vs_trl.py` configures the steps it runs)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5, help="measured steps")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
@@ -182,7 +189,13 @@ def main() -> None:
     parser.add_argument("--vllm-worker-process", action="store_true",
                         help="vLLM's model worker in a process of its own (the default elsewhere; slower here)")
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
-    args = parser.parse_args()
+    parser.add_argument("--fixed-length", action="store_true",
+                        help="every completion exactly --max-tokens long (vLLM's min_tokens + ignore_eos)")
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
     rows, memory = asyncio.run(run(args))
     print_table(rows, memory)
 

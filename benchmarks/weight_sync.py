@@ -2,10 +2,10 @@
 
 SmolLM2-135M with LoRA r=16 on every linear layer (the trainer's default targets), vLLM (CPU build, dev mode,
 one process). Each rep moves the adapter (as a step would) and publishes it both ways, alternating in one run:
-`full-disk` (today's path: every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it)
-and `changed-tmpfs` (only the LoRA-touched weights, into a folder on /dev/shm; vLLM reloads just those, keeping
-the embedding and norms it holds). After the last rep both publish the same weights and their greedy outputs
-must agree.
+`full-disk` (the old path: every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it),
+`changed-disk` (only the LoRA-touched weights; vLLM reloads just those and keeps the embedding and norms it
+holds: what `tracegym rl` does now) and `changed-tmpfs` (the same into a folder on /dev/shm). After the last rep
+each way publishes the same weights: their greedy outputs must agree, and differ from the base model's.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/weight_sync.py [--reps 5]
 """
@@ -63,12 +63,13 @@ def main() -> None:
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=16, lora_alpha=32, num_threads=2))
     config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=512,
                               cpu_kv_cache_gib=0.25, cpu_one_process=True, env={"VLLM_SERVER_DEV_MODE": "1"})
-    ways = {"full-disk": False, "changed-tmpfs": True}
+    ways = {"full-disk": False, "changed-disk": True, "changed-tmpfs": True}
     times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
     with (tempfile.TemporaryDirectory(prefix="tracegym-sync-disk-", dir=Path.home()) as disk,
           tempfile.TemporaryDirectory(prefix="tracegym-sync-", dir=TMPFS) as shm, VLLMServer(config) as server):
         sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
-        folders = {"full-disk": Path(disk) / "merged", "changed-tmpfs": Path(shm) / "merged"}
+        folders = {"full-disk": Path(disk) / "full", "changed-disk": Path(disk) / "changed",
+                   "changed-tmpfs": Path(shm) / "changed"}
         base_text = greedy(server.base_url)
         for rep in range(args.reps):
             move_adapter(trainer, rep)
@@ -86,9 +87,9 @@ def main() -> None:
     for way, rows in times.items():
         save, load = statistics.fmean(r[0] for r in rows), statistics.fmean(r[1] for r in rows)
         print(f"{way:<16}{sizes[way]:>8.0f}{save:>8.3f}{load:>8.3f}{save + load:>8.3f}")
-    old, new = (sum(statistics.fmean(r[i] for r in times[w]) for i in (0, 1)) for w in ways)
-    print(f"ratio changed-tmpfs / full-disk: {new / old:.2f}")
-    same = texts["full-disk"] == texts["changed-tmpfs"]
+    old, *new = (sum(statistics.fmean(r[i] for r in times[w]) for i in (0, 1)) for w in ways)
+    print("ratio to full-disk: " + ", ".join(f"{w} {n / old:.2f}" for w, n in zip(list(ways)[1:], new, strict=True)))
+    same = len(set(texts.values())) == 1
     print(f"greedy text: base {base_text!r}; after both ways {'the same' if same else 'DIFFERENT'} "
           f"({texts['changed-tmpfs']!r}); {'changed' if texts['changed-tmpfs'] != base_text else 'UNCHANGED'}")
 

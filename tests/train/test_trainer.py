@@ -160,6 +160,18 @@ def test_merged_weights_carry_the_adapter_under_base_model_names(tmp_path):
     assert all(torch.equal(v, trainable(trainer)[k]) for k, v in before.items())  # the adapter is untouched
 
 
+def test_changed_only_merged_weights_leave_out_just_the_frozen_embeddings(tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = tiny_trainer(lora_target_modules=["q_proj", "v_proj"])  # k of vLLM's fused qkv is untouched
+    trainer.step(samples(0))
+    full = load_file(str(trainer.save_merged(tmp_path / "full") / "model.safetensors"))
+    changed = load_file(str(trainer.save_merged(tmp_path / "changed", changed_only=True) / "model.safetensors"))
+    assert sorted(set(full) - set(changed)) == ["lm_head.weight", "model.embed_tokens.weight"]
+    assert "model.layers.0.self_attn.k_proj.weight" in changed and "model.norm.weight" in changed
+    assert all(torch.equal(changed[n], full[n]) for n in changed)
+
+
 def test_saving_merged_weights_leaves_the_base_weights_bit_identical(tmp_path):
     trainer = tiny_trainer()
     trainer.step(samples(0))

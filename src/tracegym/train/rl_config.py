@@ -89,9 +89,12 @@ class RLSampling(BaseModel):
     """Nucleus sampling mass."""
     max_completion_tokens: int = 48
     """Most tokens per model call."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Endpoint-specific request fields passed through untouched (e.g. vLLM's `min_tokens`, `ignore_eos`)."""
 
     def to_sampling(self) -> Sampling:
-        return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_completion_tokens)
+        return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_completion_tokens,
+                        extra=self.extra)
 
 
 def distinct_ids(envs: list[EnvChoice]) -> list[EnvChoice]:

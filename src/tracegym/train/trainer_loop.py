@@ -67,7 +67,8 @@ class TrainerLoop:
         """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
         the weights; rank 0 writes and publishes them)."""
         folder = self.folder.weights(self.merged)
-        path = self.trainer.save_merged(folder) if self.merged else self.trainer.save_weights(folder)
+        # vLLM started from the base model holds the frozen embeddings already: only the rest is rewritten
+        path = self.trainer.save_merged(folder, changed_only=True) if self.merged else self.trainer.save_weights(folder)
         if self.main:
             self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))
 
