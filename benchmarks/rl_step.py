@@ -83,8 +83,11 @@ def fixed_length(tokens: int) -> dict[str, object]:
 
 
 def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
-    """What the sync publishes: the adapter (`--sync lora`) or the merged full weights (`--sync merged`)."""
-    return trainer.save_merged(folder / "merged") if args.sync == "merged" else trainer.save_weights(folder / "current")
+    """What the sync publishes: the adapter (`--sync lora`) or the merged weights (`--sync merged`; all but the
+    frozen embeddings, which vLLM holds already, as `tracegym rl` does)."""
+    if args.sync == "lora":
+        return trainer.save_weights(folder / "current")
+    return trainer.save_merged(folder / "merged", changed_only=True)
 
 
 def group_pss_mb(pid: int | None) -> float:

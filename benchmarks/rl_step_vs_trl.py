@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import itertools
 import json
 import os
 import resource
@@ -131,14 +132,10 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"tracegym rl failed ({done.returncode}):\n{done.stderr[-3000:]}")
     run = Path(args.out) / "loop"
     records = [json.loads(line) for line in (run / "trainer_metrics.jsonl").read_text().splitlines()]
-    stamps = [(run / "trainer_metrics.jsonl").stat().st_mtime]  # refined below when records carry times
-    steps = []
-    for before, record in zip(records[args.warmup - 1 if args.warmup else 0:], records[args.warmup:], strict=False):
-        took = record["time"] - before["time"] if "time" in record and "time" in before else float("nan")
-        steps.append({"generation": record.get("generation_s") or 0.0, "training": record["train_s"],
-                      "weight_sync": record["weight_sync_s"], "total": took,
-                      "completion_tokens": float(args.tasks * args.rollouts * args.tokens)})
-    del stamps
+    steps = [{"generation": record.get("generation_s") or 0.0, "training": record["train_s"],
+              "weight_sync": record["weight_sync_s"], "total": record["time"] - before["time"],
+              "completion_tokens": float(args.tasks * args.rollouts * args.tokens)}
+             for before, record in itertools.pairwise(records)][max(args.warmup - 1, 0):]
     return {"steps": steps, "peak_mb": float("nan")}
 
 

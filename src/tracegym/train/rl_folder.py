@@ -4,7 +4,9 @@
     endpoints.json                  vLLM's URLs, the served base model, each env server's address (launcher -> roles)
     policy.json                     {"version": 8, "model": "policy"}: the weights vLLM serves now
     batches/step-000007.msgpack     trainer step 7: its samples, its metrics, the orchestrator's state after it
-    weights/current/, weights/merged/   what the trainer last handed to vLLM (adapter or weights / merged weights)
+    weights/current/, weights/changed/  what the trainer last handed to vLLM (adapter or weights / merged weights
+                                    but the frozen embeddings vLLM holds already)
+    weights/merged/                 the merged weights at the last checkpoint: a servable model directory
     checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
     trainer_metrics.jsonl           the trainer's records: one per step
@@ -268,8 +270,14 @@ class RLFolder:
         return int(data["version"]), str(data["model"])
 
     def weights(self, merged: bool) -> Path:
-        """Where the trainer writes what vLLM loads: merged full weights, or the adapter (or full weights)."""
+        """Where the trainer writes merged full weights at each checkpoint (a servable model directory), or what
+        vLLM loads: the adapter (or full weights)."""
         return self.path / "weights" / ("merged" if merged else "current")
+
+    def changed_weights(self) -> Path:
+        """Where the trainer writes the merged weights vLLM reloads after each step: all but the frozen
+        embeddings, which it holds already (not a model directory of its own)."""
+        return self.path / "weights" / "changed"
 
     # --- checkpoints and traces ----------------------------------------------------------------------------
     def new_checkpoint(self, step: int) -> Path:

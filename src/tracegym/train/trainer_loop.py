@@ -66,9 +66,10 @@ class TrainerLoop:
     def serve_weights(self) -> None:
         """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
         the weights; rank 0 writes and publishes them)."""
-        folder = self.folder.weights(self.merged)
-        # vLLM started from the base model holds the frozen embeddings already: only the rest is rewritten
-        path = self.trainer.save_merged(folder, changed_only=True) if self.merged else self.trainer.save_weights(folder)
+        if self.merged:  # vLLM started from the base model holds the frozen embeddings already
+            path = self.trainer.save_merged(self.folder.changed_weights(), changed_only=True)
+        else:
+            path = self.trainer.save_weights(self.folder.weights(merged=False))
         if self.main:
             self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))
 
@@ -86,6 +87,8 @@ class TrainerLoop:
         (what each resumes from), then marked complete."""
         path = self.folder.new_checkpoint(step) if self.main else self.folder.checkpoint_path(step)
         self.trainer.save(path, {ORCHESTRATOR_STATE: orchestrator})
+        if self.merged:  # whole, so a run's weights/merged serves on its own (e.g. as a teacher)
+            self.trainer.save_merged(self.folder.weights(merged=True))
         if self.main:
             self.folder.complete(path, self.trainer.version)
         return path

@@ -1,0 +1,41 @@
+"""Slow: the merged weight sync that leaves out the frozen embeddings, against the real embedded vLLM: after a
+partial reload vLLM serves the same weights as after a full one, and they are the trainer's, not the base's."""
+
+import pytest
+import torch
+from test_rl_steps_vllm import mean_abs_diff, vllm_logprobs  # the same directory
+from transformers import AutoTokenizer
+
+from tracegym.core.sample import Sample
+from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+from tracegym.train.trainer import TrainerConfig, build_trainer
+from tracegym.train.weight_sync import MergedWeightSync
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_reload_without_the_embeddings_serves_the_trainers_merged_weights(tmp_path):
+    model_dir = str(embedded_model_dir())
+    trainer = build_trainer(TrainerConfig(model=model_dir, num_threads=2))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # an adapter far from zero, as after training, so the served weights visibly move
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=256,
+                              cpu_kv_cache_gib=0.25, cpu_one_process=True, env={"VLLM_SERVER_DEV_MODE": "1"})
+    text = "The quick brown fox jumps over the lazy dog, then reverses the text."
+    probe = AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
+    with VLLMServer(config) as server:
+        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        base = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+        sync.publish(trainer.save_merged(tmp_path / "changed", changed_only=True), version=1)
+        partial = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+        sync.publish(trainer.save_merged(tmp_path / "full"), version=2)
+        full = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+    sample = Sample(token_ids=probe, loss_mask=[False] + [True] * (len(probe) - 1), logprobs=[0.0] * len(probe))
+    trained = trainer.logprobs([sample])[0][1:]
+    assert mean_abs_diff(partial, full) < 1e-3  # the same weights either way
+    assert mean_abs_diff(partial, base) > 0.05  # ...which moved
+    assert mean_abs_diff(partial, trained) < mean_abs_diff(base, trained) / 4  # ...to the trainer's
