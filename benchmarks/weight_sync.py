@@ -1,7 +1,7 @@
 """Benchmark: merged weight sync, save + vLLM reload seconds, full weights on disk vs changed weights on tmpfs.
 
 SmolLM2-135M with LoRA r=16 on every linear layer (the trainer's default targets), vLLM (CPU build, dev mode,
-one process). Each rep moves the adapter (as a step would) and publishes it both ways, alternating in one run:
+one process). Each rep moves the adapter (as a step would) and publishes it each way, alternating in one run:
 `full-disk` (the old path: every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it),
 `changed-disk` (only the LoRA-touched weights; vLLM reloads just those and keeps the embedding and norms it
 holds: what `tracegym rl` does now) and `changed-tmpfs` (the same into a folder on /dev/shm). After the last rep

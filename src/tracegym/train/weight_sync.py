@@ -141,7 +141,9 @@ class MergedWeightSync(WeightSync):
     """Publishes merged full weights: each vLLM server reloads its base weights in place from a folder written by
     `Trainer.save_merged`, and its prefix cache is reset, so requests keep naming the base model. Needs vLLM
     started with `VLLM_SERVER_DEV_MODE=1` (its `/collective_rpc` and `/reset_prefix_cache` routes). On a CPU,
-    generating through plain weights is ~3x faster than through a LoRA adapter, which pays for the reload."""
+    generating through plain weights is ~3x faster than through a LoRA adapter, which pays for the reload. The
+    folder may hold only some weights (`save_merged(changed_only=True)`: all but the frozen embeddings): vLLM
+    reloads those and keeps the rest it holds (`benchmarks/weight_sync.py` times both)."""
 
     def __init__(self, base_url: str | Sequence[str], model_name: str, timeout_s: float = 120.0,
                  announce: bool = False) -> None:
