@@ -267,15 +267,16 @@ class Orchestrator:
         if episodes:
             self.folder.write_episodes(step, episodes, keep=attempt > 0)
         metrics = step_metrics(trained, samples, time.monotonic() - started)
-        metrics.update({"policy_version": version, "staleness": step - version,
-                        "groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                        "traces_invalid": self.traces_invalid, **screening.metrics(), **distillation,
-                        **self.difficulty.metrics(), **extra})
+        metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
+                        **screening.metrics(), **distillation, **self.difficulty.metrics(), **extra})
         if episodes:
-            metrics.update({"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
-                            **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
-                            **seat_metrics(episodes, pairs)})
+            metrics.update(episode_metrics(episodes, pairs, dropped))
         return samples, metrics
+
+    def counts(self) -> dict[str, int]:
+        """What the run has left out of training so far, by cause."""
+        return {"groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
+                "traces_invalid": self.traces_invalid}
 
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
         """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
@@ -463,6 +464,14 @@ def group_rewards(group: Group) -> list[float]:
 def group_key(group: Group) -> str:
     """The task a group ran (each of its rollouts or episodes records it)."""
     return group[0].task_key
+
+
+def episode_metrics(episodes: list[Episode], pairs: list[tuple[TrainingUnit, float]],
+                    dropped: Counter[str]) -> dict[str, Any]:
+    """A multi-agent step's figures: episodes, their errors, members left out of training by reason, per seat."""
+    return {"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
+            **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
+            **seat_metrics(episodes, pairs)}
 
 
 def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
