@@ -7,8 +7,10 @@ AdamW at the same learning rate, the same torch thread count. TRL at its best CP
 (`bf16` off, `use_cpu`), micro-batch 4 x 4 accumulation, gradient checkpointing, generation by the policy
 itself (no weight sync). Ours: `rl_step.py`'s step (vLLM generation, one trainer step, weight sync; steps one
 after the other). Each side runs in a subprocess of its own (so each peak RSS is that side's) and the pair is
-run `--reps` times, TRL first, alternating. Printed: seconds per step and per 1,000 completion tokens, split
-into generation / training / weight sync, each process's peak memory, and ours / TRL.
+run `--reps` times, TRL first, alternating. Every side's processes run with the same allocator (`--malloc`:
+tcmalloc where installed, what `tracegym rl` gives its trainer and vLLM). Printed: seconds per step and per
+1,000 completion tokens, split into generation / training / weight sync, each process's peak memory, and
+ours / TRL.
 
 `--loop`: also the real `tracegym rl` loop (generation of step n+1 overlapping step n's training,
 `max_async_steps = 1`) at the same work, its seconds per step read from its trainer_metrics.jsonl.
@@ -35,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rl_step  # the benchmark beside this one: its step is "ours"
+
+from tracegym.train.malloc import malloc_env
 
 RESULT = "RESULT "
 PARTS = ("generation", "training", "weight_sync", "total")
@@ -145,10 +149,10 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("side", "reps", "loop", "out") and v is not None]
+             if k not in ("side", "reps", "loop", "out", "malloc") and v is not None]
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
         done = subprocess.run([sys.executable, __file__, "--side", side, "--out", out, *flags],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=malloc_env(args.malloc))
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{side} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -186,6 +190,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each trainer")
     parser.add_argument("--sync", choices=["merged", "lora"], default="merged", help="our weight sync")
     parser.add_argument("--loop", action="store_true", help="also the real `tracegym rl` loop, after the pairs")
+    parser.add_argument("--malloc", choices=["tcmalloc", "system"], default="tcmalloc",
+                        help="the allocator of every side's process (the same on both; `tracegym rl`'s trainer "
+                             "default is tcmalloc where installed)")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -63,8 +63,16 @@ def test_an_enormous_ratio_is_masked_without_nan():
 
 def test_token_logprobs_divide_logits_by_the_temperature():
     logits = torch.tensor([[[2.0, 0.0]]])
-    at_two = token_logprobs(logits, torch.tensor([[0]]), torch.tensor([2.0]))
+    at_two = token_logprobs(logits, torch.tensor([[0]]), torch.tensor([[0]]), torch.tensor([2.0]))
     assert at_two.item() == pytest.approx(1.0 - math.log(math.e + 1.0))
+
+
+def test_token_logprobs_read_each_target_from_its_source_position():
+    logits = torch.log_softmax(torch.randn(1, 3, 5), dim=-1)
+    pairs = [(2, 4), (0, 1), (0, 3), (1, 0)]  # position 0 predicts two targets
+    sources, targets = torch.tensor([[s for s, _ in pairs]]), torch.tensor([[t for _, t in pairs]])
+    got = token_logprobs(logits, sources, targets, torch.tensor([1.0]))
+    assert torch.allclose(got[0], torch.stack([logits[0, s, t] for s, t in pairs]))
 
 
 def test_per_token_advantages_weigh_each_token_by_its_own():

@@ -79,7 +79,10 @@ def figures(options: dict[str, object]) -> dict[str, float]:
             "logprob_sum": float(sum(sum(row) for row in logprobs))}
 
 
-@pytest.mark.parametrize("options", [{}, {"micro_batch_tokens": 16}, {"micro_batch_tokens": 4096}],
-                         ids=["default", "small-micro-batches", "one-micro-batch"])
+LAYOUTS = {"default": {}, "small-micro-batches": {"micro_batch_tokens": 16},
+           "one-micro-batch": {"micro_batch_tokens": 4096}, "a-row-per-sample": {"share_prompts": False}}
+
+
+@pytest.mark.parametrize("options", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_a_step_on_the_fixed_batch_gives_the_pinned_figures(options):
     assert figures(options) == pytest.approx(PINNED, rel=1e-5, abs=1e-6)

@@ -29,6 +29,7 @@ from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
 from tracegym.serve.local_server import local_server
+from tracegym.train.malloc import Malloc, malloc_env, preload
 from tracegym.train.regeneration import STOPPED_EXIT
 from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
 from tracegym.train.rl_folder import Endpoints, RLFolder
@@ -65,6 +66,7 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     or in-place reloads of merged weights), stamping every response with the policy version that served it."""
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
+    env |= preload(config.trainer.malloc, os.environ.get("LD_PRELOAD", ""))  # vLLM's CPU docs ask for it too
     served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
     return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
                                      "max_loras": lora_slots(config),
@@ -81,11 +83,12 @@ def role_command(name: str, run_dir: Path, processes: int = 1) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *role]
 
 
-def start_role(name: str, run_dir: Path, processes: int = 1) -> Role:
-    """Start one role (`processes` ranks of it under torchrun when several), logging to its log file."""
+def start_role(name: str, run_dir: Path, processes: int = 1, malloc: Malloc = "system") -> Role:
+    """Start one role (`processes` ranks of it under torchrun when several, with the `malloc` allocator), logging
+    to its log file."""
     log_path = RLFolder(run_dir).log_path(name)
     log = log_path.open("ab")
-    env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
+    env = {**malloc_env(malloc), LAUNCHER_PID_ENV: str(os.getpid())}
     proc = subprocess.Popen(role_command(name, run_dir, processes), stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     return Role(name, proc, log_path, log)
@@ -108,7 +111,8 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
         folder.rewind()  # both processes go on from the newest checkpoint
         first, *rest = servers.base_urls
         folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs, **teacher))
-        roles = [start_role("trainer", run_dir, config.trainer.num_processes), start_role("orchestrator", run_dir)]
+        trainer = start_role("trainer", run_dir, config.trainer.num_processes, config.trainer.malloc)
+        roles = [trainer, start_role("orchestrator", run_dir)]
         say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:
             return supervise(roles, servers, out)

@@ -27,14 +27,19 @@ class LossConfig:
     """Tokens whose ratio is above this are masked."""
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """[B, K] logprob of each target under `logits / temperature` ([B, K, V] logits, [B] temperatures).
+def token_logprobs(logits: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
+                   temperatures: torch.Tensor) -> torch.Tensor:
+    """[B, K] logprob of each target token under `logits[b, sources[b, k]] / temperature[b]` ([B, S, V] logits,
+    [B, K] source positions and target ids, [B] temperatures).
 
-    Computed as `logit[target] - logsumexp(logits)`, which avoids a second [B, K, V] tensor.
+    Computed as `logit[target] - logsumexp(logits)`, with one logsumexp per position whatever number of targets it
+    predicts (a shared prompt's last position predicts every sample's first token), and no [B, K, V] tensor.
     """
-    scaled = logits.float() / temperatures.to(logits.device, torch.float32)[:, None, None]
-    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(scaled, dim=-1)
+    scaled = logits.float()
+    if bool((temperatures != 1.0).any()):  # at temperature 1 the division would only copy [B, S, V] logits
+        scaled = scaled / temperatures.to(logits.device, torch.float32)[:, None, None]
+    picked = scaled.flatten(1).gather(1, sources * scaled.shape[-1] + targets)
+    return picked - torch.logsumexp(scaled, dim=-1).gather(1, sources)
 
 
 def policy_gradient_loss(

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.batching import MicroBatch, balance, collate, idle, pack
+from tracegym.train.batching import MicroBatch, balance, collate, idle, pack, rows
 from tracegym.train.data_parallel import (
     DataParallel,
     full,
@@ -41,6 +41,7 @@ from tracegym.train.data_parallel import (
     sharded_optimizer_state,
 )
 from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
+from tracegym.train.malloc import Malloc
 from tracegym.train.sft import cross_entropy_loss
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -76,13 +77,24 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = 1.0
     """Clip the gradient's global norm to this (0 disables clipping)."""
     micro_batch_tokens: int = 512
-    """Padded tokens per micro-batch; gradients accumulate over micro-batches. Small ones use less memory and,
-    on CPU, run faster (they stay in cache): 512 took 3.4 s for 16 samples of ~110 tokens where 2048 took 4."""
-    compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32.
-    bfloat16 is 2x faster on CPUs with AVX512-BF16/AMX and on GPUs, and is what vLLM serves on CPU."""
-    gradient_checkpointing: bool = True
-    """Recompute activations in the backward pass: ~30% less trainer memory for ~7% more step time."""
+    """Padded tokens per micro-batch; gradients accumulate over micro-batches. On CPU the size matters little
+    (16 reverse-text samples: 4.0 s at 512, 3.9 s at 2048, 4.6 s at 256; `benchmarks/trainer_step.py`); smaller
+    ones use less memory."""
+    share_prompts: bool = True
+    """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
+    numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
+    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32. `auto`:
+    bfloat16 on a GPU, float32 on a CPU. On this project's AVX512-BF16 CPU (no AMX) bfloat16 autocast made a
+    reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s): its matmuls are slower and the frozen
+    weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less trainer memory (a reverse-text step of a 135M model:
+    peak RSS 2.5 GB instead of 3.7 GB at 1024-token micro-batches) for more step time (+37%, 4.0 s against 2.9 s)."""
+    malloc: Malloc = "tcmalloc"
+    """The trainer process's memory allocator when `tracegym rl` starts it: tcmalloc where the machine has it
+    (Debian: `libtcmalloc-minimal4`; else the system's), which made a reverse-text step 17% faster with 30% less
+    peak memory than glibc's malloc, whose freed activations stay mapped (`train/malloc.py`)."""
     min_ratio: float = 0.125
     """Tokens whose trainer/sampler probability ratio is below this carry no gradient."""
     max_ratio: float = 8.0
@@ -121,6 +133,12 @@ class Trainer:
         """The policy version of the current weights: steps taken since the start of the run."""
 
     @property
+    def bfloat16(self) -> bool:
+        """Whether matmuls run in bfloat16 (`compute_dtype`; `auto`: on a GPU)."""
+        dtype = self.config.compute_dtype
+        return dtype == "bfloat16" or (dtype == "auto" and self.dp.device.type == "cuda")
+
+    @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
 
@@ -153,24 +171,24 @@ class Trainer:
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[MicroBatch]:
         """This rank's micro-batches: its token-balanced share of `samples`, packed by the token budget."""
-        share = balance(samples, self.dp.world)[self.dp.rank]
+        laid_out = rows(samples, self.config.micro_batch_tokens, share=self.config.share_prompts)
+        share = balance(laid_out, self.dp.world)[self.dp.rank]
         return [collate(group, self.pad_id).to(self.dp.device) for group in pack(share, self.config.micro_batch_tokens)]
 
     def _loss(self, batch: MicroBatch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         logprobs = self._logprobs(batch)
-        cols = batch.targets
         if self.config.objective == "cross_entropy":
-            return cross_entropy_loss(logprobs, batch.loss_mask[:, cols], num_tokens)
-        return policy_gradient_loss(logprobs, batch.sampler_logprobs[:, cols], batch.advantages[:, cols],
-                                    batch.loss_mask[:, cols], self.loss_config, num_tokens)
+            return cross_entropy_loss(logprobs, batch.loss_mask, num_tokens)
+        return policy_gradient_loss(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask,
+                                    self.loss_config, num_tokens)
 
     def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """[B, keep - 1] logprobs of the target columns at each row's temperature."""
+        """[B, K] logprobs of the micro-batch's target tokens at each row's temperature."""
         device = batch.input_ids.device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.config.compute_dtype == "bfloat16"):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bfloat16):
             logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                 position_ids=batch.position_ids, logits_to_keep=batch.keep, use_cache=False).logits
-        return token_logprobs(logits[:, :-1], batch.input_ids[:, batch.targets], batch.temperatures)
+        return token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
 
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""
@@ -181,16 +199,14 @@ class Trainer:
     def logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
         """The trainer's logprob of every loss token of each sample (0.0 elsewhere), at the sample's temperature."""
         self.model.eval()
-        out: list[list[float]] = [[] for _ in samples]
-        order = {id(s): i for i, s in enumerate(samples)}
-        for group in pack(samples, self.config.micro_batch_tokens):  # every rank runs all: the forwards are collective
+        out = {id(s): [0.0] * len(s) for s in samples}
+        laid_out = rows(samples, self.config.micro_batch_tokens, share=self.config.share_prompts)
+        for group in pack(laid_out, self.config.micro_batch_tokens):  # every rank runs all: the forwards are collective
             batch = collate(group, self.pad_id).to(self.dp.device)
-            values = torch.zeros_like(batch.sampler_logprobs)
-            values[:, batch.targets] = self._logprobs(batch)
-            values[~batch.loss_mask] = 0.0
-            for row, sample in enumerate(group):
-                out[order[id(sample)]] = values[row, values.shape[1] - len(sample) :].tolist()
-        return out
+            values = torch.where(batch.loss_mask, self._logprobs(batch), 0.0).tolist()
+            for span in batch.spans:
+                out[id(span.sample)][span.first:] = values[span.row][span.column:span.column + span.count]
+        return [out[id(s)] for s in samples]
 
     # --- weights and checkpoints -------------------------------------------------------------------------
     def save_weights(self, path: str | Path) -> Path:
