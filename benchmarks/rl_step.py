@@ -5,12 +5,13 @@ vLLM through the ChatClient (exact token ids and logprobs returned); group-mean 
 (LoRA r=16, AdamW) in this process; then the new weights reach vLLM: the adapter loaded in place
 (`--sync lora`), or merged into full weights that vLLM reloads in place (`--sync merged`, the default: on this
 CPU vLLM generates ~3x faster without an adapter). Steps run one after the other (on-policy): on 2 cores
-generation and training would only fight for them. Peak memory: this (trainer) process's max RSS, and the
-peak PSS of the trainer, of vLLM's process group (API server + engine core) and of both together. vLLM's
+generation and training would only fight for them. Peak memory: this (trainer) process's peak RSS and vLLM's
+processes' (API server + engine core), each read from the kernel's high-water mark at the end. vLLM's
 CPU KV cache is 0.5 GiB as in `tracegym rl` (`--kv-cache-gib`). Steps never overlap here, so vLLM runs its
 model worker inside its engine process (`cpu_one_process`, faster when it has the cores to itself; not
 `tracegym rl`'s default, where generation overlaps training: `--vllm-worker-process` measures that setting).
 Anchor (issue 7): TRL 1.16 GRPOTrainer 17.2 s/step at its best setting, 1.95 GB peak. Target: <= 8.6 s.
+`rl_step_vs_trl.py` runs this step beside TRL's at equal work.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step.py [--sync merged|lora] [--steps 5]
 """
@@ -22,7 +23,6 @@ import asyncio
 import resource
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -90,9 +90,9 @@ def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
     return trainer.save_merged(folder / "merged", changed_only=True)
 
 
-def group_pss_mb(pid: int | None) -> float:
-    """Summed PSS (MB) of every process in the process group led by `pid` (PSS splits shared pages, so the sum
-    does not count the torch libraries each process maps more than once)."""
+def group_peak_rss_mb(pid: int | None) -> float:
+    """Summed peak RSS (VmHWM, MB) of every process in the process group led by `pid` (the torch libraries each
+    of them maps count once per process)."""
     if pid is None:
         return float("nan")
     total = 0
@@ -100,37 +100,30 @@ def group_pss_mb(pid: int | None) -> float:
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) == pid:
-                total += _pss_kb(stat.parent / "smaps_rollup")
+                total += _status_kb(stat.parent / "status", "VmHWM")
         except (OSError, ValueError, IndexError):
             continue
     return total / 1024
 
 
-def _pss_kb(smaps_rollup: Path) -> int:
-    for line in smaps_rollup.read_text().splitlines():
-        if line.startswith("Pss:"):
+def _status_kb(status: Path, key: str) -> int:
+    for line in status.read_text().splitlines():
+        if line.startswith(f"{key}:"):
             return int(line.split()[1])
     return 0
 
 
 class PeakMemory:
-    """Peak of vLLM's group PSS, this process's PSS and their sum, sampled every 0.2 s in a thread."""
+    """Peak RSS of this (trainer) process and of vLLM's processes, read once at the end from the kernel's own
+    high-water marks. (Sampling PSS every 0.2 s in a thread, as this benchmark once did, made the steps 30%
+    slower: reading a 2 GB process's smaps_rollup walks its page tables.)"""
 
     def __init__(self, vllm_pid: int | None) -> None:
-        self.vllm_pid, self.vllm, self.trainer, self.total = vllm_pid, 0.0, 0.0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            vllm, own = group_pss_mb(self.vllm_pid), _pss_kb(Path("/proc/self/smaps_rollup")) / 1024
-            self.vllm, self.trainer, self.total = max(self.vllm, vllm), max(self.trainer, own), max(self.total,
-                                                                                                  vllm + own)
+        self.vllm_pid, self.vllm, self.trainer = vllm_pid, float("nan"), float("nan")
 
     def stop(self) -> PeakMemory:
-        self._stop.set()
-        self._thread.join()
+        self.vllm = group_peak_rss_mb(self.vllm_pid)
+        self.trainer = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return self
 
 
@@ -143,6 +136,7 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
                                      cpu_kv_cache_gib=args.kv_cache_gib, cpu_one_process=not args.vllm_worker_process,
+                                     enforce_eager=not args.vllm_compile,
                                      env={} if lora else {"VLLM_SERVER_DEV_MODE": "1"})
     with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
         sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
@@ -160,7 +154,6 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
 
 
 def print_table(rows: list[dict[str, float]], memory: PeakMemory) -> None:
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nRL step, {len(rows)} measured steps (mean / min / max seconds)")
     print(f"{'part':<14}{'mean':>8}{'min':>8}{'max':>8}")
     for part in ("generation", "training", "weight_sync", "sync_save", "sync_load", "total"):
@@ -169,8 +162,8 @@ def print_table(rows: list[dict[str, float]], memory: PeakMemory) -> None:
     tokens = statistics.fmean(r["completion_tokens"] for r in rows)
     mismatch = statistics.fmean(r["abs_log_ratio"] for r in rows)
     print(f"completion tokens per step: {tokens:.0f}; mean |trainer - sampler logprob| per token: {mismatch:.4f}")
-    print(f"peak memory: trainer process {peak_mb:.0f} MB RSS ({memory.trainer:.0f} MB PSS); vLLM process group "
-          f"{memory.vllm:.0f} MB PSS; trainer + vLLM together {memory.total:.0f} MB PSS")
+    print(f"peak memory: trainer process {memory.trainer:.0f} MB RSS; vLLM's processes {memory.vllm:.0f} MB RSS "
+          "(each one's peak, summed)")
     mean_total = statistics.fmean(r["total"] for r in rows)
     print(f"target <= {TARGET_S} s per step: {'met' if mean_total <= TARGET_S else 'NOT met'} ({mean_total:.2f} s)")
 
@@ -192,6 +185,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--vllm-worker-process", action="store_true",
                         help="vLLM's model worker in a process of its own (the default elsewhere; slower here)")
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
+    parser.add_argument("--vllm-compile", action="store_true",
+                        help="vLLM compiles its model (torch.compile; ~50 s more to start) instead of running eagerly")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every completion exactly --max-tokens long (vLLM's min_tokens + ignore_eos)")
     return parser

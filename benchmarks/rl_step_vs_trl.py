@@ -13,7 +13,8 @@ tcmalloc where installed, what `tracegym rl` gives its trainer and vLLM). Printe
 ours / TRL.
 
 `--loop`: also the real `tracegym rl` loop (generation of step n+1 overlapping step n's training,
-`max_async_steps = 1`) at the same work, its seconds per step read from its trainer_metrics.jsonl.
+`max_async_steps = 1`) at the same work, with its own thread split (the trainer half the cores), its seconds
+per step read from its trainer_metrics.jsonl.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/rl_step_vs_trl.py [--reps 2] [--steps 3] [--loop]
 """
@@ -114,7 +115,7 @@ def our_side(args: argparse.Namespace) -> dict[str, Any]:
              "--rollouts", str(args.rollouts), "--max-tokens", str(args.tokens), "--rank", str(args.rank),
              "--lr", str(args.lr), "--threads", str(args.threads), "--sync", args.sync, "--fixed-length"]
     rows, memory = asyncio.run(rl_step.run(rl_step.arguments().parse_args(flags)))
-    return {"steps": rows, "peak_mb": peak_rss_mb(), "vllm_pss_mb": memory.vllm, "total_pss_mb": memory.total}
+    return {"steps": rows, "peak_mb": peak_rss_mb(), "vllm_peak_mb": memory.vllm}
 
 
 def loop_side(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
                str(args.tokens), "--orchestrator.train.sampling.extra",
                json.dumps(rl_step.fixed_length(args.tokens)), "--trainer.lora-rank", str(args.rank),
                "--trainer.lora-alpha", str(2 * args.rank), "--trainer.learning-rate", str(args.lr),
-               "--trainer.num-threads", str(args.threads), "--checkpoint-every", str(total + 1),
+               "--checkpoint-every", str(total + 1),
                "--output-dir", args.out, "--run-id", "loop"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -170,11 +171,11 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
 
 def print_rows(rows: list[tuple[int, str, dict[str, float]]]) -> None:
     print(f"\n{'rep':<4}{'side':<6}{'s/step':>8}{'gen':>7}{'train':>7}{'sync':>7}{'tokens':>8}{'s/1k tok':>10}"
-          f"{'peak RSS MB':>13}{'vLLM PSS MB':>13}")
+          f"{'peak RSS MB':>13}{'vLLM RSS MB':>13}")
     for rep, side, s in rows:
         print(f"{rep:<4}{side:<6}{s['total']:>8.2f}{s['generation']:>7.2f}{s['training']:>7.2f}"
               f"{s['weight_sync']:>7.2f}{s['tokens']:>8.0f}{s['per_1k']:>10.2f}{s['peak_mb']:>13.0f}"
-              f"{s.get('vllm_pss_mb', float('nan')):>13.0f}")
+              f"{s.get('vllm_peak_mb', float('nan')):>13.0f}")
 
 
 def main() -> None:

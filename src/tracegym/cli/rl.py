@@ -12,7 +12,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.toml_data import toml_ready
 from tracegym.train.cluster import write_sbatch
-from tracegym.train.launcher import launch, vllm_config, with_model_paths
+from tracegym.train.launcher import launch, vllm_config, with_cpu_threads, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.teacher import check_teacher
@@ -22,7 +22,7 @@ def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
     resume, rest = pop_flag(args, "--resume")
     config, warnings = parse_rl_args(rest)
-    config = with_model_paths(config)
+    config = with_cpu_threads(with_model_paths(config))
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
     check_teacher(config)

@@ -24,7 +24,7 @@ from tracegym.core.errors import InfrastructureError
 from tracegym.envs.registry import load_taskset
 from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.launch import server_config
-from tracegym.models.vllm_server import VLLMServerConfig, log_tail
+from tracegym.models.vllm_server import VLLMServerConfig, is_cpu_build, log_tail
 from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server
@@ -59,6 +59,19 @@ def with_model_paths(config: RLConfig) -> RLConfig:
         return config
     trainer = config.trainer.model_copy(update={"model": config.model.name or str(embedded_model_dir())})
     return config.model_copy(update={"trainer": trainer})
+
+
+def with_cpu_threads(config: RLConfig) -> RLConfig:
+    """The config with the trainer's torch threads set, where unset, to half this machine's cores when it trains
+    on the CPU beside a vLLM of the CPU build started here: that vLLM's model worker binds itself to the other
+    cores, and generation of the next step overlaps training. On 2 cores (trainer 1 thread, vLLM's worker the
+    other core) a reverse-text loop step took 6.0-6.3 s, against 7.1 s with the trainer on both cores
+    (`benchmarks/rl_step_vs_trl.py --loop`)."""
+    trainer = config.trainer
+    if trainer.num_threads or trainer.device == "cuda" or not is_cpu_build():
+        return config
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    return config.model_copy(update={"trainer": trainer.model_copy(update={"num_threads": threads})})
 
 
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:

@@ -103,7 +103,8 @@ class TrainerConfig(BaseModel):
     """What a step minimises: the policy-gradient loss (`rl`, `opd`) or the cross-entropy of the loss tokens
     (`sft`); `tracegym rl` sets it from `mode`."""
     num_threads: int | None = None
-    """Torch CPU threads (per process); None leaves torch's default."""
+    """Torch CPU threads (per process); None leaves torch's default (`tracegym rl` on a CPU beside its own vLLM:
+    half the cores, `launcher.with_cpu_threads`)."""
     num_processes: int = Field(default=1, ge=1)
     """Data-parallel trainer processes on this node (`tracegym rl` starts them under `torchrun`; on a GPU machine
     one per GPU). Each trains a token-balanced share of every step's samples on an FSDP-sharded model."""
