@@ -126,3 +126,11 @@ def test_padding_in_a_shared_micro_batch_attends_to_itself_only():
     (row,) = rows(rollouts([1, 2], [3, 4], [5, 6]), token_budget=64)
     mask = collate([row, Row.alone(sample(3))]).attention_mask[1, 0].int()
     assert mask[:3, :3].tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]  # three padding positions
+
+
+def test_a_sample_without_loss_tokens_gets_a_row_and_no_targets():
+    silent = Sample(token_ids=[1, 2, 3], loss_mask=[False] * 3, logprobs=[0.0] * 3)
+    laid_out = rows([silent, *rollouts([1, 2, 3], [4, 5], [6, 7])], token_budget=64)
+    assert sorted(len(r.samples) for r in laid_out) == [1, 2]
+    (span,) = [s for s in collate(laid_out).spans if s.sample is silent]
+    assert span.count == 0

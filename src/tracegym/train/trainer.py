@@ -77,9 +77,9 @@ class TrainerConfig(BaseModel):
     max_grad_norm: float = 1.0
     """Clip the gradient's global norm to this (0 disables clipping)."""
     micro_batch_tokens: int = 512
-    """Padded tokens per micro-batch; gradients accumulate over micro-batches. On CPU the size matters little
-    (16 reverse-text samples: 4.0 s at 512, 3.9 s at 2048, 4.6 s at 256; `benchmarks/trainer_step.py`); smaller
-    ones use less memory."""
+    """Padded tokens per micro-batch; gradients accumulate over micro-batches. Smaller ones use less memory and
+    run a little slower (a reverse-text step on this CPU: 2.99 s and 1.57 GB peak RSS at 256, 2.75 s and 1.97 GB
+    at 512, 2.62 s and 2.8 GB at 1024; `benchmarks/trainer_step.py`)."""
     share_prompts: bool = True
     """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
     numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
@@ -89,8 +89,8 @@ class TrainerConfig(BaseModel):
     reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s): its matmuls are slower and the frozen
     weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less trainer memory (a reverse-text step of a 135M model:
-    peak RSS 2.5 GB instead of 3.7 GB at 1024-token micro-batches) for more step time (+37%, 4.0 s against 2.9 s)."""
+    """Recompute activations in the backward pass: less trainer memory for more step time (a reverse-text step of
+    a 135M model on this CPU: 1.43 GB peak RSS instead of 1.99 GB, 3.44 s instead of 2.66 s)."""
     malloc: Malloc = "tcmalloc"
     """The trainer process's memory allocator when `tracegym rl` starts it: tcmalloc where the machine has it
     (Debian: `libtcmalloc-minimal4`; else the system's), which made a reverse-text step 17% faster with 30% less
@@ -206,7 +206,8 @@ class Trainer:
             batch = collate(group, self.pad_id).to(self.dp.device)
             values = torch.where(batch.loss_mask, self._logprobs(batch), 0.0).tolist()
             for span in batch.spans:
-                out[id(span.sample)][span.first:] = values[span.row][span.column:span.column + span.count]
+                taken = values[span.row][span.column:span.column + span.count]
+                out[id(span.sample)][span.first:span.first + span.count] = taken
         return [out[id(s)] for s in samples]
 
     # --- weights and checkpoints -------------------------------------------------------------------------
