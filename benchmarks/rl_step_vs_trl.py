@@ -114,6 +114,7 @@ def our_side(args: argparse.Namespace) -> dict[str, Any]:
     flags = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--tasks", str(args.tasks),
              "--rollouts", str(args.rollouts), "--max-tokens", str(args.tokens), "--rank", str(args.rank),
              "--lr", str(args.lr), "--threads", str(args.threads), "--sync", args.sync, "--fixed-length"]
+    flags += ["--vllm-compile"] if args.vllm_compile else []
     rows, memory = asyncio.run(rl_step.run(rl_step.arguments().parse_args(flags)))
     return {"steps": rows, "peak_mb": peak_rss_mb(), "vllm_peak_mb": memory.vllm}
 
@@ -132,6 +133,7 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
                "--trainer.lora-alpha", str(2 * args.rank), "--trainer.learning-rate", str(args.lr),
                "--checkpoint-every", str(total + 1),
                "--output-dir", args.out, "--run-id", "loop"]
+    command += ["--model.vllm-args", json.dumps(["--no-enforce-eager"])] if args.vllm_compile else []
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"tracegym rl failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -150,7 +152,8 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("side", "reps", "loop", "out", "malloc") and v is not None]
+             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile") and v is not None]
+    flags += ["--vllm-compile"] if args.vllm_compile else []
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
         done = subprocess.run([sys.executable, __file__, "--side", side, "--out", out, *flags],
                               capture_output=True, text=True, env=malloc_env(args.malloc))
@@ -194,6 +197,9 @@ def main() -> None:
     parser.add_argument("--malloc", choices=["tcmalloc", "system"], default="tcmalloc",
                         help="the allocator of every side's process (the same on both; `tracegym rl`'s trainer "
                              "default is tcmalloc where installed)")
+    parser.add_argument("--vllm-compile", action="store_true",
+                        help="our vLLM compiles its model instead of running eagerly (both our sides; ~50 s more to "
+                             "start each)")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
