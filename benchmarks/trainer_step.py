@@ -26,6 +26,7 @@ from tracegym.core.sample import Sample
 from tracegym.train.malloc import malloc_env
 
 RESULT = "RESULT "
+DEFAULTS = "defaults (float32, shared prompts, tcmalloc)"
 SETTINGS: dict[str, dict[str, Any]] = {
     "before (bf16, ckpt, row per sample, glibc)": {"compute_dtype": "bfloat16", "gradient_checkpointing": True,
                                                    "share_prompts": False, "malloc": "system"},
@@ -33,7 +34,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
                                              "malloc": "system"},
     "float32, row per sample, glibc": {"share_prompts": False, "malloc": "system"},
     "float32, shared prompts, glibc": {"malloc": "system"},
-    "defaults (float32, shared prompts, tcmalloc)": {},
+    DEFAULTS: {},
     "defaults + bf16": {"compute_dtype": "bfloat16"},
     "defaults + gradient checkpointing": {"gradient_checkpointing": True},
     "defaults + 256-token micro-batches": {"micro_batch_tokens": 256},
@@ -134,8 +135,8 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in SETTINGS}
     for rep in range(args.reps):
         for name in SETTINGS:
-            results[name].append(run_setting(name, args, profile=args.profile and rep == 0 and name.startswith("def")
-                                             and not name.startswith("defaults +")))
+            profile = args.profile and rep == 0 and name == DEFAULTS
+            results[name].append(run_setting(name, args, profile=profile))
             print(f"round {rep}: {name}: {statistics.fmean(results[name][-1]['seconds']):.2f} s", flush=True)
     before = statistics.fmean(s for r in results[next(iter(SETTINGS))] for s in r["seconds"])
     print(f"\n{'setting':<46}{'s/step':>8}{'min':>7}{'x before':>10}{'s/1k tok':>10}{'peak RSS MB':>13}{'mbs':>5}")

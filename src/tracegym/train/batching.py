@@ -126,13 +126,14 @@ def balance(items: Sequence[Item], ranks: int) -> list[list[Item]]:
 @dataclass(frozen=True)
 class Span:
     """Where one sample's target tokens sit: row `row`, target columns `column ..`, sample tokens `first ..`,
-    `count` of them."""
+    `count` of them; its own (unshared) tokens start at padded position `offset`."""
 
     sample: Sample
     row: int
     column: int
     first: int
     count: int
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,9 @@ def collate(items: Sequence[Row | Sample], pad_id: int = 0) -> MicroBatch:
     dropped (nothing predicts it)."""
     layout = [item if isinstance(item, Row) else Row.alone(item) for item in items]
     width = max(len(r) for r in layout)
-    spans = [span for b, row in enumerate(layout) for span in _row_spans(row, b)]
+    spans = [span for b, row in enumerate(layout) for span in _row_spans(row, b, width - len(row))]
     columns = max([1] + [s.column + s.count for s in spans])
-    sources = [_sources(layout[s.row], width - len(layout[s.row]), s) for s in spans]
+    sources = [_sources(span, layout[span.row].shared, width - len(layout[span.row])) for span in spans]
     first_source = min((int(v.min()) for v in sources if len(v)), default=width - 1)
     shape = (len(layout), columns)
     targets = {"sources": torch.zeros(shape, dtype=torch.long),
@@ -219,23 +220,23 @@ def _placements(row: Row, start: int) -> list[tuple[Sample, int]]:
     return out
 
 
-def _row_spans(row: Row, b: int) -> list[Span]:
-    """Row `b`'s samples' targets: each from its first loss token (never token 0) to its end, one after another."""
+def _row_spans(row: Row, b: int, start: int) -> list[Span]:
+    """Row `b`'s samples' targets (the row padded from position `start`): each from its first loss token (never
+    token 0) to its end, one after another."""
     out, column = [], 0
-    for sample in row.samples:
+    for sample, offset in _placements(row, start):
         first = max(prompt_length(sample), 1)
         count = max(len(sample) - first, 0)
-        out.append(Span(sample, b, column, first, count))
+        out.append(Span(sample, b, column, first, count, offset))
         column += count
     return out
 
 
-def _sources(row: Row, start: int, span: Span) -> torch.Tensor:
+def _sources(span: Span, shared: int, start: int) -> torch.Tensor:
     """The padded positions whose logits predict the span's targets: the token before each one, in the shared
-    prompt or in the sample's own tokens."""
-    offset = dict((id(s), o) for s, o in _placements(row, start))[id(span.sample)]
+    prompt (its first `shared` tokens, from `start`) or in the sample's own tokens."""
     before = torch.arange(span.first - 1, span.first - 1 + span.count)
-    return torch.where(before < row.shared, start + before, offset + before - row.shared)
+    return torch.where(before < shared, start + before, span.offset + before - shared)
 
 
 def _tokens(layout: list[Row], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
