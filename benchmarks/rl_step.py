@@ -3,8 +3,9 @@
 One step: 16 completions of at most 48 tokens (4 reverse-text tasks x 4 rollouts, new tasks every step) from
 vLLM through the ChatClient (exact token ids and logprobs returned); group-mean advantages; one trainer step
 (LoRA r=16, AdamW) in this process; then the new weights reach vLLM: the adapter loaded in place
-(`--sync lora`), or merged into full weights that vLLM reloads in place (`--sync merged`, the default: on this
-CPU vLLM generates ~3x faster without an adapter). Steps run one after the other (on-policy): on 2 cores
+(`--sync lora`), or served merged (on this CPU vLLM generates ~3x faster without an adapter): vLLM merges the
+adapter into the base weights it keeps (`--sync merged`, the default, as `tracegym rl`), or reloads merged full
+weights the trainer writes (`--sync merged-file`). Steps run one after the other (on-policy): on 2 cores
 generation and training would only fight for them. Peak memory: this (trainer) process's peak RSS and vLLM's
 processes' (API server + engine core), each read from the kernel's high-water mark at the end. vLLM's
 CPU KV cache is 0.5 GiB as in `tracegym rl` (`--kv-cache-gib`). Steps never overlap here, so vLLM runs its
@@ -83,11 +84,12 @@ def fixed_length(tokens: int) -> dict[str, object]:
 
 
 def save_for(args: argparse.Namespace, trainer: Trainer, folder: Path) -> Path:
-    """What the sync publishes: the adapter (`--sync lora`) or the merged weights (`--sync merged`; all but the
-    frozen embeddings, which vLLM holds already, as `tracegym rl` does)."""
-    if args.sync == "lora":
-        return trainer.save_weights(folder / "current")
-    return trainer.save_merged(folder / "merged", changed_only=True)
+    """What the sync publishes: the adapter (`--sync lora`, and `--sync merged`, where vLLM merges it in, as
+    `tracegym rl` does), or the merged weights (`--sync merged-file`; all but the frozen embeddings, which vLLM
+    holds already)."""
+    if args.sync == "merged-file":
+        return trainer.save_merged(folder / "merged", changed_only=True)
+    return trainer.save_weights(folder / "current")
 
 
 def group_peak_rss_mb(pid: int | None) -> float:
@@ -136,10 +138,11 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
                                      cpu_kv_cache_gib=args.kv_cache_gib, cpu_one_process=not args.vllm_worker_process,
-                                     enforce_eager=not args.vllm_compile,
+                                     enforce_eager=not args.vllm_compile, merge_adapters=args.sync == "merged",
                                      env={} if lora else {"VLLM_SERVER_DEV_MODE": "1"})
     with tempfile.TemporaryDirectory(prefix="tracegym-rl-bench-") as tmp, VLLMServer(server_config) as server:
-        sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        sync = WeightSync(server.base_url) if lora else MergedWeightSync(server.base_url, SERVED_MODEL_NAME,
+                                                                         model_dir)
         sync.publish(save_for(args, trainer, Path(tmp)), trainer.version)
         endpoint = Endpoint(base_url=server.base_url, model=sync.model_name, api_key_env=None, tokens="on")
         rows, memory = [], PeakMemory(server.pid)
@@ -179,8 +182,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
     parser.add_argument("--lr", type=float, default=2e-4, help="learning rate")
     parser.add_argument("--threads", type=int, default=2, help="trainer torch threads")
-    parser.add_argument("--sync", choices=["lora", "merged"], default="merged",
-                        help="publish the LoRA adapter, or merged full weights reloaded in place")
+    parser.add_argument("--sync", choices=["lora", "merged", "merged-file"], default="merged",
+                        help="publish the LoRA adapter; or serve it merged: vLLM merges it in place (merged), or "
+                             "reloads merged full weights the trainer writes (merged-file)")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="vLLM's CPU KV cache (as `tracegym rl`)")
     parser.add_argument("--vllm-worker-process", action="store_true",
                         help="vLLM's model worker in a process of its own (the default elsewhere; slower here)")

@@ -93,6 +93,14 @@ def test_cpu_one_process_runs_the_model_worker_in_the_engine_process(monkeypatch
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(VLLMServerConfig(model="/m"))
 
 
+def test_merging_adapters_loads_the_extension_and_opens_the_dev_routes() -> None:
+    config = VLLMServerConfig(model="/m", merge_adapters=True)
+    cmd = server_command(config, 1)
+    assert cmd[cmd.index("--worker-extension-cls") + 1] == vllm_server.MERGE_EXTENSION
+    assert server_env(config)["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--worker-extension-cls" not in server_command(VLLMServerConfig(model="/m"), 1)
+
+
 def test_launch_key_ignores_where_but_not_what() -> None:
     base = VLLMServerConfig(model="/m")
     assert base.launch_key() == VLLMServerConfig(model="/m", port=9, log_path=Path("/x")).launch_key()

@@ -1,11 +1,13 @@
-"""Slow: the merged weight sync that leaves out the frozen embeddings, against the real embedded vLLM: after a
-partial reload vLLM serves the same weights as after a full one, and they are the trainer's, not the base's."""
+"""Slow: the merged weight sync against the real embedded vLLM: the adapter merged by vLLM itself, a reload of all
+weights but the frozen embeddings and a full reload serve the same weights, and they are the trainer's, not the
+base's; merging into another base than the one vLLM serves is refused, naming both."""
 
 import pytest
 import torch
 from test_rl_steps_vllm import mean_abs_diff, vllm_logprobs  # the same directory
 from transformers import AutoTokenizer
 
+from tracegym.core.errors import TracegymError
 from tracegym.core.sample import Sample
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
@@ -15,7 +17,7 @@ from tracegym.train.weight_sync import MergedWeightSync
 pytestmark = pytest.mark.slow
 
 
-def test_a_reload_without_the_embeddings_serves_the_trainers_merged_weights(tmp_path):
+def test_a_merged_adapter_and_both_reloads_serve_the_trainers_merged_weights(tmp_path):
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, num_threads=2))
     generator = torch.Generator().manual_seed(0)
@@ -24,18 +26,24 @@ def test_a_reload_without_the_embeddings_serves_the_trainers_merged_weights(tmp_
             if "lora_B" in name:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.02)
     config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=256,
-                              cpu_kv_cache_gib=0.25, cpu_one_process=True, env={"VLLM_SERVER_DEV_MODE": "1"})
+                              cpu_kv_cache_gib=0.25, cpu_one_process=True, merge_adapters=True)
     text = "The quick brown fox jumps over the lazy dog, then reverses the text."
     probe = AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
     with VLLMServer(config) as server:
-        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=model_dir)
         base = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+        sync.publish(trainer.save_weights(tmp_path / "adapter"), version=1)
+        merged = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+        other = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=tmp_path)
+        with pytest.raises(TracegymError, match=r"serves the weights in folder .* but the adapter was trained"):
+            other.publish(tmp_path / "adapter", version=2)
+        assert vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe) == merged  # still serving, unchanged
         sync.publish(trainer.save_merged(tmp_path / "changed", changed_only=True), version=1)
         partial = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
         sync.publish(trainer.save_merged(tmp_path / "full"), version=2)
         full = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
     sample = Sample(token_ids=probe, loss_mask=[False] + [True] * (len(probe) - 1), logprobs=[0.0] * len(probe))
     trained = trainer.logprobs([sample])[0][1:]
-    assert mean_abs_diff(partial, full) < 1e-3  # the same weights either way
+    assert mean_abs_diff(merged, partial) < 1e-4 and mean_abs_diff(partial, full) < 1e-3  # the same weights
     assert mean_abs_diff(partial, base) > 0.05  # ...which moved
     assert mean_abs_diff(partial, trained) < mean_abs_diff(base, trained) / 2  # ...to the trainer's (bf16 vs fp32)

@@ -132,6 +132,26 @@ def test_merged_weights_are_reloaded_in_place_and_the_prefix_cache_reset(tmp_pat
                            ("/reset_prefix_cache", {})]
 
 
+def test_an_adapter_is_merged_by_each_server_into_the_base_it_names(adapter, tmp_path):
+    with FakeLoraServer() as fake:
+        MergedWeightSync(fake.base_url, "base", base_model=tmp_path).publish(adapter, version=3)
+    assert fake.bodies == [("/collective_rpc", {"method": "merge_adapter",
+                                                "kwargs": {"adapter_path": str(adapter.resolve()),
+                                                           "base_path": str(tmp_path.resolve())}}),
+                           ("/reset_prefix_cache", {})]
+
+
+def test_an_adapter_without_a_base_model_is_a_usage_error(adapter):
+    with FakeLoraServer() as fake, pytest.raises(UsageError, match="base model"):
+        MergedWeightSync(fake.base_url, "base").publish(adapter, version=1)
+    assert fake.bodies == []
+
+
+def test_a_folder_of_neither_adapter_nor_weights_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="neither a LoRA adapter"):
+        MergedWeightSync("http://127.0.0.1:9/v1", "base").publish(tmp_path, version=1)
+
+
 def test_merged_sync_without_dev_mode_says_how_to_enable_it(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with FakeLoraServer(status=404) as fake, pytest.raises(UsageError, match="VLLM_SERVER_DEV_MODE=1"):

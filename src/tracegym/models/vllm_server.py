@@ -73,6 +73,9 @@ class VLLMServerConfig(BaseModel):
     """Largest adapter rank accepted when `enable_lora` is on."""
     max_loras: int = 1
     """Adapters held at once when `enable_lora` is on."""
+    merge_adapters: bool = False
+    """Let weight sync merge a LoRA adapter into the served weights in place (`models.merge_extension`: vLLM's
+    `--worker-extension-cls`, and its dev-mode `/collective_rpc` route)."""
     report_policy_version: bool = False
     """Stamp every response with the policy version that served it (`models.policy_version`), which weight
     sync sets after each publish; RL turns it on so every sampled node records its version."""
@@ -107,9 +110,13 @@ class VLLMServerConfig(BaseModel):
 
 _LAUNCH_FIELDS = {
     "model", "served_model_name", "max_model_len", "dtype", "cpu_kv_cache_gib", "cpu_one_process", "enforce_eager",
-    "logprobs_mode", "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "report_policy_version",
-    "data_parallel", "extra_args", "env",
+    "logprobs_mode", "tool_call_parser", "enable_lora", "max_lora_rank", "max_loras", "merge_adapters",
+    "report_policy_version", "data_parallel", "extra_args", "env",
 }  # fmt: skip
+
+
+MERGE_EXTENSION = "tracegym.models.merge_extension.MergeExtension"
+"""The worker extension `merge_adapters` names to vLLM (imported there, not here: it needs torch)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -134,6 +141,8 @@ def server_command(config: VLLMServerConfig, port: int) -> list[str]:
     if config.enable_lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(config.max_lora_rank)]
         cmd += ["--max-loras", str(config.max_loras)]
+    if config.merge_adapters:
+        cmd += ["--worker-extension-cls", MERGE_EXTENSION]
     if config.report_policy_version:
         cmd += ["--middleware", policy_version.MIDDLEWARE]
     if config.data_parallel > 1:
@@ -154,13 +163,15 @@ def is_cpu_build() -> bool:
 
 
 def server_env(config: VLLMServerConfig) -> dict[str, str]:
-    """The server's environment: ours plus the CPU build's one-process engine, runtime LoRA updating and
-    `config.env`."""
+    """The server's environment: ours plus the CPU build's one-process engine, runtime LoRA updating, the dev
+    routes adapter merges go through, and `config.env`."""
     env = dict(os.environ)
     if config.cpu_one_process and is_cpu_build():
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if config.merge_adapters:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(config.env)
     return env
 

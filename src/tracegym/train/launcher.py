@@ -76,12 +76,15 @@ def with_cpu_threads(config: RLConfig) -> RLConfig:
 
 def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     """vLLM serving the base model (with runtime LoRA loading for the policy adapter and the opponent pool's,
-    or in-place reloads of merged weights), stamping every response with the policy version that served it."""
+    or in-place merges of the adapter or reloads of merged weights), stamping every response with the policy
+    version that served it."""
     lora = config.trainer.lora and config.weight_sync == "lora"
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
     env |= preload(config.trainer.malloc, os.environ.get("LD_PRELOAD", ""))  # vLLM's CPU docs ask for it too
     served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
+    merge = config.trainer.lora and config.weight_sync == "merged"
     return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
+                                     "merge_adapters": merge,
                                      "max_loras": lora_slots(config),
                                      "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
                                      "report_policy_version": True})

@@ -57,7 +57,7 @@ def run_trainer(run_dir: Path) -> None:
     trainer = build_trainer(config.trainer, dp)
     servers = [endpoints.base_url, *endpoints.replicas]
     if config.weight_sync == "merged":  # only rank 0 publishes (TrainerLoop.serve_weights)
-        sync: WeightSync = MergedWeightSync(servers, endpoints.base_model, announce=True)
+        sync: WeightSync = MergedWeightSync(servers, endpoints.base_model, config.trainer.model, announce=True)
     else:
         sync = WeightSync(servers, adapter_name="policy", announce=True)
     build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()

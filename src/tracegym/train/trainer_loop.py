@@ -31,8 +31,9 @@ class TrainerLoop:
 
     def __init__(self, folder: RLFolder, trainer: Trainer, publish: Publish, *, steps: int,
                  checkpoint_every: int, merged: bool = False, alive: Callable[[], bool] = lambda: True) -> None:
-        """`merged`: vLLM loads full weights with the adapter merged in (else the adapter, or the full weights
-        when there is none); `alive` is False once the orchestrator's side is gone (stop waiting for batches)."""
+        """`merged`: vLLM serves the weights with the adapter merged in, merging each adapter itself (or reloading
+        the changed full weights when there is no adapter); else it loads the adapter, or the full weights.
+        `alive` is False once the orchestrator's side is gone (stop waiting for batches)."""
         self.folder, self.trainer, self.publish = folder, trainer, publish
         self.steps, self.checkpoint_every, self.merged, self.alive = steps, checkpoint_every, merged, alive
 
@@ -66,9 +67,9 @@ class TrainerLoop:
     def serve_weights(self) -> None:
         """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
         the weights; rank 0 writes and publishes them)."""
-        if self.merged:  # vLLM started from the base model holds the frozen embeddings already
+        if self.merged and not self.trainer.is_lora:  # vLLM holds the frozen embeddings already
             path = self.trainer.save_merged(self.folder.changed_weights(), changed_only=True)
-        else:
+        else:  # an adapter: loaded as one, or merged by vLLM into the base weights it keeps
             path = self.trainer.save_weights(self.folder.weights(merged=False))
         if self.main:
             self.folder.publish_policy(self.trainer.version, self.publish(path, self.trainer.version))

@@ -1,0 +1,124 @@
+"""Merge extension: a method vLLM's workers gain (`--worker-extension-cls`) to serve a LoRA adapter merged into
+their base weights in place, read from the adapter's folder with no full-weights file in between.
+
+`MergedWeightSync` calls `merge_adapter` through vLLM's `/collective_rpc` (dev mode) with the adapter's folder and
+the base model's. The first call reads the base checkpoint's weights, all but the input and output embeddings no
+adapter touches, and keeps them in the worker in the checkpoint's dtype (SmolLM2-135M: 0.21 GB). Each call then
+computes `W + s * B @ A` in float32 for every adapted weight, exactly as `Trainer.save_merged` does (so vLLM serves
+the same bits either way), and hands every kept weight to vLLM's own in-place reload, which restacks its fused
+projections (qkv, gate_up) and redoes whatever it derives from the weights. The trainer writes 20 MB, not 210 MB
+(`benchmarks/weight_sync.py`).
+
+>>> VLLMServerConfig(model=path, merge_adapters=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")
+"""Checkpoint names (suffixes) of the input / output embeddings, which vLLM holds already and no adapter of ours
+touches; any other name is reloaded at every merge."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A peft LoRA adapter as the merge needs it: checkpoint weight name -> (A, B), and the scale `s`."""
+
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scaling: float
+
+
+def read_adapter(folder: Path) -> Adapter:
+    """The LoRA adapter peft saved in `folder`; a ValueError naming what it holds that a plain merge cannot do."""
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    unsupported = [key for key in ("use_dora", "fan_in_fan_out", "modules_to_save") if config.get(key)]
+    if unsupported:
+        raise ValueError(f"adapter {folder} sets {', '.join(unsupported)}: only plain LoRA merges in vLLM")
+    rank, alpha = config["r"], config["lora_alpha"]
+    scaling = alpha / rank ** 0.5 if config.get("use_rslora") else alpha / rank
+    tensors = load_file(str(folder / ADAPTER_WEIGHTS))
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name in tensors:
+        if not name.endswith(".lora_A.weight"):
+            if not name.endswith(".lora_B.weight"):
+                raise ValueError(f"adapter {folder} holds {name!r}, which is not a LoRA A or B matrix")
+            continue
+        module = name.removesuffix(".lora_A.weight")
+        weight = f"{module.removeprefix('base_model.model.')}.weight"
+        pairs[weight] = (tensors[name], tensors[f"{module}.lora_B.weight"])
+    return Adapter(pairs, scaling)
+
+
+def read_base(folder: Path) -> dict[str, torch.Tensor]:
+    """Every weight of the checkpoint in `folder` (its `*.safetensors` files) but the embeddings, as stored."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} holds no *.safetensors checkpoint to merge adapters into")
+    weights = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            weights |= {name: handle.get_tensor(name) for name in handle.keys()  # noqa: SIM118
+                        if not name.endswith(EMBEDDINGS)}
+    return weights
+
+
+def merged(base: dict[str, torch.Tensor], adapter: Adapter) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every base weight, adapted ones with `s * B @ A` added in float32 and rounded back to their dtype, one at a
+    time (the extra memory is one weight's)."""
+    missing = sorted(set(adapter.pairs) - set(base))
+    if missing:
+        raise ValueError(f"the adapter adapts weights the base checkpoint does not hold (or embeddings): {missing[:3]}")
+    for name, weight in base.items():
+        pair = adapter.pairs.get(name)
+        if pair is None:
+            yield name, weight
+            continue
+        a, b = pair
+        yield name, torch.addmm(weight.float(), b.float(), a.float(), alpha=adapter.scaling).to(weight.dtype)
+
+
+class MergeExtension:
+    """Mixed into vLLM's worker class by vLLM (`--worker-extension-cls`, `vllm_server.MERGE_EXTENSION`);
+    `merge_adapter` is called through `/collective_rpc`."""
+
+    model_runner: Any  # the worker's
+    model_config: Any
+
+    def merge_adapter(self, adapter_path: str, base_path: str) -> int:
+        """Serve the base weights in `base_path` with the adapter in `adapter_path` merged in; the number of
+        weights reloaded."""
+        base = self._tracegym_base(Path(base_path).resolve())
+        self.model_runner.reload_weights(weights_iterator=merged(base, read_adapter(Path(adapter_path))),
+                                         is_checkpoint_format=True)
+        return len(base)
+
+    def _tracegym_base(self, path: Path) -> dict[str, torch.Tensor]:
+        """The base weights, read at the first merge (and again if another base is named); a ValueError when
+        this server was started from a folder holding other weights (vLLM's error replies hide paths, so the
+        message names folders by their last part)."""
+        served = Path(self.model_config.model)
+        if served.is_dir() and served.resolve() != path and _checkpoint_files(served) != _checkpoint_files(path):
+            raise ValueError(f"this vLLM serves the weights in folder {served.name!r}, but the adapter was trained "
+                             f"on those in {path.name!r}: start vLLM from the trainer's base model to merge its "
+                             f"adapters")
+        cached = getattr(self, "_tracegym_base_weights", None)
+        if cached is None or cached[0] != path:
+            cached = (path, read_base(path))
+            self._tracegym_base_weights = cached
+        return cached[1]
+
+
+def _checkpoint_files(folder: Path) -> list[tuple[str, int]]:
+    """The folder's checkpoint files by name and size: the same model copied elsewhere has the same."""
+    return sorted((file.name, file.stat().st_size) for file in folder.glob("*.safetensors"))
