@@ -32,12 +32,13 @@ def test_two_rl_steps_train_the_adapter_and_vllm_serves_it(tmp_path):
     assert (run / "checkpoints" / "step-000002" / "DONE").is_file()
 
 
-def test_two_rl_steps_with_merged_sync_reload_vllm_weights_in_place(tmp_path):
+def test_two_rl_steps_with_merged_sync_have_vllm_merge_each_adapter_in_place(tmp_path):
     run = _two_steps(tmp_path)  # the shipped config syncs merged weights
     policy = json.loads((run / "policy.json").read_text())
     assert policy["version"] == 2 and policy["model"] != "policy"  # requests keep naming the base model
     assert (run / "weights" / "merged" / "model.safetensors").is_file()  # whole, at the last checkpoint
-    assert (run / "weights" / "changed" / "model.safetensors").is_file()  # what each step's reload read
+    assert (run / "weights" / "current" / "adapter_config.json").is_file()  # what vLLM merged at each step
+    assert not (run / "weights" / "changed").exists()  # no merged-weights file per step
     trained = [json.loads(line) for line in (run / "trainer_metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["version"]) for r in trained] == [(0, 1), (1, 2)]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
