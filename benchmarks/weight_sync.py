@@ -1,11 +1,12 @@
-"""Benchmark: merged weight sync, save + vLLM reload seconds, full weights on disk vs changed weights on tmpfs.
+"""Benchmark: merged weight sync, save + vLLM load seconds, four ways side by side in one run.
 
 SmolLM2-135M with LoRA r=16 on every linear layer (the trainer's default targets), vLLM (CPU build, dev mode,
-one process). Each rep moves the adapter (as a step would) and publishes it each way, alternating in one run:
-`full-disk` (the old path: every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it),
-`changed-disk` (only the LoRA-touched weights; vLLM reloads just those and keeps the embedding and norms it
-holds: what `tracegym rl` does now) and `changed-tmpfs` (the same into a folder on /dev/shm). After the last rep
-each way publishes the same weights: their greedy outputs must agree, and differ from the base model's.
+one process, the merge extension loaded). Each rep moves the adapter (as a step would) and publishes it each way,
+alternating: `full-disk` (every weight merged into `model.safetensors` in a folder on disk, vLLM reloads it),
+`changed-disk` (all but the frozen embeddings; vLLM reloads those and keeps the embeddings it holds),
+`changed-tmpfs` (the same into a folder on /dev/shm) and `adapter-merge` (the trainer writes only its adapter and
+vLLM merges it into the base weights it keeps, `models.merge_extension`: what `tracegym rl` does now). After the
+last rep each way publishes the same weights: their greedy outputs must agree, and differ from the base model's.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/weight_sync.py [--reps 5]
 """
@@ -41,10 +42,13 @@ def move_adapter(trainer: Trainer, seed: int) -> None:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.02)
 
 
-def publish(trainer: Trainer, sync: MergedWeightSync, folder: Path, changed_only: bool) -> tuple[float, float]:
-    """Save and publish; the seconds of each."""
+def publish(trainer: Trainer, sync: MergedWeightSync, folder: Path, way: str) -> tuple[float, float]:
+    """Save the way `way` says and publish; the seconds of each."""
     start = time.perf_counter()
-    path = trainer.save_merged(folder, changed_only=changed_only)
+    if way == "adapter-merge":
+        path = trainer.save_weights(folder)
+    else:
+        path = trainer.save_merged(folder, changed_only=way != "full-disk")
     saved = time.perf_counter()
     sync.publish(path, trainer.version)
     return saved - start, sync.last_seconds
@@ -62,26 +66,26 @@ def main() -> None:
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=16, lora_alpha=32, num_threads=2))
     config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=512,
-                              cpu_kv_cache_gib=0.25, cpu_one_process=True, env={"VLLM_SERVER_DEV_MODE": "1"})
-    ways = {"full-disk": False, "changed-disk": True, "changed-tmpfs": True}
+                              cpu_kv_cache_gib=0.25, cpu_one_process=True, merge_adapters=True)
+    ways = ["full-disk", "changed-disk", "changed-tmpfs", "adapter-merge"]
     times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
     with (tempfile.TemporaryDirectory(prefix="tracegym-sync-disk-", dir=Path.home()) as disk,
           tempfile.TemporaryDirectory(prefix="tracegym-sync-", dir=TMPFS) as shm, VLLMServer(config) as server):
-        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME)
+        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=model_dir)
         folders = {"full-disk": Path(disk) / "full", "changed-disk": Path(disk) / "changed",
-                   "changed-tmpfs": Path(shm) / "changed"}
+                   "changed-tmpfs": Path(shm) / "changed", "adapter-merge": Path(disk) / "adapter"}
         base_text = greedy(server.base_url)
         for rep in range(args.reps):
             move_adapter(trainer, rep)
-            for way, changed_only in ways.items():
+            for way in ways:
                 trainer.version += 1
-                times[way].append(publish(trainer, sync, folders[way], changed_only))
+                times[way].append(publish(trainer, sync, folders[way], way))
                 print(f"rep {rep} {way}: save {times[way][-1][0]:.3f} s  load {times[way][-1][1]:.3f} s", flush=True)
         texts = {}
-        for way, changed_only in ways.items():
-            publish(trainer, sync, folders[way], changed_only)
+        for way in ways:
+            publish(trainer, sync, folders[way], way)
             texts[way] = greedy(server.base_url)
-        sizes = {way: (folders[way] / "model.safetensors").stat().st_size / 2**20 for way in ways}
+        sizes = {way: sum(f.stat().st_size for f in folders[way].glob("*.safetensors")) / 2**20 for way in ways}
     print(f"\nmerged weight sync, {args.reps} reps each (mean seconds; load average {os.getloadavg()[0]:.1f})")
     print(f"{'way':<16}{'MB':>8}{'save':>8}{'load':>8}{'total':>8}")
     for way, rows in times.items():
@@ -90,8 +94,8 @@ def main() -> None:
     old, *new = (sum(statistics.fmean(r[i] for r in times[w]) for i in (0, 1)) for w in ways)
     print("ratio to full-disk: " + ", ".join(f"{w} {n / old:.2f}" for w, n in zip(list(ways)[1:], new, strict=True)))
     same = len(set(texts.values())) == 1
-    print(f"greedy text: base {base_text!r}; after both ways {'the same' if same else 'DIFFERENT'} "
-          f"({texts['changed-tmpfs']!r}); {'changed' if texts['changed-tmpfs'] != base_text else 'UNCHANGED'}")
+    print(f"greedy text: base {base_text!r}; after every way {'the same' if same else 'DIFFERENT'} "
+          f"({texts['adapter-merge']!r}); {'changed' if texts['adapter-merge'] != base_text else 'UNCHANGED'}")
 
 
 if __name__ == "__main__":

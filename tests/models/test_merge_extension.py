@@ -86,12 +86,14 @@ def test_an_adapter_of_weights_the_base_lacks_is_refused_before_any_is_handed_ov
 
 
 class FakeWorker(MergeExtension):
-    """A vLLM worker as the extension sees it: its model's folder and a runner that records each reload."""
+    """A vLLM worker as the extension sees it: a runner with the served model's weights (under checkpoint names,
+    in vLLM's dtype) that records each reload."""
 
-    def __init__(self, served: Path) -> None:
-        self.model_config = SimpleNamespace(model=str(served))
+    def __init__(self, served: dict[str, torch.Tensor]) -> None:
+        model = SimpleNamespace(named_parameters=lambda: [(n, t.to(torch.bfloat16)) for n, t in served.items()])
         self.reloads: list[dict[str, torch.Tensor]] = []
-        self.model_runner = SimpleNamespace(reload_weights=self._reload)
+        self.model_config = SimpleNamespace(dtype=torch.bfloat16)
+        self.model_runner = SimpleNamespace(reload_weights=self._reload, get_model=lambda: model)
 
     def _reload(self, weights_iterator, is_checkpoint_format):
         assert is_checkpoint_format
@@ -104,30 +106,19 @@ def test_the_worker_reloads_every_kept_weight_and_reads_the_base_once(tmp_path, 
     adapter = trainer.save_weights(tmp_path / "adapter")
     reads = []
     monkeypatch.setattr(merge_extension, "read_base", lambda path: reads.append(path) or read_base(path))
-    worker = FakeWorker(folder)
+    worker = FakeWorker(read_base(folder))
     assert worker.merge_adapter(str(adapter), str(folder)) == len(worker.reloads[0])
     worker.merge_adapter(str(adapter), str(folder))
     assert len(worker.reloads) == 2 and reads == [folder.resolve()]
+    assert {value.dtype for value in worker.reloads[0].values()} == {torch.bfloat16}  # what vLLM serves
 
 
-def test_a_worker_serving_other_weights_refuses_naming_both_folders(tmp_path):
+def test_a_worker_serving_other_weights_refuses_naming_the_base_folder(tmp_path):
     trainer = trained()
     folder = base_checkpoint(trainer, tmp_path / "base")
-    other = tmp_path / "other"
-    other.mkdir()
-    with pytest.raises(ValueError, match="folder 'other', but the adapter was trained on those in 'base'"):
-        FakeWorker(other).merge_adapter(str(trainer.save_weights(tmp_path / "adapter")), str(folder))
-
-
-def test_a_worker_serving_a_copy_of_the_base_elsewhere_merges(tmp_path):
-    trainer = trained()
-    folder = base_checkpoint(trainer, tmp_path / "base")
-    copy = tmp_path / "copy"
-    copy.mkdir()
-    (copy / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
-    worker = FakeWorker(copy)
-    worker.merge_adapter(str(trainer.save_weights(tmp_path / "adapter")), str(folder))
-    assert len(worker.reloads) == 1
+    served = {name: value + 1 for name, value in read_base(folder).items()}
+    with pytest.raises(ValueError, match=r"other weights than the base model in folder 'base' holds \(.* differ"):
+        FakeWorker(served).merge_adapter(str(trainer.save_weights(tmp_path / "adapter")), str(folder))
 
 
 def test_the_extension_vllm_is_told_to_load_is_this_class():

@@ -4,6 +4,7 @@ base's; merging into another base than the one vLLM serves is refused, naming bo
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from test_rl_steps_vllm import mean_abs_diff, vllm_logprobs  # the same directory
 from transformers import AutoTokenizer
 
@@ -15,6 +16,13 @@ from tracegym.train.trainer import TrainerConfig, build_trainer
 from tracegym.train.weight_sync import MergedWeightSync
 
 pytestmark = pytest.mark.slow
+
+
+def other_base(folder):
+    """A "base model" whose final norm is not SmolLM2's."""
+    folder.mkdir()
+    save_file({"model.norm.weight": torch.full((576,), 2.0)}, str(folder / "model.safetensors"))
+    return folder
 
 
 def test_a_merged_adapter_and_both_reloads_serve_the_trainers_merged_weights(tmp_path):
@@ -34,14 +42,16 @@ def test_a_merged_adapter_and_both_reloads_serve_the_trainers_merged_weights(tmp
         base = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
         sync.publish(trainer.save_weights(tmp_path / "adapter"), version=1)
         merged = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
-        other = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=tmp_path)
-        with pytest.raises(TracegymError, match=r"serves the weights in folder .* but the adapter was trained"):
+        other = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=other_base(tmp_path / "other"))
+        with pytest.raises(TracegymError, match="serves other weights than the base model in folder 'other'"):
             other.publish(tmp_path / "adapter", version=2)
         assert vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe) == merged  # still serving, unchanged
         sync.publish(trainer.save_merged(tmp_path / "changed", changed_only=True), version=1)
         partial = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
         sync.publish(trainer.save_merged(tmp_path / "full"), version=2)
         full = vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe)
+        sync.publish(tmp_path / "adapter", version=3)  # vLLM serves the trainer's base again, the adapter merged
+        assert vllm_logprobs(server.base_url, SERVED_MODEL_NAME, probe) == merged
     sample = Sample(token_ids=probe, loss_mask=[False] + [True] * (len(probe) - 1), logprobs=[0.0] * len(probe))
     trained = trainer.logprobs([sample])[0][1:]
     assert mean_abs_diff(merged, partial) < 1e-4 and mean_abs_diff(partial, full) < 1e-3  # the same weights

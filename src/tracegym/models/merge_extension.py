@@ -3,11 +3,12 @@ their base weights in place, read from the adapter's folder with no full-weights
 
 `MergedWeightSync` calls `merge_adapter` through vLLM's `/collective_rpc` (dev mode) with the adapter's folder and
 the base model's. The first call reads the base checkpoint's weights, all but the input and output embeddings no
-adapter touches, and keeps them in the worker in the checkpoint's dtype (SmolLM2-135M: 0.21 GB). Each call then
-computes `W + s * B @ A` in float32 for every adapted weight, exactly as `Trainer.save_merged` does (so vLLM serves
-the same bits either way), and hands every kept weight to vLLM's own in-place reload, which restacks its fused
-projections (qkv, gate_up) and redoes whatever it derives from the weights. The trainer writes 20 MB, not 210 MB
-(`benchmarks/weight_sync.py`).
+adapter touches, and keeps them in the worker as stored (SmolLM2-135M: 0.42 GB of float32; kept as stored so that
+a small update still moves a bfloat16 weight across a rounding step). Each call checks that vLLM serves that base
+(the weights no adapter changes are equal), computes `W + s * B @ A` in float32 for every adapted weight, exactly
+as `Trainer.save_merged` does (so vLLM serves the same bits either way), and hands every kept weight to vLLM's own
+in-place reload, which restacks its fused projections (qkv, gate_up) and redoes what it derives from them. The
+trainer writes its 20 MB adapter, not 210 MB of merged weights (`benchmarks/weight_sync.py`).
 
 >>> VLLMServerConfig(model=path, merge_adapters=True)  # doctest: +SKIP
 """
@@ -73,19 +74,21 @@ def read_base(folder: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def merged(base: dict[str, torch.Tensor], adapter: Adapter) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every base weight, adapted ones with `s * B @ A` added in float32 and rounded back to their dtype, one at a
-    time (the extra memory is one weight's)."""
+def merged(base: dict[str, torch.Tensor], adapter: Adapter, dtype: torch.dtype | None = None,
+           ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every base weight, adapted ones with `s * B @ A` added in float32, each rounded to `dtype` (what vLLM
+    serves; None: as stored), one at a time (the extra memory is one weight's)."""
     missing = sorted(set(adapter.pairs) - set(base))
     if missing:
         raise ValueError(f"the adapter adapts weights the base checkpoint does not hold (or embeddings): {missing[:3]}")
     for name, weight in base.items():
         pair = adapter.pairs.get(name)
+        out = weight.dtype if dtype is None else dtype
         if pair is None:
-            yield name, weight
+            yield name, weight.to(out)
             continue
         a, b = pair
-        yield name, torch.addmm(weight.float(), b.float(), a.float(), alpha=adapter.scaling).to(weight.dtype)
+        yield name, torch.addmm(weight.float(), b.float(), a.float(), alpha=adapter.scaling).to(out)
 
 
 class MergeExtension:
@@ -99,19 +102,14 @@ class MergeExtension:
         """Serve the base weights in `base_path` with the adapter in `adapter_path` merged in; the number of
         weights reloaded."""
         base = self._tracegym_base(Path(base_path).resolve())
-        self.model_runner.reload_weights(weights_iterator=merged(base, read_adapter(Path(adapter_path))),
-                                         is_checkpoint_format=True)
+        adapter = read_adapter(Path(adapter_path))
+        _check_served(self.model_runner.get_model(), base, adapter, Path(base_path).name)
+        weights = merged(base, adapter, self.model_config.dtype)
+        self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         return len(base)
 
     def _tracegym_base(self, path: Path) -> dict[str, torch.Tensor]:
-        """The base weights, read at the first merge (and again if another base is named); a ValueError when
-        this server was started from a folder holding other weights (vLLM's error replies hide paths, so the
-        message names folders by their last part)."""
-        served = Path(self.model_config.model)
-        if served.is_dir() and served.resolve() != path and _checkpoint_files(served) != _checkpoint_files(path):
-            raise ValueError(f"this vLLM serves the weights in folder {served.name!r}, but the adapter was trained "
-                             f"on those in {path.name!r}: start vLLM from the trainer's base model to merge its "
-                             f"adapters")
+        """The base weights, read at the first merge (and again if another base is named)."""
         cached = getattr(self, "_tracegym_base_weights", None)
         if cached is None or cached[0] != path:
             cached = (path, read_base(path))
@@ -119,6 +117,14 @@ class MergeExtension:
         return cached[1]
 
 
-def _checkpoint_files(folder: Path) -> list[tuple[str, int]]:
-    """The folder's checkpoint files by name and size: the same model copied elsewhere has the same."""
-    return sorted((file.name, file.stat().st_size) for file in folder.glob("*.safetensors"))
+def _check_served(model: torch.nn.Module, base: dict[str, torch.Tensor], adapter: Adapter, folder: str) -> None:
+    """A ValueError when the weights vLLM serves are not the base's: those no adapter changes (norms, ...) that
+    vLLM names as the checkpoint does must be equal. (vLLM's error replies hide paths: the folder's last part.)"""
+    params = dict(model.named_parameters())
+    shared = [name for name in base if name not in adapter.pairs and name in params
+              and params[name].shape == base[name].shape]
+    differ = [name for name in shared if not torch.equal(params[name], base[name].to(params[name].dtype))]
+    if differ:
+        raise ValueError(f"this vLLM serves other weights than the base model in folder {folder!r} holds "
+                         f"({len(differ)} of {len(shared)} unadapted weights differ, e.g. {differ[0]}): start vLLM "
+                         f"from the trainer's base model to merge its adapters")
