@@ -192,3 +192,17 @@ def test_merged_weights_get_the_base_models_config_and_tokenizer_files_so_they_l
     assert sorted(p.name for p in merged.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert (merged / "config.json").read_text() == "config.json"
     assert (merged / "model.safetensors").read_bytes() != b"model.safetensors"  # the merged weights, not the base's
+
+
+def test_logprobs_from_the_hidden_states_equal_those_through_the_logits(monkeypatch):
+    from tracegym.train import trainer as trainer_module
+
+    straight = tiny_trainer()
+    assert straight._plain_head() is not None
+    monkeypatch.setattr(trainer_module, "PLAIN_HEADS", set())
+    through = tiny_trainer()
+    assert through._plain_head() is None
+    batch = samples(3)
+    flat = [[v for row in trainer.logprobs(batch) for v in row] for trainer in (straight, through)]
+    assert flat[0] == pytest.approx(flat[1], abs=1e-5)
+    assert straight.step(batch)["grad_norm"] == pytest.approx(through.step(batch)["grad_norm"], rel=1e-5)

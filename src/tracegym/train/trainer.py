@@ -40,6 +40,7 @@ from tracegym.train.data_parallel import (
     shard_like,
     sharded_optimizer_state,
 )
+from tracegym.train.lm_head import head_logprobs
 from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
 from tracegym.train.malloc import Malloc
 from tracegym.train.sft import cross_entropy_loss
@@ -48,6 +49,8 @@ LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 WEIGHTS_FILE = "trainable.safetensors"
 STATE_FILE = "trainer.pt"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".tmp")
+PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"}
+"""Model types whose logits are `lm_head(last hidden state)` and nothing more (no soft-capping or scaling)."""
 LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio")
 """The per-micro-batch sums a step adds up (over micro-batches, then over ranks, in this order)."""
 
@@ -185,11 +188,29 @@ class Trainer:
 
     def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """[B, K] logprobs of the micro-batch's target tokens at each row's temperature."""
-        device = batch.input_ids.device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bfloat16):
-            logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                position_ids=batch.position_ids, logits_to_keep=batch.keep, use_cache=False).logits
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                  "position_ids": batch.position_ids, "use_cache": False}
+        head = self._plain_head()
+        if head is not None:
+            hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
+            return head_logprobs(hidden, head.weight, batch.sources, batch.target_ids, batch.temperatures)
+        with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16):
+            logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         return token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
+
+    def _causal_lm(self) -> torch.nn.Module:
+        """The transformers model under peft's wrapper (if any)."""
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    def _plain_head(self) -> torch.nn.Linear | None:
+        """The output embedding, when logprobs may come straight from the hidden states (`lm_head`): a frozen
+        linear layer without bias that the model applies as it is, in float32, on one process (FSDP gathers
+        weights in the whole model's forward only)."""
+        causal = self._causal_lm()
+        head = causal.get_output_embeddings()
+        plain = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
+                 and getattr(causal.config, "model_type", None) in PLAIN_HEADS)
+        return head if plain and not self.bfloat16 and self.dp.world == 1 else None
 
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""

@@ -1,0 +1,77 @@
+"""LM head: target-token logprobs straight from the last hidden states through a frozen output embedding, with no
+[positions, vocabulary] logits kept for the backward.
+
+A target's logprob is `h . W[y] / T - logsumexp(h W^T / T)`; its gradient with respect to `h` is
+`(W[y] - E_p[W]) / T`, where `E_p[W] = softmax(h W^T / T) W` is one H-wide vector per position, whatever number of
+targets the position predicts. The forward computes that vector chunk by chunk, while each chunk's logits are at
+hand, and keeps it instead of the logits: the backward's LM-head matmul moves into the forward (the same work) and
+the peak memory of a step loses the logits, their softmax and their gradient (SmolLM2-135M, 460 positions: 90 MB
+each, `benchmarks/trainer_step.py`). Only the positions some target is read from go through the head, so
+padding costs nothing here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CHUNK = 128
+"""Positions per chunk of logits (128 x 49k-word vocabulary: 25 MB of float32)."""
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
+                  temperatures: torch.Tensor) -> torch.Tensor:
+    """[B, K] logprob of each target token under `hidden[b, sources[b, k]] @ weight.T / temperatures[b]` ([B, S, H]
+    hidden states, [V, H] frozen output embedding, [B, K] source positions and target ids, [B] temperatures); equal
+    to `loss.token_logprobs` of the logits. Differentiable with respect to `hidden` only."""
+    batch, length, _ = hidden.shape
+    flat = sources + torch.arange(batch, device=sources.device)[:, None] * length
+    positions, inverse = torch.unique(flat.flatten(), return_inverse=True)
+    inv_temp = (1.0 / temperatures.to(hidden.device, torch.float32))[positions // length]
+    picked = _HeadLogprobs.apply(hidden.flatten(0, 1), weight, positions, inverse, targets.flatten(), inv_temp)
+    return picked.view_as(targets)
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """The head over the `positions` (unique flat indices) that targets are read from; `inverse` maps each
+    target to its position's row."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                inverse: torch.Tensor, targets: torch.Tensor, inv_temp: torch.Tensor) -> torch.Tensor:
+        states = hidden[positions].float()
+        frozen = weight.float()
+        expected, lse = _expected_embedding(states, frozen, inv_temp)
+        target_rows = frozen[targets]
+        picked = (states[inverse] * target_rows).sum(-1) * inv_temp[inverse] - lse[inverse]
+        ctx.save_for_backward(expected, positions, inverse, targets, inv_temp, weight)
+        ctx.shape, ctx.dtype = hidden.shape, hidden.dtype
+        return picked
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        expected, positions, inverse, targets, inv_temp, weight = ctx.saved_tensors
+        per_target = (weight[targets].float() - expected[inverse]) * (grad * inv_temp[inverse])[:, None]
+        per_position = torch.zeros_like(expected).index_add_(0, inverse, per_target)
+        out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=expected.device)
+        out[positions] = per_position.to(ctx.dtype)
+        return out, None, None, None, None, None
+
+
+def _expected_embedding(states: torch.Tensor, weight: torch.Tensor, inv_temp: torch.Tensor,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: `softmax(logits) @ weight` ([P, H]) and `logsumexp(logits)` ([P]), `logits = states @ W^T
+    * inv_temp`, a chunk of positions at a time."""
+    expected = torch.empty_like(states)
+    lse = torch.empty(states.shape[0], dtype=states.dtype, device=states.device)
+    scaled = bool((inv_temp != 1.0).any())
+    for start in range(0, states.shape[0], CHUNK):
+        end = min(start + CHUNK, states.shape[0])
+        logits = states[start:end] @ weight.T
+        if scaled:
+            logits.mul_(inv_temp[start:end, None])
+        lse[start:end] = torch.logsumexp(logits, dim=-1)
+        probs = logits.sub_(lse[start:end, None]).exp_()
+        torch.mm(probs, weight, out=expected[start:end])
+    return expected, lse
