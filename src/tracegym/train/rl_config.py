@@ -233,9 +233,10 @@ class RLConfig(BaseConfig):
     run_id: str | None = None
     """Name of the run folder; unset: the start time."""
     weight_sync: Literal["lora", "merged"] = "lora"
-    """How new weights reach vLLM: `lora` loads the adapter in place (requests name it); `merged` writes the
-    full weights with the adapter merged and vLLM reloads them in place (requests keep the base name; on CPU
-    generation is ~3x faster than through an adapter)."""
+    """How new weights reach vLLM: `lora` loads the adapter in place (requests name it); `merged` has vLLM serve
+    the weights with the adapter merged in (requests keep the base name; on CPU generation is ~3x faster than
+    through an adapter): vLLM merges each adapter into the base weights it keeps (`models.merge_extension`), or,
+    without LoRA, reloads the full weights the trainer writes."""
     checkpoint_every: int = 5
     """Save a resumable checkpoint every N steps (and after the last)."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()

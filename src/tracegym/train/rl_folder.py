@@ -4,8 +4,8 @@
     endpoints.json                  vLLM's URLs, the served base model, each env server's address (launcher -> roles)
     policy.json                     {"version": 8, "model": "policy"}: the weights vLLM serves now
     batches/step-000007.msgpack     trainer step 7: its samples, its metrics, the orchestrator's state after it
-    weights/current/, weights/changed/  what the trainer last handed to vLLM (adapter or weights / merged weights
-                                    but the frozen embeddings vLLM holds already)
+    weights/current/, weights/changed/  what the trainer last handed to vLLM (the adapter, loaded or merged by
+                                    vLLM, or full weights / without LoRA, merged weights but the frozen embeddings)
     weights/merged/                 the merged weights at the last checkpoint: a servable model directory
     checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
@@ -275,7 +275,7 @@ class RLFolder:
         return self.path / "weights" / ("merged" if merged else "current")
 
     def changed_weights(self) -> Path:
-        """Where the trainer writes the merged weights vLLM reloads after each step: all but the frozen
+        """Where a trainer without LoRA writes the merged weights vLLM reloads after each step: all but the frozen
         embeddings, which it holds already (not a model directory of its own)."""
         return self.path / "weights" / "changed"
 

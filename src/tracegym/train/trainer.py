@@ -81,8 +81,8 @@ class TrainerConfig(BaseModel):
     """Clip the gradient's global norm to this (0 disables clipping)."""
     micro_batch_tokens: int = 512
     """Padded tokens per micro-batch; gradients accumulate over micro-batches. Smaller ones use less memory and
-    run a little slower (a reverse-text step on this CPU: 2.99 s and 1.57 GB peak RSS at 256, 2.75 s and 1.97 GB
-    at 512, 2.62 s and 2.8 GB at 1024; `benchmarks/trainer_step.py`)."""
+    run a little slower (a reverse-text step on this CPU: 2.79 s and 1.48 GB peak RSS at 256, 2.42 s and 1.77 GB
+    at 512; `benchmarks/trainer_step.py`)."""
     share_prompts: bool = True
     """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
     numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
@@ -93,7 +93,7 @@ class TrainerConfig(BaseModel):
     weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less trainer memory for more step time (a reverse-text step of
-    a 135M model on this CPU: 1.43 GB peak RSS instead of 1.99 GB, 3.44 s instead of 2.66 s)."""
+    a 135M model on this CPU: 1.21 GB peak RSS instead of 1.77 GB, 3.51 s instead of 2.42 s)."""
     malloc: Malloc = "tcmalloc"
     """The trainer process's memory allocator when `tracegym rl` starts it: tcmalloc where the machine has it
     (Debian: `libtcmalloc-minimal4`; else the system's), which made a reverse-text step 17% faster with 30% less
