@@ -198,10 +198,10 @@ def test_logprobs_from_the_hidden_states_equal_those_through_the_logits(monkeypa
     from tracegym.train import trainer as trainer_module
 
     straight = tiny_trainer()
-    assert straight._plain_head() is not None
+    assert straight.head is not None
     monkeypatch.setattr(trainer_module, "PLAIN_HEADS", set())
     through = tiny_trainer()
-    assert through._plain_head() is None
+    assert through.head is None
     batch = samples(3)
     flat = [[v for row in trainer.logprobs(batch) for v in row] for trainer in (straight, through)]
     assert flat[0] == pytest.approx(flat[1], abs=1e-5)

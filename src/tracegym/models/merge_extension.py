@@ -101,20 +101,22 @@ class MergeExtension:
     def merge_adapter(self, adapter_path: str, base_path: str) -> int:
         """Serve the base weights in `base_path` with the adapter in `adapter_path` merged in; the number of
         weights reloaded."""
-        base = self._tracegym_base(Path(base_path).resolve())
+        base = _base_of(self, Path(base_path).resolve())
         adapter = read_adapter(Path(adapter_path))
         _check_served(self.model_runner.get_model(), base, adapter, Path(base_path).name)
         weights = merged(base, adapter, self.model_config.dtype)
         self.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         return len(base)
 
-    def _tracegym_base(self, path: Path) -> dict[str, torch.Tensor]:
-        """The base weights, read at the first merge (and again if another base is named)."""
-        cached = getattr(self, "_tracegym_base_weights", None)
-        if cached is None or cached[0] != path:
-            cached = (path, read_base(path))
-            self._tracegym_base_weights = cached
-        return cached[1]
+
+def _base_of(worker: MergeExtension, path: Path) -> dict[str, torch.Tensor]:
+    """The worker's base weights, read at its first merge (and again if another base is named). A function, not a
+    method: vLLM offers every method of the extension as an RPC."""
+    cached = getattr(worker, "_tracegym_base_weights", None)
+    if cached is None or cached[0] != path:
+        cached = (path, read_base(path))
+        worker._tracegym_base_weights = cached  # type: ignore[attr-defined]
+    return cached[1]
 
 
 def _check_served(model: torch.nn.Module, base: dict[str, torch.Tensor], adapter: Adapter, folder: str) -> None:

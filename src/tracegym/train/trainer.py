@@ -135,6 +135,8 @@ class Trainer:
                                            weight_decay=config.weight_decay)
         self.version = 0
         """The policy version of the current weights: steps taken since the start of the run."""
+        self.head = self._plain_head()
+        """The output embedding when logprobs come straight from the hidden states (`lm_head`), else None."""
 
     @property
     def bfloat16(self) -> bool:
@@ -190,10 +192,9 @@ class Trainer:
         """[B, K] logprobs of the micro-batch's target tokens at each row's temperature."""
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids, "use_cache": False}
-        head = self._plain_head()
-        if head is not None:
+        if self.head is not None:
             hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
-            return head_logprobs(hidden, head.weight, batch.sources, batch.target_ids, batch.temperatures)
+            return head_logprobs(hidden, self.head.weight, batch.sources, batch.target_ids, batch.temperatures)
         with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         return token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
