@@ -1,6 +1,10 @@
 """Slow: the merged weight sync against the real embedded vLLM: the adapter merged by vLLM itself, a reload of all
 weights but the frozen embeddings and a full reload serve the same weights, and they are the trainer's, not the
-base's; merging into another base than the one vLLM serves is refused, naming both."""
+base's; merging into another base than the one vLLM serves is refused, naming both; a publish while a request
+runs resets the prefix cache (which a plain reset cannot) and the request still finishes."""
+
+import json
+import urllib.request
 
 import pytest
 import torch
@@ -57,3 +61,39 @@ def test_a_merged_adapter_and_both_reloads_serve_the_trainers_merged_weights(tmp
     assert mean_abs_diff(merged, partial) < 1e-4 and mean_abs_diff(partial, full) < 1e-3  # the same weights
     assert mean_abs_diff(partial, base) > 0.05  # ...which moved
     assert mean_abs_diff(partial, trained) < mean_abs_diff(base, trained) / 2  # ...to the trainer's (bf16 vs fp32)
+
+
+def streamed_completion(base_url: str, tokens: int):
+    """A streaming completion of exactly `tokens` tokens, read until its first token arrives (so it is running);
+    returns the open response."""
+    body = {"model": SERVED_MODEL_NAME, "prompt": "Count slowly:", "max_tokens": tokens, "min_tokens": tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    request = urllib.request.Request(f"{base_url}/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    response = urllib.request.urlopen(request, timeout=120)
+    while not response.readline().startswith(b"data: {"):
+        pass
+    return response
+
+
+def rest_of_stream(response) -> list[dict]:
+    with response:
+        lines = [line[len(b"data: "):] for line in response if line.startswith(b"data: {")]
+    return [json.loads(line) for line in lines]
+
+
+def test_a_publish_while_a_request_runs_resets_the_prefix_cache_and_the_request_finishes(tmp_path):
+    model_dir = str(embedded_model_dir())
+    trainer = build_trainer(TrainerConfig(model=model_dir, num_threads=2))
+    config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=512,
+                              cpu_kv_cache_gib=0.25, cpu_one_process=True, merge_adapters=True)
+    with VLLMServer(config) as server:
+        running = streamed_completion(server.base_url, tokens=160)
+        plain = urllib.request.Request(server.base_url.removesuffix("/v1") + "/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(plain, timeout=30) as reply:
+            assert json.load(reply) == {"success": False}  # vLLM keeps blocks a running request holds
+        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=model_dir)
+        sync.publish(trainer.save_weights(tmp_path / "adapter"), version=1)  # raises unless the reset succeeded
+        chunks = rest_of_stream(running)
+    assert chunks[-1]["usage"]["completion_tokens"] == 160
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"

@@ -10,13 +10,17 @@ from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.models import policy_version
 from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 
+RESET = "/reset_prefix_cache?reset_running_requests=true"
+
 
 class FakeLoraServer:
     """An HTTP server answering `POST /v1/load_lora_adapter` with `status` and recording each body."""
 
-    def __init__(self, status: int = 200, reply: str = "Success", middleware: bool = True) -> None:
-        """`middleware`: also answer tracegym's policy-version route, as vLLM with `report_policy_version`."""
-        self.status, self.reply, self.bodies = status, reply, []
+    def __init__(self, status: int = 200, reply: str = "Success", middleware: bool = True,
+                 reset_reply: str = '{"success":true}') -> None:
+        """`middleware`: also answer tracegym's policy-version route, as vLLM with `report_policy_version`;
+        `reset_reply`: what `/reset_prefix_cache` answers."""
+        self.status, self.reply, self.reset_reply, self.bodies = status, reply, reset_reply, []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,10 +29,11 @@ class FakeLoraServer:
                 fake.bodies.append((self.path, json.loads(self.rfile.read(length))))
                 known = ("/v1/load_lora_adapter", "/collective_rpc", "/reset_prefix_cache")
                 known += (policy_version.ROUTE,) if middleware else ()
-                status = fake.status if self.path in known else 404
+                status = fake.status if self.path.partition("?")[0] in known else 404
                 self.send_response(status)
                 self.end_headers()
-                self.wfile.write(fake.reply.encode())
+                reset = self.path.startswith("/reset_prefix_cache") and status == 200
+                self.wfile.write((fake.reset_reply if reset else fake.reply).encode())
 
             def log_message(self, *_: object) -> None:
                 pass
@@ -129,7 +134,7 @@ def test_merged_weights_are_reloaded_in_place_and_the_prefix_cache_reset(tmp_pat
     assert name == "base"
     assert fake.bodies == [("/collective_rpc", {"method": "reload_weights",
                                                 "kwargs": {"weights_path": str(tmp_path.resolve())}}),
-                           ("/reset_prefix_cache", {})]
+                           (RESET, {})]
 
 
 def test_an_adapter_is_merged_by_each_server_into_the_base_it_names(adapter, tmp_path):
@@ -138,7 +143,16 @@ def test_an_adapter_is_merged_by_each_server_into_the_base_it_names(adapter, tmp
     assert fake.bodies == [("/collective_rpc", {"method": "merge_adapter",
                                                 "kwargs": {"adapter_path": str(adapter.resolve()),
                                                            "base_path": str(tmp_path.resolve())}}),
-                           ("/reset_prefix_cache", {})]
+                           (RESET, {})]
+
+
+def test_a_prefix_cache_the_server_did_not_reset_fails_the_publish_and_keeps_the_version(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer(reset_reply='{"success":false}') as fake:
+        sync = MergedWeightSync(fake.base_url, "base")
+        with pytest.raises(InfrastructureError, match="did not reset its prefix cache"):
+            sync.publish(tmp_path, version=2)
+    assert sync.versions[fake.base_url] is None
 
 
 def test_an_adapter_without_a_base_model_is_a_usage_error(adapter):
