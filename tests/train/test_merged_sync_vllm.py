@@ -63,17 +63,46 @@ def test_a_merged_adapter_and_both_reloads_serve_the_trainers_merged_weights(tmp
     assert mean_abs_diff(partial, trained) < mean_abs_diff(base, trained) / 2  # ...to the trainer's (bf16 vs fp32)
 
 
-def streamed_completion(base_url: str, tokens: int):
-    """A streaming completion of exactly `tokens` tokens, read until its first token arrives (so it is running);
-    returns the open response."""
-    body = {"model": SERVED_MODEL_NAME, "prompt": "Count slowly:", "max_tokens": tokens, "min_tokens": tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+PROMPT = "Count slowly, one number a line, from one to a thousand, and say nothing else at all. " * 12
+RUNNING = "Name every planet, then every moon of each, one a line, with its discoverer's name. " * 12
+"""The prompt of the request that runs through a publish (it shares no block with PROMPT)."""
+
+
+@pytest.fixture(scope="module")
+def stamping_server():
+    """vLLM merging adapters, stamping versions and reporting cached prompt tokens."""
+    config = VLLMServerConfig(model=str(embedded_model_dir()), served_model_name=SERVED_MODEL_NAME,
+                              max_model_len=1024, cpu_kv_cache_gib=0.25, cpu_one_process=True, merge_adapters=True,
+                              report_policy_version=True, extra_args=["--enable-prompt-tokens-details"])
+    with VLLMServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory):
+    model_dir = str(embedded_model_dir())
+    return build_trainer(TrainerConfig(model=model_dir, num_threads=2)).save_weights(
+        tmp_path_factory.mktemp("sync") / "adapter")
+
+
+def completion(base_url: str, tokens: int, prompt: str = PROMPT, stream: bool = False):
+    """A completion of exactly `tokens` tokens: its reply, or (streaming) the open response once its first token
+    arrived, so that it is running."""
+    body = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+            "ignore_eos": True, "stream": stream, "stream_options": {"include_usage": True} if stream else None}
     request = urllib.request.Request(f"{base_url}/completions", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     response = urllib.request.urlopen(request, timeout=120)
+    if not stream:
+        with response:
+            return json.load(response)
     while not response.readline().startswith(b"data: {"):
         pass
     return response
+
+
+def cached_tokens(base_url: str) -> int:
+    return completion(base_url, tokens=1)["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def rest_of_stream(response) -> list[dict]:
@@ -82,18 +111,32 @@ def rest_of_stream(response) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def test_a_publish_while_a_request_runs_resets_the_prefix_cache_and_the_request_finishes(tmp_path):
-    model_dir = str(embedded_model_dir())
-    trainer = build_trainer(TrainerConfig(model=model_dir, num_threads=2))
-    config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=512,
-                              cpu_kv_cache_gib=0.25, cpu_one_process=True, merge_adapters=True)
-    with VLLMServer(config) as server:
-        running = streamed_completion(server.base_url, tokens=160)
-        plain = urllib.request.Request(server.base_url.removesuffix("/v1") + "/reset_prefix_cache", method="POST")
-        with urllib.request.urlopen(plain, timeout=30) as reply:
-            assert json.load(reply) == {"success": False}  # vLLM keeps blocks a running request holds
-        sync = MergedWeightSync(server.base_url, SERVED_MODEL_NAME, base_model=model_dir)
-        sync.publish(trainer.save_weights(tmp_path / "adapter"), version=1)  # raises unless the reset succeeded
-        chunks = rest_of_stream(running)
-    assert chunks[-1]["usage"]["completion_tokens"] == 160
-    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+def finished_with(chunks: list[dict]) -> tuple[int, str]:
+    """A stream's completion tokens and last finish reason."""
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    return chunks[-1]["usage"]["completion_tokens"], reasons[-1]
+
+
+def test_a_publish_while_a_request_runs_resets_the_prefix_cache_and_the_request_finishes(stamping_server, adapter):
+    url = stamping_server.base_url
+    cached_tokens(url)  # PROMPT's blocks are cached
+    running = completion(url, tokens=160, prompt=RUNNING, stream=True)
+    plain = urllib.request.Request(url.removesuffix("/v1") + "/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(plain, timeout=30) as reply:
+        assert json.load(reply) == {"success": False}  # vLLM keeps blocks a running request holds
+    MergedWeightSync(url, SERVED_MODEL_NAME, base_model=str(embedded_model_dir())).publish(adapter, version=1)
+    assert cached_tokens(url) == 0  # the reset succeeded
+    assert finished_with(rest_of_stream(running)) == (160, "length")
+
+
+def test_an_announced_version_keeps_its_prompt_kv_apart_from_older_versions(stamping_server, adapter):
+    url = stamping_server.base_url
+    sync = MergedWeightSync(url, SERVED_MODEL_NAME, base_model=str(embedded_model_dir()), announce=True)
+    sync.publish(adapter, version=2)
+    running = completion(url, tokens=160, prompt=RUNNING, stream=True)  # no reset could succeed while it runs
+    cached_tokens(url)
+    assert cached_tokens(url) > 0
+    sync.publish(adapter, version=3)
+    assert cached_tokens(url) == 0  # version 3 reuses nothing version 2 computed...
+    assert cached_tokens(url) > 0  # ...but its own
+    assert finished_with(rest_of_stream(running)) == (160, "length")

@@ -182,6 +182,13 @@ def test_an_announcing_sync_tells_the_server_each_version_after_loading_it(adapt
     assert fake.bodies.index(announced[0]) == 1  # after the adapter was loaded, before the next publish
 
 
+def test_an_announcing_merged_sync_leaves_the_prefix_cache_to_the_version_salt(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with FakeLoraServer(reset_reply='{"success":false}') as fake:
+        MergedWeightSync(fake.base_url, "base", announce=True).publish(tmp_path, version=2)
+    assert [path for path, _ in fake.bodies] == ["/collective_rpc", policy_version.ROUTE]
+
+
 def test_announcing_to_a_server_without_the_middleware_says_how_to_start_it(adapter):
     with FakeLoraServer(middleware=False) as fake, pytest.raises(UsageError, match="report_policy_version"):
         WeightSync(fake.base_url, announce=True).publish(adapter, version=1)
