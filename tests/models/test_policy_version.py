@@ -67,7 +67,8 @@ def test_a_generation_request_is_salted_with_the_version_it_arrived_at(app):
 
 def test_a_callers_own_salt_follows_the_version(app):
     app.post(policy_version.ROUTE, json={"version": 2})
-    assert handed(app.post("/v1/completions", json={"cache_salt": "user-a"}))["cache_salt"] == "tracegym-policy-2.user-a"
+    salted = handed(app.post("/v1/completions", json={"cache_salt": "user-a"}))
+    assert salted["cache_salt"] == "tracegym-policy-2.user-a"
 
 
 def test_a_salt_is_cut_to_vllms_limit(app):
