@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.trainer import Trainer, TrainerConfig, apply_lora
+from tracegym.train.trainer import Trainer, TrainerConfig, apply_lora, compile_layers
 
 VOCAB = 64
 
@@ -206,3 +206,18 @@ def test_logprobs_from_the_hidden_states_equal_those_through_the_logits(monkeypa
     flat = [[v for row in trainer.logprobs(batch) for v in row] for trainer in (straight, through)]
     assert flat[0] == pytest.approx(flat[1], abs=1e-5)
     assert straight.step(batch)["grad_norm"] == pytest.approx(through.step(batch)["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("options", [{"num_processes": 2}, {"gradient_checkpointing": True}])
+def test_compile_with_several_processes_or_checkpointing_is_refused_naming_both(options):
+    with pytest.raises(ValueError, match=f"compile.*{next(iter(options))}"):
+        TrainerConfig(model="tiny", compile=True, **options)
+
+
+def test_compiling_a_model_without_decoder_layers_is_a_usage_error():
+    class Flat(torch.nn.Module):
+        def get_decoder(self) -> torch.nn.Module:
+            return torch.nn.Linear(2, 2)
+
+    with pytest.raises(UsageError, match="needs a model whose decoder keeps its blocks in"):
+        compile_layers(Flat())

@@ -86,3 +86,8 @@ LAYOUTS = {"default": {}, "small-micro-batches": {"micro_batch_tokens": 16},
 @pytest.mark.parametrize("options", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_a_step_on_the_fixed_batch_gives_the_pinned_figures(options):
     assert figures(options) == pytest.approx(PINNED, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow  # compiling takes ~20 s
+def test_a_compiled_trainer_gives_the_pinned_figures():
+    assert figures({"compile": True}) == pytest.approx(PINNED, rel=1e-5, abs=1e-6)
