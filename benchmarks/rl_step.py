@@ -133,7 +133,8 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
     """Warm-up and measured steps; returns the measured steps and the peak memory while they ran."""
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=args.rank, lora_alpha=2 * args.rank,
-                                          learning_rate=args.lr, num_threads=args.threads))
+                                          learning_rate=args.lr, num_threads=args.threads,
+                                          compile=args.trainer_compile))
     lora = args.sync == "lora"
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
@@ -191,6 +192,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--vllm-dtype", default="auto", help="vLLM dtype (auto: bfloat16 on CPU)")
     parser.add_argument("--vllm-compile", action="store_true",
                         help="vLLM compiles its model (torch.compile; ~50 s more to start) instead of running eagerly")
+    parser.add_argument("--trainer-compile", action="store_true",
+                        help="the trainer compiles its decoder layers (TrainerConfig.compile; ~25 s at the first step)")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every completion exactly --max-tokens long (vLLM's min_tokens + ignore_eos)")
     return parser

@@ -115,6 +115,7 @@ def our_side(args: argparse.Namespace) -> dict[str, Any]:
              "--rollouts", str(args.rollouts), "--max-tokens", str(args.tokens), "--rank", str(args.rank),
              "--lr", str(args.lr), "--threads", str(args.threads), "--sync", args.sync, "--fixed-length"]
     flags += ["--vllm-compile"] if args.vllm_compile else []
+    flags += ["--trainer-compile"] if args.trainer_compile else []
     rows, memory = asyncio.run(rl_step.run(rl_step.arguments().parse_args(flags)))
     return {"steps": rows, "peak_mb": peak_rss_mb(), "vllm_peak_mb": memory.vllm}
 
@@ -134,6 +135,7 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
                "--checkpoint-every", str(total + 1),
                "--output-dir", args.out, "--run-id", "loop"]
     command += ["--model.vllm-args", json.dumps(["--no-enforce-eager"])] if args.vllm_compile else []
+    command += ["--trainer.compile", "true"] if args.trainer_compile else []
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"tracegym rl failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -152,8 +154,9 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile") and v is not None]
+             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile", "trainer_compile") and v is not None]
     flags += ["--vllm-compile"] if args.vllm_compile else []
+    flags += ["--trainer-compile"] if args.trainer_compile else []
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
         done = subprocess.run([sys.executable, __file__, "--side", side, "--out", out, *flags],
                               capture_output=True, text=True, env=malloc_env(args.malloc))
@@ -200,6 +203,8 @@ def main() -> None:
     parser.add_argument("--vllm-compile", action="store_true",
                         help="our vLLM compiles its model instead of running eagerly (both our sides; ~50 s more to "
                              "start each)")
+    parser.add_argument("--trainer-compile", action="store_true",
+                        help="our trainer compiles its decoder layers (both our sides; TrainerConfig.compile)")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -215,6 +220,8 @@ def main() -> None:
         rows.append((0, "loop", summary(run_side("loop", args))))
     print_rows(rows)
     trl, ours = ([s["total"] for _, side, s in rows if side == name] for name in ("trl", "ours"))
+    if not trl or not ours:
+        return
     print(f"ours / TRL seconds per step: {statistics.fmean(ours) / statistics.fmean(trl):.2f} "
           f"(target <= 0.5); load average {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} (1 / 5 min)")
 

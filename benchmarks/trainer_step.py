@@ -38,6 +38,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "defaults + bf16": {"compute_dtype": "bfloat16"},
     "defaults + gradient checkpointing": {"gradient_checkpointing": True},
     "defaults + 256-token micro-batches": {"micro_batch_tokens": 256},
+    "defaults + compile": {"compile": True},
     "defaults, LoRA on attention only (less work)": {"lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
 }
 
