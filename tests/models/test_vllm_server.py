@@ -86,6 +86,18 @@ def test_gpu_build_leaves_the_kv_cache_to_vllm(monkeypatch: pytest.MonkeyPatch) 
     assert "--kv-cache-memory-bytes" not in server_command(VLLMServerConfig(model="/m"), 1)
 
 
+def test_cpu_build_gets_blocks_small_enough_to_share_short_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
+    cmd = server_command(VLLMServerConfig(model="/m"), 1)
+    assert cmd[cmd.index("--block-size") + 1] == "32"
+    assert "--block-size" not in server_command(VLLMServerConfig(model="/m", cpu_block_size=None), 1)
+
+
+def test_gpu_build_keeps_its_own_block_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: False)
+    assert "--block-size" not in server_command(VLLMServerConfig(model="/m"), 1)
+
+
 def test_cpu_one_process_runs_the_model_worker_in_the_engine_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
