@@ -136,6 +136,7 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
                "--output-dir", args.out, "--run-id", "loop"]
     command += ["--model.vllm-args", json.dumps(["--no-enforce-eager"])] if args.vllm_compile else []
     command += ["--trainer.compile", "true"] if args.trainer_compile else []
+    command += ["--trainer.num-threads", str(args.loop_threads)] if args.loop_threads else []
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"tracegym rl failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -154,7 +155,8 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile", "trainer_compile") and v is not None]
+             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile", "trainer_compile")
+             and v is not None]
     flags += ["--vllm-compile"] if args.vllm_compile else []
     flags += ["--trainer-compile"] if args.trainer_compile else []
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
@@ -205,6 +207,8 @@ def main() -> None:
                              "start each)")
     parser.add_argument("--trainer-compile", action="store_true",
                         help="our trainer compiles its decoder layers (both our sides; TrainerConfig.compile)")
+    parser.add_argument("--loop-threads", type=int,
+                        help="the loop's trainer torch threads (default: `tracegym rl`'s, half the cores)")
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
