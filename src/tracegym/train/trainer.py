@@ -54,8 +54,9 @@ PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"}
 """Model types whose logits are `lm_head(last hidden state)` and nothing more (no soft-capping or scaling)."""
 COMPILED_MEMORY_BUDGET = 0.7
 """With `compile`: the share of the activations the eager backward would keep that the compiled one may keep
-(`torch._functorch.config.activation_memory_budget`); it recomputes the rest, mostly pointwise ops. A reverse-text
-step at 0.7: 2.37 s and 1623 MB peak RSS, at 1.0 (keep all): 2.47 s and 1842 MB, at 0.5: 2.69 s and 1586 MB."""
+(`torch._functorch.config.activation_memory_budget`); it recomputes the rest, mostly pointwise ops. On
+`benchmarks/trainer_step.py`'s batch, one run each: at 0.7 2.37 s and 1623 MB peak RSS, at 1.0 (keep all) 2.47 s
+and 1842 MB, at 0.5 2.69 s and 1586 MB."""
 LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio")
 """The per-micro-batch sums a step adds up (over micro-batches, then over ranks, in this order)."""
 
@@ -98,9 +99,10 @@ class TrainerConfig(BaseModel):
     weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
     compile: bool = False
     """Compile each decoder layer (`torch.compile`, dynamic shapes), letting the compiler recompute cheap
-    activations in the backward pass (`COMPILED_MEMORY_BUDGET`). A reverse-text step on this CPU: 15% faster and
-    ~150 MB less peak RSS than eager, after ~25 s of compiling at the first step (cached on disk for later runs;
-    `benchmarks/trainer_step.py`). One trainer process only; not with gradient checkpointing."""
+    activations in the backward pass (`COMPILED_MEMORY_BUDGET`). A reverse-text step on this CPU: 2.45 s and
+    1609 MB peak RSS against 2.78 s and 1784 MB eager (`benchmarks/trainer_step.py`), after ~25 s of compiling at
+    the first step (~10 s from inductor's on-disk cache). One trainer process only; not with gradient
+    checkpointing."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less trainer memory for more step time (a reverse-text step of
     a 135M model on this CPU: 1.21 GB peak RSS instead of 1.77 GB, 3.51 s instead of 2.42 s)."""
