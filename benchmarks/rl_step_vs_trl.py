@@ -154,11 +154,9 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-             if k not in ("side", "reps", "loop", "out", "malloc", "vllm_compile", "trainer_compile")
-             and v is not None]
-    flags += ["--vllm-compile"] if args.vllm_compile else []
-    flags += ["--trainer-compile"] if args.trainer_compile else []
+    passed = {k.replace("_", "-"): v for k, v in vars(args).items()
+              if k not in ("side", "reps", "loop", "out", "malloc") and v not in (None, False)}
+    flags = [f"--{k}" if v is True else f"--{k}={v}" for k, v in passed.items()]
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
         done = subprocess.run([sys.executable, __file__, "--side", side, "--out", out, *flags],
                               capture_output=True, text=True, env=malloc_env(args.malloc))

@@ -193,7 +193,7 @@ class MergedWeightSync(WeightSync):
         overlapped `tracegym rl` step 3 s slower on a CPU, so runs that announce versions skip the reset: vLLM's
         middleware salts each request's prompt KV with the version it arrived at (`policy_version`)."""
         reply = self._post_root(url, RESET_ROUTE, {})
-        if reply.replace(" ", "").strip() != '{"success":true}':
+        if transport.json_object(_root(url) + RESET_ROUTE, reply).get("success") is not True:
             raise InfrastructureError(f"{_root(url)} took the new weights but did not reset its prefix cache "
                                       f"(it answered {reply.strip()!r}), so it could serve KV of the old ones")
 
