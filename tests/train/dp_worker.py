@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tracegym.train.data_parallel import join, shard_like
+from tracegym.train.data_parallel import exit_process, join, shard_like
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.trainer import TrainerConfig, make_trainer
 from tracegym.train.trainer_loop import TrainerLoop
@@ -67,3 +67,4 @@ def main(run_dir: Path, steps: int, kind: str) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    exit_process(0)  # as the trainer role ends

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -99,7 +101,7 @@ class DataParallel:
 def join(device: str = "auto") -> DataParallel:
     """This process's rank: under `torchrun` (WORLD_SIZE > 1) it joins the process group (`nccl` where this
     rank has a GPU, else `gloo`); otherwise it trains alone. `device`: `cpu`, `cuda`, or `auto` (a GPU if any)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launched_world()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     target = resolve_device(device, local_rank)
     if target.type == "cuda":
@@ -109,6 +111,25 @@ def join(device: str = "auto") -> DataParallel:
     backend = "nccl" if target.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT, device_id=target if backend == "nccl" else None)
     return DataParallel(rank=dist.get_rank(), world=dist.get_world_size(), device=target)
+
+
+def launched_world() -> int:
+    """How many ranks `torchrun` started this run with (1 when this process was not started by it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with exit status `code`. One rank of several skips the interpreter's shutdown: gloo's
+    worker threads may still be releasing the last collective's tensors, which takes the GIL, and a thread that
+    asks for it while the interpreter shuts down aborts the whole process (SIGABRT, "terminate called without an
+    active exception": pytorch/pytorch#179291), which would turn a finished run into a failed one. Whatever a
+    rank must leave behind is written by then; the standard streams and log handlers are flushed here."""
+    if launched_world() == 1:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:

@@ -110,5 +110,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_role(code: int) -> None:
+    """End the role's process with `code`; a trainer (the one role that may be a rank of several) through
+    `data_parallel.exit_process`, which skips the interpreter's shutdown where gloo's threads could abort it."""
+    if "tracegym.train.data_parallel" in sys.modules:
+        from tracegym.train.data_parallel import exit_process
+
+        exit_process(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_role(main(sys.argv[1:]))
