@@ -18,6 +18,7 @@ from vllm_fakes import FAKE_VLLM, wait_until
 
 from tracegym.core.errors import InfrastructureError
 from tracegym.models import vllm_server
+from tracegym.models.vllm_plugin import QUEUE_SPIN_ENV
 from tracegym.models.vllm_server import (
     VLLMServer,
     VLLMServerConfig,
@@ -103,6 +104,17 @@ def test_cpu_one_process_runs_the_model_worker_in_the_engine_process(monkeypatch
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     assert server_env(VLLMServerConfig(model="/m", cpu_one_process=True))["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in server_env(VLLMServerConfig(model="/m"))
+
+
+def test_cpu_build_keeps_vllm_from_spinning_on_its_queues(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: True)
+    assert server_env(VLLMServerConfig(model="/m"))[QUEUE_SPIN_ENV] == "0.0"
+    assert QUEUE_SPIN_ENV not in server_env(VLLMServerConfig(model="/m", cpu_queue_spin_s=None))
+
+
+def test_gpu_build_keeps_vllms_queue_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_server, "is_cpu_build", lambda: False)
+    assert QUEUE_SPIN_ENV not in server_env(VLLMServerConfig(model="/m"))
 
 
 def test_merging_adapters_loads_the_extension_and_opens_the_dev_routes() -> None:
@@ -294,6 +306,14 @@ async def test_real_vllm_answers_a_chat_request(embedded_config: VLLMServerConfi
     assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) == completion_tokens
     assert reply["prompt_token_ids"][:1] == [1]  # <|im_start|>
     assert pgid is not None and wait_until(lambda: not group_members(pgid), 30)
+
+
+@pytest.mark.slow
+def test_real_vllms_engine_core_loads_the_plugin_that_stops_its_queue_spin(embedded_config: VLLMServerConfig) -> None:
+    """The `vllm.general_plugins` entry point reaches the engine core, the process that waits on the worker."""
+    with VLLMServer(embedded_config.model_copy(update={"log_path": embedded_config.log_path.with_name("spin.log")})):
+        log = embedded_config.log_path.with_name("spin.log").read_text()
+    assert any("EngineCore" in line and "message-queue readers spin 0.0 s" in line for line in log.splitlines())
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.models import policy_version, transport
+from tracegym.models.vllm_plugin import QUEUE_SPIN_ENV
 from tracegym.runtimes import processes, supervisor
 from tracegym.runtimes.processes import process_alive
 
@@ -65,6 +66,12 @@ class VLLMServerConfig(BaseModel):
     430 tokens/s at 32 concurrent requests, healthy in 20 s instead of 30, ~450 MB less memory); when another
     process keeps the cores busy (a trainer beside it) its generation collapses (2-6 tokens/s measured), so it is
     off by default. Ignored by the GPU build."""
+    cpu_queue_spin_s: float | None = Field(default=0.0, ge=0)
+    """On the CPU build, seconds a reader of vLLM's inter-process message queues spins after a read before it
+    sleeps (`vllm_plugin`; None: vLLM's, 1 s). While the worker computes a decode step, the engine core waits on
+    such a queue: at 1 s it kept a second core busy the whole generation (0.97 cores), and took a third of that
+    core from a trainer beside it; at 0 it used 0.02 cores, with the same tokens per second
+    (`benchmarks/vllm_queue_spin.py`). Ignored by the GPU build and by `cpu_one_process` (no queues)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: on CPU the server is healthy in ~30 s instead of ~80 s."""
     tool_call_parser: str | None = "hermes"
@@ -180,6 +187,8 @@ def server_env(config: VLLMServerConfig) -> dict[str, str]:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if config.merge_adapters:
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if config.cpu_queue_spin_s is not None and is_cpu_build():
+        env[QUEUE_SPIN_ENV] = str(config.cpu_queue_spin_s)
     env.update(config.env)
     return env
 
