@@ -17,6 +17,7 @@ def reader_spin(monkeypatch: pytest.MonkeyPatch):
         got.append(busy_loop_s)
 
     monkeypatch.setattr(shm_broadcast.SpinCondition, "__init__", vllm_init)
+    monkeypatch.setattr(shm_broadcast, "SHM_READER_RECHECK_INTERVAL_MS", shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS)
 
     def make() -> float:
         shm_broadcast.SpinCondition(is_reader=True, context=None, notify_address="ipc://unused")
@@ -41,3 +42,8 @@ def test_without_the_environment_vllm_keeps_its_own_spin(reader_spin, monkeypatc
     monkeypatch.delenv(vllm_plugin.QUEUE_SPIN_ENV, raising=False)
     vllm_plugin.register()
     assert reader_spin() == 1
+
+
+def test_a_reader_that_sleeps_rechecks_often_enough_to_bound_a_lost_notification(reader_spin):
+    vllm_plugin.set_queue_spin(0.0)
+    assert shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == vllm_plugin.RECHECK_MS <= 10
