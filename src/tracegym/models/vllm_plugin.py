@@ -14,8 +14,8 @@ where the trainer is that load, a step with both sides compiled took 4.9-5.2 s, 
 from __future__ import annotations
 
 import functools
-import logging
 import os
+import sys
 from typing import Any
 
 QUEUE_SPIN_ENV = "TRACEGYM_VLLM_QUEUE_SPIN_S"
@@ -29,8 +29,6 @@ waited for the next one or for the recheck, which stalled a `tracegym rl` step b
 that; a 5 ms recheck bounds it (p99 5.2 ms, max 5.9 ms; `benchmarks/vllm_queue_spin.py`), at a wake-up every 5 ms
 while the queue is idle."""
 
-log = logging.getLogger("vllm.tracegym")
-"""A child of vLLM's logger, so its lines reach the server's log as vLLM's own do (with the process named)."""
 
 
 def register() -> None:
@@ -55,4 +53,6 @@ def set_queue_spin(seconds: float) -> None:
         vllm_init(self, *args, **{**kwargs, "busy_loop_s": seconds})
 
     SpinCondition.__init__ = init
-    log.info("tracegym: message-queue readers spin %s s before they sleep", seconds)
+    # on stderr, not vLLM's logger: that one can be configured away (and was, in a CI run), this line must show
+    print(f"tracegym (pid {os.getpid()}): message-queue readers spin {seconds} s before they sleep", file=sys.stderr,
+          flush=True)
