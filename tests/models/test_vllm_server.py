@@ -311,8 +311,9 @@ async def test_real_vllm_answers_a_chat_request(embedded_config: VLLMServerConfi
 @pytest.mark.slow
 def test_real_vllms_engine_core_loads_the_plugin_that_stops_its_queue_spin(embedded_config: VLLMServerConfig) -> None:
     """The `vllm.general_plugins` entry point reaches the engine core, the process that waits on the worker."""
-    with VLLMServer(embedded_config.model_copy(update={"log_path": embedded_config.log_path.with_name("spin.log")})):
-        log = embedded_config.log_path.with_name("spin.log").read_text()
+    log_path = embedded_config.log_path.with_name("spin.log")
+    with VLLMServer(embedded_config.model_copy(update={"log_path": log_path})):
+        log = log_path.read_text()
     said = {line.split("pid ")[1].split(")")[0] for line in log.splitlines() if "readers spin 0.0 s" in line}
     assert len(said) >= 3  # the API server, the engine core and the worker: each its own process
 

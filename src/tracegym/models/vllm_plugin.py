@@ -30,7 +30,6 @@ that; a 5 ms recheck bounds it (p99 5.2 ms, max 5.9 ms; `benchmarks/vllm_queue_s
 while the queue is idle."""
 
 
-
 def register() -> None:
     """vLLM's entry point (once per process): apply the settings the environment names."""
     spin = os.environ.get(QUEUE_SPIN_ENV)

@@ -68,11 +68,9 @@ class VLLMServerConfig(BaseModel):
     off by default. Ignored by the GPU build."""
     cpu_queue_spin_s: float | None = Field(default=0.0, ge=0)
     """On the CPU build, seconds a reader of vLLM's inter-process message queues spins after a read before it
-    sleeps (`vllm_plugin`; None: vLLM's, 1 s). While the worker computes a decode step, the engine core waits on
-    such a queue: at 1 s it kept a second core busy the whole generation (0.97 cores) and took 0.39-0.47 of that
-    core from a load beside it; at 0 it used 0.02 cores. Generation alone is 2-5% slower without the spin (a
-    sleeping reader must be woken), so None suits a machine where vLLM runs alone (`benchmarks/vllm_queue_spin.py`).
-    Ignored by the GPU build and by `cpu_one_process` (no queues)."""
+    sleeps (None: vLLM's own 1 s). At 0 the engine core stops burning a second core while the worker computes, for
+    generation 2-5% slower when vLLM runs alone; `vllm_plugin` says why and what was measured. None suits a machine
+    where vLLM runs alone. Ignored by the GPU build and by `cpu_one_process` (no queues)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation: on CPU the server is healthy in ~30 s instead of ~80 s."""
     tool_call_parser: str | None = "hermes"
