@@ -91,6 +91,49 @@ def test_imports_sees_absolute_root_and_relative_forms():
     assert _imports(file, "import zmq.asyncio\nfrom os import path") == {"zmq", "os"}
 
 
+def _modules_imported(path: Path, root: Path = SRC) -> set[str]:
+    """Dotted tracegym modules a file imports anywhere in it (a function's lazy import counts too)."""
+    here = ["tracegym", *path.relative_to(root).with_suffix("").parts]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level] if node.level else []
+            module = ".".join(base + (node.module.split(".") if node.module else []))
+            found |= {module, *(f"{module}.{a.name}" for a in node.names)}
+    return {m for m in found if m.startswith("tracegym.")}
+
+
+def _circles(package: str, root: Path = SRC) -> list[list[str]]:
+    """The import circles among one package's modules: each set of two or more files that reach each other."""
+    files = {f"tracegym.{package}.{f.stem}": f for f in (root / package).glob("*.py") if f.stem != "__init__"}
+    reach = {m: _modules_imported(f, root) & set(files) - {m} for m, f in files.items()}
+    changed = True
+    while changed:  # transitive closure by fixpoint: a package has a few dozen files
+        changed = False
+        for m in files:
+            more = set().union(*(reach[n] for n in reach[m])) - reach[m]
+            reach[m] |= more
+            changed = changed or bool(more)
+    return sorted({tuple(sorted({m, *(n for n in reach[m] if m in reach[n])})) for m in files if m in reach[m]})
+
+
+def test_train_and_eval_have_no_import_circle():
+    assert _circles("train") == []
+    assert _circles("eval") == []
+
+
+def test_circles_finds_a_loop_through_a_lazy_import(tmp_path: Path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("from tracegym.pkg.b import x\n")
+    (package / "b.py").write_text("def f():\n    from tracegym.pkg import c\n")
+    (package / "c.py").write_text("from . import a\n")
+    (package / "d.py").write_text("from tracegym.pkg.a import y\n")
+    assert _circles("pkg", tmp_path) == [("tracegym.pkg.a", "tracegym.pkg.b", "tracegym.pkg.c")]
+
+
 PUBLIC_SURFACE = [
     "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "Episode", "ErrorKind",
     "InfrastructureError", "InvalidMove", "Member", "Message", "ModelClient", "ModelError", "ModelRequest",

@@ -8,13 +8,11 @@ import pytest
 import tracegym as tg
 from tracegym.core.errors import InfrastructureError
 from tracegym.eval.eval_config import parse_eval_args
+from tracegym.eval.eval_parts import EvalParts, LocalEnvServer, eval_parts
 from tracegym.eval.eval_run import (
-    EvalParts,
-    LocalEnvServer,
     Work,
     check_complete,
     check_unique_keys,
-    eval_parts,
     execute,
     work_for,
 )

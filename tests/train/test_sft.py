@@ -23,6 +23,7 @@ from tracegym.models.token_client import TokenClient
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_trace, reply, tool_call
 from tracegym.testing.oracle import oracle_server
+from tracegym.train.loss import cross_entropy_loss
 from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.regeneration import EmptyBatch
 from tracegym.train.rl_config import RLConfig
@@ -32,7 +33,6 @@ from tracegym.train.sft import (
     SFTConfig,
     SFTSource,
     branch_tokens,
-    cross_entropy_loss,
     kept_traces,
     reach_teacher,
     sft_samples,

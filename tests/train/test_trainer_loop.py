@@ -5,8 +5,8 @@ from test_trainer import one_thread, samples, tiny_trainer  # noqa: F401 (one_th
 
 from tracegym.core.errors import UsageError
 from tracegym.train.rl_config import RLConfig
-from tracegym.train.rl_folder import RLFolder
-from tracegym.train.trainer_loop import ORCHESTRATOR_STATE, TrainerLoop, build_trainer_loop, orchestrator_state
+from tracegym.train.rl_folder import ORCHESTRATOR_STATE, RLFolder, orchestrator_state
+from tracegym.train.trainer_loop import TrainerLoop, build_trainer_loop
 
 
 class Publisher:

@@ -14,7 +14,8 @@ from tracegym.envs.evaluate import multi_agent_class
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat, bind
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
-from tracegym.eval.eval_run import eval_parts, execute, work_for
+from tracegym.eval.eval_parts import eval_parts
+from tracegym.eval.eval_run import execute, work_for
 from tracegym.eval.run_folder import RunFolder
 from tracegym.models.launch import reach
 from tracegym.serve.env_client import check_env_server

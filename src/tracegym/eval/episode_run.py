@@ -6,24 +6,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from rich.console import Console
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.core.task_data import TaskData
 from tracegym.envs.evaluate import evaluate_episodes_iter, multi_agent_class
 from tracegym.envs.seats import Seat, bind
 from tracegym.eval.dashboard import Dashboard, Tally
 from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
+from tracegym.eval.eval_parts import EvalParts
 from tracegym.eval.run_folder import EPISODES, ERRORED, RunFolder
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
-
-if TYPE_CHECKING:
-    from tracegym.core.task_data import TaskData
-    from tracegym.eval.eval_run import EvalParts
 
 EPISODES_ERRORED = "episodes.errored.jsonl"
 

@@ -17,98 +17,20 @@ from typing import IO, Any
 from rich.console import Console
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
-from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, bounded_taskset, evaluate_iter
-from tracegym.envs.multi_agent import is_multi_agent
-from tracegym.envs.rollout import Timeouts
-from tracegym.envs.seats import SeatChoice
+from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.episode_run import check_episodes_complete, finish_episodes, resume_episodes, run_episodes
 from tracegym.eval.episode_summary import EpisodeSummary
-from tracegym.eval.eval_config import EvalConfig
+from tracegym.eval.eval_parts import EvalParts
 from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
-from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.env_client import EnvClient
 from tracegym.serve.local_server import local_server
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """How each rollout runs, in this process or in an env server: sampling, stage timeouts, how many run at
-    once, and reruns of a rollout that failed on infrastructure."""
-
-    sampling: Sampling = field(default_factory=Sampling)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    concurrency: int = CONCURRENCY
-    infra_retries: int = INFRA_RETRIES
-
-    def options(self, pairs: list[tuple[TaskData, int]]) -> EvaluateOptions:
-        """These settings as the keyword arguments of `evaluate_iter` over `pairs` (in process and on an env
-        client alike)."""
-        return EvaluateOptions(sampling=self.sampling, timeouts=self.timeouts, concurrency=self.concurrency,
-                               infra_retries=self.infra_retries, pairs=pairs)
-
-
-@dataclass(frozen=True)
-class LocalEnvServer:
-    """An env server the run starts for its taskset (imported by id, with its options); it logs into the run
-    folder and stops with the run."""
-
-    taskset_id: str
-    options: dict[str, Any] = field(default_factory=dict)
-    worker_timeout: float | None = None
-    """Seconds a worker may leave the server's audit unanswered before it is killed as hung; None: the default."""
-
-
-@dataclass(frozen=True)
-class EvalParts:
-    """What one eval run is made of, built from `tracegym eval`'s config by `eval_parts`."""
-
-    taskset: Taskset
-    name: str
-    """The taskset id as given (error lines and the dashboard's title name it so)."""
-    model: ModelChoice
-    num_tasks: int | None = None
-    """The first N tasks; None: all of them."""
-    rollouts: int = 1
-    """Rollouts per task."""
-    settings: RolloutSettings = field(default_factory=RolloutSettings)
-    env: LocalEnvServer | list[str] | None = None
-    """Where the rollouts run: an env server started here, those already running at these addresses, or (None)
-    this process."""
-    pass_threshold: float = 1.0
-    """A scored rollout passes (for pass@k) when its reward is at least this."""
-    rich: bool = True
-    """A live rich dashboard on the terminal; False: plain status lines."""
-    seats: dict[str, SeatChoice] = field(default_factory=dict)
-    """A multi-agent taskset's seats bound elsewhere than the model; the rest play as it."""
-
-    @property
-    def multi_agent(self) -> bool:
-        """True when the taskset's tasks are episodes (its rollouts index episodes)."""
-        return is_multi_agent(self.taskset)
-
-    @property
-    def members(self) -> int:
-        """Traces per task run: the number of seats of a multi-agent taskset, else 1."""
-        return len(self.taskset.task_class.seats) if self.multi_agent else 1  # type: ignore[attr-defined]
-
-
-def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
-    """The parts of the run `config` describes, around its loaded `taskset`: an `--env-address` wins over
-    `--no-serve`, which runs the rollouts in this process instead of a local env server."""
-    local = LocalEnvServer(config.taskset.id, config.taskset_options(), config.worker_timeout) if config.serve else None
-    settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts, concurrency=config.concurrency,
-                               infra_retries=config.infra_retries)
-    return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
-                     rollouts=config.rollouts, settings=settings, env=config.env_address or local,
-                     pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat))
 
 
 @dataclass

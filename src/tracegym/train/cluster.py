@@ -24,56 +24,21 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.models import transport
-
-if TYPE_CHECKING:
-    from tracegym.train.rl_config import RLConfig
+from tracegym.train.launcher import vllm_config
+from tracegym.train.rl_config import RLConfig, env_servers
+from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
+from tracegym.train.roles import load_config
 
 SCRIPT = "rl.sbatch"
 HEALTH_WAIT_S = 1800.0
 """How long the first trainer node waits for every server to answer (vLLM loads big models slowly)."""
 
 
-class SlurmConfig(BaseModel):
-    """How a run is laid out on a Slurm allocation (`--cluster slurm`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    job_name: str = "tracegym-rl"
-    """The job's name in the queue."""
-    partition: str | None = None
-    """Partition to run in; unset: the cluster's default."""
-    account: str | None = None
-    """Account to charge; unset: yours by default."""
-    time: str | None = None
-    """Wall-clock limit (`HH:MM:SS` or `D-HH:MM:SS`); unset: the partition's."""
-    inference_nodes: int = Field(default=1, ge=1)
-    """Nodes that each run one vLLM server."""
-    env_nodes: int = Field(default=0, ge=0)
-    """Nodes for env servers (each env server on one, in turn); 0: they run on the first trainer node."""
-    trainer_nodes: int = Field(default=1, ge=1)
-    """Nodes that run trainer ranks (`trainer.num_processes` on each)."""
-    gpus_per_node: int = Field(default=8, ge=0)
-    """GPUs to ask for on every node (0 on a CPU cluster)."""
-    setup: list[str] = Field(default_factory=lambda: ["source .venv/bin/activate"])
-    """Shell lines every node runs first, in `project_dir` (load modules, activate the environment)."""
-    project_dir: Path = Path(".")
-    """Where `setup` runs (made absolute when the script is written)."""
-    vllm_port: int = 8000
-    """Port of the vLLM server on each inference node."""
-    env_port: int = 5555
-    """Port of the first env server on a host; the next ones count up."""
-    master_port: int = 29500
-    """Port of the trainer ranks' rendezvous on the first trainer node."""
-
-
 def sbatch_script(config: RLConfig, run_dir: Path) -> str:
     """The batch script of the run in `run_dir` (absolute: every node reads it) laid out as `config.slurm` says."""
-    from tracegym.train.rl_config import env_servers
 
     slurm = config.slurm
     envs = {key: env for key, env in env_servers(config).items() if env.address is None}
@@ -220,8 +185,6 @@ def serve_vllm(run_dir: Path, port: int, node: int) -> None:
     """Serve the run's model on this node, as the local launcher would but bound to every interface, until
     the process is stopped."""
     from tracegym.models.vllm_server import VLLMServer
-    from tracegym.train.launcher import vllm_config
-    from tracegym.train.roles import load_config
 
     served = vllm_config(load_config(run_dir), run_dir)
     served = served.model_copy(update={"host": "0.0.0.0", "port": port,
@@ -237,10 +200,6 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
     newest checkpoint and write `endpoints.json` for the roles."""
     from tracegym.envs.registry import load_taskset
     from tracegym.serve.env_client import check_env_server
-    from tracegym.train.launcher import vllm_config
-    from tracegym.train.rl_config import env_servers
-    from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
-    from tracegym.train.roles import load_config
 
     if not vllm_urls:
         raise UsageError("--slurm.inference-nodes: the run needs at least one vLLM server")

@@ -76,3 +76,14 @@ def policy_gradient_loss(
             "abs_log_ratio": float(log_ratio[loss_mask].abs().sum()),
         }
     return loss, stats
+
+
+def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor,
+                       num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean negative log-likelihood of the loss tokens of one micro-batch ([B, K] tensors), divided by the
+    step's loss tokens (`num_tokens`, default this micro-batch's) so every token weighs the same, and its sums
+    (`tokens`) for metrics: the policy-gradient loss's counterpart."""
+    mask = loss_mask.bool()
+    denominator = num_tokens if num_tokens is not None else int(mask.sum())
+    loss = torch.where(mask, -logprobs, torch.zeros_like(logprobs)).sum() / max(denominator, 1)
+    return loss, {"tokens": float(mask.sum())}

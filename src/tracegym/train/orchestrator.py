@@ -51,7 +51,7 @@ from tracegym.train.filters import RolloutFilter, screen
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.regeneration import regenerated, rollouts_fate
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
-from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder
+from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
@@ -59,7 +59,6 @@ from tracegym.train.sft import SFTSource, build_sft_source
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.teacher import build_teacher
 from tracegym.train.tracking import build_tracking
-from tracegym.train.trainer_loop import orchestrator_state
 
 POLICY_WAIT_S = 3600.0
 Group = list[Trace] | list[Episode]

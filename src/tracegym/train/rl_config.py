@@ -18,7 +18,6 @@ from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.wire import Addresses
 from tracegym.train.advantages import AdvantageConfig
-from tracegym.train.cluster import SlurmConfig
 from tracegym.train.difficulty import DifficultyConfig
 from tracegym.train.distillation import OPDConfig
 from tracegym.train.filters import Filters
@@ -181,6 +180,38 @@ class OrchestratorConfig(BaseModel):
             raise ValueError(f"{refilling[0]}: difficulty.refills needs group_size >= 2 (a group of one never has "
                              "signal)")
         return self
+
+
+class SlurmConfig(BaseModel):
+    """How a run is laid out on a Slurm allocation (`--cluster slurm`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job_name: str = "tracegym-rl"
+    """The job's name in the queue."""
+    partition: str | None = None
+    """Partition to run in; unset: the cluster's default."""
+    account: str | None = None
+    """Account to charge; unset: yours by default."""
+    time: str | None = None
+    """Wall-clock limit (`HH:MM:SS` or `D-HH:MM:SS`); unset: the partition's."""
+    inference_nodes: int = Field(default=1, ge=1)
+    """Nodes that each run one vLLM server."""
+    env_nodes: int = Field(default=0, ge=0)
+    """Nodes for env servers (each env server on one, in turn); 0: they run on the first trainer node."""
+    trainer_nodes: int = Field(default=1, ge=1)
+    """Nodes that run trainer ranks (`trainer.num_processes` on each)."""
+    gpus_per_node: int = Field(default=8, ge=0)
+    """GPUs to ask for on every node (0 on a CPU cluster)."""
+    setup: list[str] = Field(default_factory=lambda: ["source .venv/bin/activate"])
+    """Shell lines every node runs first, in `project_dir` (load modules, activate the environment)."""
+    project_dir: Path = Path(".")
+    """Where `setup` runs (made absolute when the script is written)."""
+    vllm_port: int = 8000
+    """Port of the vLLM server on each inference node."""
+    env_port: int = 5555
+    """Port of the first env server on a host; the next ones count up."""
+    master_port: int = 29500
+    """Port of the trainer ranks' rendezvous on the first trainer node."""
 
 
 class RLModel(ModelChoice):

@@ -44,6 +44,8 @@ from tracegym.core.trace import Trace
 from tracegym.serve.wire import listed
 from tracegym.train.tracking import Tracking
 
+ORCHESTRATOR_STATE = "orchestrator"
+"""The key of the orchestrator's state in a trainer checkpoint's extra state."""
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
 TRACES, EPISODES = "traces", "episodes"
@@ -346,3 +348,13 @@ class RLFolder:
         return list((self.path / folder).glob(f"{STEP_PREFIX}{pattern}"))
 
 
+def orchestrator_state(checkpoint: Path) -> dict[str, Any]:
+    """The orchestrator's state saved with a checkpoint; a checkpoint without one is an error (resuming with
+    fresh advantage state would silently change the run)."""
+    from tracegym.train.trainer import checkpoint_extra_state  # torch: only the processes that resume load it
+
+    state = checkpoint_extra_state(checkpoint).get(ORCHESTRATOR_STATE)
+    if not state:
+        raise UsageError(f"checkpoint {checkpoint} holds no orchestrator state (an older tracegym wrote it); "
+                         f"start a new run")
+    return dict(state)

@@ -12,7 +12,7 @@ never reach the student: a teacher of another model family gives the same sample
 A step with nothing left to train on is made again with new tasks (`regeneration`), then stops the run naming
 the `[sft]` keys to loosen.
 
-The trainer minimises `cross_entropy_loss` on those samples (`trainer.objective = "cross_entropy"`, which the
+The trainer minimises `loss.cross_entropy_loss` on those samples (`trainer.objective = "cross_entropy"`, which the
 mode sets), packed by the same token budget as RL.
 """
 
@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import InfrastructureError, UsageError
@@ -138,17 +137,6 @@ def branch_tokens(messages: Sequence[Message], renderer: Renderer, tools: Sequen
 
 
 # --- the loss --------------------------------------------------------------------------------------------
-def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                       num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mean negative log-likelihood of the loss tokens of one micro-batch ([B, K] tensors), divided by the
-    step's loss tokens (`num_tokens`, default this micro-batch's) so every token weighs the same, and its sums
-    (`tokens`) for metrics: the policy-gradient loss's counterpart."""
-    mask = loss_mask.bool()
-    denominator = num_tokens if num_tokens is not None else int(mask.sum())
-    loss = torch.where(mask, -logprobs, torch.zeros_like(logprobs)).sum() / max(denominator, 1)
-    return loss, {"tokens": float(mask.sum())}
-
-
 # --- the teacher as a source of batches ------------------------------------------------------------------
 DROPPED = "sft/dropped/"
 """The prefix of the metrics counting dropped teacher rollouts by reason."""

@@ -42,9 +42,8 @@ from tracegym.train.data_parallel import (
     sharded_optimizer_state,
 )
 from tracegym.train.lm_head import head_logprobs
-from tracegym.train.loss import LossConfig, policy_gradient_loss, token_logprobs
+from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_logprobs
 from tracegym.train.malloc import Malloc
-from tracegym.train.sft import cross_entropy_loss
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"

@@ -13,16 +13,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tracegym.core.errors import UsageError
 from tracegym.train.rl_config import RLConfig
-from tracegym.train.rl_folder import Batch, Poll, RLFolder, step_of
-from tracegym.train.trainer import Trainer, checkpoint_extra_state
+from tracegym.train.rl_folder import ORCHESTRATOR_STATE, Batch, Poll, RLFolder, step_of
+from tracegym.train.trainer import Trainer
 
 Publish = Callable[[Path, int], str]
 """Make the weights in a directory the served policy of a version; returns the model name requests use."""
 
 BATCH_WAIT_S = 3600.0
-ORCHESTRATOR_STATE = "orchestrator"
 """The key of the orchestrator's state in a checkpoint's extra state."""
 
 
@@ -93,16 +91,6 @@ class TrainerLoop:
         if self.main:
             self.folder.complete(path, self.trainer.version)
         return path
-
-
-def orchestrator_state(checkpoint: Path) -> dict[str, Any]:
-    """The orchestrator's state saved with a checkpoint; a checkpoint without one is an error (resuming with
-    fresh advantage state would silently change the run)."""
-    state = checkpoint_extra_state(checkpoint).get(ORCHESTRATOR_STATE)
-    if not state:
-        raise UsageError(f"checkpoint {checkpoint} holds no orchestrator state (an older tracegym wrote it); "
-                         f"start a new run")
-    return dict(state)
 
 
 def build_trainer_loop(config: RLConfig, folder: RLFolder, trainer: Trainer, publish: Publish,
