@@ -128,7 +128,7 @@ def loop_side(args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "tracegym.cli.main", "rl", "@", str(config), "--steps", str(total),
                "--orchestrator.tasks-per-step", str(args.tasks), "--orchestrator.group-size", str(args.rollouts),
                "--orchestrator.max-async-steps", "1", "--orchestrator.eval.every", "0",
-               "--orchestrator.eval.num-tasks", "1", "--orchestrator.train.sampling.max-completion-tokens",
+               "--orchestrator.eval.num-tasks", "1", "--orchestrator.train.sampling.max-tokens",
                str(args.tokens), "--orchestrator.train.sampling.extra",
                json.dumps(rl_step.fixed_length(args.tokens)), "--trainer.lora-rank", str(args.rank),
                "--trainer.lora-alpha", str(2 * args.rank), "--trainer.learning-rate", str(args.lr),

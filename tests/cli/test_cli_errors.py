@@ -29,6 +29,9 @@ def refused(capsys, args: list[str]) -> str:
     (["-r", "-2"], "--rollouts"),
     (["--num-tasks", "-1"], "--num-tasks"),
     (["--concurrency", "0"], "--concurrency"),
+    (["--sampling.max-tokens", "0"], "--sampling.max-tokens"),
+    (["--sampling.temperature", "-1"], "--sampling.temperature"),
+    (["--sampling.top-p", "0"], "--sampling.top-p"),
 ])
 def test_a_count_below_one_exits_2_naming_its_flag_and_makes_no_folder(flags, named, server, tmp_path, capsys):
     out = tmp_path / "out"

@@ -17,11 +17,26 @@ def test_dry_run_prints_every_process_config_and_starts_nothing(tmp_path, capsys
 
 def test_an_old_key_still_works_with_a_warning_naming_the_new_one(tmp_path, capsys):
     old = tmp_path / "old.toml"
-    old.write_text("steps = 3\n[sampling]\nmax_tokens = 20\n")
+    old.write_text("steps = 3\n[orchestrator.train.sampling]\nmax_completion_tokens = 20\n")
     assert main(["rl", "@", str(old), "--dry-run"]) == 0
     captured = capsys.readouterr()
-    assert "max_completion_tokens = 20" in captured.out
-    assert "'orchestrator.train.sampling.max_completion_tokens'" in captured.err
+    assert "max_tokens = 20" in captured.out
+    assert "'orchestrator.train.sampling.max_completion_tokens' was renamed 'orchestrator.train.sampling.max_tokens'" \
+        in captured.err
+
+
+def test_rl_and_eval_share_one_sampling_section():
+    from tracegym.core.sampling import Sampling
+    from tracegym.eval.eval_config import EvalConfig
+    from tracegym.train.rl_config import EvalPhase, TrainPhase
+
+    assert TrainPhase.model_fields["sampling"].annotation is Sampling is EvalConfig.model_fields["sampling"].annotation
+    assert EvalPhase.model_fields["sampling"].annotation is Sampling
+
+
+def test_a_negative_temperature_exits_2_naming_the_flag(capsys):
+    assert main(["rl", "--orchestrator.train.sampling.temperature", "-1", "--dry-run"]) == 2
+    assert "--orchestrator.train.sampling.temperature" in capsys.readouterr().err
 
 
 def test_an_unknown_key_exits_2_naming_it(capsys):
@@ -35,7 +50,7 @@ def test_the_old_orchestrator_sampling_section_migrates_with_a_warning(tmp_path,
     old.write_text("[orchestrator.sampling]\ntemperature = 0.7\nmax_tokens = 20\n")
     assert main(["rl", "@", str(old), "--dry-run"]) == 0
     captured = capsys.readouterr()
-    assert "temperature = 0.7" in captured.out and "max_completion_tokens = 20" in captured.out
+    assert "temperature = 0.7" in captured.out and "max_tokens = 20" in captured.out
     assert "'orchestrator.sampling' was renamed 'orchestrator.train.sampling'" in captured.err
 
 

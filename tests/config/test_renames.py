@@ -7,7 +7,7 @@ from tracegym.config.error_report import one_line
 from tracegym.config.renames import Rename, migrate, migrate_flags
 
 RENAMES = [Rename("sampling", "orchestrator.train.sampling"),
-           Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens")]
+           Rename("orchestrator.train.sampling.max_completion_tokens", "orchestrator.train.sampling.max_tokens")]
 
 
 def test_a_moved_section_lands_in_its_new_place_with_a_warning():
@@ -17,13 +17,13 @@ def test_a_moved_section_lands_in_its_new_place_with_a_warning():
 
 
 def test_a_moved_then_renamed_key_ends_at_its_newest_name():
-    data, warnings = migrate({"sampling": {"max_tokens": 32}}, RENAMES)
-    assert data == {"orchestrator": {"train": {"sampling": {"max_completion_tokens": 32}}}}
+    data, warnings = migrate({"sampling": {"max_completion_tokens": 32}}, RENAMES)
+    assert data == {"orchestrator": {"train": {"sampling": {"max_tokens": 32}}}}
     assert len(warnings) == 2
 
 
 def test_new_names_pass_untouched_and_silently():
-    data = {"orchestrator": {"train": {"sampling": {"max_completion_tokens": 8}}}}
+    data = {"orchestrator": {"train": {"sampling": {"max_tokens": 8}}}}
     assert migrate(data, RENAMES) == (data, [])
 
 
@@ -33,8 +33,8 @@ def test_a_key_given_under_both_names_is_an_error():
 
 
 def test_old_cli_flags_are_rewritten_kebab_case():
-    args, warnings = migrate_flags(["--sampling.max-tokens", "12", "--steps=3"], RENAMES)
-    assert args == ["--orchestrator.train.sampling.max-completion-tokens", "12", "--steps=3"]
+    args, warnings = migrate_flags(["--sampling.max-completion-tokens", "12", "--steps=3"], RENAMES)
+    assert args == ["--orchestrator.train.sampling.max-tokens", "12", "--steps=3"]
     assert len(warnings) == 2
 
 

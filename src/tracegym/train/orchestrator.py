@@ -425,10 +425,10 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     held_out_sets = [load_taskset(e.id, e.options) for e in orch.eval.envs]
     held_out = HeldOut([HeldOutEnv(e.id, taskset, client(e, held_out=True), seating(e, taskset))
                         for e, taskset in zip(orch.eval.envs, held_out_sets, strict=True)],
-                       orch.eval.sampling.to_sampling(), orch.eval.num_tasks, orch.eval.every)
+                       orch.eval.sampling, orch.eval.num_tasks, orch.eval.every)
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
-    orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling.to_sampling(),
+    orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling,
                                 build_advantages(reward_advantage(orch.advantage, config.mode)),
                                 StalenessControl(orch.max_async_steps),
                                 StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency,

@@ -29,8 +29,8 @@ from tracegym.train.trainer import TrainerConfig
 RENAMES = [
     Rename("sampling", "orchestrator.train.sampling"),
     Rename("orchestrator.sampling", "orchestrator.train.sampling"),  # prime-rl's name for it
-    Rename("orchestrator.train.sampling.max_tokens", "orchestrator.train.sampling.max_completion_tokens"),
-    Rename("orchestrator.eval.sampling.max_tokens", "orchestrator.eval.sampling.max_completion_tokens"),
+    Rename("orchestrator.train.sampling.max_completion_tokens", "orchestrator.train.sampling.max_tokens"),
+    Rename("orchestrator.eval.sampling.max_completion_tokens", "orchestrator.eval.sampling.max_tokens"),
     *moved_into("model", {"model": "name", "max_model_len": "max_model_len"}),
     Rename("orchestrator.client", "model.client"),
     Rename("orchestrator.renderer", "model.renderer"),
@@ -78,22 +78,8 @@ class EnvChoice(BaseModel):
         return value
 
 
-class RLSampling(BaseModel):
-    """Sampling of one phase."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    max_completion_tokens: int = 48
-    """Most tokens per model call."""
-    extra: dict[str, Any] = Field(default_factory=dict)
-    """Endpoint-specific request fields passed through untouched (e.g. vLLM's `min_tokens`, `ignore_eos`)."""
-
-    def to_sampling(self) -> Sampling:
-        return Sampling(temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_completion_tokens,
-                        extra=self.extra)
+RL_MAX_TOKENS = 48
+"""Most tokens per model call in RL phases unless set (short replies keep a CPU step fast); an eval's is 256."""
 
 
 def distinct_ids(envs: list[EnvChoice]) -> list[EnvChoice]:
@@ -112,7 +98,8 @@ class TrainPhase(BaseModel):
     envs: Annotated[list[EnvChoice], AfterValidator(distinct_ids)] = Field(
         default_factory=lambda: [EnvChoice(id="reverse-text")])
     """Environments and their weights."""
-    sampling: RLSampling = RLSampling()
+    sampling: Sampling = Sampling(max_tokens=RL_MAX_TOKENS)
+    """Sampling of the training rollouts (the `[sampling]` section `tracegym eval` has)."""
 
 
 class EvalPhase(BaseModel):
@@ -125,7 +112,8 @@ class EvalPhase(BaseModel):
     """Tasks per held-out environment."""
     every: int = 5
     """Evaluate before step 0, every N steps, and after the last step; 0: only before and after."""
-    sampling: RLSampling = RLSampling(temperature=0.0)
+    sampling: Sampling = Sampling(temperature=0.0, max_tokens=RL_MAX_TOKENS)
+    """Sampling of the held-out rollouts (greedy by default)."""
 
     @field_validator("envs")
     @classmethod
@@ -153,7 +141,7 @@ class OrchestratorConfig(BaseModel):
     """How advantages are computed (`advantage = "rae"` is short for `[orchestrator.advantage] name = "rae"`)."""
     truncated_reward: float | None = None
     """Multi-agent: the reward of every trainable member of an episode cut short (a reply ran into
-    `max_completion_tokens`, or a prompt no longer fit), in place of its payoff; e.g. -1 makes rambling as bad
+    `sampling.max_tokens`, or a prompt no longer fit), in place of its payoff; e.g. -1 makes rambling as bad
     as forfeiting (an unfinished game otherwise pays 0, a safe harbour next to a lost one). Unset: the payoff."""
     filters: Filters = Filters()
     """Rollout filters, run on every trainable rollout after scoring, a section each with its mode and thresholds:

@@ -2,7 +2,7 @@
 
 Each step the orchestrator runs its groups against the teacher (any OpenAI-compatible endpoint, through the chat
 client: no token ids needed) instead of the policy. A group's traces are filtered: a rollout that failed outside
-the model, has no reward or was cut off by `max_completion_tokens` is dropped, so is one below `min_reward`,
+the model, has no reward or was cut off by `sampling.max_tokens` is dropped, so is one below `min_reward`,
 and with `keep_best` only the best of what is left (rejection sampling: best-of-`group_size` per task). Every
 kept branch is then rendered with the *student's* renderer exactly as the token client would build the
 student's prompts at inference (`next_prompt_ids`: the first prompt rendered, each later one bridged onto the
@@ -53,7 +53,7 @@ class SFTConfig(BaseModel):
     """Rejection sampling: of each task's `orchestrator.group_size` teacher rollouts, keep the `keep_best` with the
     highest reward (after `min_reward`); unset: every one that passes."""
     keep_truncated: bool = False
-    """Also train on a teacher reply cut off by `max_completion_tokens` (rendered closed, it would teach the
+    """Also train on a teacher reply cut off by `sampling.max_tokens` (rendered closed, it would teach the
     student to stop there)."""
 
 
