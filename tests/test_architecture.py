@@ -135,7 +135,7 @@ def test_circles_finds_a_loop_through_a_lazy_import(tmp_path: Path):
 
 
 PUBLIC_SURFACE = [
-    "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "Episode", "ErrorKind",
+    "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "Episode", "ErrorKind", "FailureKind",
     "InfrastructureError", "InvalidMove", "Member", "Message", "ModelClient", "ModelError", "ModelRequest",
     "ModelResponse", "MultiAgentTask", "Outcome", "Sampling", "Seat", "Slot", "StopReason", "Task", "TaskData",
     "Taskset", "TasksetConfig", "Timeouts", "ToolCall", "Trace", "TracegymError", "UsageError", "evaluate",

@@ -8,7 +8,8 @@ public surface:
   taskset), with `Sampling` and `Timeouts`; `load_taskset` / `known_tasksets` find tasksets by id;
 - reach a model: `Endpoint` (or a live client from `make_client`); write one: `ModelClient`, `ModelRequest`,
   `ModelResponse`, `ToolCall`;
-- read the result: `Trace`, `StopReason`, `ErrorKind`; the errors worth catching, or raising from a model client;
+- read the result: `Trace`, `StopReason`, `ErrorKind` (who is at fault), `FailureKind` (what went wrong: one per
+  failed trace, `Trace.failure`); the errors worth catching, or raising from a model client;
 - several agents in one episode: `MultiAgentTask` with its `Member`s and `Slot`s (raise `InvalidMove` from
   `move`), played by `run_episode` / `evaluate_episodes` with seats bound by `Seat`; each returns an `Episode`
   (one Trace per member, rewards and `Outcome`s).
@@ -21,6 +22,7 @@ from tracegym.core.episode import Episode, Outcome
 from tracegym.core.errors import (
     ContextLengthError,
     ErrorKind,
+    FailureKind,
     InfrastructureError,
     ModelError,
     TracegymError,
@@ -53,6 +55,7 @@ __all__ = [
     "EnvironmentTaskset",
     "Episode",
     "ErrorKind",
+    "FailureKind",
     "InfrastructureError",
     "InvalidMove",
     "Member",

@@ -3,7 +3,7 @@
 import msgpack
 import pytest
 
-from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.errors import ErrorKind, FailureKind, TraceError
 from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import assistant, user
 from tracegym.core.timing import Span
@@ -128,21 +128,37 @@ def test_a_recovered_tool_error_is_not_a_failure_but_a_tool_timeout_is():
     trace.errors.append(TraceError(kind=ErrorKind.TOOL, stage="tool:add", message="ValueError: bad"))
     assert trace.failure is None
     trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage="tool:add", message="timed out after 60s"))
-    assert trace.failure == "timeout"
+    assert trace.failure == FailureKind.TOOL_TIMEOUT
 
 
-def test_failures_outside_the_model_are_named_by_reason():
-    assert make_trace(error=ErrorKind.INFRASTRUCTURE).failure == "infrastructure"
-    assert make_trace(error=ErrorKind.TASK).failure == "task"
-    assert make_trace(stop_reason=StopReason.TIMEOUT, reward=None).failure == "timeout"
-    assert make_trace(stop_reason=StopReason.CANCELLED, reward=None).failure == "cancelled"
-    assert make_trace(stop_reason=None).failure == "unfinished"
+def test_failures_outside_the_model_are_named_by_kind():
+    assert make_trace(error=ErrorKind.INFRASTRUCTURE).failure == FailureKind.MODEL_UNAVAILABLE
+    assert make_trace(error=ErrorKind.TASK).failure == FailureKind.TASK_ERROR
+    assert make_trace(stop_reason=StopReason.TIMEOUT, reward=None).failure == FailureKind.ROLLOUT_TIMEOUT
+    assert make_trace(stop_reason=StopReason.CANCELLED, reward=None).failure == FailureKind.CANCELLED
+    assert make_trace(stop_reason=None).failure == FailureKind.UNFINISHED
 
 
-def test_a_reward_that_failed_is_a_task_failure():
+def test_a_reward_that_failed_is_a_scoring_failure():
     trace = make_trace(reward=None)
     trace.errors.append(TraceError(kind=ErrorKind.TASK, stage="scoring:reward", message="KeyError: 'x'"))
-    assert trace.failure == "task"
+    assert trace.failure == FailureKind.SCORING_ERROR
+
+
+def test_the_error_that_ended_the_rollout_decides_its_failure_over_an_earlier_recovered_one():
+    trace = make_trace(reward=None, stop_reason=StopReason.ERROR)
+    trace.errors += [TraceError(kind=ErrorKind.TIMEOUT, stage="tool:search", message="timed out"),
+                     TraceError(kind=ErrorKind.MODEL, stage="model", message="400: bad request")]
+    assert trace.failure == FailureKind.MODEL_ERROR and trace.failure_record == trace.errors[1]
+
+
+def test_every_failed_trace_carries_one_failure_with_its_stage():
+    for stop in [*StopReason, None]:
+        for error in (None, *ErrorKind):
+            trace = make_trace(stop_reason=stop, error=error, reward=None if error else 1.0)
+            record = trace.failure_record
+            assert (record is None) is (trace.failure is None)
+            assert record is None or (record.failure in FailureKind and record.stage)
 
 
 def test_the_trace_policy_version_is_the_oldest_of_its_sampled_nodes():

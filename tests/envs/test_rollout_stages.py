@@ -167,7 +167,7 @@ async def test_a_timeout_error_raised_by_the_env_response_is_a_task_error_not_a_
             raise TimeoutError("socket")
 
     [trace] = await tg.evaluate(taskset(Flaky, stops=()), ScriptedModel(["3"]))
-    assert trace.stop_reason == tg.StopReason.ERROR and trace.failure == "task"
+    assert trace.stop_reason == tg.StopReason.ERROR and trace.failure == "task_error"
     [error] = trace.errors
     assert (error.kind, error.stage) == (tg.ErrorKind.TASK, "env_response")
     assert error.message.startswith("TimeoutError: socket (raised by the stage itself")

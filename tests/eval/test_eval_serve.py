@@ -83,7 +83,7 @@ def test_a_task_that_kills_its_worker_costs_only_its_own_rollout(tmp_path):
     code, traces = poisoned_eval(tmp_path, "exit")
     failed = [t for t in traces if not t.ok]
     assert code == 0 and len(traces) == 30 and [t.task.id for t in failed] == ["echo-7"]
-    assert failed[0].failure == "task" and "alone" in failed[0].errors[0].message
+    assert failed[0].failure == "worker_died" and "alone" in failed[0].errors[0].message
 
 
 @pytest.mark.parametrize("where", ["--serve", "--no-serve"])

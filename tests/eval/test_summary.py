@@ -91,6 +91,16 @@ def test_errors_by_kind_counts_traces_not_errors():
     assert summary.errors_by_kind == {"model": 1, "tool": 2, "task": 0, "timeout": 0, "infrastructure": 0}
 
 
+def test_failures_count_each_failed_trace_once_by_its_failure_kind():
+    unavailable = _trace("a", error=ErrorKind.INFRASTRUCTURE)  # the error that ended it, after a recovered one
+    unavailable.errors.insert(0, TraceError(kind=ErrorKind.TIMEOUT, stage="tool:search", message="late"))
+    traces = [unavailable, _trace("b", stop_reason=StopReason.TIMEOUT), _trace("c", stop_reason=StopReason.CANCELLED),
+              _trace("d")]
+    summary = summarize(traces)
+    assert summary.failures == {"cancelled": 1, "model_unavailable": 1, "rollout_timeout": 1}
+    assert "failures: cancelled 1, model_unavailable 1, rollout_timeout 1" in summary_lines(summary)
+
+
 def test_errored_traces_count_error_and_timeout_stops():
     traces = [_trace("a", error=ErrorKind.MODEL), _trace("b", stop_reason=StopReason.TIMEOUT), _trace("c")]
     summary = summarize(traces)

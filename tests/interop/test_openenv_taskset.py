@@ -90,7 +90,7 @@ def test_a_full_server_is_retried_with_backoff_then_an_infrastructure_error():
 
     with echo_server(max_concurrent_envs=1) as url:
         refused, served = asyncio.run(scenario(url))
-    assert refused.failure == "infrastructure" and refused.errors[0].stage == "setup"
+    assert refused.failure == "env_unavailable" and refused.errors[0].stage == "setup"
     assert "CAPACITY_REACHED" in refused.errors[0].message and "gave up after 2 attempts" in refused.errors[0].message
     assert served.ok and served.reward == pytest.approx(0.2)
 
@@ -117,7 +117,7 @@ def test_a_connection_dropped_mid_episode_ends_the_rollout_as_an_infrastructure_
         running = loop.run_until_complete(play())
     trace = loop.run_until_complete(running)
     loop.close()
-    assert trace.failure == "infrastructure" and trace.stop_reason == "error"
+    assert trace.failure == "env_unavailable" and trace.stop_reason == "error"
     assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.INFRASTRUCTURE, "stop:said_done")]
     assert "step failed" in trace.errors[0].message and trace.rewards["env_reward"].score is None
 
@@ -200,7 +200,7 @@ def test_a_server_behind_a_secret_is_reached_with_the_token_named_by_token_env(m
         refused = OpenEnvTaskset({"url": url, **options})
         turned_away = asyncio.run(run_rollout(refused, refused[0], ScriptedModel(["x"]), infra_retries=0))
     assert served.ok and served.reward is not None
-    assert turned_away.failure == "infrastructure" and "unauthorized" in turned_away.errors[0].message
+    assert turned_away.failure == "env_unavailable" and "unauthorized" in turned_away.errors[0].message
     with pytest.raises(UsageError, match="MY_OTHER_TOKEN"):
         asyncio.run(OpenEnvTaskset({"url": "ws://x", "token_env": "MY_OTHER_TOKEN"}).task(
             OpenEnvTaskset({"url": "ws://x"})[0]).setup())

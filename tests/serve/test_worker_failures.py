@@ -157,7 +157,7 @@ async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serv
     failed = sorted(t.task.id for t in traces if not t.ok)
     assert failed == ["poison", "poison"] and len(traces) == 60 and after.ok
     poison = next(t for t in traces if not t.ok)
-    assert poison.failure == "task" and "alone, 2 times" in poison.errors[0].message
+    assert poison.failure == "worker_died" and "alone, 2 times" in poison.errors[0].message
     assert health["stats"]["poison_requests"] == 1 and health["stats"]["workers_died"] >= 2
     assert (health["in_flight"], health["queued"], health["suspects"]) == (0, 0, 0)
     assert health["workers"] == {"ready": workers, "starting": 0, "retiring": 0, "isolating": 0}

@@ -40,6 +40,7 @@ async def test_a_worker_records_a_raised_timeout_error_and_a_string_reward_as_ta
     assert [(e.kind, e.stage) for e in trace.errors] == [
         (tg.ErrorKind.TASK, "scoring:remote"), (tg.ErrorKind.TASK, "scoring:text")]
     assert trace.errors[0].message.startswith("TimeoutError: socket (raised by the stage itself after")
+    assert trace.failure == tg.FailureKind.SCORING_ERROR and trace.errors[0].cause == ["TimeoutError: socket"]
     assert "'text' returned str '0.5'" in trace.errors[1].message
     assert trace.rewards["remote"].score is None and trace.rewards["text"].score is None
 

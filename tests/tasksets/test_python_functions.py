@@ -110,7 +110,7 @@ async def test_a_runtime_the_host_lacks_fails_the_rollout_at_setup() -> None:
     trace = await run({"runtime": "container"}, [fenced("def sum_digits(n):\n    return 0")])
     assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.INFRASTRUCTURE, "setup")]
     assert trace.errors[0].message == f"runtime 'container' is unavailable on this host: {reason}"
-    assert trace.failure == "infrastructure" and trace.completion == []
+    assert trace.failure == "sandbox_error" and trace.completion == []
 
 
 def test_an_unknown_runtime_is_refused_naming_the_field() -> None:

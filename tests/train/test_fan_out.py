@@ -60,14 +60,14 @@ def test_a_member_without_a_reward_or_whose_trace_failed_is_left_out_and_counted
     failed.traces["player_1"].errors.append(TraceError(kind=ErrorKind.INFRASTRUCTURE, stage="model", message="down"))
     units, dropped = episode_units([episode, failed])
     assert [(u.member, u.reward) for u in units] == [("player_0", 1.0), ("player_0", 1.0)]
-    assert dropped == {"error": 1, "infrastructure": 1}  # an unscored reward is the trace's `failure` "error"
+    assert dropped == {"scoring_error": 1, "model_unavailable": 1}  # unscored with no error recorded: scoring
 
 
 def test_rollouts_fan_out_to_one_unit_each_keyed_by_taskset_and_task():
     traces = [make_trace(reward=1.0, taskset="reverse-text"), make_trace(reward=None, taskset="reverse-text")]
     units, dropped = rollout_units(traces)
     assert [(u.member, u.reward, u.key) for u in units] == [(None, 1.0, f"reverse-text/{traces[0].task_key}")]
-    assert dropped == {"error": 1}
+    assert dropped == {"scoring_error": 1}
 
 
 def test_group_mean_compares_each_member_with_itself_across_the_groups_episodes():

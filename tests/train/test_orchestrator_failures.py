@@ -78,7 +78,7 @@ def test_step_metrics_count_failed_rollouts_by_reason_and_average_only_trainable
     metrics = step_metrics([[tokened(1.0), tokened(0.0), env_timed_out(), crashed]], [], 1.0)
     assert metrics["reward"] == 0.5
     assert metrics["rollouts_failed"] == 2
-    assert (metrics["failed/timeout"], metrics["failed/infrastructure"]) == (1, 1)
+    assert (metrics["failed/task_timeout"], metrics["failed/model_unavailable"]) == (1, 1)
 
 
 def test_a_sample_is_stamped_with_the_oldest_version_that_sampled_its_branch(tmp_path):

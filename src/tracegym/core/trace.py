@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
-from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.errors import ErrorKind, FailureKind, StageTimeout, TraceError
 from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
@@ -38,6 +38,13 @@ class StopReason(StrEnum):
         function, or the turn budget. An error, a timeout or a cancel cut it short. The one list of them:
         everything else asks `Trace.ended_normally`, `Trace.ok` or `Trace.failure`."""
         return self in (StopReason.COMPLETED, StopReason.STOP_CONDITION, StopReason.MAX_TURNS, StopReason.TRUNCATED)
+
+    @classmethod
+    def after(cls, failure: BaseException | TraceError) -> StopReason:
+        """How a rollout that `failure` ended stops: `timeout` for a stage past its timeout, else `error`."""
+        timed_out = failure.kind == ErrorKind.TIMEOUT if isinstance(failure, TraceError) else isinstance(
+            failure, StageTimeout)
+        return cls.TIMEOUT if timed_out else cls.ERROR
 
 
 class RewardScore(BaseModel):
@@ -169,25 +176,31 @@ class Trace(BaseModel):
         return self.ended_normally and all(r.score is not None for r in self.rewards.values())
 
     @property
-    def failure(self) -> str | None:
-        """Why this rollout failed outside the model's own output, or None when it ended normally on that output
-        with every reward scored (training's notion). Training leaves a failed rollout out of its group's
-        advantage statistics and out of the batch, and counts it by this reason: `unfinished`, `cancelled`,
-        `timeout` (the rollout, or any tool, environment response or scorer ran past its timeout, even one the
-        model recovered from: its score then measures our infrastructure), or the kind of the error that ended
-        it or left a reward unscored (`infrastructure`, `task`, `model`)."""
+    def failure(self) -> FailureKind | None:
+        """What went wrong (`FailureKind`), or None when the rollout ended normally on the model's own output with
+        every reward scored (training's notion). Training leaves a failed rollout out of its group's advantage
+        statistics and out of the batch, and counts it by this kind (`failed/<kind>`). `failure_record` says
+        where and how."""
+        record = self.failure_record
+        return record.failure if record is not None else None
+
+    @property
+    def failure_record(self) -> TraceError | None:
+        """The error that made this rollout a failure, or None when it is none: no end recorded (`unfinished`),
+        a cancel, the error that ended it, the one that left a reward unscored, or one it recovered from that
+        makes its score measure our infrastructure rather than the model (any timeout, an infrastructure error)."""
         if self.stop_reason is None:
-            return "unfinished"
+            return _noted(FailureKind.UNFINISHED, "no end is recorded")
         if self.stop_reason == StopReason.CANCELLED:
-            return "cancelled"
-        if self.stop_reason == StopReason.TIMEOUT or self.has_error(ErrorKind.TIMEOUT):
-            return "timeout"
+            return _noted(FailureKind.CANCELLED, "the rollout was cancelled")
+        ending = [e for e in self.errors if e.kind != ErrorKind.TOOL and e.stage != "cleanup"]
+        if not self.ended_normally:
+            timed_out = self.stop_reason == StopReason.TIMEOUT
+            unrecorded = FailureKind.ROLLOUT_TIMEOUT if timed_out else FailureKind.TASK_ERROR
+            return ending[-1] if ending else _noted(unrecorded, f"ended on {self.stop_reason.value}, no error recorded")
         if not self.ok:
-            ending = [e.kind for e in self.errors if e.kind != ErrorKind.TOOL and e.stage != "cleanup"]
-            return ending[-1].value if ending else "error"
-        if self.has_error(ErrorKind.INFRASTRUCTURE):
-            return "infrastructure"
-        return None
+            return ending[-1] if ending else _noted(FailureKind.SCORING_ERROR, "a reward has no score")
+        return next((e for e in self.errors if e.kind in (ErrorKind.TIMEOUT, ErrorKind.INFRASTRUCTURE)), None)
 
     def has_error(self, kind: ErrorKind) -> bool:
         """True when an error of this kind is recorded."""
@@ -196,3 +209,8 @@ class Trace(BaseModel):
     def duration(self, stage: str = "total") -> float:
         """Seconds spent in a stage, summed over its spans (`total`: the whole rollout)."""
         return sum(s.duration for s in self.spans if s.name == stage or s.name.startswith(stage + ":"))
+
+
+def _noted(failure: FailureKind, message: str) -> TraceError:
+    """The record of a failure that no error carries (an unfinished or cancelled rollout)."""
+    return TraceError(kind=failure.fault, stage="rollout", message=message, failure=failure)

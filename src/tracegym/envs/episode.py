@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tracegym.core.episode import Episode
-from tracegym.core.errors import ErrorKind, StageTimeout, TraceError, TracegymError
+from tracegym.core.errors import ErrorKind, TraceError, classify
 from tracegym.core.messages import Message, user
 from tracegym.core.sampling import Sampling
 from tracegym.core.seat_tally import EPISODE_METRICS, FORFEITS, INVALID_MOVES, PARSE_ERRORS
@@ -90,9 +90,9 @@ class EpisodeRun:
             self._end(ended.reason, ended.by)
         except _MemberFailed as failed:
             error = failed.error.model_copy(update={"stage": f"{failed.member}:{failed.error.stage}"})
-            self._fail(error, StopReason.TIMEOUT if isinstance(failed.cause, StageTimeout) else StopReason.ERROR)
+            self._fail(error, StopReason.after(failed.cause))
         except Exception as exc:  # the task's own hooks (schedule, observe, act, settle): the episode's error
-            self._fail(_error(exc, self.stage, self.slots), _stop_for(exc))
+            self._fail(classify(exc, self.stage, self.slots), StopReason.after(exc))
         if self.episode.ended_normally:
             await self._score()
 
@@ -253,14 +253,6 @@ def sampling_for(sampling: Sampling, episode: Episode, member: str) -> Sampling:
     return sampling.model_copy(update={"seed": sampling.seed + offset}) if offset else sampling
 
 
-def _error(exc: BaseException, stage: str, turn: int) -> TraceError:
-    kind = exc.kind if isinstance(exc, TracegymError) else ErrorKind.TASK
-    message = str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}"
-    return TraceError(kind=kind, stage=stage, message=message, turn=turn)
-
-
-def _stop_for(exc: BaseException) -> StopReason:
-    return StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR
 
 
 async def play(task: MultiAgentTask, clients: Mapping[str, ModelClient], sampling: Sampling | None = None, *,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from tracegym.core.episode import Episode
-from tracegym.core.errors import ErrorKind, TraceError, TracegymError, UsageError
+from tracegym.core.errors import ErrorKind, UsageError, classify
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
@@ -207,13 +207,13 @@ def failed_episode(taskset: Taskset, data: TaskData, episode_index: int, exc: Ba
     """The record of an episode that produced none of its own (its Task could not be built, its env-server
     request failed): `exc` recorded at `stage`, with a failed trace per member."""
     members = [m.id for m in multi_agent_class(taskset).seats]
+    error = classify(exc, stage, kind=kind)
     episode = Episode(task=data, taskset=taskset.id, episode_index=episode_index, members=members,
-                      stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
+                      stop_reason=StopReason.after(error), error=error)
     for member in members:
         trace = failed_trace(data, taskset.id, episode_index, exc, stage=stage, kind=kind)
         episode.traces[member] = trace.model_copy(update={"member": member, "episode_id": episode.id})
         episode.rewards[member] = None
-    episode.error = episode.traces[members[0]].errors[0]
     return episode
 
 
@@ -272,11 +272,10 @@ def _index(item: Trace | Episode) -> int:
 def failed_trace(data: TaskData, taskset_id: str, rollout_index: int, exc: BaseException, *,
                  stage: str = "setup", kind: ErrorKind = ErrorKind.TASK) -> Trace:
     """The trace of a rollout that produced none of its own (its Task could not be built, its env-server request
-    failed): `exc` recorded at `stage`, of its own kind when it is a tracegym error, else of `kind`."""
-    kind = exc.kind if isinstance(exc, TracegymError) else kind
-    error = TraceError(kind=kind, stage=stage, message=f"{type(exc).__name__}: {exc}")
+    failed): `exc` recorded at `stage` (`classify`: of its own kind when it is a tracegym error, else of `kind`)."""
+    error = classify(exc, stage, kind=kind)
     return Trace(task=data, taskset=taskset_id, rollout_index=rollout_index, errors=[error],
-                 stop_reason=StopReason.TIMEOUT if kind == ErrorKind.TIMEOUT else StopReason.ERROR)
+                 stop_reason=StopReason.after(error))
 
 
 def bounded_taskset(taskset: str | Taskset, num_tasks: int | None, need_bound: bool = True) -> Taskset:

@@ -118,7 +118,7 @@ class ProgramHarness:
                                                  self.limits.wall_seconds + WALL_GRACE_S)
             except Exception as exc:  # the program stage's own failure (model calls record theirs)
                 rollout.error_from(exc, "program")
-                return StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR
+                return StopReason.after(exc)
             finally:
                 run.calls = lease.calls
             if lease.ended.done():  # a call's failure ended the rollout (recorded at its stage)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from tracegym.core.episode import Outcome
-from tracegym.core.errors import TaskError, UsageError
+from tracegym.core.errors import FailureKind, TaskError, UsageError
 from tracegym.core.messages import Message, system, user
 from tracegym.envs.schedule import Member, Slot, check_members, rounds
 from tracegym.envs.task import DataT, Task
@@ -36,6 +36,8 @@ class InvalidMove(TaskError):
 class VerdictError(TaskError):
     """A judge's verdict could not be read (missing, or outside the allowed answers): an error on the episode,
     never a reward of 0."""
+
+    failure = FailureKind.JUDGE_ERROR
 
 
 class MultiAgentTask(Task[DataT, ConfigT]):

@@ -272,7 +272,7 @@ class InterceptionProxy:
             raise CallRefused(400, rollout.trace.errors[-1].message, code="context_length_exceeded") from None
         except Exception as exc:  # recorded and ended as a loop's model stage is
             rollout.error_from(exc, "model")
-            lease.end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
+            lease.end(StopReason.after(exc))
             raise _refusal_for(exc) from None
 
 

@@ -20,9 +20,8 @@ from tracegym.core.errors import (
     ContextLengthError,
     ErrorKind,
     StageTimeout,
-    TaskError,
     TraceError,
-    TracegymError,
+    classify,
 )
 from tracegym.core.messages import ContentPart, Message, ToolCall, tool, user
 from tracegym.core.sampling import Sampling
@@ -103,7 +102,7 @@ class Rollout:
             self.end(ended.reason, ended.by)
         except Exception as exc:  # every failure becomes data on the trace
             self.error_from(exc, self.stage)
-            self.end(StopReason.TIMEOUT if isinstance(exc, StageTimeout) else StopReason.ERROR)
+            self.end(StopReason.after(exc))
         if not self.trace.ended_normally:
             self.mark_unscored()
         else:
@@ -248,14 +247,8 @@ class Rollout:
             self.error_from(exc, "cleanup")
 
     def error_from(self, exc: BaseException, stage: str) -> None:
-        """Record `exc` on the trace at `stage`, classified (its own kind; else a model or a task error)."""
-        if isinstance(exc, TracegymError):
-            kind = exc.kind
-        elif stage == "model":
-            kind = ErrorKind.MODEL
-        else:
-            kind = ErrorKind.TASK
-        self._error(kind, stage, str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}")
+        """Record `exc` on the trace at `stage`, classified (`classify`)."""
+        self.trace.errors.append(classify(exc, stage, self.turn))
 
     def _error(self, kind: ErrorKind, stage: str, message: str) -> None:
         self.trace.errors.append(TraceError(kind=kind, stage=stage, message=message, turn=self.turn))
@@ -303,11 +296,8 @@ async def score(task: Task, trace: Trace, timeout: float, turn: int | None = Non
             result = scorer.number(await within(stage, task.call_scorer(scorer, trace), timeout))
         except NotApplicable:
             continue
-        except StageTimeout as exc:
-            trace.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage=stage, message=str(exc), turn=turn))
-        except Exception as exc:  # task code's failure is this scorer's error; the others still score
-            said = str(exc) if type(exc) is TaskError else f"{type(exc).__name__}: {exc}"  # ours: not a number
-            trace.errors.append(TraceError(kind=ErrorKind.TASK, stage=stage, message=said, turn=turn))
+        except Exception as exc:  # task code's failure (or timeout) is this scorer's error; the others still score
+            trace.errors.append(classify(exc, stage, turn))
         _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
 
 

@@ -52,6 +52,8 @@ class EpisodeSummary(BaseModel):
     errored_episodes: int = 0
     """Episodes that did not end normally (a resume reruns them)."""
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    failures: dict[str, int] = Field(default_factory=dict)
+    """Episodes that ended on an error, by the failure kind of that error."""
     stop_reasons: dict[str, int] = Field(default_factory=dict)
     wall_time: float | None = None
     episodes_per_second: float | None = None
@@ -73,6 +75,7 @@ def summarize_episodes(episodes: Sequence[Episode], *, wall_time: float | None =
         forfeit_rate=sum(Outcome.FORFEIT in e.outcomes.values() for e in ended) / len(ended) if ended else 0.0,
         errored_episodes=len(episodes) - len(ended),
         errors_by_kind=dict(Counter(e.error.kind.value for e in episodes if e.error is not None)),
+        failures=dict(sorted(Counter(e.error.failure.value for e in episodes if e.error is not None).items())),
         stop_reasons=dict(Counter(e.stop_reason.value if e.stop_reason else "none" for e in episodes)),
         wall_time=wall_time,
         episodes_per_second=len(episodes) / wall_time if wall_time else None,
@@ -109,6 +112,7 @@ def episode_table(summary: EpisodeSummary, title: str = "") -> Table:
     table.add_row("episodes", f"{summary.num_episodes} ({summary.num_ok} ok, {summary.errored_episodes} did not end "
                               f"normally)")
     table.add_row("errors", errors)
+    table.add_row("failures", ", ".join(f"{k} {n}" for k, n in summary.failures.items()) or "none")
     table.add_row("stop reasons", ", ".join(f"{k} {n}" for k, n in summary.stop_reasons.items()) or "none")
     table.add_row("parse errors", f"{summary.parse_error_rate:.1%} of turns")
     table.add_row("forfeits", f"{summary.forfeit_rate:.1%} of episodes")

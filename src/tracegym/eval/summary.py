@@ -63,6 +63,8 @@ class Summary(BaseModel):
     """Half-width of the 95% confidence interval of `avg_at_k` over those tasks; 0 below two tasks."""
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
     """For every error kind, how many traces recorded at least one error of it."""
+    failures: dict[str, int] = Field(default_factory=dict)
+    """How many traces failed (`Trace.failure`: left out of training), by failure kind; only kinds that occurred."""
     errored_traces: int = 0
     """Traces that did not end normally (an error, a timeout, a cancel, or no end recorded): the ones a resume
     runs again."""
@@ -108,6 +110,7 @@ def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time
         avg_at_k={k: avgs.mean for k, (_, avgs) in at_k.items()},
         avg_at_k_ci95={k: avgs.half_width for k, (_, avgs) in at_k.items()},
         errors_by_kind={kind.value: sum(1 for t in traces if t.has_error(kind)) for kind in ErrorKind},
+        failures=dict(sorted(Counter(f.value for t in traces if (f := t.failure) is not None).items())),
         errored_traces=sum(1 for t in traces if not t.ended_normally),
         stop_reasons=dict(Counter(t.stop_reason.value if t.stop_reason else "none" for t in traces)),
         truncation_rate=sum(t.is_truncated for t in traces) / n if n else 0.0,
@@ -182,6 +185,7 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
     rows += [(f"pass@{k} / avg@{k}", _at_k_text(s, k)) for k in s.pass_at_k]
     rows += [
         ("errors", _counts_text(s.errors_by_kind)),
+        ("failures", _counts_text(s.failures)),
         ("did not end normally", str(s.errored_traces)),
         ("stop reasons", _counts_text(s.stop_reasons)),
         ("truncated", f"{s.truncation_rate:.1%}"),

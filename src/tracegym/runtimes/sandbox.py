@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.errors import ErrorKind, TracegymError
+from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
 from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 
@@ -137,3 +137,4 @@ class RuntimeUnavailable(TracegymError):
     """The runtime a task or harness asked for cannot run on this host; says which and why."""
 
     kind = ErrorKind.INFRASTRUCTURE
+    failure = FailureKind.SANDBOX_ERROR

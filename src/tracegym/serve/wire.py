@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import msgpack
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from tracegym.core.errors import ErrorKind, TracegymError
+from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
 
 PROTOCOL = 1
 METHODS = ("health", "info", "run", "cancel")
@@ -39,6 +39,12 @@ class RemoteError(TracegymError):
     def __init__(self, type: str, message: str, kind: ErrorKind = ErrorKind.INFRASTRUCTURE) -> None:
         super().__init__(f"{type}: {message}")
         self.type, self.kind = type, kind
+        self.failure = REMOTE_FAILURES.get(type, FailureKind.ENV_SERVER_ERROR)
+
+
+REMOTE_FAILURES = {"WorkerDied": FailureKind.WORKER_DIED, "Cancelled": FailureKind.CANCELLED}
+"""The failure kind of a rollout whose env-server request got an error reply of this type (any other type: the
+request failed, `env_server_error`)."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from importlib.resources import files
 
 from pydantic import field_validator
 
-from tracegym.core.errors import ErrorKind, TraceError
+from tracegym.core.errors import ErrorKind, FailureKind, TraceError
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
@@ -189,9 +189,10 @@ class PythonFunctionTask(Task[FunctionData, PythonFunctionsConfig]):
         result = await sandbox.run(["python3", "check.py", self.data.function, sentinel])
         misbehaved = misbehaviour(result)
         if misbehaved:
-            kind = ErrorKind.INFRASTRUCTURE if result.start_error else ErrorKind.MODEL
             turn = sum(m.role == "assistant" for m in trace.completion) - 1
-            trace.errors.append(TraceError(kind=kind, stage=stage, message=misbehaved, turn=turn))
+            trace.errors.append(TraceError(kind=ErrorKind.INFRASTRUCTURE, stage=stage, message=misbehaved, turn=turn,
+                                           failure=FailureKind.SANDBOX_ERROR) if result.start_error else
+                                TraceError(kind=ErrorKind.MODEL, stage=stage, message=misbehaved, turn=turn))
         return grade(self.data, result, sentinel)
 
     async def env_response(self, trace: Trace) -> EnvResponse:
