@@ -1,10 +1,12 @@
 """Tasksets: list and lazy data, head and seeded shuffle views, infinite tasksets, task keys, rows, configs."""
 
 import itertools
+import random
 
 import pytest
 
 import tracegym as tg
+from tracegym.envs.taskset import seeded_rows
 
 ROWS = [{"prompt": f"q{i}", "answer": i} for i in range(20)]
 
@@ -69,6 +71,28 @@ class Sized(tg.Taskset):
         return [{"prompt": str(i)} for i in range(self.config.size)]
 
 
+class Drawn(tg.TasksetConfig):
+    """Options of the generated test tasksets."""
+
+    num_tasks: int = 5
+    """How many tasks."""
+
+
+def draw(rng: random.Random, cfg: Drawn, index: int) -> tg.TaskData:
+    return tg.TaskData(prompt=f"q{index}", answer=rng.randint(0, 99))
+
+
+class Generated(tg.Taskset[Drawn]):
+    id = "generated"
+    row_maker = draw
+
+
+class Endless(tg.Taskset):
+    id = "endless"
+    infinite = True
+    row_maker = draw
+
+
 def prompts(taskset):
     return [d.prompt for d in taskset]
 
@@ -90,6 +114,29 @@ def test_generator_taskset_is_read_lazily():
     view = Counting().head(3)
     assert prompts(view) == ["q0", "q1", "q2"]
     assert view.produced == 3
+
+
+def test_a_row_maker_draws_num_tasks_seeded_rows():
+    taskset = Generated({"num_tasks": 3, "seed": 4})
+    assert list(taskset.load()) == list(seeded_rows(draw, Drawn(num_tasks=3, seed=4), 3))
+    assert len(taskset) == 3 and taskset[2].key == "2"
+
+
+def test_a_row_maker_of_an_infinite_taskset_draws_an_endless_stream():
+    assert prompts(Endless().head(30)) == [f"q{i}" for i in range(30)]
+
+
+def test_a_row_maker_needs_num_tasks_unless_the_taskset_is_infinite():
+    with pytest.raises(TypeError, match=r"Bare: row_maker needs TasksetConfig.num_tasks \(or infinite = True\)"):
+        type("Bare", (tg.Taskset,), {"row_maker": draw})
+
+
+def test_an_overridden_load_wins_over_the_row_maker():
+    class Fixed(Generated):
+        def load(self):
+            return [{"prompt": "only"}]
+
+    assert prompts(Fixed()) == ["only"]
 
 
 def test_task_is_built_fresh_for_every_rollout():

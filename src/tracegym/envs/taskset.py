@@ -6,7 +6,8 @@ Either subclass it (set `id` and `task_class`, override `load`) or build one fro
 
 A Taskset is generic over its config: `class Sorting(Taskset[SortConfig])` takes SortConfig options (its
 `Config`, set from the type argument) and reads `self.config` as a SortConfig; its tasks get the same object
-as `task.config`. A generated taskset's `load` returns `seeded_rows(make_row, self.config, count)`.
+as `task.config`. A generated taskset names its row maker instead of writing `load`: `row_maker = make_row`
+draws `config.num_tasks` rows (an endless stream when `infinite`) with `seeded_rows`.
 
 Every row has a key (its TaskData `id`): the one the taskset gives, else its position in `load()` order, set
 as the row is loaded. Views keep it (a shuffled row is still task "3"), traces record it, and a resumed run
@@ -47,6 +48,9 @@ class Taskset(Generic[ConfigT]):
     task_class: ClassVar[type[Task[Any, Any]]] = Task
     infinite: ClassVar[bool] = False
     """True when `load` never ends; such a taskset must be bounded (`head`) before it is shuffled or run."""
+    row_maker: ClassVar[Callable[[random.Random, Any, int], Row] | None] = None
+    """A generated taskset's `make_row(rng, config, index)`: then `load` returns `seeded_rows(row_maker, config,
+    config.num_tasks)`, or an endless stream when `infinite` (the config needs `num_tasks` unless it is)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -55,6 +59,8 @@ class Taskset(Generic[ConfigT]):
         if own is not named:
             raise TypeError(f"{cls.__name__}: Config = {own.__name__} differs from its type argument {named.__name__}")
         cls.Config = named
+        if cls.row_maker is not None and not cls.infinite and "num_tasks" not in named.model_fields:
+            raise TypeError(f"{cls.__name__}: row_maker needs {named.__name__}.num_tasks (or infinite = True)")
 
     def __init__(
         self,
@@ -85,7 +91,12 @@ class Taskset(Generic[ConfigT]):
 
     # --- loading -----------------------------------------------------------------------------------------
     def load(self) -> Iterable[Row]:
-        """The rows of this taskset, in order; override to generate them (a generator may be infinite)."""
+        """The rows of this taskset, in order: the `row_maker`'s, else the `data` given; override to load them
+        another way (a generator may be infinite)."""
+        make_row = type(self).row_maker  # read on the class, so a plain function is not bound as a method
+        if make_row is not None:
+            count = None if self.infinite else cast(Any, self.config).num_tasks  # __init_subclass__ checked it is there
+            return seeded_rows(make_row, self.config, count)
         if self._data is None:
             raise UsageError(f"taskset {self.id!r} has no data: pass data=[...] or override load()")
         return self._data

@@ -21,6 +21,7 @@ from tracegym.core.errors import ModelError
 from tracegym.core.messages import Message
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.endpoint_client import EndpointClient
 from tracegym.models.renderer import parse_hermes
 from tracegym.models.transport import Refused, Reply, Transport
 
@@ -28,28 +29,18 @@ _TOKEN_FIELDS = ("return_token_ids", "logprobs")
 _TOOL_CALL_TAG = "<tool_call>"
 
 
-class ChatClient:
+class ChatClient(EndpointClient):
     """`ChatClient(Endpoint(base_url=..., model=...))`; close with `await client.aclose()` or `async with`."""
 
     def __init__(self, endpoint: Endpoint, *, sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         """`sleep` waits out each retry's backoff (tests pass one that records the delays)."""
-        self.endpoint = endpoint
+        super().__init__(endpoint)
         self.transport = Transport(endpoint, sleep=sleep)
         self._ask_tokens = endpoint.tokens != "off"
-
-    @property
-    def name(self) -> str:
-        return self.endpoint.model
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
         await self.transport.aclose()
-
-    async def __aenter__(self) -> ChatClient:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One chat completion, retried on transient failures; raises tracegym errors."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from tracegym.core.errors import InfrastructureError, TracegymError
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.endpoint_client import EndpointClient
 from tracegym.models.transport import Unavailable, backoff_delay, served_models
 
 log = logging.getLogger(__name__)
@@ -83,14 +84,14 @@ class RouterStats:
         return self.affinity_hits / continued if continued else None
 
 
-class Router:
+class Router(EndpointClient):
     """A ModelClient over several servers of one model; `Router(endpoint, make)` with `make` building one server's
     client from an Endpoint naming that server alone. Close with `await router.aclose()`."""
 
     def __init__(self, endpoint: Endpoint, make: Callable[[Endpoint], ModelClient], *,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         """`sleep` waits out each backoff (tests pass one that records the delays)."""
-        self.endpoint = endpoint
+        super().__init__(endpoint)
         one = {"replicas": (), "max_retries": 0}
         self.servers = [Server(url, make(endpoint.model_copy(update={"base_url": url, **one})))
                         for url in endpoint.servers()]
@@ -99,10 +100,6 @@ class Router:
         self._sessions: collections.OrderedDict[str, Server] = collections.OrderedDict()
         self._lost: set[asyncio.Task[ModelResponse]] = set()
         self._watcher: asyncio.Task[None] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.endpoint.model
 
     async def aclose(self) -> None:
         """Stop probing and close every server's client."""
@@ -113,12 +110,6 @@ class Router:
         for server in self.servers:
             with contextlib.suppress(Exception):  # a client that fails to close has nothing left to give back
                 await server.client.aclose()
-
-    async def __aenter__(self) -> Router:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One answer from the session's server, or from another when that one fails; raises the last failure

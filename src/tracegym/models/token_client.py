@@ -18,35 +18,26 @@ from typing import Any
 from tracegym.core.errors import ModelError, TracegymError
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.endpoint_client import EndpointClient
 from tracegym.models.renderer import Renderer
 from tracegym.models.transport import Transport, served_models
 
 
-class TokenClient:
+class TokenClient(EndpointClient):
     """`TokenClient(Endpoint(base_url=..., model=...), load_renderer(model_dir))`; close with `await
     client.aclose()` or `async with`."""
 
     def __init__(self, endpoint: Endpoint, renderer: Renderer, *,
                  sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         """`sleep` waits out each retry's backoff (tests pass one that records the delays)."""
-        self.endpoint = endpoint
+        super().__init__(endpoint)
         self.renderer = renderer
         self.transport = Transport(endpoint, sleep=sleep)
         self._max_model_len: int | None = None
 
-    @property
-    def name(self) -> str:
-        return self.endpoint.model
-
     async def aclose(self) -> None:
         """Close this event loop's connections."""
         await self.transport.aclose()
-
-    async def __aenter__(self) -> TokenClient:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One completion on this turn's prompt ids, retried on transient failures; raises tracegym errors."""

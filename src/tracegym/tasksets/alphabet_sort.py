@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
 from importlib.resources import files
 from typing import Any, Self
 
@@ -23,7 +22,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.tasksets.reverse_text import lcs_ratio
 
 NAMES: list[str] = files("tracegym.tasksets").joinpath("data/first_names.txt").read_text().split()
@@ -137,6 +136,4 @@ class AlphabetSort(Taskset[AlphabetSortConfig]):
     id = "alphabet-sort"
     description = "Sort a list of names, then re-sort it as each turn adds more (reward: mean per-turn LCS ratio)."
     task_class = SortTask
-
-    def load(self) -> Iterator[SortData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import model_validator
@@ -21,7 +20,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 OPS = ("+", "-", "*")
 SYSTEM = "Compute the value of the expression. End your reply with the final answer as a single integer."
@@ -108,6 +107,4 @@ class Arithmetic(Taskset[ArithmeticConfig]):
     description = "Evaluate generated integer expressions, an endless stream (reward: exact final integer)."
     task_class = ArithmeticTask
     infinite = True
-
-    def load(self) -> Iterator[ExpressionData]:
-        return seeded_rows(make_row, self.config, None)
+    row_maker = make_row

@@ -28,7 +28,7 @@ from tracegym.core.trace import Trace
 from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
 from tracegym.envs.schedule import Member, Slot
 from tracegym.envs.scorers import metric, reward
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 CARDS = ("J", "Q", "K")
 RULES = (
@@ -136,6 +136,4 @@ class KuhnPoker(Taskset[KuhnConfig]):
     id = "kuhn-poker"
     description = "Two-player Kuhn poker (J/Q/K, one betting round); reward +1 win, -1 loss or forfeit."
     task_class = KuhnPokerTask
-
-    def load(self) -> Iterator[KuhnDeal]:
-        return seeded_rows(deal, self.config, self.config.num_tasks)
+    row_maker = deal

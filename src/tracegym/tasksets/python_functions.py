@@ -21,7 +21,6 @@ import json
 import random
 import re
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.resources import files
 
@@ -33,7 +32,7 @@ from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.task_sandbox import how_it_failed
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.runtimes.catalog import RUNTIMES, runtime_for
 from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime
 from tracegym.tasksets.function_problems import FAMILIES, FunctionTest
@@ -232,6 +231,4 @@ class PythonFunctions(Taskset[PythonFunctionsConfig]):
     description = ("Write a Python function; it runs in a sandbox against hidden unit tests "
                    "(reward: fraction passed; attempts > 1: feedback from the first failing test).")
     task_class = PythonFunctionTask
-
-    def load(self) -> Iterator[FunctionData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row

@@ -5,14 +5,14 @@ whether the reply was the exact reversal either way."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 WORDS = [
     "apple",
@@ -116,9 +116,7 @@ class ReverseText(Taskset[ReverseTextConfig]):
     id = "reverse-text"
     description = "Reverse a short phrase character by character (reward: LCS ratio)."
     task_class = ReverseTask
-
-    def load(self) -> Iterator[TaskData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row
 
     def task(self, row: Any) -> ReverseTask:
         """A task scored as `reward` says."""

@@ -22,7 +22,7 @@ from tracegym.core.trace import Trace
 from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
 from tracegym.envs.schedule import Member, Slot
 from tracegym.envs.scorers import metric, reward
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 RULES = ("We play tic-tac-toe on a 3x3 board. Players take turns marking a free cell; three marks in a row, "
@@ -113,6 +113,4 @@ class TicTacToe(Taskset[TicTacToeConfig]):
     id = "tictactoe"
     description = "Two-player tic-tac-toe (cells 1-9); reward +1 win, -1 loss or forfeit, 0 draw."
     task_class = TicTacToeTask
-
-    def load(self) -> Iterator[Opening]:
-        return seeded_rows(opening, self.config, self.config.num_tasks)
+    row_maker = opening

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Self
 
 from pydantic import model_validator
@@ -21,7 +21,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 SYSTEM = (
     "You are a careful calculator. Use the tools for every arithmetic step, one operation per call, "
@@ -163,6 +163,4 @@ class ToolCalculator(Taskset[ToolCalculatorConfig]):
     id = "tool-calculator"
     description = "Compute expressions with add/subtract/multiply/divide tools (reward: final number within 0.01)."
     task_class = CalculatorTask
-
-    def load(self) -> Iterator[CalcData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row

@@ -17,14 +17,13 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator
 from importlib.resources import files
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward, stop
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 WORDS: list[str] = files("tracegym.tasksets").joinpath("data/wordle_words.txt").read_text().split()
 SYSTEM = (
@@ -132,6 +131,4 @@ class Wordle(Taskset[WordleConfig]):
     id = "wordle"
     description = "Play Wordle: guess a five-letter word in six tries with G/Y/X feedback (reward: win + greens)."
     task_class = WordleTask
-
-    def load(self) -> Iterator[TaskData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row

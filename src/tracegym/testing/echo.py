@@ -12,14 +12,13 @@ import random
 import resource
 import signal
 import sys
-from collections.abc import Iterator
 from typing import Literal
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
 from tracegym.envs.task import EnvResponse, Task
-from tracegym.envs.taskset import Taskset, TasksetConfig, seeded_rows
+from tracegym.envs.taskset import Taskset, TasksetConfig
 
 SPEC = "tracegym.testing.echo:Echo"
 """The id a server or worker loads this taskset by."""
@@ -90,6 +89,4 @@ class Echo(Taskset[EchoConfig]):
     id = "echo"
     description = "Repeat a word (a trivial taskset for tests and benchmarks)."
     task_class = EchoTask
-
-    def load(self) -> Iterator[TaskData]:
-        return seeded_rows(make_row, self.config, self.config.num_tasks)
+    row_maker = make_row
