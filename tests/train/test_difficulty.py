@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 from test_orchestrator import alternating_per_prompt, env_addresses, make  # noqa: F401 (env_addresses: a fixture)
-from test_orchestrator_failures import tokened
+from test_orchestrator_failures import to_samples, tokened
 from test_rl_resume import ENDPOINTS, trainer_loop
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
@@ -196,7 +196,7 @@ def one_step(orchestrator, step: int) -> list[str]:
     keys = [data.key for _, data in orchestrator.draw()]
     groups = [[tokened(1.0 if i == 0 else float(r), task_key=k) for r in (0, 1)] for i, k in enumerate(keys)]
     asyncio.run(orchestrator.difficulty.complete(groups, ["reverse-text"] * len(keys), 4, None))
-    orchestrator.hand_over(step, orchestrator.to_samples(groups, version=step, step=step), {"generation_s": 0.1})
+    orchestrator.hand_over(step, to_samples(orchestrator, groups, version=step, step=step), {"generation_s": 0.1})
     return keys
 
 

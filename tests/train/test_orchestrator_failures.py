@@ -2,22 +2,31 @@
 failed outside the model is neither in its group's statistics nor trained; samples carry the oldest policy
 version that sampled them, and ones older than `max_async_steps` are dropped."""
 
+import asyncio
+
 import tracegym as tg
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import assistant, user
+from tracegym.core.sample import Sample
 from tracegym.core.trace import RewardScore, StopReason, Trace
 from tracegym.testing import make_trace
 from tracegym.train.advantages import GroupAdvantages
 from tracegym.train.orchestrator import Orchestrator, StepPlan, step_metrics
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.signal import RLSignal, StepGroups
 from tracegym.train.staleness import StalenessControl
 
 
 def orchestrator(tmp_path, max_async_steps: int = 1) -> Orchestrator:
     """Only the parts that turn groups into samples: no environments, no endpoint to call."""
     return Orchestrator(RLFolder(tmp_path), tg.Endpoint(base_url="http://127.0.0.1:9/v1", model="model"), [],
-                        tg.Sampling(), GroupAdvantages(), StalenessControl(max_async_steps),
+                        RLSignal(GroupAdvantages()), StalenessControl(max_async_steps),
                         StepPlan(steps=1, tasks_per_step=1, group_size=2, concurrency=2))
+
+
+def to_samples(orch: Orchestrator, groups: list, version: int, step: int) -> list[Sample]:
+    """What the orchestrator trains on from `groups` at `step`, the policy `version` served when it started."""
+    return asyncio.run(orch.train_on(StepGroups(step, groups), version))[0]
 
 
 def tokened(reward: float | None, versions: tuple[int | None, ...] = (None,), **fields) -> Trace:
@@ -46,13 +55,13 @@ def test_a_rollout_that_failed_outside_the_model_is_left_out_of_its_groups_advan
     """Three 1.0 rewards plus one env timeout: no signal among the rollouts that count, so nothing is trained
     (the timed-out rollout used to be trained with advantage -0.75)."""
     orch = orchestrator(tmp_path)
-    samples = orch.to_samples([[tokened(1.0), tokened(1.0), tokened(1.0), env_timed_out()]], version=0, step=0)
-    assert samples == [] and orch.advantages.filtered == 1
+    samples = to_samples(orch, [[tokened(1.0), tokened(1.0), tokened(1.0), env_timed_out()]], version=0, step=0)
+    assert samples == [] and orch.signal.advantages.filtered == 1
 
 
 def test_the_failed_rollout_is_not_trained_and_the_others_get_advantages_among_themselves(tmp_path):
     failed = env_timed_out()
-    samples = orchestrator(tmp_path).to_samples([[tokened(1.0), tokened(0.0), failed]], version=0, step=0)
+    samples = to_samples(orchestrator(tmp_path), [[tokened(1.0), tokened(0.0), failed]], version=0, step=0)
     assert sorted(s.advantage for s in samples) == [-0.5, 0.5]
     assert failed.id not in {s.trace_id for s in samples}
 
@@ -60,14 +69,14 @@ def test_the_failed_rollout_is_not_trained_and_the_others_get_advantages_among_t
 def test_a_tool_timeout_the_model_recovered_from_still_keeps_the_rollout_out_of_training(tmp_path):
     slow_tool = tokened(1.0)
     slow_tool.errors.append(TraceError(kind=ErrorKind.TIMEOUT, stage="tool:search", message="timed out after 60s"))
-    samples = orchestrator(tmp_path).to_samples([[tokened(1.0), tokened(0.0), slow_tool]], version=0, step=0)
+    samples = to_samples(orchestrator(tmp_path), [[tokened(1.0), tokened(0.0), slow_tool]], version=0, step=0)
     assert slow_tool.id not in {s.trace_id for s in samples} and len(samples) == 2
 
 
 def test_rollouts_that_ended_on_the_models_output_are_trained(tmp_path):
     truncated, capped = tokened(0.0), tokened(1.0)
     truncated.stop_reason, capped.stop_reason = StopReason.TRUNCATED, StopReason.MAX_TURNS
-    samples = orchestrator(tmp_path).to_samples([[truncated, capped]], version=0, step=0)
+    samples = to_samples(orchestrator(tmp_path), [[truncated, capped]], version=0, step=0)
     assert {s.trace_id for s in samples} == {truncated.id, capped.id}
 
 
@@ -83,8 +92,8 @@ def test_step_metrics_count_failed_rollouts_by_reason_and_average_only_trainable
 
 def test_a_sample_is_stamped_with_the_oldest_version_that_sampled_its_branch(tmp_path):
     """The policy moved on mid-rollout (3 -> 4): the sample is as old as its oldest turn."""
-    samples = orchestrator(tmp_path, max_async_steps=2).to_samples(
-        [[tokened(1.0, (3, 4)), tokened(0.0, (4, 4))]], version=3, step=4)
+    samples = to_samples(orchestrator(tmp_path, max_async_steps=2),
+                         [[tokened(1.0, (3, 4)), tokened(0.0, (4, 4))]], version=3, step=4)
     assert sorted(s.policy_version for s in samples) == [3, 4]
 
 
@@ -92,11 +101,11 @@ def test_samples_older_than_max_async_steps_are_dropped_and_counted(tmp_path):
     """At step 5 with max_async_steps 1, a rollout that began on version 3 is too stale even though the policy
     served when the step started (4) is fresh enough."""
     orch = orchestrator(tmp_path, max_async_steps=1)
-    samples = orch.to_samples([[tokened(1.0, (3, 4)), tokened(0.0, (4, 4))]], version=4, step=5)
+    samples = to_samples(orch, [[tokened(1.0, (3, 4)), tokened(0.0, (4, 4))]], version=4, step=5)
     assert [s.policy_version for s in samples] == [4]
     assert orch.staleness.dropped == 1
 
 
 def test_an_endpoint_that_reports_no_version_gets_the_version_served_when_the_step_started(tmp_path):
-    samples = orchestrator(tmp_path).to_samples([[tokened(1.0), tokened(0.0)]], version=2, step=2)
+    samples = to_samples(orchestrator(tmp_path), [[tokened(1.0), tokened(0.0)]], version=2, step=2)
     assert {s.policy_version for s in samples} == {2}

@@ -10,7 +10,7 @@ from test_orchestrator import collect
 
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.distillation import Distiller, OPDConfig
+from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal
 from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
@@ -30,9 +30,10 @@ def test_an_opd_step_gives_every_sampled_token_the_teachers_advantage(tmp_path, 
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs=env_addresses,
                               teacher_base_url=[server.base_url], teacher_model=server.model)
         orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
-        assert orchestrator.distiller is not None  # the vLLM teacher at the endpoint; scored here by a table
-        teacher = TableTeacher()
-        orchestrator.distiller = Distiller(teacher, OPDConfig())
+        signal = orchestrator.signal
+        assert isinstance(signal, OPDSignal) and signal.distiller is not None  # the vLLM teacher at the endpoint
+        teacher = TableTeacher()  # scored here by a table
+        signal.distiller = Distiller(teacher, OPDConfig())
         samples, metrics = asyncio.run(collect(orchestrator))
     assert len(samples) == 8 and metrics["groups_filtered"] == 0  # kept: the teacher's signal is per token
     assert sorted(teacher.scored) == sorted(s.token_ids for s in samples)

@@ -25,13 +25,13 @@ def test_a_resume_goes_on_from_the_checkpointed_rae_baselines(tmp_path):
     folder = RLFolder(tmp_path)
     first = build_orchestrator(RAE, folder, ENDPOINTS)
     make_batch(first, 0, (1.0, 1.0))  # one key: baseline 0.1 then 0.19, advantages 0.9 and 0.81
-    baselines = dict(first.advantages.fn.baselines)
+    baselines = dict(first.signal.advantages.fn.baselines)
     assert list(baselines.values()) == [pytest.approx(0.19)]
     trainer_loop(folder).step(0, folder.read_batch(0))  # checkpoints step 1 with the orchestrator's state
 
     resumed = build_orchestrator(RAE, folder, ENDPOINTS)
-    assert resumed.advantages.fn.baselines == baselines
-    assert resumed.advantages([1.0], key=next(iter(baselines))) == pytest.approx([1.0 - 0.271])  # 0.9*0.19+0.1
+    assert resumed.signal.advantages.fn.baselines == baselines
+    assert resumed.signal.advantages([1.0], key=next(iter(baselines))) == pytest.approx([1.0 - 0.271])  # 0.9*0.19+0.1
 
 
 def test_resuming_with_rae_from_a_checkpoint_without_its_state_is_a_loud_error(tmp_path):

@@ -2,7 +2,7 @@
 (advantage baselines, counts, task draw) reaches the trainer process with each batch and is saved with the
 trainer's checkpoint; a resume goes on exactly as the run would have, whatever the orchestrator made ahead."""
 
-from test_orchestrator_failures import tokened
+from test_orchestrator_failures import to_samples, tokened
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
 from tracegym.train.orchestrator import Orchestrator, build_orchestrator
@@ -22,7 +22,7 @@ def make_batch(orchestrator: Orchestrator, step: int, rewards: tuple[float, floa
     """What a step does to the orchestrator's state, without env servers: draw the tasks, score one group, hand
     the batch over. Returns the drawn (env, task key) pairs."""
     drawn = [(env.id, data.key) for env, data in orchestrator.draw()]
-    samples = orchestrator.to_samples([[tokened(r) for r in rewards]], version=step, step=step)
+    samples = to_samples(orchestrator, [[tokened(r) for r in rewards]], version=step, step=step)
     orchestrator.hand_over(step, samples, {"generation_s": 0.1})
     return drawn
 
@@ -44,10 +44,10 @@ def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(
     trainer = trainer_loop(folder)
     assert trainer.resume() == resumed.next_step == 1 and trainer.trainer.version == 1
     assert resumed.state_dict() == after_step_0
-    assert resumed.advantages.fn.baselines == {tokened(1.0).task_key: 0.5}  # the EMA baseline came back
+    assert resumed.signal.advantages.fn.baselines == {tokened(1.0).task_key: 0.5}  # the EMA baseline came back
     assert make_batch(resumed, 1, (0.0, 0.0)) == expected  # the same tasks as the run that was killed drew
 
 
 def test_a_fresh_run_starts_at_step_0_with_fresh_state(tmp_path):
     orchestrator = build_orchestrator(CONFIG, RLFolder(tmp_path), ENDPOINTS)
-    assert orchestrator.next_step == 0 and orchestrator.advantages.fn.baselines == {}
+    assert orchestrator.next_step == 0 and orchestrator.signal.advantages.fn.baselines == {}

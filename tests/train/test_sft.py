@@ -31,12 +31,13 @@ from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.samples import trace_samples
 from tracegym.train.sft import (
     SFTConfig,
-    SFTSource,
+    SFTSignal,
     branch_tokens,
     kept_traces,
-    reach_teacher,
     sft_samples,
 )
+from tracegym.train.signal import StepGroups
+from tracegym.train.teacher import reach_teacher
 
 
 # --- the student's renderers ------------------------------------------------------------------------------
@@ -192,10 +193,10 @@ def test_truncated_and_failed_teacher_rollouts_are_dropped():
     assert len(kept_traces([cut], SFTConfig(keep_truncated=True))[0]) == 1
 
 
-# --- the source: a step's batch, and its stops -------------------------------------------------------------
+# --- the signal: a step's batch, and its stops -------------------------------------------------------------
 def test_a_step_where_every_rollout_is_filtered_out_is_empty_and_says_which_keys_to_loosen(smol):
-    source = SFTSource(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(min_reward=1.0))
-    samples, figures = source.batch([(load_taskset("reverse-text"), group(0.5, 0.2))], version=2)
+    source = SFTSignal(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(min_reward=1.0))
+    samples, figures = asyncio.run(source.samples(StepGroups(0, [group(0.5, 0.2)]), version=2))
     assert samples == [] and figures["sft/dropped/below_min_reward"] == 2
     why = source.why_empty([figures, figures])
     assert why == ("every teacher rollout was filtered out (4 below_min_reward); lower [sft] min_reward (now 1.0), "
@@ -230,8 +231,8 @@ def test_an_sft_run_whose_teacher_is_always_wrong_stops_after_its_attempts(tmp_p
 
 
 def test_a_step_batch_is_stamped_and_counted(smol):
-    source = SFTSource(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(keep_best=1))
-    samples, figures = source.batch([(load_taskset("reverse-text"), group(0.2, 0.9))], version=4)
+    source = SFTSignal(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(keep_best=1))
+    samples, figures = asyncio.run(source.samples(StepGroups(0, [group(0.2, 0.9)]), version=4))
     assert len(samples) == 1 and samples[0].policy_version == 4 and samples[0].reward == 0.9
     assert figures == {"sft/kept": 1, "sft/kept_rate": 0.5, "sft/dropped/not_best": 1}
 

@@ -153,12 +153,15 @@ def test_the_launcher_serves_a_teacher_given_by_name_and_not_one_at_a_base_url_o
 
 async def test_scorer_transformers_loads_the_teacher_directory_in_process():
     config = opd_config(scorer="transformers", name=str(embedded_model_dir()))
-    teacher = build_teacher(config, Endpoints(base_url="http://127.0.0.1:9/v1", base_model="m", envs={}))
+    teacher = build_teacher(config.teacher, config.opd.scorer,
+                            Endpoints(base_url="http://127.0.0.1:9/v1", base_model="m", envs={}))
     assert isinstance(teacher, TransformersTeacher)
     scores = await teacher.logprobs([1, 330, 1303, 28])
     assert len(scores) == 3 and all(s < 0 for s in scores)
 
 
 def test_an_endpoint_teacher_without_one_in_endpoints_json_is_a_usage_error():
-    with pytest.raises(UsageError, match="names no teacher endpoint"):
-        build_teacher(opd_config(name="some/dir"), Endpoints(base_url="http://127.0.0.1:9/v1", base_model="m", envs={}))
+    config = opd_config(name="some/dir")
+    with pytest.raises(UsageError, match="names no teacher"):
+        build_teacher(config.teacher, config.opd.scorer,
+                      Endpoints(base_url="http://127.0.0.1:9/v1", base_model="m", envs={}))

@@ -14,6 +14,7 @@ from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
+from tracegym.core.tool_spec import ToolSpec
 
 SCHEMA_VERSION = 1
 
@@ -83,6 +84,8 @@ class Trace(BaseModel):
     graph: MessageGraph = Field(default_factory=MessageGraph)
     prompt_length: int = 0
     """How many of the graph's first nodes are the prompt (the rest is the completion)."""
+    tools: list[ToolSpec] = Field(default_factory=list)
+    """The tools offered on the rollout's last model call (what its prompts were rendered with)."""
     rewards: dict[str, RewardScore] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     errors: list[TraceError] = Field(default_factory=list)

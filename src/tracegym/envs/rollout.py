@@ -155,6 +155,7 @@ class Rollout:
         """One model call within the model timeout, its reply appended to the graph's head with its tokens and
         its usage counted; `Ended(TRUNCATED)` (the error recorded) when the prompt overflowed the context. The
         loop's turns and the interception proxy's calls (`envs.proxy`) both go through here."""
+        self.trace.tools = list(request.tools)
         try:
             response = await self.timed("model", self.model.complete(request), self.timeouts.model)
         except ContextLengthError as exc:

@@ -18,12 +18,14 @@ import asyncio
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.sample import Sample
 from tracegym.train.advantages import AdvantageConfig
+from tracegym.train.signal import RLSignal
 
 
 class Teacher(Protocol):
@@ -115,3 +117,20 @@ class Distiller:
 
     async def aclose(self) -> None:
         await self.teacher.aclose()
+
+
+@dataclass
+class OPDSignal(RLSignal):
+    """An `opd` run's signal (`train.signal`): RL's samples of the student's own rollouts (their reward advantage
+    weighted by `reward_weight`), each token's advantage then set from the teacher's logprob of it."""
+
+    distiller: Distiller | None = None
+
+    async def finish(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
+        if self.distiller is None or not samples:
+            return samples, {}
+        return await self.distiller(samples)
+
+    async def aclose(self) -> None:
+        if self.distiller is not None:
+            await self.distiller.aclose()

@@ -26,7 +26,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tracegym.core.episode import Episode, Outcome
@@ -43,26 +43,20 @@ from tracegym.envs.seats import Seats
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
-from tracegym.train.advantages import GroupAdvantages, build_advantages
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
-from tracegym.train.distillation import Distiller, reward_advantage
-from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units, unfit
+from tracegym.train.fan_out import unfit
 from tracegym.train.filters import RolloutFilter, screen
+from tracegym.train.modes import build_signal
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
-from tracegym.train.regeneration import regenerated, rollouts_fate
+from tracegym.train.regeneration import regenerated
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
-from tracegym.train.samples import checked_samples
-from tracegym.train.seat_metrics import seat_metrics
 from tracegym.train.seating import Seating
-from tracegym.train.sft import SFTSource, build_sft_source
+from tracegym.train.signal import Group, Signal, StepGroups
 from tracegym.train.staleness import StalenessControl
-from tracegym.train.teacher import build_teacher
 from tracegym.train.tracking import build_tracking
 
 POLICY_WAIT_S = 3600.0
-Group = list[Trace] | list[Episode]
-"""The rollouts of one task, or its episodes (a multi-agent environment)."""
 
 
 class TaskStream:
@@ -135,37 +129,33 @@ class StepPlan:
     """Rollouts in flight at once."""
     batch_attempts: int = 1
     """Attempts at a step's batch before an empty one stops the run (`regeneration`)."""
+    sampling: Sampling = field(default_factory=Sampling)
+    """Sampling of the training rollouts."""
+    seed: int = 0
+    """Seed of the environment draw (and of held-out opponents)."""
 
 
 class Orchestrator:
-    """Runs the steps of one RL run; `run()` until `plan.steps` batches are handed over."""
+    """Runs the steps of one RL run; `run()` until `plan.steps` batches are handed over. Every mode runs alike:
+    what a step's groups are trained as is the `signal`'s business."""
 
-    def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], sampling: Sampling,
-                 advantages: GroupAdvantages, staleness: StalenessControl, plan: StepPlan,
-                 held_out: HeldOut | None = None, seed: int = 0, pool: OpponentPool | None = None,
-                 baseline_per_task: bool = True, truncated_reward: float | None = None,
-                 filters: list[RolloutFilter] | None = None, distiller: Distiller | None = None,
-                 difficulty: OnlineDifficulty[Group] | None = None, sft: SFTSource | None = None) -> None:
+    def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], signal: Signal,
+                 staleness: StalenessControl, plan: StepPlan, *, held_out: HeldOut | None = None,
+                 filters: list[RolloutFilter] | None = None, difficulty: OnlineDifficulty[Group] | None = None,
+                 pool: OpponentPool | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
-        `pool`: the run's past policies, for seats whose opponent comes from it; `baseline_per_task`: keep an
-        episode member's advantage baseline per task (else per taskset and member); `truncated_reward`: the
-        reward of a trainable member of an episode cut short (None: its payoff); `filters`: the rollout filters
-        that run on each trainable rollout; `distiller`: an `opd` run's teacher, which sets every sample's
-        per-token advantages; `difficulty`: online difficulty of the environments that have it; `sft`: an `sft`
-        run's teacher, whose rollouts are the data (held-out evaluation stays on `endpoint`, the student)."""
-        self.folder, self.endpoint, self.sampling, self.plan = folder, endpoint, sampling, plan
+        `signal`: what the step's groups become (`train.signal`: rl, sft or opd); `filters`: the rollout filters
+        that run on each trainable rollout; `difficulty`: online difficulty of the environments that have it;
+        `pool`: the run's past policies, for seats whose opponent comes from it."""
+        self.folder, self.endpoint, self.signal, self.plan = folder, endpoint, signal, plan
         self.envs = {env.id: env for env in envs}
-        self.advantages, self.staleness = advantages, staleness
-        self.held_out = held_out or HeldOut(envs=[], sampling=sampling)
-        self.rng = random.Random(seed)
-        self.seed, self.pool, self.baseline_per_task = seed, pool, baseline_per_task
-        self.truncated_reward, self.distiller, self.sft = truncated_reward, distiller, sft
+        self.staleness, self.pool = staleness, pool
+        self.held_out = held_out or HeldOut(envs=[], sampling=plan.sampling)
+        self.rng = random.Random(plan.seed)
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
         self.next_step = 0
         """The step whose batch comes next."""
-        self.traces_invalid = 0
-        """Traces dropped so far because `validate` found their tokens unfit for training."""
 
     # --- the loop ----------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -191,11 +181,9 @@ class Orchestrator:
     async def make_batch(self, step: int, version: int, model: str) -> tuple[list[Sample], dict[str, Any]]:
         """The step's samples and metrics, from new tasks again while they come out empty (`regeneration`); each
         empty attempt's metrics go to `metrics.jsonl` as `{"empty_batch": step, "attempt": n, ...}`."""
-        no_signal = self.advantages.filtered
-        why = self.sft.why_empty if self.sft else (
-            lambda tried: rollouts_fate(tried, self.advantages.filtered - no_signal))
         return await regenerated(
-            lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts, why,
+            lambda attempt: self.collect(step, version, model, attempt), self.plan.batch_attempts,
+            self.signal.why_empty,
             lambda attempt, metrics: self.folder.metrics.append({"empty_batch": step, "attempt": attempt, **metrics}),
             what=f"step {step}")
 
@@ -220,7 +208,29 @@ class Orchestrator:
                       ) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics; the traces of a later `attempt` join the step's earlier ones."""
         started = time.monotonic()
-        endpoint = self.sft.teacher if self.sft else self.endpoint.model_copy(update={"model": model})
+        groups, env_ids = await self.run_groups(self.signal.rollout_endpoint(
+            self.endpoint.model_copy(update={"model": model})), model)
+        trained = [learner_traces(g) for g in groups]
+        check_not_all_failed(step, trained)
+        screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
+                                          for t in traces if trainable(t)))
+        samples, signal_metrics = await self.train_on(StepGroups(step, groups, screening.keeps), version)
+        self.write(step, groups, keep=attempt > 0)
+        metrics = step_metrics(trained, samples, time.monotonic() - started)
+        metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
+                        **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
+        return samples, metrics
+
+    async def train_on(self, groups: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
+        """What the signal makes of a step's groups (the policy `version` served when the step started), samples
+        too old for the step dropped (and counted) before the signal finishes them; with the signal's figures."""
+        samples, made = await self.signal.samples(groups, version)
+        samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
+        return samples, {**made, **finished}
+
+    async def run_groups(self, endpoint: Endpoint, model: str) -> tuple[list[Group], list[str]]:
+        """One group per drawn task (refilled where online difficulty asks), run against `endpoint` with the seats
+        of the policy `model`; and the environment of each."""
         size = self.plan.group_size
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
         if self.pool is not None:
@@ -236,98 +246,41 @@ class Orchestrator:
             async with gate:
                 if seats is None:
                     return await env.client.run_group(env.stream.taskset, data, endpoint, size,
-                                                      sampling=self.sampling)
+                                                      sampling=self.plan.sampling)
                 return list(await asyncio.gather(*(
                     env.client.run_episode(env.stream.taskset, data, endpoint, episode_index=i, seats=binding,
-                                           sampling=self.sampling) for i, binding in enumerate(seats))))
+                                           sampling=self.plan.sampling) for i, binding in enumerate(seats))))
 
         async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
             more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
             return list(await asyncio.gather(*(group(env, data, seats(env)) for env, data in more)))
 
         drawn = await asyncio.gather(*(group(*plan) for plan in plans))
-        groups, env_ids = await self.difficulty.complete(drawn, [env.id for env, _, _ in plans],
-                                                         self.plan.tasks_per_step, refill)
-        trained = [learner_traces(g) for g in groups]
-        check_not_all_failed(step, trained)
-        screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
-                                          for t in traces if trainable(t)))
-        if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
-            pairs, dropped = [], Counter[str]()
-            ran = [(self.envs[env_id].stream.taskset, [t for t in g if screening.keeps(t)])
-                   for env_id, g in zip(env_ids, groups, strict=True)]
-            samples, extra = self.sft.batch(ran, version)
-        else:
-            pairs, dropped = self.advantaged(groups)
-            samples, extra = self.samples_of([(u, a) for u, a in pairs if screening.keeps(u.trace)], version, step), {}
-        samples, distillation = await self.distiller(samples) if self.distiller and samples else (samples, {})
+        return await self.difficulty.complete(drawn, [env.id for env, _, _ in plans], self.plan.tasks_per_step,
+                                              refill)
+
+    def write(self, step: int, groups: list[Group], keep: bool) -> None:
+        """The step's traces (and episodes) into the run folder; `keep`: after those of its earlier attempts."""
+        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=keep)
         episodes = [e for g in groups for e in g if isinstance(e, Episode)]
-        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=attempt > 0)
         if episodes:
-            self.folder.write_episodes(step, episodes, keep=attempt > 0)
-        metrics = step_metrics(trained, samples, time.monotonic() - started)
-        metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
-                        **screening.metrics(), **distillation, **self.difficulty.metrics(), **extra})
-        if episodes:
-            metrics.update(episode_metrics(episodes, pairs, dropped))
-        return samples, metrics
+            self.folder.write_episodes(step, episodes, keep=keep)
 
     def counts(self) -> dict[str, int]:
         """What the run has left out of training so far, by cause."""
-        return {"groups_filtered": self.advantages.filtered, "samples_dropped_stale": self.staleness.dropped,
-                "traces_invalid": self.traces_invalid}
+        return {**self.signal.counts(), "samples_dropped_stale": self.staleness.dropped}
 
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
         """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
         chosen = self.rng.choices(list(self.envs), [e.weight for e in self.envs.values()], k=self.plan.tasks_per_step)
         return [(self.envs[env_id], self.difficulty.draw(env_id, self.envs[env_id].stream.next)) for env_id in chosen]
 
-    def to_samples(self, groups: list[Group], version: int, step: int) -> list[Sample]:
-        """Advantages per group over its trainable rollouts (or its episodes' trainable members), then every
-        branch of each of those as a sample, stamped with the oldest policy version that sampled it (`version`,
-        the one served when the step started, where the endpoint reported none); samples too old for `step` are
-        dropped and counted."""
-        return self.samples_of(self.advantaged(groups)[0], version, step)
-
-    def advantaged(self, groups: list[Group]) -> tuple[list[tuple[TrainingUnit, float]], Counter[str]]:
-        """Each group fanned out into training units (one per rollout, or per trainable member of each episode),
-        with the advantages of each baseline key within the group; and what made no unit, by reason."""
-        out: list[tuple[TrainingUnit, float]] = []
-        dropped = Counter[str]()
-        for group in groups:
-            if group and isinstance(group[0], Episode):
-                units, left_out = episode_units(group, self.baseline_per_task,  # type: ignore[arg-type]
-                                                self.truncated_reward)
-            else:
-                units, left_out = rollout_units(group)  # type: ignore[arg-type]
-            out += advantaged(units, self.advantages)
-            dropped += left_out
-        return out, dropped
-
-    def samples_of(self, pairs: list[tuple[TrainingUnit, float]], version: int, step: int) -> list[Sample]:
-        """The samples of each unit's trace with its advantage, those too old for `step` dropped and counted."""
-        out: list[Sample] = []
-        for unit, advantage in pairs:
-            out += self.trace_samples(unit.trace, advantage, version, step)
-        return self.staleness.admit(out, step)
-
-    def trace_samples(self, trace: Trace, advantage: float, version: int, step: int) -> list[Sample]:
-        """The trace's samples with loss, carrying its advantage and reward; an untrainable trace is counted."""
-        samples, problems = checked_samples(trace)
-        if problems:  # not exactly trainable (e.g. no logprobs, greedy): dropped and counted
-            self.traces_invalid += 1
-            self.folder.metrics.append({"step": step, "invalid_trace": problems[0], "problems": len(problems)})
-        stamp = {"advantage": advantage, "reward": trace.reward}
-        return [s.model_copy(update={**stamp, "policy_version": _version(s.policy_version, version)})
-                for s in samples if s.num_trained]
-
     # --- state across a resume --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What a resume from `next_step` needs to go on as if never stopped: advantage state (e.g. EMA
+        """What a resume from `next_step` needs to go on as if never stopped: the signal's state (e.g. EMA
         baselines), counts, the environment draw, how far each task stream got, and the online difficulty."""
         version, internal, gauss = self.rng.getstate()
-        return {"next_step": self.next_step, "advantages": self.advantages.state_dict(),
-                "staleness": self.staleness.state_dict(), "traces_invalid": self.traces_invalid,
+        return {"next_step": self.next_step, **self.signal.state_dict(), "staleness": self.staleness.state_dict(),
                 "rng": [version, list(internal), gauss],
                 "drawn": {env_id: env.stream.drawn for env_id, env in self.envs.items()},
                 "seating": {env_id: env.seating.state_dict() for env_id, env in self.envs.items() if env.seating},
@@ -335,9 +288,8 @@ class Orchestrator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next_step = int(state["next_step"])
-        self.advantages.load_state_dict(state["advantages"])
+        self.signal.load_state_dict(state)
         self.staleness.load_state_dict(state["staleness"])
-        self.traces_invalid = int(state["traces_invalid"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         for env_id, drawn in state["drawn"].items():
@@ -377,7 +329,7 @@ class Orchestrator:
         """The learner's figures on a held-out multi-agent environment: every held-out task played once with the
         learner in each free seat (all seats at once in self-play), against the same opponents every time."""
         assert env.seating is not None
-        rng = random.Random(self.seed)  # the same opponent draws at every evaluation
+        rng = random.Random(self.plan.seed)  # the same opponent draws at every evaluation
         played: list[tuple[Episode, list[str]]] = []
         for seat in env.seating.learner_seats():
             episodes = await env.client.evaluate_episodes(
@@ -392,8 +344,7 @@ class Orchestrator:
         clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
         for client in clients.values():
             await client.aclose()
-        if self.distiller is not None:
-            await self.distiller.aclose()
+        await self.signal.aclose()
         self.folder.close()
 
 
@@ -428,19 +379,13 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
                        orch.eval.sampling, orch.eval.num_tasks, orch.eval.every)
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
-    orchestrator = Orchestrator(folder, endpoint, envs, orch.train.sampling,
-                                build_advantages(reward_advantage(orch.advantage, config.mode)),
-                                StalenessControl(orch.max_async_steps),
-                                StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency,
-                                         orch.batch_attempts),
-                                held_out, seed=orch.seed, pool=pool,
-                                baseline_per_task=orch.advantage.baseline_per == "task",
-                                truncated_reward=orch.truncated_reward, filters=orch.filters.active(),
-                                distiller=Distiller(build_teacher(config, endpoints), config.opd)
-                                if config.mode == "opd" else None,
-                                difficulty=difficulty,
-                                sft=build_sft_source(config.sft, config.teacher, endpoints, endpoint)
-                                if config.mode == "sft" and config.teacher else None)
+    signal = build_signal(config.mode, orch.advantage, student=endpoint, endpoints=endpoints, teacher=config.teacher,
+                          sft=config.sft, opd=config.opd, truncated_reward=orch.truncated_reward,
+                          log=folder.metrics.append)
+    plan = StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
+                    orch.train.sampling, orch.seed)
+    orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
+                                held_out=held_out, filters=orch.filters.active(), difficulty=difficulty, pool=pool)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
@@ -463,14 +408,6 @@ def group_rewards(group: Group) -> list[float]:
 def group_key(group: Group) -> str:
     """The task a group ran (each of its rollouts or episodes records it)."""
     return group[0].task_key
-
-
-def episode_metrics(episodes: list[Episode], pairs: list[tuple[TrainingUnit, float]],
-                    dropped: Counter[str]) -> dict[str, Any]:
-    """A multi-agent step's figures: episodes, their errors, members left out of training by reason, per seat."""
-    return {"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
-            **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
-            **seat_metrics(episodes, pairs)}
 
 
 def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:

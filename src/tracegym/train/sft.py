@@ -18,28 +18,24 @@ mode sets), packed by the same token budget as RL.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.errors import InfrastructureError, UsageError
+from tracegym.core.errors import UsageError
 from tracegym.core.graph import TokenPrefix
 from tracegym.core.messages import Message
 from tracegym.core.sample import Sample
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import Trace
-from tracegym.envs.taskset import Taskset
 from tracegym.models.client import ModelRequest
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.model_choice import ModelChoice
-from tracegym.models.renderer import Renderer, load_renderer
+from tracegym.models.renderer import Renderer
 from tracegym.models.token_client import next_prompt_ids
-from tracegym.models.transport import PROBE_TIMEOUT_S, Unavailable, backoff_delay, served_models
 from tracegym.train.fan_out import unfit
-from tracegym.train.rl_folder import Endpoints
+from tracegym.train.signal import StepGroups
 
 
 class SFTConfig(BaseModel):
@@ -142,34 +138,40 @@ DROPPED = "sft/dropped/"
 """The prefix of the metrics counting dropped teacher rollouts by reason."""
 
 
-class SFTSource:
-    """What an `sft` run's orchestrator needs: the teacher's endpoint, the student's renderer and the filters."""
+class SFTSignal:
+    """An `sft` run's signal (`train.signal`): the step's groups run against the teacher, and its rollouts that
+    pass the `[sft]` filters, rendered with the student's renderer, are the samples."""
 
     def __init__(self, teacher: Endpoint, renderer: Renderer, config: SFTConfig) -> None:
         self.teacher, self.renderer, self.config = teacher, renderer, config
 
-    def batch(self, groups: Sequence[tuple[Taskset, Sequence[Any]]],
-              version: int) -> tuple[list[Sample], dict[str, Any]]:
-        """The samples of one step's groups (each with the taskset that ran it, for its tools), stamped with the
-        policy `version` served when the step started, and the step's SFT figures (`sft/kept`, `sft/kept_rate`,
+    def rollout_endpoint(self, policy: Endpoint) -> Endpoint:
+        return self.teacher
+
+    async def samples(self, step: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
+        """The samples of one step's groups (rendered with the tools each trace offered), stamped with the policy
+        `version` served when the step started, and the step's SFT figures (`sft/kept`, `sft/kept_rate`,
         `sft/dropped/<reason>`). No sample at all is an empty batch: the orchestrator makes the step again with
         new tasks, and stops the run with `why_empty` after its last attempt."""
         samples: list[Sample] = []
         dropped = Counter[str]()
         kept = 0
-        for taskset, group in groups:
+        for group in step.groups:
             if any(not isinstance(t, Trace) for t in group):
                 raise UsageError("mode = 'sft' trains on single-agent environments; a multi-agent one is listed "
                                  "in orchestrator.train.envs")
-            traces, left_out = kept_traces(group, self.config)
+            traces, left_out = kept_traces([t for t in group if isinstance(t, Trace) and step.keeps(t)], self.config)
             dropped += left_out
             kept += len(traces)
             for trace in traces:
-                samples += sft_samples(trace, self.renderer, taskset.task(trace.task).tool_specs())
+                samples += sft_samples(trace, self.renderer, trace.tools)
         total = kept + sum(dropped.values())
         stamped = [s.model_copy(update={"policy_version": version}) for s in samples]
         return stamped, {"sft/kept": kept, "sft/kept_rate": kept / total if total else 0.0,
                          **{f"{DROPPED}{reason}": n for reason, n in sorted(dropped.items())}}
+
+    async def finish(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, Any]]:
+        return samples, {}
 
     def why_empty(self, tried: Sequence[dict[str, Any]]) -> str:
         """Why every attempt at a step came out empty, from the attempts' figures: what the filters dropped, and
@@ -180,39 +182,18 @@ class SFTSource:
         return (f"every teacher rollout was filtered out ({_counts(dropped)}); lower [sft] min_reward (now "
                 f"{self.config.min_reward}), set [sft] keep_truncated, or check the teacher at {self.teacher.base_url}")
 
+    def counts(self) -> dict[str, int]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
 
 def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in sorted(counter.items())) or "no rollouts"
-
-
-def reach_teacher(teacher: ModelChoice, endpoints: Endpoints,
-                  sleep: Callable[[float], object] = time.sleep) -> Endpoint:
-    """The teacher's Endpoint (chat client by default), after checking it answers: `GET /models` tried
-    `1 + max_retries` times (each within the probe timeout) with the teacher's backoff, then an
-    InfrastructureError naming the endpoint. Its model
-    name is `teacher_model`, else the one the endpoint lists first."""
-    urls = endpoints.teacher_base_url
-    if not urls:
-        raise UsageError("endpoints.json names no teacher: set [teacher] base_url (an OpenAI-compatible endpoint)")
-    endpoint = teacher.model_copy(update={"base_url": None}).endpoint(urls[0], endpoints.teacher_model or "",
-                                                                      replicas=urls[1:])
-    for attempt in range(teacher.max_retries + 1):
-        try:
-            listed = served_models(urls[0], endpoint.api_key(), min(teacher.timeout, PROBE_TIMEOUT_S))
-            break
-        except Unavailable as exc:
-            if attempt == teacher.max_retries:
-                raise InfrastructureError(f"the teacher at {urls[0]} ([teacher] base_url) did not answer after "
-                                          f"{attempt + 1} tries: {exc}") from None
-            sleep(backoff_delay(teacher.backoff, attempt))
-    name = endpoints.teacher_model or next((str(m["id"]) for m in listed if "id" in m), None)
-    if not name:
-        raise InfrastructureError(f"the teacher at {urls[0]} lists no model; set [teacher] name")
-    return endpoint.model_copy(update={"model": name})
-
-
-def build_sft_source(config: SFTConfig, teacher: ModelChoice, endpoints: Endpoints, student: Endpoint) -> SFTSource:
-    """The SFT source of a run: the teacher reached, the student's renderer loaded (its tokenizer, its
-    `renderer` setting)."""
-    renderer = load_renderer(student.tokenizer or student.model, student.renderer)
-    return SFTSource(reach_teacher(teacher, endpoints), renderer, config)

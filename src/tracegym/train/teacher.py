@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tracegym.core.errors import InfrastructureError, ModelError, TracegymError,
 from tracegym.models import transport
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import only_served_model, server_config
+from tracegym.models.transport import PROBE_TIMEOUT_S, Unavailable, backoff_delay, served_models
 from tracegym.models.vllm_server import VLLMServer, is_cpu_build
 from tracegym.models.vllm_servers import CORES_ENV, core_shares
 from tracegym.train.distillation import Teacher
@@ -136,21 +138,38 @@ def teacher_endpoints(config: RLConfig, log_path: Path, cores: str | None) -> It
         yield {"teacher_base_url": [server.base_url], "teacher_model": served.name}
 
 
-def teacher_endpoint(teacher: TeacherModel, base_urls: list[str], model: str | None) -> Endpoint:
-    """The Endpoint of the teacher at `base_urls` (the first; vLLM scores, replicas are not routed here) under
-    `model` (None: the one model the server serves), with `[teacher]`'s timeouts and retries."""
-    name = model or only_served_model(base_urls[0], teacher.api_key_env)
-    return teacher.endpoint(base_urls[0], name)
+def reach_teacher(teacher: TeacherModel, endpoints: Endpoints,
+                  sleep: Callable[[float], object] = time.sleep) -> Endpoint:
+    """The teacher's Endpoint (chat client by default), after checking it answers: `GET /models` tried
+    `1 + max_retries` times (each within the probe timeout) with the teacher's backoff, then an
+    InfrastructureError naming the endpoint. Its model
+    name is `teacher_model`, else the one the endpoint lists first."""
+    urls = endpoints.teacher_base_url
+    if not urls:
+        raise UsageError("endpoints.json names no teacher: set [teacher] base_url (an OpenAI-compatible endpoint)")
+    endpoint = teacher.model_copy(update={"base_url": None}).endpoint(urls[0], endpoints.teacher_model or "",
+                                                                      replicas=urls[1:])
+    for attempt in range(teacher.max_retries + 1):
+        try:
+            listed = served_models(urls[0], endpoint.api_key(), min(teacher.timeout, PROBE_TIMEOUT_S))
+            break
+        except Unavailable as exc:
+            if attempt == teacher.max_retries:
+                raise InfrastructureError(f"the teacher at {urls[0]} ([teacher] base_url) did not answer after "
+                                          f"{attempt + 1} tries: {exc}") from None
+            sleep(backoff_delay(teacher.backoff, attempt))
+    name = endpoints.teacher_model or next((str(m["id"]) for m in listed if "id" in m), None)
+    if not name:
+        raise InfrastructureError(f"the teacher at {urls[0]} lists no model; set [teacher] name")
+    return endpoint.model_copy(update={"model": name})
 
 
-def build_teacher(config: RLConfig, endpoints: Endpoints) -> Teacher:
-    """The teacher that scores an `opd` run's samples: its endpoint (as the launcher wrote it), or transformers."""
-    assert config.teacher is not None, "an opd run has a [teacher] (RLConfig checks it)"
-    if config.opd.scorer == "transformers" and config.teacher.name is not None:  # check_teacher: it is set
-        return TransformersTeacher(config.teacher.name)
-    if not endpoints.teacher_base_url:
-        raise UsageError("the run's endpoints.json names no teacher endpoint (was it written by an older launcher?)")
-    return VLLMTeacher(teacher_endpoint(config.teacher, endpoints.teacher_base_url, endpoints.teacher_model))
+def build_teacher(teacher: TeacherModel, scorer: str, endpoints: Endpoints) -> Teacher:
+    """The teacher that scores an `opd` run's samples: its endpoint (`reach_teacher`), or, with
+    `[opd] scorer = "transformers"`, its directory loaded in this process."""
+    if scorer == "transformers" and teacher.name is not None:  # check_teacher: it is set
+        return TransformersTeacher(teacher.name)
+    return VLLMTeacher(reach_teacher(teacher, endpoints))
 
 
 def check_teacher(config: RLConfig) -> None:
