@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from tracegym.core.episode import Episode, Outcome
 from tracegym.core.errors import InfrastructureError, UsageError
@@ -227,7 +227,7 @@ class Orchestrator:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
 
         def seats(env: TrainEnv) -> list[Seats] | None:
-            return env.seating and [env.seating.next(model, self.rng) for _ in range(size)]
+            return [env.seating.next(model, self.rng) for _ in range(size)] if env.seating else None
 
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
         plans = [(env, data, seats(env)) for env, data in self.draw()]
@@ -252,6 +252,7 @@ class Orchestrator:
         check_not_all_failed(step, trained)
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
                                           for t in traces if trainable(t)))
+        pairs: list[tuple[TrainingUnit, float]]
         if self.sft is not None:  # the teacher's rollouts, filtered and rendered for the student
             pairs, dropped = [], Counter[str]()
             ran = [(self.envs[env_id].stream.taskset, [t for t in g if screening.keeps(t)])
@@ -296,10 +297,10 @@ class Orchestrator:
         dropped = Counter[str]()
         for group in groups:
             if group and isinstance(group[0], Episode):
-                units, left_out = episode_units(group, self.baseline_per_task,  # type: ignore[arg-type]
+                units, left_out = episode_units(group, self.baseline_per_task,
                                                 self.truncated_reward)
             else:
-                units, left_out = rollout_units(group)  # type: ignore[arg-type]
+                units, left_out = rollout_units(cast("list[Trace]", group))  # not episodes: traces, or none
             out += advantaged(units, self.advantages)
             dropped += left_out
         return out, dropped
@@ -389,7 +390,8 @@ class Orchestrator:
 
     async def aclose(self) -> None:
         """Close every env client (one may serve both training and held-out tasks)."""
-        clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
+        envs: list[TrainEnv | HeldOutEnv] = [*self.envs.values(), *self.held_out.envs]
+        clients = {id(e.client): e.client for e in envs}
         for client in clients.values():
             await client.aclose()
         if self.distiller is not None:
@@ -514,7 +516,7 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     traces = [t for g in groups for t in g]
     failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
-    reward = mean_ci([t.reward for t in traces if trainable(t)])
+    reward = mean_ci([t.reward for t in traces if trainable(t) and t.reward is not None])
     advantages = [s.advantage for s in samples]
     lengths = [t.usage.completion_tokens for t in traces]
     return {
