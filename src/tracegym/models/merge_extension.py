@@ -66,7 +66,7 @@ def read_base(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} holds no *.safetensors checkpoint to merge adapters into")
-    weights = {}
+    weights: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             weights |= {name: handle.get_tensor(name) for name in handle.keys()  # noqa: SIM118
