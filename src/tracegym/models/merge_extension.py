@@ -97,6 +97,7 @@ class MergeExtension:
 
     model_runner: Any  # the worker's
     model_config: Any
+    _tracegym_base_weights: tuple[Path, dict[str, torch.Tensor]]  # `_base_of`'s, set at the first merge
 
     def merge_adapter(self, adapter_path: str, base_path: str) -> int:
         """Serve the base weights in `base_path` with the adapter in `adapter_path` merged in; the number of
@@ -115,7 +116,7 @@ def _base_of(worker: MergeExtension, path: Path) -> dict[str, torch.Tensor]:
     cached = getattr(worker, "_tracegym_base_weights", None)
     if cached is None or cached[0] != path:
         cached = (path, read_base(path))
-        worker._tracegym_base_weights = cached  # type: ignore[attr-defined]
+        worker._tracegym_base_weights = cached
     return cached[1]
 
 
