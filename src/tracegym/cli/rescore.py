@@ -67,8 +67,10 @@ def _rescore_episodes(folder: RunFolder, taskset: Taskset, config: EvalConfig) -
     Console().print(episode_table(summary, title=f"rescored: {folder.path}"))
     diverged = [e for e in episodes if e.error is not None and e.error.stage.startswith("rescore")]
     if diverged:
+        first = diverged[0]
+        assert first.error is not None  # as every diverged episode's
         print(f"{len(diverged)} of {len(episodes)} episodes could not be replayed (left unscored); first: "
-              f"{diverged[0].task_key} #{diverged[0].episode_index}: {diverged[0].error.message}")  # type: ignore[union-attr]
+              f"{first.task_key} #{first.episode_index}: {first.error.message}")
     print(f"wrote {folder.path / f'episodes.rescored-{stamp}.jsonl'} (with its traces) and {path}")
     return 0
 

@@ -44,7 +44,8 @@ def run(args: list[str]) -> int:
 def parse(args: list[str]) -> ViewArgs:
     """The command line; a UsageError naming the flag at fault."""
     usage = "usage: tracegym view RUN_DIR [--port N] [--host H --allow-remote]"
-    rest, found = list(args), {}
+    rest = list(args)
+    found: dict[str, str | bool] = {}
     positional = []
     while rest:
         arg = rest.pop(0)

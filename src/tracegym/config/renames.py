@@ -78,9 +78,10 @@ def migrate_flags(args: list[str], renames: list[Rename]) -> tuple[list[str], li
 def _pop(data: dict[str, Any], path: list[str]) -> tuple[bool, Any]:
     node = data
     for key in path[:-1]:
-        node = node.get(key) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
+        child = node.get(key)
+        if not isinstance(child, dict):
             return False, None
+        node = child
     if path[-1] not in node:
         return False, None
     return True, node.pop(path[-1])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
@@ -98,18 +99,18 @@ class MessageGraph(BaseModel):
             return NotImplemented
         return self.nodes == other.nodes
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the pydantic model it overrides
+    # no __hash__: with __eq__ defined here, Python sets it to None (mutable, like the pydantic model it overrides)
 
     @property
     def head(self) -> int | None:
         """Id of the newest node: the end of the branch the rollout is on."""
         return self.nodes[-1].id if self.nodes else None
 
-    def add(self, message: Message, parent: int | None = -1, **fields: object) -> Node:
+    def add(self, message: Message, parent: int | None = -1, **fields: Any) -> Node:
         """Append a node; `parent=-1` means the current head."""
         if parent == -1:
             parent = self.head
-        node = Node(id=len(self.nodes), parent=parent, message=message, **fields)  # type: ignore[arg-type]
+        node = Node(id=len(self.nodes), parent=parent, message=message, **fields)
         self.nodes.append(node)
         return node
 

@@ -115,7 +115,7 @@ class Trace(BaseModel):
         """Weighted sum of the rewards; None when any reward is missing or there are none."""
         if not self.rewards or any(r.score is None for r in self.rewards.values()):
             return None
-        return sum(r.score * r.weight for r in self.rewards.values())  # type: ignore[operator]
+        return sum(r.score * r.weight for r in self.rewards.values() if r.score is not None)
 
     @property
     def messages(self) -> list[Message]:

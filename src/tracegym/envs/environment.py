@@ -68,7 +68,8 @@ class Environments:
 
     def __init__(self, factory: EnvironmentFactory | Mapping[str, EnvironmentFactory]) -> None:
         self.multiple = isinstance(factory, Mapping)
-        named: dict[str | None, Any] = dict(factory) if isinstance(factory, Mapping) else {None: factory}
+        named: dict[str | None, Any] = ({name: f for name, f in factory.items()} if isinstance(factory, Mapping)
+                                        else {None: factory})
         if not named:
             raise UsageError("an environment dict needs at least one environment")
         self.kinds = {name: _kind(name, f) for name, f in named.items()}
@@ -100,7 +101,7 @@ def _kind(name: str | None, factory: Any) -> EnvironmentKind:
     return EnvironmentKind(name, factory, env_class, _class_tools(env_class))
 
 
-def _own_reward(env_class: type) -> Callable[..., Any]:
+def _own_reward(env_class: type[Any]) -> Callable[..., Any]:
     async def own(task: EnvironmentTask, trace: Trace) -> float:
         if type(task.env) is not env_class:  # exactly that class, as TRL scores it
             raise NotApplicable

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError, classify
@@ -127,7 +127,7 @@ class EpisodeRun:
             for result in results:  # a failure ends the episode before any move of the slot is applied
                 if isinstance(result, BaseException):
                     raise result
-            moves: list[_Move] = sorted(results, key=lambda d: self.episode.members.index(d.member))  # type: ignore[arg-type]
+            moves = sorted(cast("list[_Move]", results), key=lambda d: self.episode.members.index(d.member))
         else:
             moves = [await self._turn(slot.members[0])]
         for done in moves:

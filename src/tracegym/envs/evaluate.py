@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, UsageError, classify
@@ -133,8 +133,8 @@ async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, epis
         trainable = {m: _trains(taskset, m, seat) for m, seat in bound.items()}
         for attempt in range(infra_retries + 1):
             try:
-                task = contained_call(taskset.task, data)
-                episode = await play(task, clients, options.get("sampling"), episode_index=episode_index,  # type: ignore[arg-type]
+                task = cast(MultiAgentTask, contained_call(taskset.task, data))  # multi_agent_class checked it
+                episode = await play(task, clients, options.get("sampling"), episode_index=episode_index,
                                      trainable=trainable, timeouts=options.get("timeouts"))
             except Exception as exc:  # the boundary around an episode, as around a rollout
                 return failed_episode(taskset, data, episode_index, exc)
@@ -170,7 +170,7 @@ def multi_agent_class(taskset: Taskset) -> type[MultiAgentTask]:
     if not is_multi_agent(taskset):
         raise UsageError(f"taskset {taskset.id!r} is single-agent: run rollouts (run_rollout, evaluate), not "
                          "episodes")
-    return taskset.task_class  # type: ignore[return-value]
+    return cast("type[MultiAgentTask]", taskset.task_class)
 
 
 def check_single_agent(taskset: Taskset) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, SupportsFloat, TypeGuard, TypeVar, overload
 
 from tracegym.core.errors import TaskError, UsageError
 from tracegym.envs.thread_lane import TASK_CODE
 
 ScorerKind = Literal["reward", "metric", "stop"]
 _MARK = "__tracegym_scorer__"
+_CACHE = "_scorer_cache"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -41,7 +42,7 @@ class Scorer:
         """A reward's or metric's result as a float. Any real number is one (int, float, bool, Fraction, numpy's
         scalars); anything else, the string "0.5" included, is a TaskError naming this scorer and the type."""
         if isinstance(value, numbers.Real) or _is_numpy_bool(value):
-            return float(value)  # type: ignore[arg-type]
+            return float(value)
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise TaskError(f"{self.kind} {self.name!r} returned {type(value).__name__} {shown}; "
                         f"a {self.kind} must return a number or a bool")
@@ -51,7 +52,7 @@ class Scorer:
         return Scorer(self.fn.__get__(target), self.kind, self.name, self.weight, self.order)
 
 
-def _is_numpy_bool(value: object) -> bool:
+def _is_numpy_bool(value: object) -> TypeGuard[SupportsFloat]:
     """numpy's bool scalar is the one numpy scalar not registered as a `numbers.Real` (no numpy import here)."""
     kind = type(value)
     return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
@@ -109,7 +110,7 @@ def scorers_of(cls: type) -> list[Scorer]:
 
     The most-derived definition of a name runs. An override with its own decorator takes that decorator's
     settings; one without keeps the base's (kind, weight, order, name); one set to None is no scorer at all."""
-    cached = cls.__dict__.get("_scorer_cache")
+    cached = cls.__dict__.get(_CACHE)
     if cached is not None:
         return cached
     found: dict[str, Scorer] = {}
@@ -122,8 +123,9 @@ def scorers_of(cls: type) -> list[Scorer]:
                 del found[attr]
             elif attr in found:
                 found[attr] = replace(found[attr], fn=value)
-    cls._scorer_cache = list(found.values())  # type: ignore[attr-defined]
-    return cls._scorer_cache  # type: ignore[attr-defined]
+    scorers = list(found.values())
+    setattr(cls, _CACHE, scorers)
+    return scorers
 
 
 async def call_maybe_async(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -41,6 +41,7 @@ EnvResponse = str | Message | list[Message] | None
 DataT = TypeVar("DataT", bound=TaskData, default=TaskData, covariant=True)
 """A task's row type: `Task[MyData]` reads `self.data` as a MyData."""
 T = TypeVar("T")
+_TOOL_CACHE = "_tool_cache"
 
 
 class Task(Generic[DataT, ConfigT]):
@@ -159,10 +160,10 @@ def type_argument(cls: type, generic: type, default: type[T], index: int = 0) ->
 
 def class_tools(cls: type[Task[Any, Any]]) -> list[Tool]:
     """The Tools of a Task class's `tools` attribute, derived once per class."""
-    cache = cls.__dict__.get("_tool_cache")
+    cache = cls.__dict__.get(_TOOL_CACHE)
     if cache is None:
         cache = [Tool.from_function(fn) for fn in cls.tools]
-        cls._tool_cache = cache  # type: ignore[attr-defined]
+        setattr(cls, _TOOL_CACHE, cache)
     return cache
 
 

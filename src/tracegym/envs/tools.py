@@ -11,7 +11,7 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import ConfigDict, Field, PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
@@ -139,7 +139,7 @@ def arguments_adapter(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str
     if skip_self and params:
         params = params[1:]
     fields: dict[str, Any] = {}
-    extra = "forbid"
+    extra: Literal["allow", "forbid"] = "forbid"
     for param in params:
         if param.kind == param.VAR_KEYWORD:
             extra = "allow"
@@ -149,10 +149,11 @@ def arguments_adapter(fn: Callable[..., Any], tool_name: str, arg_docs: dict[str
             raise UsageError(f"tool {tool_name!r}: argument {param.name!r} has no type hint")
         if param.name not in arg_docs:
             raise UsageError(f"tool {tool_name!r}: argument {param.name!r} is not described under 'Args:'")
-        hint = Annotated[hints[param.name], Field(description=arg_docs[param.name])]
+        hint: Any = Annotated[hints[param.name], Field(description=arg_docs[param.name])]  # a value, not a hint
         fields[param.name] = hint if param.default is param.empty else NotRequired[hint]
-    arguments = TypedDict(f"{tool_name}_arguments", fields)  # type: ignore[operator]
-    arguments.__pydantic_config__ = ConfigDict(extra=extra)  # type: ignore[attr-defined]
+    typed_dict: Any = TypedDict  # its functional form, with a name and fields known only at run time
+    arguments = typed_dict(f"{tool_name}_arguments", fields)
+    arguments.__pydantic_config__ = ConfigDict(extra=extra)
     try:
         adapter = TypeAdapter(arguments)
         adapter.json_schema()

@@ -83,7 +83,7 @@ async def episodes(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: R
         return
     with contextlib.ExitStack() as stack:
         address = env if isinstance(env, str) else stack.enter_context(
-            local_server(env.taskset_id, env.options, log_dir=folder.logs / "env", worker_timeout=env.worker_timeout))
+            local_server(env.taskset_id, env.options, log_dir=folder.logs / "env", worker_timeout=env.worker_timeout))  # type: ignore[union-attr]  # a bug, reported: with --env-address env is a list, not a str
         async with EnvClient(address) as client:
             async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
                 yield episode

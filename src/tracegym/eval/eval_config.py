@@ -147,13 +147,16 @@ def config_class(taskset_id: str | None) -> type[EvalConfig]:
     if options is None:
         return EvalConfig  # the factory does not say: it validates its options when it builds the taskset
     own = target.config.model_dump() if isinstance(target, Taskset) else {}  # a ready-made one's defaults
+    # each field's annotation with the instance's value as its default (Any: a ** argument is checked against every
+    # keyword parameter of create_model's, `__config__` and the rest included)
+    defaults: dict[str, Any] = {
+        k: (options.model_fields[k].annotation, FieldInfo.merge_field_infos(options.model_fields[k], default=v))
+        for k, v in own.items()}
     section = create_model(
         f"{options.__name__}Section", __base__=options, __doc__=f"Options of the taskset {taskset_id!r}.",
-        id=(str, Field(default=taskset_id, description="Taskset id.")),
-        **{k: (options.model_fields[k].annotation, FieldInfo.merge_field_infos(options.model_fields[k], default=v))
-           for k, v in own.items()},  # type: ignore[call-overload]
+        id=(str, Field(default=taskset_id, description="Taskset id.")), **defaults,
     )
-    return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))  # type: ignore[call-overload]
+    return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))
 
 
 def taskset_config(target: Any) -> type[TasksetConfig] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
-from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions
+from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, multi_agent_class
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
@@ -76,7 +76,7 @@ class EvalParts:
     @property
     def members(self) -> int:
         """Traces per task run: the number of seats of a multi-agent taskset, else 1."""
-        return len(self.taskset.task_class.seats) if self.multi_agent else 1  # type: ignore[attr-defined]
+        return len(multi_agent_class(self.taskset).seats) if self.multi_agent else 1
 
 
 def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:

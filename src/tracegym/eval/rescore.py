@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import cast
 
 from pydantic import BaseModel
 
@@ -29,6 +30,7 @@ from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
 from tracegym.envs.episode import play
 from tracegym.envs.evaluate import CONCURRENCY
+from tracegym.envs.multi_agent import MultiAgentTask
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
@@ -203,8 +205,8 @@ async def rescore_episode(taskset: Taskset, episode: Episode, timeouts: Timeouts
     if not episode.ended_normally or set(episode.traces) != set(episode.members):
         return new
     try:
-        task = taskset.task(episode.task)
-        replayed = await play(task, {m: Replay(t) for m, t in episode.traces.items()},  # type: ignore[arg-type]
+        task = cast(MultiAgentTask, taskset.task(episode.task))  # an episode's taskset is multi-agent
+        replayed = await play(task, {m: Replay(t) for m, t in episode.traces.items()},
                               episode_index=episode.episode_index, trainable=episode.trainable, timeouts=timeouts)
     except Exception as exc:  # building the task failed: this episode's error, the others go on
         replayed = None

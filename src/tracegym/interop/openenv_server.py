@@ -172,7 +172,8 @@ class OpenEnvServer:
             return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}"), True
         if not isinstance(message, dict):
             return error_frame(WSErrorCode.VALIDATION_ERROR, "a message is a JSON object with a `type`"), True
-        handler = self._handlers.get(message.get("type"))  # type: ignore[arg-type]
+        kind = message.get("type")
+        handler = self._handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {message.get('type')!r} (known: "
                                f"{', '.join(self._handlers)})"), True

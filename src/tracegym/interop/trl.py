@@ -57,7 +57,7 @@ def train_dataset(*tasksets: Taskset, num_tasks: int | None = None) -> Any:
     per_taskset = [[(ts, data) for data in bounded_taskset(ts, num_tasks)] for ts in tasksets]
     rows = [_row(ts, data, len(tasksets) > 1)
             for ts, data in itertools.chain.from_iterable(itertools.zip_longest(*per_taskset, fillvalue=(None, None)))
-            if ts is not None]
+            if ts is not None and data is not None]
     return Dataset.from_list(rows)
 
 
@@ -186,9 +186,9 @@ def _method(tool: Tool) -> Callable[..., Any]:
     method.__name__ = method.__qualname__ = tool.name
     method.__doc__ = tool.fn.__doc__
     method.__annotations__ = dict(getattr(tool.fn, "__annotations__", {}))
-    method.__wrapped__ = tool.fn  # type: ignore[attr-defined]  # string hints resolve in the tool's own module
     self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    method.__signature__ = signature.replace(parameters=[self_param, *params])  # type: ignore[attr-defined]
+    # attributes a function's type does not declare; `__wrapped__`: string hints resolve in the tool's own module
+    vars(method).update(__wrapped__=tool.fn, __signature__=signature.replace(parameters=[self_param, *params]))
     return method
 
 

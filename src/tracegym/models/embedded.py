@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tracegym.core.errors import InfrastructureError, UsageError
 
@@ -98,7 +99,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     except ImportError as exc:
         raise UsageError(f"converting the embedded model needs torch and transformers: {exc}") from exc
-    source = {"pretrained_model_name_or_path": gguf_path.parent, "gguf_file": gguf_path.name}
+    source: dict[str, Any] = {"pretrained_model_name_or_path": gguf_path.parent, "gguf_file": gguf_path.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(**source)
         quantized = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)

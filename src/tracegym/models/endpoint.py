@@ -55,7 +55,12 @@ class Endpoint(ClientSettings):
     def _distinct(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         """Each server once, `base_url` not again (a duplicate would only skew the load counts)."""
         seen = {_root(info.data.get("base_url", ""))}
-        return tuple(url for url in value if _root(url) not in seen and not seen.add(_root(url)))
+        kept = []
+        for url in value:
+            if _root(url) not in seen:
+                seen.add(_root(url))
+                kept.append(url)
+        return tuple(kept)
 
     def servers(self) -> list[str]:
         """Every server's API root: `base_url`, then the replicas."""

@@ -66,7 +66,7 @@ def read_base(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} holds no *.safetensors checkpoint to merge adapters into")
-    weights = {}
+    weights: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             weights |= {name: handle.get_tensor(name) for name in handle.keys()  # noqa: SIM118
@@ -97,6 +97,7 @@ class MergeExtension:
 
     model_runner: Any  # the worker's
     model_config: Any
+    _tracegym_base_weights: tuple[Path, dict[str, torch.Tensor]]  # `_base_of`'s, set at the first merge
 
     def merge_adapter(self, adapter_path: str, base_path: str) -> int:
         """Serve the base weights in `base_path` with the adapter in `adapter_path` merged in; the number of
@@ -115,7 +116,7 @@ def _base_of(worker: MergeExtension, path: Path) -> dict[str, torch.Tensor]:
     cached = getattr(worker, "_tracegym_base_weights", None)
     if cached is None or cached[0] != path:
         cached = (path, read_base(path))
-        worker._tracegym_base_weights = cached  # type: ignore[attr-defined]
+        worker._tracegym_base_weights = cached
     return cached[1]
 
 

@@ -70,6 +70,7 @@ class Stamp:
 async def _publish(body: bytes, send: Send) -> None:
     """Take the version a publish posts, answering with it (or a 400 naming what was expected)."""
     global _served
+    reply: dict[str, int | str]
     try:
         _served = int(json.loads(body)["version"])
         status, reply = 200, {"version": _served}

@@ -142,8 +142,8 @@ class Router(EndpointClient):
         """The session's server while it is in service; else the least-loaded server in service (any server,
         the one out longest, when none is), remembered as the session's."""
         kept = self._sessions.get(session) if session is not None else None
-        if kept is not None and kept.up:
-            self._sessions.move_to_end(session)  # type: ignore[arg-type]
+        if session is not None and kept is not None and kept.up:
+            self._sessions.move_to_end(session)
             self.stats.affinity_hits += counted
             return kept
         if kept is not None:

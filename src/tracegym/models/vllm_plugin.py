@@ -51,7 +51,7 @@ def set_queue_spin(seconds: float) -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         vllm_init(self, *args, **{**kwargs, "busy_loop_s": seconds})
 
-    SpinCondition.__init__ = init
+    SpinCondition.__init__ = init  # type: ignore[method-assign]  # patching vLLM's class is the point
     # on stderr, not vLLM's logger: that one can be configured away (and was, in a CI run), this line must show
     print(f"tracegym (pid {os.getpid()}): message-queue readers spin {seconds} s before they sleep", file=sys.stderr,
           flush=True)

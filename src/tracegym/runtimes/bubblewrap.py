@@ -78,7 +78,7 @@ def probe() -> str | None:
         ids = spawn_as(uid)
         try:
             done = subprocess.run([*bwrap_flags(Path(folder), network=False, disk_mb=1), "--", "true"],
-                                  capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)  # type: ignore[call-overload]
+                                  capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bwrap could not start: {exc}"
     if done.returncode != 0:

@@ -65,7 +65,7 @@ def main() -> None:
     os._exit(0)
 
 
-def start(argv: list, cwd: str, uid: object, limits: list, exec_error_w: int) -> None:
+def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int) -> None:
     """In the forked child: limits, credentials, working directory, then exec the program (never returns)."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
@@ -117,7 +117,7 @@ def left_running() -> int:
 
 
 def read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:

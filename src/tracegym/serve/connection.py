@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -84,7 +84,8 @@ class Connection:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
             self._socket.disable_monitor()
-            self._events.close(0)  # type: ignore[union-attr]
+            assert self._events is not None
+            self._events.close(0)
             self._socket.close(0)
             assert self._ctx is not None
             self._ctx.term()
@@ -145,7 +146,7 @@ class Connection:
             batch = [await self._socket.recv_multipart()]
             with contextlib.suppress(zmq.Again):
                 while len(batch) < 256:  # take whatever else has arrived without another trip through the loop
-                    batch.append(self._socket.recv_multipart(zmq.NOBLOCK).result())
+                    batch.append(cast("asyncio.Future[list[bytes]]", self._socket.recv_multipart(zmq.NOBLOCK)).result())
             self._heard, self.up = time.monotonic(), True  # whatever answers is there
             for frames in batch:
                 self._resolve(frames)

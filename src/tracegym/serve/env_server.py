@@ -277,10 +277,11 @@ class EnvServer:
             target = None
         key = self.index.get((client, target)) if isinstance(target, str) else None
         record = self.inflight.get(key) if key else None
-        if record is not None and record.worker is None:
-            self._answer(key, error_reply(record.id, "Cancelled", "the request was cancelled"))  # type: ignore[arg-type]
-        elif record is not None:
-            self._to_worker(record.worker, [b"cancel", key])  # type: ignore[list-item, arg-type]
+        if key is not None and record is not None:
+            if record.worker is None:
+                self._answer(key, error_reply(record.id, "Cancelled", "the request was cancelled"))
+            else:
+                self._to_worker(record.worker, [b"cancel", key])
         self._send(client, ok_reply(request.id, {"cancelled": record is not None}))
 
     def _answer(self, key: bytes, frames: list[bytes]) -> None:

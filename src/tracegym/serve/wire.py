@@ -129,7 +129,7 @@ def decode_reply(frames: list[bytes]) -> tuple[str | None, Any]:
         return header.get("id"), unpack(frames[1])
     error = header.get("error") or {}
     try:
-        kind = ErrorKind(error.get("kind"))
+        kind = ErrorKind(error.get("kind", ""))
     except ValueError:
         kind = ErrorKind.INFRASTRUCTURE
     return header.get("id"), RemoteError(str(error.get("type")), str(error.get("message")), kind)

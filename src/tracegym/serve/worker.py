@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -88,20 +90,21 @@ class Worker:
             self._handle(await self.socket.recv_multipart())
             with contextlib.suppress(zmq.Again):
                 for _ in range(256):  # take whatever else has arrived without another trip through the loop
-                    self._handle(self.socket.recv_multipart(zmq.NOBLOCK).result())
+                    self._handle(_future(self.socket.recv_multipart(zmq.NOBLOCK)).result())
 
     def _handle(self, frames: list[bytes]) -> None:
+        assert self.socket is not None
         kind = frames[0]
         if kind == b"run" and len(frames) == 4:
             key, request_id = frames[1], frames[2].decode()
             job = asyncio.create_task(self._run(key, request_id, frames[3]))
             self.jobs[key] = job
-            job.add_done_callback(lambda done, k=key, r=request_id: self._finished(k, r, done))
-        elif kind == b"cancel" and len(frames) == 2 and (job := self.jobs.get(frames[1])):
+            job.add_done_callback(functools.partial(self._finished, key, request_id))
+        elif kind == b"cancel" and len(frames) == 2 and (running := self.jobs.get(frames[1])):
             self.cancelled.add(frames[1])
-            job.cancel()
+            running.cancel()
         elif kind == b"jobs?":  # the server checks that no request it gave us was lost
-            self.socket.send_multipart([b"jobs", *self.jobs]).add_done_callback(_quiet)  # type: ignore[union-attr]
+            _future(self.socket.send_multipart([b"jobs", *self.jobs])).add_done_callback(_quiet)
         elif kind == b"stop":
             self.stopped.set()
 
@@ -113,7 +116,7 @@ class Worker:
         answers = self._answers_cancel(key)  # called either way: it forgets the key
         if job.cancelled() and answers and self.socket is not None:
             reply = error_reply(request_id, "Cancelled", "the request was cancelled")
-            self.socket.send_multipart([b"reply", key, *reply]).add_done_callback(_quiet)
+            _future(self.socket.send_multipart([b"reply", key, *reply])).add_done_callback(_quiet)
 
     def _replace_if_leaking(self) -> None:
         """Ask (once) to be replaced when hung sync calls have left too many threads behind."""
@@ -121,7 +124,8 @@ class Worker:
             self.replacing = True
             log.warning("%d threads of hung sync calls left behind; asking to be replaced",
                         TOOLS.abandoned + TASK_CODE.abandoned)
-            self.socket.send_multipart([b"replace"]).add_done_callback(_quiet)  # type: ignore[union-attr]
+            assert self.socket is not None  # jobs (whose ends call this) run only once connected
+            _future(self.socket.send_multipart([b"replace"])).add_done_callback(_quiet)
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
@@ -177,7 +181,12 @@ class Worker:
                                  timeouts=request.timeouts, infra_retries=request.infra_retries)
 
 
-def _quiet(future: asyncio.Future[object]) -> None:
+def _future(sent: Awaitable[Any]) -> asyncio.Future[Any]:
+    """What pyzmq's asyncio socket returns from a send or receive: typed as an Awaitable, it is an asyncio Future."""
+    return cast("asyncio.Future[Any]", sent)
+
+
+def _quiet(future: asyncio.Future[Any]) -> None:
     """Retrieve a send's outcome so a failed send (the socket closing) is not reported as never retrieved."""
     if not future.cancelled():
         future.exception()

@@ -60,7 +60,7 @@ class DebateTask(MultiAgentTask[Question, DebateConfig]):
              Member(id="judge", system_prompt=JUDGE, trainable=False))
 
     def __init__(self, data: Question, **options: object) -> None:
-        super().__init__(data, **options)  # type: ignore[arg-type]
+        super().__init__(data, **options)
         self.verdict: str | None = None
 
     def schedule(self) -> Iterator[Slot]:

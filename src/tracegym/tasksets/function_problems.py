@@ -99,7 +99,7 @@ def _count_primes(n: int) -> int:
 
 
 def _max_profit(prices: list[int]) -> int:
-    best, low = 0, math.inf
+    best, low = 0.0, math.inf
     for price in prices:
         low = min(low, price)
         best = max(best, price - low)

@@ -61,7 +61,7 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
     move_retries = 2
 
     def __init__(self, data: KuhnDeal, **options: object) -> None:
-        super().__init__(data, **options)  # type: ignore[arg-type]
+        super().__init__(data, **options)
         self.history: list[tuple[str, str]] = []
         """(player, action) so far."""
         self.chips = {"player_0": 1, "player_1": 1}
@@ -110,8 +110,8 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
         """+1 for a win, -1 for a loss or a forfeit, 0 for an unfinished hand."""
         return self.payoff(trace.member)
 
-    @metric
-    def chips(self, trace: Trace) -> float:
+    @metric(name="chips")
+    def net_chips(self, trace: Trace) -> float:
         """Net chips this player won (the pot it took minus what it put in)."""
         outcome, mine = self.outcomes.get(str(trace.member)), self.chips[str(trace.member)]
         if outcome == Outcome.WIN:

@@ -23,6 +23,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from importlib.resources import files
+from typing import Any
 
 from pydantic import field_validator
 
@@ -157,8 +158,8 @@ def misbehaviour(result: ProgramResult) -> str | None:
 class PythonFunctionTask(Task[FunctionData, PythonFunctionsConfig]):
     """One function to write, checked in the rollout's sandbox."""
 
-    def __init__(self, data: FunctionData, **options: object) -> None:
-        super().__init__(data, **options)  # type: ignore[arg-type]
+    def __init__(self, data: FunctionData, **options: Any) -> None:
+        super().__init__(data, **options)
         if options.get("max_turns") is None:
             self.max_turns = self.config.attempts
         self._grades: dict[str | None, Grade] = {}

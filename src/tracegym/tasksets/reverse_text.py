@@ -97,7 +97,7 @@ class ReverseTask(Task[TaskData, ReverseTextConfig]):
 class ExactReverseTask(ReverseTask):
     """One phrase to reverse, rewarded for the exact reversal only (`reward = "exact"`)."""
 
-    lcs = None  # type: ignore[assignment]
+    lcs = None  # type: ignore[assignment]  # None unregisters the inherited reward (scorers.scorers_of)
 
     @reward
     def exact(self, trace: Trace) -> float:

@@ -53,7 +53,7 @@ class TicTacToeTask(MultiAgentTask[Opening, TicTacToeConfig]):
     public_outputs = False  # the referee shows the board; the moves are on it
 
     def __init__(self, data: Opening, **options: object) -> None:
-        super().__init__(data, **options)  # type: ignore[arg-type]
+        super().__init__(data, **options)
         self.board: list[str | None] = [None] * 9
         self.played = 0
         for cell in data.opening:

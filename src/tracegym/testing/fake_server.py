@@ -18,7 +18,7 @@ import asyncio
 import bisect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -123,10 +123,11 @@ class FakeOpenAIServer:
 
     # --- handlers ----------------------------------------------------------------------------------------
     @web.middleware
-    async def _unless_hung(self, http: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    async def _unless_hung(self, request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         while self.hung:
             await asyncio.sleep(0.02)
-        response = await handler(http)
+        response = await handler(request)
         while self.hung:  # a reply made before the hang is held too: in flight, it goes unanswered
             await asyncio.sleep(0.02)
         return response

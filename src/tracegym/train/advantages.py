@@ -158,17 +158,17 @@ def _accepting_key(fn: Callable[..., list[float]]) -> AdvantageFn:
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return fn  # type: ignore[return-value]
+        return fn
     if "key" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn  # type: ignore[return-value]
+        return fn
 
     @functools.wraps(fn)
     def without_key(rewards: Sequence[float], *, key: str = "") -> list[float]:
         return fn(rewards)
 
     if isinstance(fn, Stateful):  # keep the state reachable through the wrapper
-        without_key.state_dict = fn.state_dict  # type: ignore[attr-defined]
-        without_key.load_state_dict = fn.load_state_dict  # type: ignore[attr-defined]
+        without_key.state_dict = fn.state_dict
+        without_key.load_state_dict = fn.load_state_dict
     return without_key
 
 
@@ -270,7 +270,8 @@ class AdvantageConfig(BaseModel):
 
 def build_advantages(config: AdvantageConfig) -> GroupAdvantages:
     """The advantages `config` describes."""
-    options = {"rae": {"alpha": config.alpha}, "group_mean": {"std": True} if config.std else {}}
+    options: dict[str, dict[str, Any]] = {"rae": {"alpha": config.alpha},
+                                          "group_mean": {"std": True} if config.std else {}}
     path = BUILT_IN.get(config.name, config.name)
     return GroupAdvantages(load_advantage_fn(path, **options.get(config.name, config.options)),
                            filter_no_signal=config.filters)

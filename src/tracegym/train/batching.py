@@ -75,14 +75,14 @@ def rows(samples: Sequence[Sample], token_budget: int, share: bool = True) -> li
             groups.setdefault((sample.temperature, tuple(sample.token_ids[:prompt])), []).append(sample)
         else:
             out.append(Row.alone(sample))
-    for (_, prompt), members in groups.items():
+    for (_, prompt_ids), members in groups.items():
         current: list[Sample] = []
         for sample in members:
-            if current and len(Row((*current, sample), len(prompt))) > token_budget:
-                out.append(_row(current, len(prompt)))
+            if current and len(Row((*current, sample), len(prompt_ids))) > token_budget:
+                out.append(_row(current, len(prompt_ids)))
                 current = []
             current.append(sample)
-        out.append(_row(current, len(prompt)))
+        out.append(_row(current, len(prompt_ids)))
     return out
 
 

@@ -18,6 +18,7 @@ nodes stop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import shlex
 import socket
@@ -207,16 +208,16 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
         check_resolves(url)
     config = load_config(run_dir)
     for url in vllm_urls:
-        Poll(f"vLLM at {url}", wait_s, every=5.0).wait(lambda url=url: _answers(url))
+        Poll(f"vLLM at {url}", wait_s, every=5.0).wait(functools.partial(_answers, url))
     for key, address in envs.items():
-        Poll(f"env server {key} at {address}", wait_s, every=5.0).wait(lambda a=address: _env_answers(a))
+        Poll(f"env server {key} at {address}", wait_s, every=5.0).wait(functools.partial(_env_answers, address))
         env = env_servers(config)[key]
         asyncio.run(check_env_server(address, load_taskset(env.id, env.options)))
     folder = RLFolder(run_dir)
     folder.rewind()
     first, *rest = vllm_urls  # the roles route across them (models.router) and publish to each
     folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=vllm_config(config, run_dir).name,
-                                     envs=envs))
+                                     envs={key: [address] for key, address in envs.items()}))
 
 
 def check_resolves(url: str) -> None:

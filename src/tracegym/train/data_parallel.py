@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=2)
 """How long a rank waits in a collective for the others: longer than the trainer waits for a batch (an hour),
 so a slow orchestrator is never mistaken for a dead rank; a rank that dies ends the others through torchrun."""
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class DataParallel:
         if self.world > 1:
             dist.barrier()
 
-    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+    def shard(self, model: ModuleT) -> ModuleT:
         """`model` on this rank's device, sharded over the ranks (each block the model names as unsplittable,
         then the rest), with gradients summed rather than averaged; the model itself when training alone."""
         model = model.to(self.device)

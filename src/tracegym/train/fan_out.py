@@ -46,7 +46,8 @@ def rollout_units(traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[
         if reason:
             dropped[reason] += 1
         else:
-            units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))  # type: ignore[arg-type]
+            assert trace.reward is not None  # unfit: a rollout without one is left out
+            units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))
     return units, dropped
 
 
@@ -67,7 +68,8 @@ def episode_units(episodes: Iterable[Episode], per_task: bool = True,
                 continue
             key = baseline_key(episode.taskset, episode.task_key if per_task else "", member)
             reward = truncated_reward if cut else episode.rewards[member]
-            units.append(TrainingUnit(episode.traces[member], reward, key, member))  # type: ignore[arg-type]
+            assert reward is not None  # member_unfit: a member without one is left out
+            units.append(TrainingUnit(episode.traces[member], reward, key, member))
     return units, dropped
 
 
@@ -99,7 +101,7 @@ def by_key(units: Iterable[TrainingUnit]) -> list[list[TrainingUnit]]:
 def advantaged(units: Iterable[TrainingUnit], advantages: GroupAdvantages) -> list[tuple[TrainingUnit, float]]:
     """Each unit with its advantage, computed per baseline key over that key's rewards in order; the units of
     a group the advantages filter out (no signal) are left out."""
-    out = []
+    out: list[tuple[TrainingUnit, float]] = []
     for group in by_key(units):
         values = advantages([u.reward for u in group], key=group[0].key)
         if values is not None:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
+from typing_extensions import TypeIs
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
@@ -44,6 +45,10 @@ from tracegym.train.data_parallel import (
 from tracegym.train.lm_head import head_logprobs
 from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_logprobs
 from tracegym.train.malloc import Malloc
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
@@ -139,7 +144,7 @@ class TrainerConfig(BaseModel):
 class Trainer:
     """Steps one model with AdamW on the policy-gradient loss; `version` counts the steps taken."""
 
-    def __init__(self, model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0,
+    def __init__(self, model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_id: int = 0,
                  dp: DataParallel | None = None) -> None:
         """`dp`: this process's rank, when `model` is sharded over several (`make_trainer` shards it)."""
         self.model = model
@@ -228,9 +233,11 @@ class Trainer:
             return contextlib.nullcontext()
         return torch._functorch.config.patch(activation_memory_budget=COMPILED_MEMORY_BUDGET)
 
-    def _causal_lm(self) -> torch.nn.Module:
+    def _causal_lm(self) -> PreTrainedModel:
         """The transformers model under peft's wrapper (if any)."""
-        return self.model.get_base_model() if self.is_lora else self.model
+        if _peft(self.model):
+            return cast("PreTrainedModel", self.model.get_base_model())  # peft types it as a torch Module
+        return self.model
 
     def _plain_head(self) -> torch.nn.Linear | None:
         """The output embedding, when logprobs may come straight from the hidden states (`lm_head`): a frozen
@@ -270,8 +277,8 @@ class Trainer:
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
                 # a sharded model's state_dict() holds shards even while gathered: hand over the whole parameters
-                whole = {"state_dict": dict(self.model.named_parameters())} if self.dp.world > 1 else {}
-                self.model.save_pretrained(path, **whole)
+                whole: dict[str, Any] = {"state_dict": dict(self.model.named_parameters())} if self.dp.world > 1 else {}
+                self.model.save_pretrained(str(path), **whole)
         return path
 
     def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16, changed_only: bool = False) -> Path:
@@ -372,20 +379,44 @@ def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: in
     }
 
 
-def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def _peft(model: PreTrainedModel | PeftModel) -> TypeIs[PeftModel]:
+    """Whether `model` is under peft's wrapper (`Trainer.is_lora`)."""
+    return hasattr(model, "peft_config")
+
+
+class _LoraMatrix(Protocol):
+    weight: torch.Tensor
+
+
+class _LoraLayer(Protocol):
+    """What `_merged` reads of a peft LoRA layer (torch's stubs type a Module's undeclared attributes as
+    Tensor | Module)."""
+
+    active_adapters: list[str]
+    lora_A: Mapping[str, _LoraMatrix]
+    lora_B: Mapping[str, _LoraMatrix]
+    scaling: dict[str, float]
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
+def _is_lora_layer(module: torch.nn.Module) -> TypeGuard[_LoraLayer]:
+    return getattr(module, "base_layer", None) is not None and hasattr(module, "get_delta_weight")
+
+
+def _lora_layers(model: torch.nn.Module) -> dict[str, _LoraLayer]:
     """`<layer>.base_layer.weight` parameter name -> its peft LoRA layer."""
-    return {f"{name}.base_layer.weight": module for name, module in model.named_modules()
-            if getattr(module, "base_layer", None) is not None and hasattr(module, "get_delta_weight")}
+    return {f"{name}.base_layer.weight": module for name, module in model.named_modules() if _is_lora_layer(module)}
 
 
-def _frozen_embeddings(model: torch.nn.Module, layers: dict[str, torch.nn.Module]) -> set[str]:
+def _frozen_embeddings(model: PreTrainedModel | PeftModel, layers: dict[str, _LoraLayer]) -> set[str]:
     """Names of the input / output embedding parameters that neither train nor carry an adapter."""
     ids = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
            for p in m.parameters()}
     return {n for n, p in model.named_parameters() if id(p) in ids and not p.requires_grad and n not in layers}
 
 
-def _merged(weight: torch.Tensor, layer: torch.nn.Module | None) -> torch.Tensor:
+def _merged(weight: torch.Tensor, layer: _LoraLayer | None) -> torch.Tensor:
     """`weight` plus the deltas of the layer's active adapters, in a new tensor (one layer at a time, so the
     extra memory is one layer's, not the model's)."""
     if layer is None:
@@ -402,7 +433,7 @@ def _merged(weight: torch.Tensor, layer: torch.nn.Module | None) -> torch.Tensor
     return out if out is not weight else weight.clone()
 
 
-def _plain_linear(layer: torch.nn.Module, adapter: str, weight: torch.Tensor) -> bool:
+def _plain_linear(layer: _LoraLayer, adapter: str, weight: torch.Tensor) -> bool:
     """A LoRA on a 2-D linear weight without DoRA or a transposed layout, whose delta is `scaling * B @ A`."""
     return (weight.dim() == 2 and not getattr(layer, "fan_in_fan_out", False)
             and not getattr(layer, "use_dora", {}).get(adapter, False)
@@ -415,7 +446,7 @@ def _checkpoint_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
-def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> PeftModel:
     """`model` wrapped by peft with a fresh LoRA adapter (only the adapter trains)."""
     from peft import LoraConfig, get_peft_model
 
@@ -440,7 +471,7 @@ def build_trainer(config: TrainerConfig, dp: DataParallel | None = None) -> Trai
     return make_trainer(model, config, pad_id, dp or DataParallel(device=resolve_device(config.device)))
 
 
-def make_trainer(model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0,
+def make_trainer(model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_id: int = 0,
                  dp: DataParallel | None = None) -> Trainer:
     """The Trainer of a loaded float32 `model`: gradient checkpointing and a LoRA adapter as `config` says, on
     `dp`'s device and sharded over its ranks (every rank passes the same model, e.g. loaded with the same seed)."""
@@ -454,7 +485,7 @@ def make_trainer(model: torch.nn.Module, config: TrainerConfig, pad_id: int = 0,
     return Trainer(dp.shard(model), config, pad_id=pad_id, dp=dp)
 
 
-def compile_layers(causal: torch.nn.Module) -> None:
+def compile_layers(causal: PreTrainedModel) -> None:
     """Compile each decoder layer of a transformers causal LM in place, for any sequence length (each compiles
     at its first forward)."""
     layers = getattr(causal.get_decoder(), "layers", None)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from fnmatch import fnmatchcase
 from html import escape
-from typing import Any
+from typing import Any, TypeGuard
 
 from tracegym.train.filters import ALL, CHECKED
 from tracegym.view.page import number
@@ -75,7 +75,7 @@ def _matching(record: dict[str, Any], key: str) -> list[str]:
     return [k for k in record if fnmatchcase(k, key) and not k.endswith(("_ci95", f"/{CHECKED}"))]
 
 
-def _finite(value: object) -> bool:
+def _finite(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -156,8 +156,8 @@ def _line(name: str, points: list[Point], color: str, scale: _Scale) -> str:
     if len(xy) > 1:
         out.append(f'<polyline class="line" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}"/>')
     every = math.ceil(len(points) / MAX_DOTS)
-    for (x, y), (s, v, c) in list(zip(xy, points, strict=True))[::every]:
-        interval = f" ± {number(c)}" if c is not None else ""
+    for (x, y), (s, v, ci) in list(zip(xy, points, strict=True))[::every]:
+        interval = f" ± {number(ci)}" if ci is not None else ""
         out.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="2.5"><title>{escape(name)} at step '
                    f'{_label(s)}: {number(v)}{interval}</title></circle>')
     return "".join(out) + "</g>"

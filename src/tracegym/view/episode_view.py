@@ -72,7 +72,8 @@ def _members_table(episode: Episode, traces: dict[str, Trace | None]) -> str:
     for m in episode.members:
         outcome = episode.outcomes.get(m)
         metrics = episode.member_metrics.get(m, {})
-        cells = [m, episode.models.get(m, traces[m].model if traces[m] else ""),
+        trace = traces[m]
+        cells = [m, episode.models.get(m, trace.model if trace else ""),
                  "yes" if episode.trainable.get(m) else "no", number(episode.rewards.get(m)),
                  outcome.value if outcome else "—", *(number(metrics.get(n)) for n in names)]
         rows.append(f'<tr data-member="{escape(m)}">' + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")

@@ -149,7 +149,7 @@ def tokens_html(trace: Trace, branch: int, tokenizer: TokenText | None, *, advan
         return (f'<section class="tokens-view" data-branch="{branch}"><p class="empty">No token ids on this '
                 "branch: the model client returned none (the token client records them).</p></section>")
     ids = [t for n in tokenized for t in n.token_ids or []]
-    pieces = tokenizer.pieces(ids) if tokenizer is not None else [None] * len(ids)
+    pieces: list[str | None] = tokenizer.pieces(ids) if tokenizer is not None else [None] * len(ids)
     loss, why_not = _loss_mask(trace, branch)
     segments, start = [], 0
     for node in tokenized:
