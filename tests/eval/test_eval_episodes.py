@@ -8,6 +8,7 @@ import pytest
 
 from tracegym.cli.main import main
 from tracegym.eval.run_folder import RunFolder
+from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 
 
@@ -53,6 +54,15 @@ def test_eval_writes_episodes_member_traces_and_a_per_seat_summary(server, tmp_p
     assert summary["num_ok"] == 5 and summary["parse_error_rate"] == 0.75  # 15 of 20 replies were player_1's
     shown = capsys.readouterr().out
     assert "player_0" in shown and "+1.000 ± 0.000" in shown
+
+
+def test_episodes_run_on_an_env_server_given_by_address(server, tmp_path):
+    """`--env-address` names a running server: the episodes go there (this once crashed on the address list)."""
+    args = [a for a in eval_args(server, tmp_path) if a != "--no-serve"]
+    with local_server("kuhn-poker", workers=1) as address:
+        assert main([*args, "--env-address", address]) == 0
+    assert len(lines(only_run(tmp_path) / "episodes.jsonl")) == 5
+    assert not (only_run(tmp_path) / "logs" / "env").exists()  # no server of its own was started
 
 
 def test_a_seat_pinned_by_flags_plays_that_model_and_does_not_train(server, tmp_path):

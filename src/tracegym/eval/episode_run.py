@@ -17,11 +17,10 @@ from tracegym.envs.evaluate import evaluate_episodes_iter, multi_agent_class
 from tracegym.envs.seats import Seat, bind
 from tracegym.eval.dashboard import Dashboard, Tally
 from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
-from tracegym.eval.eval_parts import EvalParts
+from tracegym.eval.eval_parts import EvalParts, env_address
 from tracegym.eval.run_folder import EPISODES, ERRORED, RunFolder
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
-from tracegym.serve.local_server import local_server
 
 EPISODES_ERRORED = "episodes.errored.jsonl"
 
@@ -82,9 +81,7 @@ async def episodes(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: R
             yield episode
         return
     with contextlib.ExitStack() as stack:
-        address = env if isinstance(env, str) else stack.enter_context(
-            local_server(env.taskset_id, env.options, log_dir=folder.logs / "env", worker_timeout=env.worker_timeout))  # type: ignore[union-attr]  # a bug, reported: with --env-address env is a list, not a str
-        async with EnvClient(address) as client:
+        async with EnvClient(env_address(env, stack, folder.logs / "env")) as client:
             async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
                 yield episode
 

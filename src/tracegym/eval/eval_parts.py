@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tracegym.core.sampling import Sampling
@@ -15,6 +17,7 @@ from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.models.model_choice import ModelChoice
+from tracegym.serve.local_server import local_server
 
 
 @dataclass(frozen=True)
@@ -88,3 +91,12 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
                      rollouts=config.rollouts, settings=settings, env=config.env_address or local,
                      pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat))
+
+
+def env_address(env: LocalEnvServer | list[str], stack: contextlib.ExitStack, log_dir: Path) -> str | list[str]:
+    """Where a run's rollouts go: the running env servers given, or one started here for the run (its logs in
+    `log_dir`; stopped when `stack` closes)."""
+    if isinstance(env, list):
+        return env
+    return stack.enter_context(local_server(env.taskset_id, env.options, log_dir=log_dir,
+                                            worker_timeout=env.worker_timeout))

@@ -24,13 +24,12 @@ from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.episode_run import check_episodes_complete, finish_episodes, resume_episodes, run_episodes
 from tracegym.eval.episode_summary import EpisodeSummary
-from tracegym.eval.eval_parts import EvalParts
+from tracegym.eval.eval_parts import EvalParts, env_address
 from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
 from tracegym.eval.summary import Summary, summarize, summary_table
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
 from tracegym.serve.env_client import EnvClient
-from tracegym.serve.local_server import local_server
 
 
 @dataclass
@@ -141,10 +140,7 @@ async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: En
             yield trace
         return
     with contextlib.ExitStack() as stack:
-        address = parts.env if isinstance(parts.env, list) else stack.enter_context(
-            local_server(parts.env.taskset_id, parts.env.options, log_dir=folder.logs / "env",
-                         worker_timeout=parts.env.worker_timeout))
-        async with EnvClient(address) as client:
+        async with EnvClient(env_address(parts.env, stack, folder.logs / "env")) as client:
             async for trace in client.evaluate_iter(parts.taskset, endpoint, **options):
                 yield trace
 

@@ -237,7 +237,7 @@ class Orchestrator:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
 
         def seats(env: TrainEnv) -> list[Seats] | None:
-            return env.seating and [env.seating.next(model, self.rng) for _ in range(size)]
+            return [env.seating.next(model, self.rng) for _ in range(size)] if env.seating else None
 
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
         plans = [(env, data, seats(env)) for env, data in self.draw()]
@@ -341,7 +341,8 @@ class Orchestrator:
 
     async def aclose(self) -> None:
         """Close every env client (one may serve both training and held-out tasks)."""
-        clients = {id(e.client): e.client for e in [*self.envs.values(), *self.held_out.envs]}
+        envs: list[TrainEnv | HeldOutEnv] = [*self.envs.values(), *self.held_out.envs]
+        clients = {id(e.client): e.client for e in envs}
         for client in clients.values():
             await client.aclose()
         await self.signal.aclose()
@@ -451,7 +452,7 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     traces = [t for g in groups for t in g]
     failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
-    reward = mean_ci([t.reward for t in traces if trainable(t)])
+    reward = mean_ci([t.reward for t in traces if trainable(t) and t.reward is not None])
     advantages = [s.advantage for s in samples]
     lengths = [t.usage.completion_tokens for t in traces]
     return {
