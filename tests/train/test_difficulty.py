@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from test_orchestrator import alternating_per_prompt, env_addresses, make  # noqa: F401 (env_addresses: a fixture)
 from test_orchestrator_failures import to_samples, tokened
-from test_rl_resume import ENDPOINTS, trainer_loop
+from test_rl_resume import trainer_loop
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
 from tracegym.core.errors import UsageError
@@ -200,26 +200,26 @@ def one_step(orchestrator, step: int) -> list[str]:
     return keys
 
 
-def test_a_resume_goes_on_from_the_checkpointed_pass_rates_and_draws_the_same(tmp_path):
+def test_a_resume_goes_on_from_the_checkpointed_pass_rates_and_draws_the_same(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    first = build_orchestrator(DIFFICULTY, folder, ENDPOINTS)
+    first = build_orchestrator(DIFFICULTY, folder, endpoints)
     [easy, *_] = one_step(first, 0)
     trainer_loop(folder).step(0, folder.read_batch(0))  # checkpoints step 1 with the orchestrator's state
     rates = dict(first.difficulty.envs["reverse-text"].rates)
     assert first.difficulty.envs["reverse-text"].verdict(easy) == "too_easy"
     expected = one_step(first, 1)
 
-    resumed = build_orchestrator(DIFFICULTY, folder, ENDPOINTS)
+    resumed = build_orchestrator(DIFFICULTY, folder, endpoints)
     assert dict(resumed.difficulty.envs["reverse-text"].rates) == rates
     assert one_step(resumed, 1) == expected
 
 
-def test_resuming_with_online_difficulty_from_a_checkpoint_without_its_state_is_a_loud_error(tmp_path):
+def test_resuming_with_online_difficulty_from_a_checkpoint_without_its_state_is_a_loud_error(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    one_step(build_orchestrator(config(None), folder, ENDPOINTS), 0)
+    one_step(build_orchestrator(config(None), folder, endpoints), 0)
     trainer_loop(folder).step(0, folder.read_batch(0))
     with pytest.raises(UsageError, match="no online difficulty state of environment 'reverse-text'"):
-        build_orchestrator(DIFFICULTY, folder, ENDPOINTS)
+        build_orchestrator(DIFFICULTY, folder, endpoints)
 
 
 # --- config -------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from tracegym.cli.main import main
 from tracegym.core.messages import assistant, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.serve.local_server import local_server
 from tracegym.testing import make_episode
 from tracegym.train import filters
 from tracegym.train.filters import Filters, Gibberish, Repetition, drops_by_env, screen
@@ -187,7 +188,7 @@ class FakeGroups:
     def __init__(self, *groups: list) -> None:
         self.groups = list(groups)
 
-    async def run_group(self, taskset, data, endpoint, size, sampling=None):
+    async def rollouts(self, served, data, endpoint, indices, sampling=None):
         makers = self.groups.pop(0)
         return [make(reward=float(i % 2), task=data) for i, make in enumerate(makers)]
 
@@ -199,18 +200,17 @@ def clean(reward: float = 0.0, **fields) -> Trace:
     return tokened([5, 6, 7], reward=reward, **fields)
 
 
-def orchestrator(tmp_path, client, **orch) -> Orchestrator:
+def orchestrator(tmp_path, endpoints, client, **orch) -> Orchestrator:
     config = RLConfig.model_validate({
         "trainer": {"model": "unused"}, "model": {"client": "chat"},
         "orchestrator": {"tasks_per_step": 1, "group_size": 4, **orch}})
-    endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"reverse-text": "tcp://127.0.0.1:9"})
     built = build_orchestrator(config, RLFolder(tmp_path), endpoints)
     built.envs["reverse-text"].client = client
     return built
 
 
-def test_an_enforced_catch_is_saved_and_marked_but_not_trained(tmp_path):
-    orch = orchestrator(tmp_path, FakeGroups([clean, clean, gibberish, loop]),
+def test_an_enforced_catch_is_saved_and_marked_but_not_trained(tmp_path, endpoints):
+    orch = orchestrator(tmp_path, endpoints, FakeGroups([clean, clean, gibberish, loop]),
                         filters={"gibberish": {"mode": "enforce"}})
     samples, metrics = asyncio.run(orch.collect(0, 0, "base"))
     saved = [json.loads(line) for line in (tmp_path / "traces" / "step-000000.jsonl").read_text().splitlines()]
@@ -229,7 +229,10 @@ def test_in_an_episode_an_enforced_catch_drops_that_members_unit_alone(tmp_path)
     class GibberishPlayer:
         """Plays each episode with player_0's turn gibberish; player_1 plays cleanly."""
 
-        async def run_episode(self, taskset, data, endpoint, *, episode_index=0, seats=None, sampling=None):
+        async def episodes(self, served, data, endpoint, indices, *, seats=None, sampling=None):
+            return [self.episode(data, i) for i in indices]
+
+        def episode(self, data, episode_index):
             rewards = {"player_0": 1.0, "player_1": -1.0} if episode_index % 2 else {"player_0": -1.0,
                                                                                     "player_1": 1.0}
             episode = make_episode(rewards, task=data, taskset="kuhn-poker", episode_index=episode_index)
@@ -246,8 +249,9 @@ def test_in_an_episode_an_enforced_catch_drops_that_members_unit_alone(tmp_path)
         "orchestrator": {"tasks_per_step": 1, "group_size": 2, "advantage": "group_mean",
                          "filters": {"gibberish": {"mode": "enforce"}},
                          "train": {"envs": [{"id": "kuhn-poker", "options": {"num_tasks": 5}}]}}})
-    endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"kuhn-poker": "tcp://127.0.0.1:9"})
-    orch = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+    with local_server("kuhn-poker", {"num_tasks": 5}, workers=1) as address:
+        endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"kuhn-poker": address})
+        orch = build_orchestrator(config, RLFolder(tmp_path), endpoints)
     orch.envs["kuhn-poker"].client = GibberishPlayer()
     samples, metrics = asyncio.run(orch.collect(0, 0, "base"))
     episodes = [json.loads(line) for line in (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()]

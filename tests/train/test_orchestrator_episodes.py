@@ -34,17 +34,24 @@ class FakeEpisodes:
         return make_episode(rewards, trainable=trainable, task=data, taskset="kuhn-poker", episode_index=index,
                             models=models)
 
-    async def run_episode(self, taskset, data, endpoint, *, episode_index=0, seats=None, sampling=None):
-        return self.play(data, endpoint, seats, episode_index)
-
-    async def evaluate_episodes(self, taskset, endpoint, *, num_tasks, seats=None, sampling=None, concurrency=1):
-        return [self.play(data, endpoint, seats) for data in list(taskset)[:num_tasks]]
+    async def episodes(self, served, data, endpoint, indices, *, seats=None, sampling=None):
+        return [self.play(data, endpoint, seats, i) for i in indices]
 
     async def aclose(self) -> None:
         pass
 
 
-def make(tmp_path, play: dict | None = None, advantage: str = "rae", **fields) -> tuple[Orchestrator, FakeEpisodes]:
+@pytest.fixture(scope="module")
+def kuhn_servers():
+    """Env servers of the training and held-out kuhn-poker the orchestrator asks what they serve and reads tasks
+    from; `make` replaces their clients' episodes by the fake's."""
+    with local_server("kuhn-poker", {"num_tasks": 50}, workers=1) as train, \
+            local_server("kuhn-poker", {"num_tasks": 50, "seed": 7}, workers=1) as held_out:
+        yield {"kuhn-poker": train, "eval:kuhn-poker": held_out}
+
+
+def make(tmp_path, servers: dict[str, str], play: dict | None = None, advantage: str = "rae",
+         **fields) -> tuple[Orchestrator, FakeEpisodes]:
     env = {"id": "kuhn-poker", "options": {"num_tasks": 50}, "play": play or {}}
     config = RLConfig.model_validate({
         "steps": 2, "trainer": {"model": "unused"}, "weight_sync": "lora",
@@ -52,8 +59,7 @@ def make(tmp_path, play: dict | None = None, advantage: str = "rae", **fields) -
                          "train": {"envs": [env]},
                          "eval": {"envs": [{**env, "options": {"num_tasks": 50, "seed": 7}}], "num_tasks": 4}},
         **fields})
-    endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base",
-                          envs={"kuhn-poker": "tcp://127.0.0.1:9", "eval:kuhn-poker": "tcp://127.0.0.1:9"})
+    endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs=servers)
     orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
     fake = FakeEpisodes()
     for env in [*orchestrator.envs.values(), *orchestrator.held_out.envs]:
@@ -61,8 +67,8 @@ def make(tmp_path, play: dict | None = None, advantage: str = "rae", **fields) -
     return orchestrator, fake
 
 
-def test_self_play_trains_both_seats_of_every_episode_with_rae(tmp_path):
-    orchestrator, fake = make(tmp_path)
+def test_self_play_trains_both_seats_of_every_episode_with_rae(tmp_path, kuhn_servers):
+    orchestrator, fake = make(tmp_path, kuhn_servers)
     samples, metrics = asyncio.run(orchestrator.collect(0, 0, "policy"))
     assert len(samples) == 12 and metrics["episodes"] == 6  # 3 tasks x 2 episodes x 2 seats
     assert {abs(s.advantage) for s in samples} >= {0.9}  # a cold-start RAE baseline: |A| = 0.9 on first sight
@@ -73,22 +79,22 @@ def test_self_play_trains_both_seats_of_every_episode_with_rae(tmp_path):
     assert len(lines) == 6
 
 
-def test_an_alternating_learner_plays_both_sides_against_the_base_model_and_alone_trains(tmp_path):
-    orchestrator, fake = make(tmp_path, {"learner": "alternate", "opponent": "base"})
+def test_an_alternating_learner_plays_both_sides_against_the_base_model_and_alone_trains(tmp_path, kuhn_servers):
+    orchestrator, fake = make(tmp_path, kuhn_servers, {"learner": "alternate", "opponent": "base"})
     samples, metrics = asyncio.run(orchestrator.collect(0, 0, "policy"))
     assert len(samples) == 6 and all(s.reward == 1.0 for s in samples)  # only the learner's traces train
     assert [b["player_0"] for b in fake.bindings] == ["policy", "base"] * 3
     assert metrics["learner/win_rate"] == 1.0 and metrics["seat/player_0/win_rate"] == 0.5
 
 
-def test_group_mean_compares_a_seat_with_itself_within_the_group(tmp_path):
-    orchestrator, _ = make(tmp_path, advantage="group_mean")
+def test_group_mean_compares_a_seat_with_itself_within_the_group(tmp_path, kuhn_servers):
+    orchestrator, _ = make(tmp_path, kuhn_servers, advantage="group_mean")
     samples, _ = asyncio.run(orchestrator.collect(0, 0, "policy"))
     assert all(s.advantage in (-1.0, 0.0, 1.0) for s in samples)
 
 
-def test_held_out_evaluation_plays_each_task_with_the_learner_in_each_seat(tmp_path):
-    orchestrator, fake = make(tmp_path, {"learner": "alternate", "opponent": "base"})
+def test_held_out_evaluation_plays_each_task_with_the_learner_in_each_seat(tmp_path, kuhn_servers):
+    orchestrator, fake = make(tmp_path, kuhn_servers, {"learner": "alternate", "opponent": "base"})
     asyncio.run(orchestrator.evaluate(0))
     (record,) = [m for m in orchestrator.folder.metrics.read() if "eval_reward" in m]
     assert record["eval_n"] == 8 and record["eval_reward"] == 1.0 and record["eval_win_rate"] == 1.0
@@ -96,11 +102,11 @@ def test_held_out_evaluation_plays_each_task_with_the_learner_in_each_seat(tmp_p
     assert len((tmp_path / "evals" / "kuhn-poker" / "step-000000.jsonl").read_text().splitlines()) == 8
 
 
-def test_the_seating_and_the_baselines_come_back_on_a_resume(tmp_path):
-    first, fake = make(tmp_path, {"learner": "random", "opponent": "base"})
+def test_the_seating_and_the_baselines_come_back_on_a_resume(tmp_path, kuhn_servers):
+    first, fake = make(tmp_path, kuhn_servers, {"learner": "random", "opponent": "base"})
     asyncio.run(first.collect(0, 0, "policy"))
     state = first.state_dict()
-    again, again_fake = make(tmp_path / "again", {"learner": "random", "opponent": "base"})
+    again, again_fake = make(tmp_path / "again", kuhn_servers, {"learner": "random", "opponent": "base"})
     again.load_state_dict(state)
     assert again.state_dict() == state
     asyncio.run(first.collect(1, 0, "policy"))

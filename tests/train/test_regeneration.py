@@ -60,9 +60,10 @@ def test_the_reason_says_what_failed_what_filters_dropped_per_environment_and_wh
 
 
 # --- in the orchestrator ------------------------------------------------------------------------------------------
-def test_a_step_left_empty_by_a_filter_is_made_again_with_new_tasks_and_every_attempts_traces_are_kept(tmp_path):
+def test_a_step_left_empty_by_a_filter_is_made_again_with_new_tasks_and_every_attempts_traces_are_kept(
+        tmp_path, endpoints):
     junk = [gibberish] * 4
-    orch = orchestrator(tmp_path, FakeGroups(junk, junk, [clean] * 4), batch_attempts=3,
+    orch = orchestrator(tmp_path, endpoints, FakeGroups(junk, junk, [clean] * 4), batch_attempts=3,
                         filters={"gibberish": {"mode": "enforce"}})
     samples, metrics = asyncio.run(orch.make_batch(0, 0, "base"))
     assert len(samples) == 4 and metrics["batch_attempts"] == 3 and metrics["rollouts_filtered"] == 0
@@ -73,9 +74,9 @@ def test_a_step_left_empty_by_a_filter_is_made_again_with_new_tasks_and_every_at
     assert len({t["task_key"] for t in saved}) == 3  # a new task each attempt
 
 
-def test_a_step_that_stays_empty_stops_the_run_naming_the_filter_and_the_environment(tmp_path):
+def test_a_step_that_stays_empty_stops_the_run_naming_the_filter_and_the_environment(tmp_path, endpoints):
     junk = [gibberish] * 4
-    orch = orchestrator(tmp_path, FakeGroups(junk, junk), batch_attempts=2,
+    orch = orchestrator(tmp_path, endpoints, FakeGroups(junk, junk), batch_attempts=2,
                         filters={"gibberish": {"mode": "enforce"}})
     with pytest.raises(EmptyBatch) as stopped:
         asyncio.run(orch.make_batch(0, 0, "base"))
@@ -85,9 +86,9 @@ def test_a_step_that_stays_empty_stops_the_run_naming_the_filter_and_the_environ
         "stale or untrainable")
 
 
-def test_groups_without_signal_are_named_as_the_reason(tmp_path):
+def test_groups_without_signal_are_named_as_the_reason(tmp_path, endpoints):
     same = [lambda reward, task: clean(1.0, task=task)] * 4
-    orch = orchestrator(tmp_path, FakeGroups(same, same, same), batch_attempts=3)
+    orch = orchestrator(tmp_path, endpoints, FakeGroups(same, same, same), batch_attempts=3)
     with pytest.raises(EmptyBatch, match=r"0 dropped by enforced filters, 12 left without signal \(3 groups had"):
         asyncio.run(orch.make_batch(0, 0, "base"))
 

@@ -7,15 +7,13 @@ from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is a
 
 from tracegym.train.orchestrator import Orchestrator, build_orchestrator
 from tracegym.train.rl_config import RLConfig
-from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.rl_folder import RLFolder
 from tracegym.train.trainer_loop import TrainerLoop
 
 CONFIG = RLConfig.model_validate({
     "steps": 4, "checkpoint_every": 1, "trainer": {"model": "tiny"},
     "orchestrator": {"advantage": "tracegym.train.advantages:EMABaseline", "tasks_per_step": 3,
                      "train": {"envs": [{"id": "reverse-text"}, {"id": "alphabet-sort"}]}}})
-ENDPOINTS = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base",  # never called: no rollouts run
-                      envs={"reverse-text": "tcp://127.0.0.1:9", "alphabet-sort": "tcp://127.0.0.1:9"})
 
 
 def make_batch(orchestrator: Orchestrator, step: int, rewards: tuple[float, float]) -> list[tuple[str, str]]:
@@ -31,16 +29,16 @@ def trainer_loop(folder: RLFolder) -> TrainerLoop:
     return TrainerLoop(folder, tiny_trainer(), lambda path, version: "policy", steps=4, checkpoint_every=1)
 
 
-def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(tmp_path):
+def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    first = build_orchestrator(CONFIG, folder, ENDPOINTS)
+    first = build_orchestrator(CONFIG, folder, endpoints)
     make_batch(first, 0, (1.0, 0.0))
     after_step_0 = first.state_dict()
     trainer_loop(folder).step(0, folder.read_batch(0))  # trains step 0, checkpoints step 1
     expected = make_batch(first, 1, (0.0, 0.0))  # made ahead of the trainer, then the run is killed
 
     assert folder.rewind() == 1 and folder.read_batch(1) is None
-    resumed = build_orchestrator(CONFIG, folder, ENDPOINTS)
+    resumed = build_orchestrator(CONFIG, folder, endpoints)
     trainer = trainer_loop(folder)
     assert trainer.resume() == resumed.next_step == 1 and trainer.trainer.version == 1
     assert resumed.state_dict() == after_step_0
@@ -48,6 +46,6 @@ def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(
     assert make_batch(resumed, 1, (0.0, 0.0)) == expected  # the same tasks as the run that was killed drew
 
 
-def test_a_fresh_run_starts_at_step_0_with_fresh_state(tmp_path):
-    orchestrator = build_orchestrator(CONFIG, RLFolder(tmp_path), ENDPOINTS)
+def test_a_fresh_run_starts_at_step_0_with_fresh_state(tmp_path, endpoints):
+    orchestrator = build_orchestrator(CONFIG, RLFolder(tmp_path), endpoints)
     assert orchestrator.next_step == 0 and orchestrator.signal.advantages.fn.baselines == {}

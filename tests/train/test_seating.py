@@ -9,7 +9,10 @@ from pydantic import ValidationError
 
 from tracegym.core.errors import UsageError
 from tracegym.models.endpoint import Endpoint
-from tracegym.train.rl_config import RLConfig, lora_slots
+from tracegym.serve.local_server import local_server
+from tracegym.train.orchestrator import build_orchestrator
+from tracegym.train.rl_config import RLConfig, lora_slots, parse_rl_args
+from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.seating import Play, SeatChoice, Seating
 
 VLLM = Endpoint(base_url="http://127.0.0.1:8000/v1", model="base")
@@ -92,15 +95,32 @@ def rl(env: dict, **fields) -> RLConfig:
 
 
 def test_a_seat_override_naming_a_seat_the_taskset_has_not_is_refused_naming_it():
-    with pytest.raises(ValidationError, match="seat 'player_9': taskset 'kuhn-poker' has no such seat") as caught:
-        rl({"seats": {"player_9": {"trainable": False}}})
-    assert caught.value.errors()[0]["loc"] == ("orchestrator", "train", "envs", 0, "seats")
+    with pytest.raises(UsageError, match=r"--orchestrator.train.envs.0.seats: seat 'player_9': taskset 'kuhn-poker' "
+                                         r"has no such seat"):
+        parse_rl_args(["--orchestrator.train.envs", '[{"id": "kuhn-poker", "seats": {"player_9": {}}}]',
+                       "--weight-sync", "lora"])
 
 
 def test_seating_a_single_agent_taskset_is_refused():
-    with pytest.raises(ValidationError, match="single-agent"):
-        RLConfig.model_validate({"trainer": {"model": "tiny"}, "orchestrator": {"train": {"envs": [
-            {"id": "reverse-text", "play": {"learner": "alternate"}}]}}})
+    with pytest.raises(UsageError, match=r"--orchestrator\.train\.envs\.0: taskset 'reverse-text' is single-agent"):
+        parse_rl_args(["--orchestrator.train.envs", '[{"id": "reverse-text", "play": {"learner": "alternate"}}]'])
+
+
+def test_a_taskset_that_cannot_be_imported_here_leaves_its_seats_to_its_env_server_with_a_warning(tmp_path):
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text("import a_module_only_the_env_host_has\n")
+    _, warnings = parse_rl_args(["--orchestrator.train.envs", f'[{{"id": "{elsewhere}:Game", "seats": {{"p": {{}}}}}}]',
+                                 "--weight-sync", "lora"])
+    assert any("cannot be loaded here" in w and "checked against its env server" in w for w in warnings)
+
+
+def test_the_orchestrator_refuses_a_seat_its_env_server_does_not_serve(tmp_path):
+    config = rl({"seats": {"player_9": {"trainable": False}}})  # a config file the command line never checked
+    with local_server("kuhn-poker", workers=1) as address:
+        endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"kuhn-poker": address})
+        with pytest.raises(UsageError, match=r"orchestrator.train.envs.0.seats: seat 'player_9': taskset "
+                                             r"'kuhn-poker' has no such seat \(seats: player_0, player_1\)"):
+            build_orchestrator(config, RLFolder(tmp_path), endpoints)
 
 
 def test_playing_the_base_model_or_the_pool_needs_lora_weight_sync():

@@ -137,7 +137,7 @@ async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, epis
                 episode = await play(task, clients, options.get("sampling"), episode_index=episode_index,
                                      trainable=trainable, timeouts=options.get("timeouts"))
             except Exception as exc:  # the boundary around an episode, as around a rollout
-                return failed_episode(taskset, data, episode_index, exc)
+                return failed_episode(taskset.id, members_of(taskset), data, episode_index, exc)
             failed_on_infra = episode.error is not None and episode.error.kind == ErrorKind.INFRASTRUCTURE
             if not failed_on_infra or attempt == infra_retries:
                 return episode
@@ -173,6 +173,11 @@ def multi_agent_class(taskset: Taskset) -> type[MultiAgentTask]:
     return cast("type[MultiAgentTask]", taskset.task_class)
 
 
+def members_of(taskset: Taskset) -> list[str]:
+    """A multi-agent taskset's member ids in seat order (a UsageError for a single-agent one)."""
+    return [m.id for m in multi_agent_class(taskset).seats]
+
+
 def check_single_agent(taskset: Taskset) -> None:
     """A UsageError when the taskset is multi-agent (its tasks run as episodes)."""
     if is_multi_agent(taskset):
@@ -202,16 +207,15 @@ async def live_seats(model: ModelArg, seats: Mapping[str, Seat]) -> AsyncIterato
         yield clients
 
 
-def failed_episode(taskset: Taskset, data: TaskData, episode_index: int, exc: BaseException, *,
+def failed_episode(taskset_id: str, members: list[str], data: TaskData, episode_index: int, exc: BaseException, *,
                    stage: str = "setup", kind: ErrorKind = ErrorKind.TASK) -> Episode:
-    """The record of an episode that produced none of its own (its Task could not be built, its env-server
-    request failed): `exc` recorded at `stage`, with a failed trace per member."""
-    members = [m.id for m in multi_agent_class(taskset).seats]
+    """The record of an episode of `members` that produced none of its own (its Task could not be built, its
+    env-server request failed): `exc` recorded at `stage`, with a failed trace per member."""
     error = classify(exc, stage, kind=kind)
-    episode = Episode(task=data, taskset=taskset.id, episode_index=episode_index, members=members,
+    episode = Episode(task=data, taskset=taskset_id, episode_index=episode_index, members=members,
                       stop_reason=StopReason.after(error), error=error)
     for member in members:
-        trace = failed_trace(data, taskset.id, episode_index, exc, stage=stage, kind=kind)
+        trace = failed_trace(data, taskset_id, episode_index, exc, stage=stage, kind=kind)
         episode.traces[member] = trace.model_copy(update={"member": member, "episode_id": episode.id})
         episode.rewards[member] = None
     return episode

@@ -15,13 +15,14 @@ one is dropped).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any, Unpack
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, Unpack
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
@@ -39,6 +40,7 @@ from tracegym.envs.evaluate import (
     failed_trace,
     in_order,
     in_task_order,
+    members_of,
     multi_agent_class,
     plan,
 )
@@ -48,9 +50,12 @@ from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.connection import Connection, HostLost
 from tracegym.serve.curve import shared_secret
+from tracegym.serve.served_taskset import ServedTaskset
+from tracegym.serve.task_rows import MAX_ROWS
 from tracegym.serve.wire import MAX_FRAME_BYTES, RemoteError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MOVABLE = frozenset({"run"})
 """Methods whose requests may be re-sent to another env server when theirs is lost (running them there is as good;
@@ -149,7 +154,16 @@ class EnvClient:
         one config and run there under another would be scored against the wrong rules, silently. Of several
         servers, one that does not answer is left out of new requests (with a warning) until its link is back;
         none answering is an InfrastructureError naming each."""
-        outcomes = await asyncio.gather(*(self._check_host(h, taskset) for h in self.hosts), return_exceptions=True)
+        await self._check_all(taskset.id, lambda info: taskset.config.model_dump(mode="json"))
+
+    async def check_runs(self, taskset_id: str, options: dict[str, Any]) -> None:
+        """As `check_serves`, without the taskset's code here: the server must run `taskset_id` with `options`,
+        and every option not given at the taskset's default (as the server says it)."""
+        await self._check_all(taskset_id, lambda info: {**(info.get("defaults") or {}), **options})
+
+    async def _check_all(self, taskset_id: str, expected: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        outcomes = await asyncio.gather(*(self._check_host(h, taskset_id, expected) for h in self.hosts),
+                                        return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, UsageError | asyncio.CancelledError):
                 raise outcome
@@ -162,16 +176,17 @@ class EnvClient:
             host.up = False
             log.warning("env server at %s left out for now: %s", host.address, failure)
 
-    async def _check_host(self, host: Connection, taskset: Taskset) -> None:
+    async def _check_host(self, host: Connection, taskset_id: str,
+                          expected: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         info = await self.info(host.address)
-        if info.get("taskset") != taskset.id:
+        if taskset_id not in (info.get("taskset"), info.get("spec")):
             raise UsageError(f"the env server at {host.address} serves taskset {info.get('taskset')!r}, "
-                             f"not {taskset.id!r}")
-        ours = taskset.config.model_dump(mode="json")
-        differ = sorted(k for k in ours.keys() | info.get("config", {}).keys() if ours.get(k) != info["config"].get(k))
+                             f"not {taskset_id!r}")
+        ours, theirs = expected(info), info.get("config", {})
+        differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         if differ:
-            shown = ", ".join(f"{k} = {info['config'].get(k)!r}, not {ours.get(k)!r}" for k in differ)
-            raise UsageError(f"the env server at {host.address} runs {taskset.id!r} with {shown}; start it with "
+            shown = ", ".join(f"{k} = {theirs.get(k)!r}, not {ours.get(k)!r}" for k in differ)
+            raise UsageError(f"the env server at {host.address} runs {taskset_id!r} with {shown}; start it with "
                              "the same taskset options")
 
     async def cancel(self, request_id: str) -> bool:
@@ -245,6 +260,35 @@ class EnvClient:
             return [failed_trace(data, taskset_id, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
                     for i in indices]
 
+    # --- a served taskset's rows and runs, without its code -----------------------------------------------
+    async def rows(self, indices: Sequence[int]) -> list[TaskData]:
+        """The server's task rows at these positions (`serve.task_rows`), in that order."""
+        out: list[TaskData] = []
+        for start in range(0, len(indices), MAX_ROWS):
+            chunk = list(indices[start:start + MAX_ROWS])
+            out += [TaskData.model_validate(row) for row in await self.request("rows", {"indices": chunk})]
+        return out
+
+    async def rollouts(self, served: ServedTaskset, data: TaskData, model: Endpoint, indices: list[int],
+                       **options: Unpack[RolloutOptions]) -> list[Trace]:
+        """Rollouts of one of the served taskset's tasks (one per index) in one request; a failed request is a
+        failed trace each. Nothing of the taskset's code runs here."""
+        check_options(options)
+        if served.multi_agent:
+            raise UsageError(f"taskset {served.id!r} is multi-agent: run episodes, not rollouts")
+        return await self._traces(served.id, data, model, indices, options)
+
+    async def episodes(self, served: ServedTaskset, data: TaskData, model: Endpoint, indices: list[int], *,
+                       seats: Seats | None = None, **options: Unpack[RolloutOptions]) -> list[Episode]:
+        """Episodes of one of the served taskset's tasks (one per index) in one request, its members seated by
+        `seats` (the rest play as `model`); a failed request is a failed episode each."""
+        check_options(options)
+        unknown = sorted(set(seats or {}) - set(served.members))
+        if unknown:
+            raise UsageError(f"seat {unknown[0]!r}: taskset {served.id!r} has no such seat (seats: "
+                             f"{', '.join(served.members) or 'none: it is single-agent'})")
+        return await self._episodes(served.id, served.members, data, model, indices, seats, options)
+
     # --- episodes of a multi-agent taskset, run on the server ----------------------------------------------
     async def run_episodes(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
                            episode_indices: list[int] | None = None, seats: Seats | None = None,
@@ -262,7 +306,7 @@ class EnvClient:
         check_options(options)
         bind(multi_agent_class(taskset).seats, seats, taskset.id)
         await self._check_serves_once(taskset)
-        [episode] = await self._episodes(taskset, data, model, [episode_index], seats, options)
+        [episode] = await self._episodes(taskset.id, members_of(taskset), data, model, [episode_index], seats, options)
         return episode
 
     async def evaluate_episodes_iter(self, taskset: str | Taskset, model: Endpoint, *, seats: Seats | None = None,
@@ -274,9 +318,12 @@ class EnvClient:
         endpoint = _endpoint(model)
         await self._check_serves_once(work.taskset)
 
+        members = members_of(work.taskset)
+
         async def one(group: list[tuple[TaskData, int]]) -> list[Episode]:
             indices = [index for _, index in group]
-            return await self._episodes(work.taskset, group[0][0], endpoint, indices, seats, work.options)
+            return await self._episodes(work.taskset.id, members, group[0][0], endpoint, indices, seats,
+                                        work.options)
 
         groups = same_task_runs(work.pairs, min(self.per_request, work.concurrency))
         async for episodes in as_finished(groups, one, work.concurrency, size=len):
@@ -288,16 +335,16 @@ class EnvClient:
         """As `envs.evaluate.evaluate_episodes`, on the server."""
         return await in_order(self.evaluate_episodes_iter, taskset, model, options, seats=seats)
 
-    async def _episodes(self, taskset: Taskset, data: TaskData, model: Endpoint, indices: list[int],
-                        seats: Seats | None, options: RolloutOptions) -> list[Episode]:
+    async def _episodes(self, taskset_id: str, members: list[str], data: TaskData, model: Endpoint,
+                        indices: list[int], seats: Seats | None, options: RolloutOptions) -> list[Episode]:
         """The episodes of one request, a failed episode per index when the request failed."""
         try:
             return await self.run_episodes(data, _endpoint(model), episode_indices=indices, seats=seats, **options)
         except UsageError:
             raise
         except Exception as exc:  # the request is the boundary, as for rollouts: its episodes fail as data
-            return [failed_episode(taskset, data, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
-                    for i in indices]
+            return [failed_episode(taskset_id, members, data, i, exc, stage="env_server",
+                                   kind=ErrorKind.INFRASTRUCTURE) for i in indices]
 
     async def _check_serves_once(self, taskset: Taskset) -> None:
         """`check_serves(taskset)` the first time this client runs that taskset with that config (callers at once
@@ -327,6 +374,16 @@ async def check_env_server(address: str | Sequence[str], taskset: Taskset, timeo
         check_resolves(one)
     async with EnvClient(addresses, request_timeout=timeout_s) as client:
         await client.check_serves(taskset)
+
+
+async def check_env_server_runs(address: str | Sequence[str], taskset_id: str, options: dict[str, Any],
+                                timeout_s: float = 30.0) -> None:
+    """As `check_env_server`, without the taskset's code here (`EnvClient.check_runs`)."""
+    addresses = [address] if isinstance(address, str) else list(address)
+    for one in addresses:
+        check_resolves(one)
+    async with EnvClient(addresses, request_timeout=timeout_s) as client:
+        await client.check_runs(taskset_id, options)
 
 
 def check_resolves(address: str) -> None:
@@ -404,3 +461,24 @@ def _ignore(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
 
+
+def ask(address: str | Sequence[str], question: Callable[[EnvClient], Awaitable[T]], timeout_s: float = 60.0) -> T:
+    """`question(client)` put to the env server at `address` (the least loaded, of several) through a client of
+    its own; blocks until answered, from any thread, inside an event loop or not (it asks from an event loop of its
+    own, on a thread of its own)."""
+
+    async def put() -> T:
+        async with EnvClient(address, request_timeout=timeout_s) as client:
+            return await question(client)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, put()).result()
+
+
+def describe(address: str | Sequence[str], timeout_s: float = 60.0) -> ServedTaskset:
+    """What the env server at `address` runs (`ask`)."""
+
+    async def info(client: EnvClient) -> ServedTaskset:
+        return ServedTaskset.from_info(await client.info(), client.address)
+
+    return ask(address, info, timeout_s)

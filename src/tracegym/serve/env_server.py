@@ -25,13 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from pydantic import ValidationError
 from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.taskset import Taskset
 from tracegym.runtimes.processes import Parent
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server, shared_secret
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, START_TIMEOUT, PoolSize, WorkerHandle, WorkerPool
+from tracegym.serve.task_rows import TaskRows
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
     PROTOCOL,
@@ -87,6 +92,7 @@ class EnvServer:
                  max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
+        self.rows = TaskRows(self.taskset)
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
         self.secret = shared_secret(secret)
         if not is_loopback(address) and not self.secret:
@@ -212,10 +218,19 @@ class EnvServer:
             self._submit(client, request)
         elif request.method == "cancel":
             self._cancel(client, request)
+        elif request.method == "rows":
+            self._send_rows(client, request)
         elif request.method == "health":
             self._send(client, ok_reply(request.id, {**self.health(), **self._unknown(client, request.payload)}))
         else:
             self._send(client, ok_reply(request.id, self.info()))
+
+    def _send_rows(self, client: bytes, request: Request) -> None:
+        """Answer a `rows` request: the taskset's rows at the positions it names (`TaskRows`)."""
+        try:
+            self._send(client, ok_reply(request.id, self.rows.rows(request.id, unpack(request.payload))))
+        except (WireError, ValueError) as exc:  # a malformed payload is the client's error, never the server's end
+            self._send(client, error_reply(request.id, "BadRequest", str(exc), ErrorKind.TASK))
 
     def _on_connection(self, frames: list[bytes]) -> None:
         """Count a connection event: a peer refused in its handshake (without the shared secret, or not speaking
@@ -247,11 +262,15 @@ class EnvServer:
         return {"unknown": [i for i in pending[:MAX_PENDING_CHECK] if (client, i) not in self.index]}
 
     def info(self) -> dict[str, Any]:
-        """What this server runs: taskset id and resolved config, task type, whether it is finite, the pool."""
+        """What this server runs: taskset id and resolved config, task type, whether it is finite and its size
+        (None: endless), a multi-agent taskset's members in seat order, the pool."""
         ts = self.taskset
-        return {"protocol": PROTOCOL, "taskset": ts.id, "config": ts.config.model_dump(mode="json"),
-                "task_type": _qualname(ts.task_class),
-                "data_type": _qualname(ts.data_class), "finite": ts.bounded, "description": ts.description,
+        return {"protocol": PROTOCOL, "taskset": ts.id, "spec": self.taskset_id,
+                "config": ts.config.model_dump(mode="json"), "task_type": _qualname(ts.task_class),
+                "data_type": _qualname(ts.data_class), "finite": ts.bounded, **self.rows.describe(),
+                "members": [m.id for m in multi_agent_class(ts).seats] if is_multi_agent(ts) else [],
+                "defaults": _defaults(ts),
+                "description": ts.description,
                 "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
                 "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic,
                 "max_request_bytes": self.max_frame_bytes}
@@ -511,3 +530,12 @@ class EnvServer:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _defaults(taskset: Taskset) -> dict[str, Any]:
+    """The taskset's options at their defaults (a client checks the options it did not give against them); empty
+    when its config has a field without one."""
+    try:
+        return type(taskset).Config().model_dump(mode="json")
+    except ValidationError:
+        return {}

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
 
 PROTOCOL = 1
-METHODS = ("health", "info", "run", "cancel")
+METHODS = ("health", "info", "rows", "run", "cancel")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Default limit on a request's total size; a larger one is answered with a `TooLarge` error."""
 MAX_ID_CHARS = 128

@@ -199,8 +199,7 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
                     wait_s: float = HEALTH_WAIT_S) -> None:
     """Once every vLLM server and env server answers (up to `wait_s`), forget what a previous job made past the
     newest checkpoint and write `endpoints.json` for the roles."""
-    from tracegym.envs.registry import load_taskset
-    from tracegym.serve.env_client import check_env_server
+    from tracegym.serve.env_client import check_env_server_runs
 
     if not vllm_urls:
         raise UsageError("--slurm.inference-nodes: the run needs at least one vLLM server")
@@ -212,7 +211,7 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
     for key, address in envs.items():
         Poll(f"env server {key} at {address}", wait_s, every=5.0).wait(functools.partial(_env_answers, address))
         env = env_servers(config)[key]
-        asyncio.run(check_env_server(address, load_taskset(env.id, env.options)))
+        asyncio.run(check_env_server_runs(address, env.id, env.options))
     folder = RLFolder(run_dir)
     folder.rewind()
     first, *rest = vllm_urls  # the roles route across them (models.router) and publish to each

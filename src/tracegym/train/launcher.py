@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import IO
 
 from tracegym.core.errors import InfrastructureError
-from tracegym.envs.registry import load_taskset
 from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.launch import server_config
 from tracegym.models.vllm_server import VLLMServerConfig, is_cpu_build, log_tail
 from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
-from tracegym.serve.env_client import check_env_server
+from tracegym.serve.env_client import check_env_server_runs
 from tracegym.serve.local_server import local_server
 from tracegym.train.malloc import Malloc, malloc_env, preload
 from tracegym.train.regeneration import STOPPED_EXIT
@@ -144,7 +143,7 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
     addresses = {}
     for key, env in env_servers(config).items():
         if env.address is not None:
-            asyncio.run(check_env_server(env.address, load_taskset(env.id, env.options)))
+            asyncio.run(check_env_server_runs(env.address, env.id, env.options))
             addresses[key] = env.address
             say(out, f"env server {key}: {', '.join(env.address)} (running elsewhere)")
             continue

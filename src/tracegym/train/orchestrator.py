@@ -20,14 +20,13 @@ its pass-rate band when drawing, and refills the step's groups without signal.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tracegym.core.episode import Episode, Outcome
 from tracegym.core.errors import InfrastructureError, UsageError
@@ -36,13 +35,10 @@ from tracegym.core.sample import Sample
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import multi_agent_class
-from tracegym.envs.multi_agent import is_multi_agent
-from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seats
-from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
-from tracegym.serve.env_client import EnvClient
+from tracegym.serve.env_client import EnvClient, ask, describe
+from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
 from tracegym.train.fan_out import unfit
 from tracegym.train.filters import RolloutFilter, screen
@@ -51,47 +47,24 @@ from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.regeneration import regenerated
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
-from tracegym.train.seating import Seating
+from tracegym.train.seating import Play, Seating
 from tracegym.train.signal import Group, Signal, StepGroups
 from tracegym.train.staleness import StalenessControl
+from tracegym.train.task_stream import TaskStream
 from tracegym.train.tracking import build_tracking
 
 POLICY_WAIT_S = 3600.0
-
-
-class TaskStream:
-    """An endless, seeded stream of one environment's tasks (a finite taskset is reshuffled each pass)."""
-
-    def __init__(self, env: EnvChoice, seed: int) -> None:
-        self.taskset = load_taskset(env.id, env.options)
-        self._rows = self._cycle(seed)
-        self.drawn = 0
-        """Rows drawn so far (a resume draws as many again, to go on where the run was)."""
-
-    def _cycle(self, seed: int) -> Iterator[TaskData]:
-        if not self.taskset.bounded:
-            yield from self.taskset
-            return
-        for epoch in itertools.count():
-            yield from self.taskset.shuffle(seed + epoch)
-
-    def next(self) -> TaskData:
-        self.drawn += 1
-        return next(self._rows)
-
-    def skip_to(self, drawn: int) -> None:
-        """Go on as a stream that had drawn `drawn` rows."""
-        while self.drawn < drawn:
-            self.next()
+T = TypeVar("T")
 
 
 @dataclass
 class TrainEnv:
-    """One environment the policy trains on: its share of each step's tasks, its tasks, its env server, and for a
-    multi-agent one who sits where in each episode."""
+    """One environment the policy trains on: its share of each step's tasks, what its env server serves, its tasks,
+    that server, and for a multi-agent one who sits where in each episode."""
 
     id: str
     weight: float
+    served: ServedTaskset
     stream: TaskStream
     client: EnvClient
     seating: Seating | None = None
@@ -99,10 +72,12 @@ class TrainEnv:
 
 @dataclass
 class HeldOutEnv:
-    """One held-out environment: its taskset, the env server that runs it, and its seating (multi-agent)."""
+    """One held-out environment: what its env server serves, the tasks evaluated, that server, and its seating
+    (multi-agent)."""
 
     id: str
-    taskset: Taskset
+    served: ServedTaskset
+    rows: list[TaskData]
     client: EnvClient
     seating: Seating | None = None
 
@@ -239,17 +214,19 @@ class Orchestrator:
         def seats(env: TrainEnv) -> list[Seats] | None:
             return [env.seating.next(model, self.rng) for _ in range(size)] if env.seating else None
 
+        await asyncio.gather(*(env.stream.ahead(self.reads_ahead(env.id)) for env in self.envs.values()))
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
         plans = [(env, data, seats(env)) for env, data in self.draw()]
 
         async def group(env: TrainEnv, data: TaskData, seats: list[Seats] | None) -> Group:
             async with gate:
                 if seats is None:
-                    return await env.client.run_group(env.stream.taskset, data, endpoint, size,
-                                                      sampling=self.plan.sampling)
-                return list(await asyncio.gather(*(
-                    env.client.run_episode(env.stream.taskset, data, endpoint, episode_index=i, seats=binding,
-                                           sampling=self.plan.sampling) for i, binding in enumerate(seats))))
+                    return await env.client.rollouts(env.served, data, endpoint, list(range(size)),
+                                                     sampling=self.plan.sampling)
+                played = await asyncio.gather(*(env.client.episodes(
+                    env.served, data, endpoint, [i], seats=binding, sampling=self.plan.sampling)
+                    for i, binding in enumerate(seats)))
+                return [e for episodes in played for e in episodes]
 
         async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
             more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
@@ -269,6 +246,14 @@ class Orchestrator:
     def counts(self) -> dict[str, int]:
         """What the run has left out of training so far, by cause."""
         return {**self.signal.counts(), "samples_dropped_stale": self.staleness.dropped}
+
+    def reads_ahead(self, env_id: str) -> int:
+        """The most tasks one step can draw from an environment: each of the step's, each refill, and for each
+        the tasks online difficulty may pass over first."""
+        difficulty = self.difficulty.envs.get(env_id)
+        if difficulty is None:
+            return self.plan.tasks_per_step
+        return (self.plan.tasks_per_step + difficulty.config.refills) * (difficulty.config.max_skips + 1)
 
     def draw(self) -> list[tuple[TrainEnv, TaskData]]:
         """The step's tasks: `tasks_per_step` environments drawn by weight, the next task of each."""
@@ -318,8 +303,7 @@ class Orchestrator:
             if env.seating is not None:
                 record = await self.evaluate_episodes(env, endpoint, step)
             else:
-                traces = await env.client.evaluate(env.taskset, endpoint, num_tasks=self.held_out.num_tasks,
-                                                   sampling=self.held_out.sampling, concurrency=self.plan.concurrency)
+                traces = await self.held_out_traces(env, endpoint)
                 estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
                 record = {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width,
                           "eval_n": estimate.n, "eval_unscored": len(traces) - estimate.n}
@@ -332,12 +316,37 @@ class Orchestrator:
         rng = random.Random(self.plan.seed)  # the same opponent draws at every evaluation
         played: list[tuple[Episode, list[str]]] = []
         for seat in env.seating.learner_seats():
-            episodes = await env.client.evaluate_episodes(
-                env.taskset, endpoint, num_tasks=self.held_out.num_tasks, sampling=self.held_out.sampling,
-                concurrency=self.plan.concurrency, seats=env.seating.binding(seat, endpoint.model, rng))
+            episodes = await self.held_out_episodes(env, endpoint, env.seating.binding(seat, endpoint.model, rng))
             played += [(e, [seat] if seat else e.trainable_members) for e in episodes]
         self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
         return held_out_figures(played)
+
+    async def held_out_traces(self, env: HeldOutEnv, endpoint: Endpoint) -> list[Trace]:
+        """One rollout of each held-out task of `env`, in task order."""
+
+        async def one(data: TaskData) -> list[Trace]:
+            return await env.client.rollouts(env.served, data, endpoint, [0], sampling=self.held_out.sampling)
+
+        return [t for traces in await self.each_held_out(env, one) for t in traces]
+
+    async def held_out_episodes(self, env: HeldOutEnv, endpoint: Endpoint, seats: Seats) -> list[Episode]:
+        """One episode of each held-out task of `env`, seated by `seats`, in task order."""
+
+        async def one(data: TaskData) -> list[Episode]:
+            return await env.client.episodes(env.served, data, endpoint, [0], seats=seats,
+                                             sampling=self.held_out.sampling)
+
+        return [e for episodes in await self.each_held_out(env, one) for e in episodes]
+
+    async def each_held_out(self, env: HeldOutEnv, run: Callable[[TaskData], Awaitable[T]]) -> list[T]:
+        """`run` on each held-out task of `env`, `plan.concurrency` at once, in task order."""
+        gate = asyncio.Semaphore(self.plan.concurrency)
+
+        async def one(data: TaskData) -> T:
+            async with gate:
+                return await run(data)
+
+        return list(await asyncio.gather(*(one(data) for data in env.rows)))
 
     async def aclose(self) -> None:
         """Close every env client (one may serve both training and held-out tasks)."""
@@ -350,34 +359,41 @@ class Orchestrator:
 
 
 def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
-    """The orchestrator `config` describes, calling the servers in `endpoints`; when the folder has a checkpoint,
-    resumed from the orchestrator state saved with it."""
+    """The orchestrator `config` describes, calling the servers in `endpoints` (each asked what it serves: no
+    taskset's code runs here); when the folder has a checkpoint, resumed from the orchestrator state saved with
+    it."""
     orch = config.orchestrator
-    clients = {name: EnvClient(address) for name, address in endpoints.envs.items()}
     endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
                                      replicas=endpoints.replicas)
     uses_pool = any(e.play.opponent == "pool" for e in [*orch.train.envs, *orch.eval.envs])
     pool = OpponentPool(folder, lora_loader(endpoint.servers()), endpoints.base_model) if uses_pool else None
+    servers = EnvServers(folder, endpoints)
 
-    def seating(env: EnvChoice, taskset: Taskset) -> Seating | None:
-        if not is_multi_agent(taskset):
+    def seating(env: EnvChoice, served: ServedTaskset, where: str) -> Seating | None:
+        if not served.multi_agent:
+            if env.play != Play() or env.seats:
+                raise UsageError(f"{where}: taskset {env.id!r} is single-agent; `play` and `seats` seat the members "
+                                 "of a multi-agent one")
             return None
-        members = [m.id for m in multi_agent_class(taskset).seats]
-        return Seating(members, env.play, env.seats, endpoint, endpoints.base_model, pool.draw if pool else None)
+        unknown = sorted(set(env.seats) - set(served.members))
+        if unknown:
+            raise UsageError(f"{where}.seats: seat {unknown[0]!r}: taskset {env.id!r} has no such seat (seats: "
+                             f"{', '.join(served.members)})")
+        return Seating(served.members, env.play, env.seats, endpoint, endpoints.base_model,
+                       pool.draw if pool else None)
 
-    def client(env: EnvChoice, held_out: bool) -> EnvClient:
-        name = env_server_key(env, held_out)
-        if name not in clients:
-            raise UsageError(f"{folder.path / ENDPOINTS} names no env server {name!r}")
-        return clients[name]
-
-    streams = [TaskStream(e, orch.seed + i) for i, e in enumerate(orch.train.envs)]
-    envs = [TrainEnv(e.id, e.weight, stream, client(e, held_out=False), seating(e, stream.taskset))
-            for e, stream in zip(orch.train.envs, streams, strict=True)]
-    held_out_sets = [load_taskset(e.id, e.options) for e in orch.eval.envs]
-    held_out = HeldOut([HeldOutEnv(e.id, taskset, client(e, held_out=True), seating(e, taskset))
-                        for e, taskset in zip(orch.eval.envs, held_out_sets, strict=True)],
-                       orch.eval.sampling, orch.eval.num_tasks, orch.eval.every)
+    envs = []
+    for i, e in enumerate(orch.train.envs):
+        client, served = servers.reach(e, held_out=False)
+        rows = servers.rows(e, held_out=False, count=served.size or 0)
+        stream = TaskStream(e.id, served.size, orch.seed + i, client.rows, rows)
+        envs.append(TrainEnv(e.id, e.weight, served, stream, client,
+                             seating(e, served, f"orchestrator.train.envs.{i}")))
+    held_out = []
+    for i, e in enumerate(orch.eval.envs):
+        client, served = servers.reach(e, held_out=True)
+        rows = servers.rows(e, held_out=True, count=min(orch.eval.num_tasks, served.size or orch.eval.num_tasks))
+        held_out.append(HeldOutEnv(e.id, served, rows, client, seating(e, served, f"orchestrator.eval.envs.{i}")))
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
     signal = build_signal(config.mode, orch.advantage, student=endpoint, endpoints=endpoints, teacher=config.teacher,
@@ -386,13 +402,46 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     plan = StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
-                                held_out=held_out, filters=orch.filters.active(), difficulty=difficulty, pool=pool)
+                                held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
+                                filters=orch.filters.active(), difficulty=difficulty, pool=pool)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
     if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):
         folder.track(tracking)
     return orchestrator
+
+
+class EnvServers:
+    """The run's env servers as the orchestrator reaches them: a client each (one per address, shared by the
+    environments it serves), what each serves, and its first rows, asked once."""
+
+    def __init__(self, folder: RLFolder, endpoints: Endpoints) -> None:
+        self.folder, self.addresses = folder, endpoints.envs
+        self.clients: dict[str, EnvClient] = {}
+
+    def reach(self, env: EnvChoice, held_out: bool) -> tuple[EnvClient, ServedTaskset]:
+        """The client of an environment's env server, and what that server serves (checked to be `env.id`)."""
+        name = self._name(env, held_out)
+        if name not in self.clients:
+            self.clients[name] = EnvClient(self.addresses[name])
+        served = describe(self.addresses[name])
+        if not served.named(env.id):
+            raise UsageError(f"the env server of {name!r} ({self.addresses[name]}) serves taskset {served.id!r}, "
+                             f"not {env.id!r}")
+        if served.rows_error is not None:
+            raise UsageError(f"the env server of {name!r} cannot give taskset {env.id!r}'s tasks: {served.rows_error}")
+        return self.clients[name], served
+
+    def rows(self, env: EnvChoice, held_out: bool, count: int) -> list[TaskData]:
+        """The environment's first `count` rows, read from its env server."""
+        return ask(self.addresses[self._name(env, held_out)], lambda client: client.rows(range(count)))
+
+    def _name(self, env: EnvChoice, held_out: bool) -> str:
+        name = env_server_key(env, held_out)
+        if name not in self.addresses:
+            raise UsageError(f"{self.folder.path / ENDPOINTS} names no env server {name!r}")
+        return name
 
 
 def learner_traces(group: Group) -> list[Trace]:

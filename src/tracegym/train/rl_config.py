@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -68,14 +68,6 @@ class EnvChoice(BaseModel):
     difficulty: DifficultyConfig | None = None
     """A training environment: online difficulty (tasks whose recent pass rate is outside a band are drawn less;
     groups without signal refilled), e.g. `difficulty = { low = 0.1, high = 0.9, refills = 4 }`; unset: off."""
-
-    @field_validator("play", "seats")
-    @classmethod
-    def _multi_agent(cls, value: Any, info: ValidationInfo) -> Any:
-        """Seating is for a multi-agent taskset, and names only members it has."""
-        if value and value != Play() and "id" in info.data:
-            check_seats(info.data["id"], info.data.get("options", {}), value if isinstance(value, dict) else {})
-        return value
 
 
 RL_MAX_TOKENS = 48
@@ -334,9 +326,15 @@ def trainer_ranks(config: RLConfig) -> int:
 
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
-    """The validated config and the rename warnings; more trainer ranks than a step has rollouts (some would
-    have nothing to train) is a UsageError naming the flag."""
+    """The validated config and the warnings (renamed keys; seating not checked here); more trainer ranks than a
+    step has rollouts (some would have nothing to train), or a seat a multi-agent taskset has not, is a UsageError
+    naming the flag."""
     config, warnings = parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)
+    phases = {"train": config.orchestrator.train.envs, "eval": config.orchestrator.eval.envs}
+    for phase, envs in phases.items():
+        for i, env in enumerate(envs):
+            if said := check_seats(f"--orchestrator.{phase}.envs.{i}", env.id, env.options, env.play, env.seats):
+                warnings.append(said)
     ranks, rollouts = trainer_ranks(config), config.orchestrator.tasks_per_step * config.orchestrator.group_size
     if ranks > rollouts:
         raise UsageError(f"--trainer.num-processes: {ranks} trainer ranks, but a step has only {rollouts} rollouts "

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.core.errors import UsageError
-from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.evaluate import members_of
+from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat
 from tracegym.models.endpoint import Endpoint, HttpUrl
@@ -86,20 +87,28 @@ def uses_base_weights(play: Play, seats: Mapping[str, SeatChoice]) -> bool:
     return play.opponent in ("base", "pool") or any(s.model == BASE and s.base_url is None for s in seats.values())
 
 
-def check_seats(taskset_id: str, options: Mapping[str, Any], seats: Mapping[str, Any]) -> None:
-    """A ValueError unless the taskset is multi-agent and has every member `seats` names."""
-    members = taskset_members(taskset_id, options)
+def check_seats(where: str, env_id: str, options: Mapping[str, Any], play: Play,
+                seats: Mapping[str, Any]) -> str | None:
+    """At the command line, that an environment's seating fits its taskset, imported here: a UsageError naming
+    `where` (`--orchestrator.train.envs.0`) when the taskset is single-agent or lacks a seat `seats` names. A
+    taskset that cannot be imported here (its code may live only where its env server runs) is a warning, returned:
+    the orchestrator checks the seats against what the env server says it serves."""
+    if play == Play() and not seats:
+        return None
+    try:
+        taskset = load_taskset(env_id, dict(options))
+    except UsageError as exc:
+        return (f"{where}: taskset {env_id!r} cannot be loaded here ({exc}); its seats are checked against its env "
+                "server when the run starts")
+    if not is_multi_agent(taskset):
+        raise UsageError(f"{where}: taskset {env_id!r} is single-agent; `play` and `seats` seat the members of a "
+                         "multi-agent one")
+    members = members_of(taskset)
     unknown = [name for name in seats if name not in members]
     if unknown:
-        raise ValueError(f"seat {unknown[0]!r}: taskset {taskset_id!r} has no such seat (seats: {', '.join(members)})")
-
-
-def taskset_members(taskset_id: str, options: Mapping[str, Any]) -> list[str]:
-    """The member ids of a multi-agent taskset, in seat order (a ValueError for a single-agent one)."""
-    try:
-        return [m.id for m in multi_agent_class(load_taskset(taskset_id, dict(options))).seats]
-    except UsageError as exc:
-        raise ValueError(str(exc)) from None
+        raise UsageError(f"{where}.seats: seat {unknown[0]!r}: taskset {env_id!r} has no such seat (seats: "
+                         f"{', '.join(members)})")
+    return None
 
 
 Opponents = Callable[[random.Random, Play], str]
