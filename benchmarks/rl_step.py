@@ -35,6 +35,7 @@ from tracegym.models.chat_client import ChatClient
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 from tracegym.train.advantages import GroupAdvantages
+from tracegym.train.fan_out import advantaged, rollout_units
 from tracegym.train.samples import trace_samples
 from tracegym.train.trainer import Trainer, TrainerConfig, build_trainer
 from tracegym.train.weight_sync import MergedWeightSync, WeightSync
@@ -42,19 +43,22 @@ from tracegym.train.weight_sync import MergedWeightSync, WeightSync
 TARGET_S = 8.6
 
 
-def samples_of(traces: list[Trace], advantages: GroupAdvantages, version: int) -> list[Sample]:
-    """Training samples of the traces, with group advantages (groups without signal dropped)."""
+def samples_of(traces: list[Trace], advantages: GroupAdvantages, version: int) -> tuple[list[Sample], list[float]]:
+    """Training samples of the traces as the orchestrator makes them (`train.fan_out`): per task, the rollouts
+    that failed outside the model or went unscored are left out of the group, advantages come from the others'
+    rewards (groups without signal dropped); and the rewards of the rollouts that trained (the orchestrator's
+    `reward` metric is over those)."""
     groups: dict[str, list[Trace]] = {}
     for trace in traces:
         groups.setdefault(trace.task_key, []).append(trace)
-    out = []
-    for key, group in groups.items():
-        adv = advantages([t.reward or 0.0 for t in group], key=key)
-        if adv is None:
-            continue
-        for trace, value in zip(group, adv, strict=True):
-            out += [s.model_copy(update={"advantage": value, "policy_version": version}) for s in trace_samples(trace)]
-    return out
+    out, rewards = [], []
+    for group in groups.values():
+        units, _ = rollout_units(group)
+        rewards += [unit.reward for unit in units]
+        for unit, value in advantaged(units, advantages):
+            out += [s.model_copy(update={"advantage": value, "policy_version": version})
+                    for s in trace_samples(unit.trace)]
+    return out, rewards
 
 
 async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trainer: Trainer, sync: WeightSync,
@@ -66,7 +70,7 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
     t0 = time.perf_counter()
     traces = await evaluate(taskset, client, num_tasks=args.tasks, rollouts=args.rollouts, sampling=sampling)
     t1 = time.perf_counter()
-    batch = samples_of(traces, GroupAdvantages(), trainer.version)
+    batch, rewards = samples_of(traces, GroupAdvantages(), trainer.version)
     metrics = trainer.step(batch) if batch else {}
     t2 = time.perf_counter()
     sync.publish(save_for(args, trainer, adapters), trainer.version)
@@ -74,7 +78,8 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
     return {"generation": t1 - t0, "training": t2 - t1, "weight_sync": t3 - t2, "total": t3 - t0,
             "sync_save": t3 - t2 - sync.last_seconds, "sync_load": sync.last_seconds,
             "completion_tokens": float(sum(t.completion_length for t in traces)),
-            "reward": statistics.fmean(t.reward or 0.0 for t in traces), "samples": float(len(batch)),
+            "reward": statistics.fmean(rewards) if rewards else float("nan"), "samples": float(len(batch)),
+            "rollouts_failed": float(len(traces) - len(rewards)),
             "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
 
 

@@ -93,8 +93,8 @@ def test_a_failed_env_server_start_leaves_no_folder(server, tmp_path, capsys):
     """An env server address that answers nothing is a failed start: nothing is written."""
     out = tmp_path / "out"
     assert main(["eval", "reverse-text", "--model.base-url", server.base_url, "--output-dir", str(out),
-                 "--env-address", "not-an-address"]) == 2
-    assert "--env-address" in capsys.readouterr().err
+                 "--env.address", "not-an-address"]) == 2
+    assert "--env.address" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -145,10 +145,33 @@ def test_a_serve_number_out_of_range_exits_2_naming_its_flag(flag, value, capsys
     assert flag in err
 
 
+@pytest.mark.parametrize(("flags", "named", "says"), [
+    (["--env.grow-at", "3"], "--env.grow-at", "set `elastic` too"),
+    (["--env.workers", "2", "--env.elastic"], "--env.elastic", "give one or the other"),
+    (["--env.workers", "0"], "--env.workers", "greater than 0"),
+    (["--env.address", "tcp://127.0.0.1:5555", "--env.workers", "2"], "--env.address", "`workers`"),
+])
+def test_a_bad_eval_env_server_option_exits_2_naming_its_flag(flags, named, says, tmp_path, capsys):
+    err = refused(capsys, ["eval", "reverse-text", *flags, "--output-dir", str(tmp_path / "out")])
+    assert named in err and says in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("entry", "named"), [
+    ("elastic = true\nworkers = 2", "[orchestrator.train.envs[0]] elastic"),
+    ("grow_at = 3", "[orchestrator.train.envs[0]] grow_at"),
+    ('address = "tcp://127.0.0.1:5555"\nworker_timeout = 9', "[orchestrator.train.envs[0]] address"),
+])
+def test_a_bad_rl_env_server_option_exits_2_naming_its_key(entry, named, tmp_path, capsys):
+    config = tmp_path / "rl.toml"
+    config.write_text(f'[[orchestrator.train.envs]]\nid = "reverse-text"\n{entry}\n')
+    assert named in refused(capsys, ["rl", "@", str(config), "--dry-run"])
+
+
 def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_task_error(tmp_path, capsys,
                                                                                        monkeypatch):
     monkeypatch.setenv(SECRET_ENV, "s3cret-s3cret-s3cret")
     with local_server("reverse-text", workers=1) as address:
         monkeypatch.setenv(SECRET_ENV, "a-wrong-guess-of-it")
-        err = refused(capsys, ["eval", "reverse-text", "--env-address", address, "--output-dir", str(tmp_path)])
+        err = refused(capsys, ["eval", "reverse-text", "--env.address", address, "--output-dir", str(tmp_path)])
     assert "handshake refused" in err and SECRET_ENV in err and "task error" not in err

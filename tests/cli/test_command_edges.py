@@ -1,5 +1,5 @@
-"""Command-line settings of the env servers a command starts: the worker timeout from eval and rl, the elastic
-pool's growth threshold from serve."""
+"""Command-line settings of the env servers a command starts: the worker pool and timeout from eval (`--env.*`) and
+rl (each environment's entry), the elastic pool's growth threshold from serve."""
 
 import contextlib
 import io
@@ -21,12 +21,12 @@ def server():
         yield fake
 
 
-def test_eval_sets_the_worker_timeout_of_the_env_server_it_starts(server, tmp_path, capsys):
+def test_eval_sets_the_pool_and_worker_timeout_of_the_env_server_it_starts(server, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--no-rich",
-                 "--output-dir", str(out), "--worker-timeout", "7"]) == 0
+                 "--output-dir", str(out), "--env.worker-timeout", "7", "--env.workers", "2"]) == 0
     [log] = out.rglob("env/server.log")
-    assert "worker timeout 7 s" in log.read_text()
+    assert "with 2+ workers (worker timeout 7 s)" in log.read_text()
 
 
 def test_rl_sets_the_worker_timeout_of_each_env_server_it_starts(tmp_path, capsys):
@@ -36,14 +36,14 @@ def test_rl_sets_the_worker_timeout_of_each_env_server_it_starts(tmp_path, capsy
     assert "worker_timeout = 7" in capsys.readouterr().out
 
 
-def test_rls_worker_timeout_reaches_the_env_server_it_starts(tmp_path):
+def test_rls_pool_and_worker_timeout_reach_the_env_server_it_starts(tmp_path):
     config = tmp_path / "rl.toml"
-    config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nworker_timeout = 7\n')
+    config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nworker_timeout = 7\nworkers = 2\n')
     rl_config, _ = parse_rl_args(["@", str(config)])
     with contextlib.ExitStack() as stack:
         [key] = start_env_servers(rl_config, tmp_path, stack, io.StringIO())
     [log] = RLFolder(tmp_path).env_log_dir(key).glob("server.log")
-    assert "worker timeout 7 s" in log.read_text()
+    assert "with 2+ workers (worker timeout 7 s)" in log.read_text()
 
 
 def test_serve_grow_at_sets_the_elastic_pools_threshold():

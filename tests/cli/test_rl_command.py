@@ -4,6 +4,7 @@ import tomllib
 from pathlib import Path
 
 from tracegym.cli.main import main
+from tracegym.serve.env_server_choice import WorkerPoolChoice
 
 CONFIG = Path(__file__).parents[2] / "configs" / "rl" / "reverse_text.toml"
 
@@ -98,11 +99,13 @@ def test_a_flag_overriding_a_toml_key_is_named_as_the_flag(tmp_path, capsys):
 
 
 def test_dry_run_shows_one_env_server_per_server_the_launcher_starts(capsys):
-    """The shipped config trains and evaluates on reverse-text with other seeds: two servers, each its options."""
+    """The shipped config trains and evaluates on reverse-text with other seeds: two servers, each its options and
+    its worker pool (the defaults of `tracegym serve`)."""
     assert main(["rl", "@", str(CONFIG), "--dry-run"]) == 0
     servers = tomllib.loads(capsys.readouterr().out)["env_servers"]
-    assert servers == {"reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 0}},
-                       "eval:reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 12345}}}
+    pool = {key: value for key, value in WorkerPoolChoice().model_dump().items() if value is not None}
+    assert servers == {"reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 0}, **pool},
+                       "eval:reverse-text": {"id": "reverse-text", "weight": 1.0, "options": {"seed": 12345}, **pool}}
 
 
 def test_an_env_listed_twice_in_one_phase_exits_2_naming_it(tmp_path, capsys):

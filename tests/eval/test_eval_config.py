@@ -189,6 +189,28 @@ def test_the_old_flat_model_keys_still_work_with_a_warning(tmp_path, capsys):
     assert "'base_url' was renamed 'model.base_url'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("old", "new", "value"), [
+    (["--env-address", "tcp://h:5555"], "'env_address' was renamed 'env.address'", ["tcp://h:5555"]),
+    (["--worker-timeout", "7"], "'worker_timeout' was renamed 'env.worker_timeout'", 7.0),
+])
+def test_the_old_env_server_flags_still_work_with_a_warning(old, new, value, capsys):
+    config = parse_eval_args(["reverse-text", *old])
+    assert value in (config.env.address, config.env.worker_timeout)
+    assert new in capsys.readouterr().err
+
+
+def test_an_old_env_server_key_in_a_file_lands_in_the_env_section(tmp_path, capsys):
+    path = tmp_path / "old.toml"
+    path.write_text('env_address = ["tcp://h1:5555", "tcp://h2:5555"]\n[taskset]\nid = "reverse-text"\n')
+    assert parse_eval_args(["@", str(path)]).env.address == ["tcp://h1:5555", "tcp://h2:5555"]
+    assert "'env_address' was renamed 'env.address'" in capsys.readouterr().err
+
+
+def test_a_run_saved_with_the_old_env_server_keys_resumes():
+    saved = {"taskset": {"id": "reverse-text"}, "worker_timeout": 9.0}
+    assert parse_eval_args([], defaults=saved).env.worker_timeout == 9
+
+
 def test_a_run_saved_with_the_flat_model_keys_resumes():
     saved = {"taskset": {"id": "reverse-text"}, "model": "my-model", "max_model_len": 4096}
     config = parse_eval_args([], defaults=saved)

@@ -47,6 +47,17 @@ async def test_a_live_model_client_is_refused_in_one_line(server):
             await env.run_rollout(Echo(), task(), ScriptedModel(["hi"]))
 
 
+async def test_a_run_request_the_worker_would_refuse_is_a_usage_error_here_before_it_is_sent(server, endpoint):
+    """The request is built from `RunRequest`, the model the worker validates: its rules hold at the client."""
+    sent = server.stats["run_requests"]
+    async with EnvClient(server.bound) as env:
+        with pytest.raises(tg.UsageError, match=r"run request seats: seat 'p1': .* its Endpoint, not a ScriptedModel"):
+            await env.run_episodes(task(), endpoint, seats={"p1": tg.Seat(model=ScriptedModel(["hi"]))})
+        with pytest.raises(tg.UsageError, match=r"run request infra_retries: .*less than or equal to 100"):
+            await env.run(task(), endpoint, infra_retries=101)
+    assert server.stats["run_requests"] == sent
+
+
 async def test_a_misspelt_option_is_a_usage_error_naming_it(server, endpoint):
     async with EnvClient(server.bound) as env:
         with pytest.raises(tg.UsageError, match="unknown option 'rollout'"):

@@ -16,7 +16,7 @@ from tracegym.serve.env_server import InFlight
 from tracegym.serve.pool import WorkerHandle
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import pack
-from tracegym.serve.worker import Worker
+from tracegym.serve.worker import CANCEL, REPLACE, REPLY, RUN, STOP, Worker
 from tracegym.testing.echo import SPEC
 
 
@@ -206,14 +206,14 @@ async def test_a_worker_answers_cancelled_only_to_a_cancel_the_server_asked_for(
     worker.socket = RecordingSocket()  # type: ignore[assignment]
     payload = pack(RunRequest(data=task(), endpoint=endpoint).model_dump(mode="json"))
     for key in (b"asked", b"torn"):
-        worker._handle([b"run", key, key, payload])
+        worker._handle([RUN, key, key, payload])
     jobs = list(worker.jobs.values())
     for _ in range(steps):
         await asyncio.sleep(0)
-    worker._handle([b"cancel", b"asked"])
+    worker._handle([CANCEL, b"asked"])
     worker.jobs[b"torn"].cancel()  # as asyncio.run does to every task when task code's KeyboardInterrupt ends the loop
     await asyncio.gather(*jobs, return_exceptions=True)
-    assert worker.socket.sent == [[b"reply", b"asked"]]  # the other is the server's to rerun when the worker dies
+    assert worker.socket.sent == [[REPLY, b"asked"]]  # the other is the server's to rerun when the worker dies
 
 
 def test_a_worker_marked_for_replacement_answers_its_other_requests_and_stops_only_after_them(unserved,
@@ -221,10 +221,10 @@ def test_a_worker_marked_for_replacement_answers_its_other_requests_and_stops_on
     sent: list[tuple[bytes, bytes]] = []
     monkeypatch.setattr(unserved, "_to_worker", lambda name, frames: sent.append((name, frames[0])) or True)
     fake_worker(unserved, b"w8", b"a", b"b")
-    unserved._on_worker([b"w8", b"replace"])
+    unserved._on_worker([b"w8", REPLACE])
     assert unserved.stats["workers_recycled"] == 1 and unserved.pool.pick() is None  # no new work for it
     assert all(r.worker == b"w8" for r in unserved.inflight.values())  # its requests stay where they run
-    unserved._on_worker([b"w8", b"reply", b"a", b"x", b"x"])
-    assert (b"w8", b"stop") not in sent and unserved.inflight[b"b"].worker == b"w8"
-    unserved._on_worker([b"w8", b"reply", b"b", b"x", b"x"])
-    assert (b"w8", b"stop") in sent and not unserved.inflight  # both answered, then stopped
+    unserved._on_worker([b"w8", REPLY, b"a", b"x", b"x"])
+    assert (b"w8", STOP) not in sent and unserved.inflight[b"b"].worker == b"w8"
+    unserved._on_worker([b"w8", REPLY, b"b", b"x", b"x"])
+    assert (b"w8", STOP) in sent and not unserved.inflight  # both answered, then stopped

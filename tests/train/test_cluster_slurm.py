@@ -101,3 +101,12 @@ def test_several_inference_nodes_each_serve_and_all_reach_the_endpoints(tmp_path
     assert f"node=1 python -m tracegym.train.cluster vllm {run} 8000 1" in calls
     [endpoints] = [c for c in calls if "cluster endpoints" in c]
     assert "--vllm http://gpu1:8000/v1 --vllm http://gpu0:8000/v1 " in endpoints
+
+
+def test_an_environments_pool_options_reach_its_env_server(tmp_path):
+    toml = tmp_path / "rl.toml"
+    toml.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nelastic = true\ngrow_at = 8\n'
+                    'worker_timeout = 120\n')
+    script = sbatch_script(parse_rl_args(["@", str(toml), *LAYOUT])[0], Path("/shared/runs/reverse-text"))
+    assert "tracegym serve --taskset.id reverse-text --taskset-json '{}' --elastic --grow-at 8.0 " \
+           "--worker-timeout 120.0 --log-dir" in script

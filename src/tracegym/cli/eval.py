@@ -42,8 +42,8 @@ def run(args: list[str]) -> int:
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
-    if config.env_address is not None:  # a server of another taskset or config fails before any folder too
-        asyncio.run(check_env_server(config.env_address, taskset))
+    if config.env.address is not None:  # a server of another taskset or config fails before any folder too
+        asyncio.run(check_env_server(config.env.address, taskset))
     endpoint = None
     if config.model.base_url is not None:  # asked once, before any folder is made; record which model answered
         endpoint = reach(config.model_choice())

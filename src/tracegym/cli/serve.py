@@ -17,8 +17,8 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.interop.openenv_settings import OpenEnvSettings
 from tracegym.runtimes import processes
-from tracegym.serve.env_server import WORKER_TIMEOUT, EnvServer
-from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
+from tracegym.serve.env_server import EnvServer
+from tracegym.serve.env_server_choice import WorkerPoolChoice
 from tracegym.serve.wire import Address
 
 
@@ -30,32 +30,14 @@ class ServeTaskset(BaseModel):
     """Taskset id: a built-in, an installed one, `package.module:Name` or `path/to/file.py:Name`."""
 
 
-class ServeConfig(BaseConfig):
-    """Serve one taskset to env clients until Ctrl-C or SIGTERM."""
+class ServeConfig(WorkerPoolChoice, BaseConfig):
+    """Serve one taskset to env clients until Ctrl-C or SIGTERM (its worker pool: `WorkerPoolChoice`'s options)."""
 
     taskset: ServeTaskset
     taskset_json: str | None = None
     """The taskset's options as one JSON object (instead of `--taskset.NAME` flags)."""
     address: Address = "tcp://127.0.0.1:0"
     """Where to listen; port 0 picks a free one. Anything but loopback needs TRACEGYM_ENV_SECRET set."""
-    workers: int | None = Field(default=None, gt=0)
-    """Worker processes of a static pool; unset: one per CPU core (at most 8)."""
-    elastic: bool = False
-    """Grow the pool with load (up to `max_workers`) and retire idle workers, instead of a static pool."""
-    max_workers: int | None = Field(default=None, gt=0)
-    """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
-    idle_seconds: float = Field(default=10.0, ge=0)
-    """Seconds an elastic pool's worker stays idle before it is retired."""
-    grow_at: float = Field(default=PoolSize.model_fields["grow_at"].default, gt=0)
-    """Requests in flight per worker past which an elastic pool starts another worker; requests past it wait at
-    the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
-    worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
-    """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered before it is taken as
-    hung (its event loop blocked), killed and replaced, and its requests re-dispatched; also, when over 60, the most
-    seconds a starting worker may take to say ready (past them it is killed as a failed start)."""
-    max_abandoned_threads: int = Field(default=MAX_ABANDONED_THREADS, ge=0)
-    """Threads of hung sync calls (tools, scorers past their timeout) a worker may hold before it is replaced,
-    once its requests are answered."""
     log_dir: Path | None = None
     """Folder for one log file per worker; unset: workers log to this command's stderr."""
     exit_with_parent: bool = False
@@ -77,12 +59,6 @@ class ServeConfig(BaseConfig):
             except json.JSONDecodeError as exc:
                 raise UsageError(f"--taskset-json is not JSON: {exc}") from None
         return options
-
-    def size(self) -> PoolSize:
-        """The worker pool's size policy."""
-        if self.elastic:
-            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at)
-        return PoolSize.static(self.workers)
 
 
 def run(args: list[str]) -> int:

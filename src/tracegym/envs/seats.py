@@ -50,17 +50,6 @@ def bind(members: Sequence[Member], seats: Seats | None, owner: str) -> dict[str
     return {m: given.get(m, Seat()) for m in ids}
 
 
-def wire_seats(seats: Seats | None) -> dict[str, dict]:
-    """The binding as plain data for a request; a live client cannot cross the wire (a UsageError saying so)."""
-    out = {}
-    for name, seat in (seats or {}).items():
-        if seat.model is not None and not isinstance(seat.model, Endpoint):
-            raise UsageError(f"seat {name!r}: an env server reaches a model through its Endpoint, not a "
-                             f"{type(seat.model).__name__}")
-        out[name] = seat.model_dump(mode="json", exclude_none=True)
-    return out
-
-
 class SeatChoice(BaseModel):
     """A seat's binding as a command's options: `--seat.ID.model NAME`, `--seat.ID.base-url URL`,
     `--seat.ID.trainable`; what it leaves unset is the policy's (a model name alone: another model, e.g. a LoRA

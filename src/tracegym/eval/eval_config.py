@@ -20,7 +20,7 @@ from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import merge, parse_command, read_files
 from tracegym.config.error_report import Origin, known_keys, validation_line
-from tracegym.config.renames import migrate, moved_into
+from tracegym.config.renames import Rename, migrate, moved_into
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
@@ -30,7 +30,7 @@ from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
-from tracegym.serve.wire import Addresses
+from tracegym.serve.env_server_choice import EnvServerChoice
 
 
 def _short(name: str, letter: str) -> Any:
@@ -66,14 +66,10 @@ class EvalConfig(BaseConfig):
     """Reruns of a rollout that failed on infrastructure (endpoint down)."""
     serve: bool = True
     """Run rollouts in a local env server's worker processes (`tracegym serve`); `--no-serve`: in this process."""
-    env_address: Addresses | None = None
-    """Address of a running env server for this taskset (e.g. `tcp://host:5555`), or several (on other hosts:
-    rollouts are spread over them, and a server that goes away has its rollouts sent to the others); unset: start
-    one here."""
-    worker_timeout: float | None = Field(default=None, gt=0)
-    """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
-    unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
-    re-dispatched; unset: the server's default (60 s). Not used with `--env-address`."""
+    env: EnvServerChoice = EnvServerChoice()
+    """The env server the rollouts run in: running ones (`--env.address tcp://host:5555`), or the one started here
+    and its worker pool (`--env.workers 4`, `--env.elastic`, `--env.worker-timeout 120`, ...: `tracegym serve`'s
+    options)."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
     output_dir: Path = Path("outputs")
@@ -102,7 +98,8 @@ class EvalConfig(BaseConfig):
 RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold")
 """Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
 
-RENAMES = moved_into("model", MOVED_KEYS)
+RENAMES = [*moved_into("model", MOVED_KEYS), Rename("env_address", "env.address"),
+           Rename("worker_timeout", "env.worker_timeout")]
 """Keys that moved: each still works, with a warning naming its new place."""
 
 

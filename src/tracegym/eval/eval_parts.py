@@ -17,6 +17,7 @@ from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.models.model_choice import ModelChoice
+from tracegym.serve.env_server_choice import WorkerPoolChoice
 from tracegym.serve.local_server import local_server
 
 
@@ -44,8 +45,8 @@ class LocalEnvServer:
 
     taskset_id: str
     options: dict[str, Any] = field(default_factory=dict)
-    worker_timeout: float | None = None
-    """Seconds a worker may leave the server's audit unanswered before it is killed as hung; None: the default."""
+    pool: WorkerPoolChoice = field(default_factory=WorkerPoolChoice)
+    """Its worker pool and workers' limits (`tracegym serve`'s options)."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,13 @@ class EvalParts:
 
 
 def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
-    """The parts of the run `config` describes, around its loaded `taskset`: an `--env-address` wins over
+    """The parts of the run `config` describes, around its loaded `taskset`: an `--env.address` wins over
     `--no-serve`, which runs the rollouts in this process instead of a local env server."""
-    local = LocalEnvServer(config.taskset.id, config.taskset_options(), config.worker_timeout) if config.serve else None
+    local = LocalEnvServer(config.taskset.id, config.taskset_options(), config.env) if config.serve else None
     settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts, concurrency=config.concurrency,
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
-                     rollouts=config.rollouts, settings=settings, env=config.env_address or local,
+                     rollouts=config.rollouts, settings=settings, env=config.env.address or local,
                      pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat))
 
 
@@ -98,5 +99,4 @@ def env_address(env: LocalEnvServer | list[str], stack: contextlib.ExitStack, lo
     `log_dir`; stopped when `stack` closes)."""
     if isinstance(env, list):
         return env
-    return stack.enter_context(local_server(env.taskset_id, env.options, log_dir=log_dir,
-                                            worker_timeout=env.worker_timeout))
+    return stack.enter_context(local_server(env.taskset_id, env.options, log_dir=log_dir, pool=env.pool))

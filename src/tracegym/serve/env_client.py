@@ -24,6 +24,8 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, Unpack
 
+from pydantic import ValidationError
+
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
 from tracegym.core.sampling import Sampling
@@ -45,11 +47,12 @@ from tracegym.envs.evaluate import (
     plan,
 )
 from tracegym.envs.rollout import Timeouts
-from tracegym.envs.seats import Seats, bind, wire_seats
+from tracegym.envs.seats import Seats, bind
 from tracegym.envs.taskset import Taskset
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.connection import Connection, HostLost
 from tracegym.serve.curve import shared_secret
+from tracegym.serve.run_request import RunRequest
 from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.serve.task_rows import MAX_ROWS
 from tracegym.serve.wire import MAX_FRAME_BYTES, RemoteError
@@ -204,7 +207,8 @@ class EnvClient:
         """The `run` request itself: rollouts of one task (one per rollout index, default [0]); traces in index
         order. A rollout that fails is a trace with errors; a failed request (server gone, worker died too
         often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it."""
-        payload = _payload(data, endpoint, sampling, rollout_indices, timeouts, infra_retries)
+        payload = _payload(data=data, endpoint=endpoint, sampling=sampling, rollout_indices=rollout_indices or [0],
+                           timeouts=timeouts, infra_retries=infra_retries)
         return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
 
     # --- the in-process API, run on the server ------------------------------------------------------------
@@ -296,8 +300,8 @@ class EnvClient:
                            request_id: str | None = None) -> list[Episode]:
         """The `run` request for episodes of one task (one per episode index, default [0]), every member
         playing as `endpoint` unless `seats` binds it to another Endpoint; a failed request raises."""
-        payload = _payload(data, endpoint, sampling, episode_indices, timeouts, infra_retries)
-        payload.update(episodes=True, seats=wire_seats(seats))
+        payload = _payload(data=data, endpoint=endpoint, sampling=sampling, rollout_indices=episode_indices or [0],
+                           timeouts=timeouts, infra_retries=infra_retries, episodes=True, seats=dict(seats or {}))
         return [Episode.model_validate(e) for e in await self.request("run", payload, request_id=request_id)]
 
     async def run_episode(self, taskset: Taskset, data: TaskData, model: Endpoint, *, episode_index: int = 0,
@@ -422,16 +426,16 @@ def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int) -> Iterator
         yield run
 
 
-def _payload(data: TaskData, endpoint: Endpoint, sampling: Sampling | None, indices: list[int] | None,
-             timeouts: Timeouts | None, infra_retries: int) -> dict[str, Any]:
-    """A `run` request's payload (`serve.run_request.RunRequest`'s fields as plain data)."""
-    payload = {"data": data.model_dump(mode="json"), "endpoint": _dump(endpoint),
-               "rollout_indices": list(indices or [0]), "infra_retries": infra_retries}
-    if sampling is not None:
-        payload["sampling"] = _dump(sampling)
-    if timeouts is not None:
-        payload["timeouts"] = _dump(timeouts)
-    return payload
+def _payload(**fields: Any) -> dict[str, Any]:
+    """A `run` request's payload: `RunRequest` made from `fields` (checked here, as the worker will check it) as
+    plain data; a field it refuses is a UsageError naming it."""
+    try:
+        request = RunRequest(**fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise UsageError(f"run request {where}: {error['msg'].removeprefix('Value error, ')}") from None
+    return request.model_dump(mode="json")
 
 
 def _endpoint(model: object) -> Endpoint:
@@ -440,21 +444,6 @@ def _endpoint(model: object) -> Endpoint:
         raise UsageError(f"an env server reaches the model through its Endpoint, not a {type(model).__name__}: "
                          "give the Endpoint the client was made from")
     return model
-
-
-_dumped: dict[int, tuple[Any, dict[str, Any]]] = {}
-
-
-def _dump(model: Any) -> dict[str, Any]:
-    """A frozen config as plain data, remembered per object (the same endpoint goes with every request)."""
-    hit = _dumped.get(id(model))
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    if len(_dumped) > 256:
-        _dumped.clear()
-    value = model.model_dump(mode="json")
-    _dumped[id(model)] = (model, value)
-    return value
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:

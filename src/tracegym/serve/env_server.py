@@ -49,6 +49,7 @@ from tracegym.serve.wire import (
     ok_reply,
     unpack,
 )
+from tracegym.serve.worker import CANCEL, JOBS, JOBS_ASKED, READY, REPLACE, REPLY, RUN, STOP
 
 SUPERVISE_EVERY = 0.1
 """Seconds between checks for dead workers and pool size."""
@@ -300,7 +301,7 @@ class EnvServer:
             if record.worker is None:
                 self._answer(key, error_reply(record.id, "Cancelled", "the request was cancelled"))
             else:
-                self._to_worker(record.worker, [b"cancel", key])
+                self._to_worker(record.worker, [CANCEL, key])
         self._send(client, ok_reply(request.id, {"cancelled": record is not None}))
 
     def _answer(self, key: bytes, frames: list[bytes]) -> None:
@@ -334,7 +335,7 @@ class EnvServer:
 
     def _send_run(self, handle: WorkerHandle, key: bytes) -> bool:
         record = self.inflight[key]
-        if not self._to_worker(handle.name, [b"run", key, record.id.encode(), record.payload]):
+        if not self._to_worker(handle.name, [RUN, key, record.id.encode(), record.payload]):
             return False
         record.worker = handle.name
         self.pool.assign(handle, key)
@@ -394,25 +395,25 @@ class EnvServer:
 
     def _on_worker(self, frames: list[bytes]) -> None:
         name, kind = frames[0], frames[1] if len(frames) > 1 else b""
-        if kind == b"reply" and len(frames) == 5:
+        if kind == REPLY and len(frames) == 5:
             record = self.inflight.get(frames[2])
             if record is None:
                 return  # answered already (cancelled, or re-dispatched and answered elsewhere)
             if record.worker not in (None, name):
-                self._to_worker(record.worker, [b"cancel", frames[2]])
+                self._to_worker(record.worker, [CANCEL, frames[2]])
             self.pool.release(name, frames[2])
             self._answer(frames[2], frames[3:])
             handle = self.pool.workers.get(name)
             if handle is not None and handle.isolating and not handle.jobs:
                 self._flush_pending()  # its group is done: the next one (or queued requests) may go
             self._stop_if_drained(name)
-        elif kind == b"jobs":
+        elif kind == JOBS:
             self._audited(name, set(frames[2:]))
-        elif kind == b"replace":
+        elif kind == REPLACE:
             self._replace(name)
-        elif kind == b"ready":
+        elif kind == READY:
             if not self.pool.mark_ready(name):
-                self._to_worker(name, [b"stop"])
+                self._to_worker(name, [STOP])
             self._flush_pending()
 
     def _replace(self, name: bytes) -> None:
@@ -428,7 +429,7 @@ class EnvServer:
     def _stop_if_drained(self, name: bytes) -> None:
         handle = self.pool.workers.get(name)
         if handle is not None and handle.retiring and not handle.hung and not handle.jobs:
-            self._to_worker(name, [b"stop"])
+            self._to_worker(name, [STOP])
 
     def _supervise(self) -> None:
         if self._stopping:
@@ -439,7 +440,7 @@ class EnvServer:
         for handle in self.pool.reap():
             self._worker_exited(handle)
         for handle in self.pool.scale(len(self.inflight)):
-            self._to_worker(handle.name, [b"stop"])
+            self._to_worker(handle.name, [STOP])
         if (self.pending or self.suspects) and self.pool.failing and not self.pool.counts()["ready"]:
             queued = [*self.pending, *(key for group in self.suspects for key in group)]
             self.pending.clear()
@@ -458,7 +459,7 @@ class EnvServer:
                 self.stats["workers_hung"] += 1
                 handle.retiring = handle.hung = True  # not replaced twice; reap() then frees its requests
                 handle.proc.kill()
-            elif handle.ready and handle.jobs and handle.audit is None and self._to_worker(handle.name, [b"jobs?"]):
+            elif handle.ready and handle.jobs and handle.audit is None and self._to_worker(handle.name, [JOBS_ASKED]):
                 handle.audit, handle.asked_at = set(handle.jobs), now
 
     def _audited(self, name: bytes, held: set[bytes]) -> None:

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tracegym.core.errors import InfrastructureError
+from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.runtimes import processes
+from tracegym.serve.env_server_choice import WorkerPoolChoice
 
 START_TIMEOUT = 60.0
 STOP_GRACE_S = 10.0
@@ -21,21 +22,20 @@ STOP_GRACE_S = 10.0
 
 
 @contextlib.contextmanager
-def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None, *, workers: int | None = None,
-                 elastic: bool = False, log_dir: Path | None = None, address: str = "tcp://127.0.0.1:0",
-                 worker_timeout: float | None = None, extra_args: list[str] | None = None,
+def local_server(taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
+                 pool: WorkerPoolChoice | None = None, workers: int | None = None, elastic: bool = False,
+                 log_dir: Path | None = None, address: str = "tcp://127.0.0.1:0", extra_args: list[str] | None = None,
                  under: list[str] | None = None) -> Iterator[str]:
     """Start `tracegym serve TASKSET` in its own process group, yield its bound address, stop the group on exit.
-    `worker_timeout` None: the server's default. `under`: a command the server runs under, which must exec it
-    (`ip netns exec NAME`: in another network namespace)."""
+    `pool`: its worker pool and workers' limits (unset: `tracegym serve`'s defaults); `workers` / `elastic` are
+    short for `pool=WorkerPoolChoice(workers=...)` / `(elastic=True)`. `under`: a command the server runs under,
+    which must exec it (`ip netns exec NAME`: in another network namespace)."""
+    if pool is not None and (workers is not None or elastic):
+        raise UsageError("local_server: give the worker pool as `pool` or as `workers` / `elastic`, not both")
+    pool = pool if pool is not None else WorkerPoolChoice(workers=workers, elastic=elastic)
     command = [*(under or []), sys.executable, "-m", "tracegym.cli.main", "serve", taskset_id, "--address", address,
-               "--taskset-json", json.dumps(taskset_options or {}), "--exit-with-parent", *(extra_args or [])]
-    if elastic:
-        command.append("--elastic")
-    elif workers is not None:
-        command += ["--workers", str(workers)]
-    if worker_timeout is not None:
-        command += ["--worker-timeout", str(worker_timeout)]
+               "--taskset-json", json.dumps(taskset_options or {}), "--exit-with-parent", *pool.serve_args(),
+               *(extra_args or [])]
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         command += ["--log-dir", str(log_dir)]

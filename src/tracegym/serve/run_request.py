@@ -3,7 +3,7 @@ for a multi-agent taskset, episodes and their seat binding)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
@@ -29,3 +29,12 @@ class RunRequest(BaseModel):
     """The episodes' seat binding: member id -> Seat (its model an Endpoint); members left out play as
     `endpoint`."""
 
+    @field_validator("seats")
+    @classmethod
+    def _endpoints_only(cls, seats: dict[str, Seat]) -> dict[str, Seat]:
+        """A seat's model crosses the wire as its Endpoint; a live client (in process only) cannot."""
+        for name, seat in seats.items():
+            if seat.model is not None and not isinstance(seat.model, Endpoint):
+                raise ValueError(f"seat {name!r}: an env server reaches a model through its Endpoint, not a "
+                                 f"{type(seat.model).__name__}")
+        return seats

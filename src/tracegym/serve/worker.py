@@ -1,8 +1,10 @@
 """Worker: one env-server worker process, running many rollouts at once on one asyncio loop.
 
 It connects a DEALER socket to the server's backend, says `ready`, then answers `run` frames with packed
-traces and obeys `cancel` and `stop`. Once hung sync calls have left it more than `max_abandoned_threads`
-threads, it says `replace` (once): the server sends it no more work and stops it when its requests are done.
+traces and obeys `cancel` and `stop`; these messages' names (the worker protocol, which this module and
+`serve.env_server` speak) are the constants below. Once hung sync calls have left it more than
+`max_abandoned_threads` threads, it says `replace` (once): the server sends it no more work and stops it when its
+requests are done.
 SIGINT is ignored (the server owns shutdown); SIGTERM, a `stop` frame or the server process disappearing end it
 quietly. Started as `python -m tracegym.serve.worker ...` by the pool.
 """
@@ -43,6 +45,25 @@ from tracegym.serve.wire import error_reply, ok_header, pack, unpack
 
 log = logging.getLogger("tracegym.serve.worker")
 
+# The worker protocol: multipart messages between the server's backend ROUTER and a worker's DEALER, each opened by
+# one of these names (the server sees the worker's identity before it).
+READY = b"ready"
+"""Worker -> server, `[READY, pid]`: started and connected; it may be sent work."""
+RUN = b"run"
+"""Server -> worker, `[RUN, key, request id, payload]`: run one `run` request (its payload a packed RunRequest)."""
+REPLY = b"reply"
+"""Worker -> server, `[REPLY, key, header, payload]`: the reply to the request the server keyed `key`."""
+CANCEL = b"cancel"
+"""Server -> worker, `[CANCEL, key]`: cancel that request (it is answered `Cancelled`)."""
+JOBS_ASKED = b"jobs?"
+"""Server -> worker, `[JOBS_ASKED]`: which requests do you hold? (answered with JOBS)."""
+JOBS = b"jobs"
+"""Worker -> server, `[JOBS, *keys]`: the keys of the requests it holds."""
+REPLACE = b"replace"
+"""Worker -> server, `[REPLACE]`: hung sync calls left it too many threads; send it no more work."""
+STOP = b"stop"
+"""Server -> worker, `[STOP]`: end once what it runs is cancelled."""
+
 
 def make_model(endpoint: Endpoint) -> ModelClient:
     """The live model client a worker builds from an endpoint: chat, or token-in/token-out (`endpoint.client`)."""
@@ -74,7 +95,7 @@ class Worker:
         self.socket.setsockopt(zmq.IDENTITY, self.name.encode())
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.backend)
-        await self.socket.send_multipart([b"ready", str(os.getpid()).encode()])
+        await self.socket.send_multipart([READY, str(os.getpid()).encode()])
         receiver = asyncio.create_task(self._receive())
         await self.stopped.wait()
         for task in [receiver, *self.jobs.values()]:
@@ -95,17 +116,17 @@ class Worker:
     def _handle(self, frames: list[bytes]) -> None:
         assert self.socket is not None
         kind = frames[0]
-        if kind == b"run" and len(frames) == 4:
+        if kind == RUN and len(frames) == 4:
             key, request_id = frames[1], frames[2].decode()
             job = asyncio.create_task(self._run(key, request_id, frames[3]))
             self.jobs[key] = job
             job.add_done_callback(functools.partial(self._finished, key, request_id))
-        elif kind == b"cancel" and len(frames) == 2 and (running := self.jobs.get(frames[1])):
+        elif kind == CANCEL and len(frames) == 2 and (running := self.jobs.get(frames[1])):
             self.cancelled.add(frames[1])
             running.cancel()
-        elif kind == b"jobs?":  # the server checks that no request it gave us was lost
-            _future(self.socket.send_multipart([b"jobs", *self.jobs])).add_done_callback(_quiet)
-        elif kind == b"stop":
+        elif kind == JOBS_ASKED:  # the server checks that no request it gave us was lost
+            _future(self.socket.send_multipart([JOBS, *self.jobs])).add_done_callback(_quiet)
+        elif kind == STOP:
             self.stopped.set()
 
     def _finished(self, key: bytes, request_id: str, job: asyncio.Task[None]) -> None:
@@ -116,7 +137,7 @@ class Worker:
         answers = self._answers_cancel(key)  # called either way: it forgets the key
         if job.cancelled() and answers and self.socket is not None:
             reply = error_reply(request_id, "Cancelled", "the request was cancelled")
-            _future(self.socket.send_multipart([b"reply", key, *reply])).add_done_callback(_quiet)
+            _future(self.socket.send_multipart([REPLY, key, *reply])).add_done_callback(_quiet)
 
     def _replace_if_leaking(self) -> None:
         """Ask (once) to be replaced when hung sync calls have left too many threads behind."""
@@ -125,7 +146,7 @@ class Worker:
             log.warning("%d threads of hung sync calls left behind; asking to be replaced",
                         TOOLS.abandoned + TASK_CODE.abandoned)
             assert self.socket is not None  # jobs (whose ends call this) run only once connected
-            _future(self.socket.send_multipart([b"replace"])).add_done_callback(_quiet)
+            _future(self.socket.send_multipart([REPLACE])).add_done_callback(_quiet)
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
@@ -140,7 +161,7 @@ class Worker:
         except Exception as exc:  # the request boundary: a bug here must still answer, or the server waits for it
             log.exception("run %s failed", request_id)
             frames = error_reply(request_id, "WorkerError", f"{type(exc).__name__}: {exc}")
-        await self.socket.send_multipart([b"reply", key, *frames])
+        await self.socket.send_multipart([REPLY, key, *frames])
 
     def _answers_cancel(self, key: bytes) -> bool:
         """Whether a cancelled job gets a `Cancelled` reply: only when the server asked, and we are not stopping

@@ -103,9 +103,8 @@ def _env_server_function(envs: dict, port: int) -> list[str]:
     """Bash: start, in the background, the env servers whose turn falls on this host (`$1`)."""
     lines = ["start_env_servers() {  # this host's env servers, in the background"]
     for i, (key, env) in enumerate(envs.items()):
-        command = ["tracegym", "serve", "--taskset.id", env.id, "--taskset-json", json.dumps(env.options)]
-        if env.worker_timeout is not None:
-            command += ["--worker-timeout", str(env.worker_timeout)]
+        command = ["tracegym", "serve", "--taskset.id", env.id, "--taskset-json", json.dumps(env.options),
+                   *env.serve_args()]
         logs = f'"$RUN_DIR/logs/env-{key.replace(":", "-")}"'
         lines += [f'    if [ "$(env_host {i})" = "$1" ]; then',
                   f'        {shlex.join(command)} --log-dir {logs} --address "tcp://0.0.0.0:$((ENV_PORT + {i}))" \\',

@@ -148,8 +148,7 @@ def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitSta
             say(out, f"env server {key}: {', '.join(env.address)} (running elsewhere)")
             continue
         log_dir = RLFolder(run_dir).env_log_dir(key)
-        addresses[key] = [stack.enter_context(local_server(env.id, env.options, log_dir=log_dir,
-                                                           worker_timeout=env.worker_timeout))]
+        addresses[key] = [stack.enter_context(local_server(env.id, env.options, log_dir=log_dir, pool=env))]
         say(out, f"env server {key}: {addresses[key][0]}")
     return addresses
 

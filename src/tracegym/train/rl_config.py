@@ -16,7 +16,7 @@ from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
-from tracegym.serve.wire import Addresses
+from tracegym.serve.env_server_choice import EnvServerChoice
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.difficulty import DifficultyConfig
 from tracegym.train.distillation import OPDConfig
@@ -41,8 +41,10 @@ RENAMES = [
 """Keys that moved: each still works, with a warning naming its new place."""
 
 
-class EnvChoice(BaseModel):
-    """One environment the orchestrator samples tasks from."""
+class EnvChoice(EnvServerChoice):
+    """One environment the orchestrator samples tasks from, and its env server: one running at `address`, or one
+    the launcher starts with the pool options `tracegym eval`'s `[env]` has (`workers`, `elastic`,
+    `worker_timeout`, ...: `EnvServerChoice`'s fields, written in this entry beside `id`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str
@@ -51,14 +53,6 @@ class EnvChoice(BaseModel):
     """Share of each step's tasks drawn from this environment (relative to the others)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The taskset's own options (its Config fields)."""
-    address: Addresses | None = None
-    """A running env server for this environment (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`), or
-    several (rollouts spread over them, a lost one's sent to the others), checked at launch to serve this taskset
-    with these options; unset: the launcher starts one here."""
-    worker_timeout: float | None = Field(default=None, gt=0)
-    """Seconds a worker of the env server started here may leave the server's "which requests do you hold?"
-    unanswered (its event loop blocked, e.g. by an async tool that blocks) before it is killed and its requests
-    re-dispatched; unset: the server's default (60 s). Not used with `address`."""
     play: Play = Play()
     """A multi-agent environment: who the learner is in each episode and whom it plays (default: every seat is
     the policy and trains)."""

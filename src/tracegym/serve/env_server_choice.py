@@ -1,0 +1,105 @@
+"""Env server choice: the env-server section `tracegym eval` (`[env]`, `--env.*`) and each `tracegym rl` environment
+share: the env servers already running at `address`, or how to start one here (its worker pool and worker limits,
+named as `tracegym serve`'s own flags, which `WorkerPoolChoice` also declares).
+
+>>> EnvServerChoice(elastic=True, grow_at=16).serve_args()
+['--elastic', '--grow-at', '16.0']
+>>> EnvServerChoice(address="tcp://host:5555").address
+['tcp://host:5555']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from tracegym.serve.env_server import WORKER_TIMEOUT
+from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
+from tracegym.serve.wire import Addresses
+
+ELASTIC_ONLY = ("max_workers", "idle_seconds", "grow_at")
+"""Options of an elastic pool only (a static pool has none of them)."""
+
+
+class WorkerPoolChoice(BaseModel):
+    """The worker pool of an env server and its workers' limits: `tracegym serve`'s `--workers`, `--elastic`, ...,
+    and the same keys in the sections of the commands that start env servers."""
+
+    model_config = ConfigDict(extra="forbid")
+    workers: int | None = Field(default=None, gt=0)
+    """Worker processes of a static pool; unset: one per CPU core (at most 8)."""
+    elastic: bool = False
+    """Grow the pool with load (up to `max_workers`) and retire idle workers, instead of a static pool."""
+    max_workers: int | None = Field(default=None, gt=0)
+    """Most workers of an elastic pool; unset: one per CPU core (at least 2)."""
+    idle_seconds: float = Field(default=PoolSize.model_fields["idle_s"].default, ge=0)
+    """Seconds an elastic pool's worker stays idle before it is retired."""
+    grow_at: float = Field(default=PoolSize.model_fields["grow_at"].default, gt=0)
+    """Requests in flight per worker past which an elastic pool starts another worker; requests past it wait at
+    the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
+    worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
+    """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered (its event loop
+    blocked, e.g. by an async tool that blocks) before it is taken as hung, killed and replaced, and its requests
+    re-dispatched; also, when over 60, the most seconds a starting worker may take to say ready (past them it is
+    killed as a failed start)."""
+    max_abandoned_threads: int = Field(default=MAX_ABANDONED_THREADS, ge=0)
+    """Threads of hung sync calls (tools, scorers past their timeout) a worker may hold before it is replaced,
+    once its requests are answered."""
+
+    @field_validator("elastic")
+    @classmethod
+    def _one_kind_of_pool(cls, elastic: bool, info: ValidationInfo) -> bool:
+        if elastic and info.data.get("workers") is not None:
+            raise ValueError("an elastic pool sizes itself (up to `max_workers`); `workers` is a static pool's "
+                             "size: give one or the other")
+        return elastic
+
+    @field_validator(*ELASTIC_ONLY)
+    @classmethod
+    def _elastic_options(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        if value != WorkerPoolChoice.model_fields[name].default and not info.data.get("elastic"):
+            raise ValueError(f"`{name}` is an option of an elastic pool; set `elastic` too")
+        return value
+
+    def size(self) -> PoolSize:
+        """The worker pool's size policy."""
+        if self.elastic:
+            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at)
+        return PoolSize.static(self.workers)
+
+    def serve_args(self) -> list[str]:
+        """These options as `tracegym serve` flags (for an env server a command starts as a child process, or in
+        a cluster script): each of this class's fields not at its default, under its own name."""
+        args = []
+        for name, field in WorkerPoolChoice.model_fields.items():
+            value, flag = getattr(self, name), "--" + name.replace("_", "-")
+            if value == field.default:
+                continue
+            args += [flag] if value is True else [flag, str(value)]
+        return args
+
+
+class EnvServerChoice(WorkerPoolChoice):
+    """Where a command's rollouts run: the env servers already running at `address`, or one it starts here with
+    this worker pool (`workers`, `elastic`, ...: `tracegym serve`'s options of the same names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    address: Addresses | None = None
+    """A running env server for this taskset (`tracegym serve ID ...` on any host, e.g. `tcp://host:5555`), or
+    several (on other hosts: rollouts are spread over them, and a server that goes away has its rollouts sent to
+    the others), checked to serve this taskset with these options; unset: start one here (with the pool options
+    above, which then must stay unset)."""
+
+    @field_validator("address")
+    @classmethod
+    def _nothing_to_start(cls, address: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        """The pool options configure a server started here: with `address` none is."""
+        given = [name for name, field in WorkerPoolChoice.model_fields.items()
+                 if name in info.data and info.data[name] != field.default]
+        if address is not None and given:
+            raise ValueError(f"the env server runs elsewhere, so {', '.join(f'`{n}`' for n in given)} (for one "
+                             "started here) has no effect; leave it unset, or give it to that server's "
+                             "`tracegym serve`")
+        return address
