@@ -24,3 +24,12 @@ def test_a_lora_loading_run_enables_lora_and_no_merges(tmp_path):
 def test_a_full_fine_tune_reloads_merged_weights_through_the_dev_routes(tmp_path):
     config = served(tmp_path, "--trainer.lora", "false")
     assert not config.merge_adapters and config.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_a_full_fine_tune_with_lora_weight_sync_is_refused_naming_both_keys(capsys):
+    """vLLM would be handed a model directory as an adapter at the first publish, after every process started."""
+    from tracegym.cli.main import main
+
+    assert main(["rl", "@", SHIPPED, "--trainer.lora", "false", "--weight-sync", "lora", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "weight_sync = 'lora'" in err and "trainer.lora = false" in err

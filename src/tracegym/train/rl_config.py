@@ -297,6 +297,15 @@ class RLConfig(BaseConfig):
         return self
 
     @model_validator(mode="after")
+    def _weight_sync_fits_trainer(self) -> RLConfig:
+        """`weight_sync = "lora"` hands vLLM adapters: a full fine-tune has none (its first publish would fail,
+        after every process had started)."""
+        if self.weight_sync == "lora" and not self.trainer.lora:
+            raise ValueError("weight_sync = 'lora' loads the trainer's LoRA adapter into vLLM, but trainer.lora = "
+                             "false trains full weights: set weight_sync = 'merged' (vLLM reloads them in place)")
+        return self
+
+    @model_validator(mode="after")
     def _base_model_served(self) -> RLConfig:
         """An opponent or seat playing as the base model or a past checkpoint needs the base weights kept in vLLM."""
         phases = {"train": self.orchestrator.train.envs, "eval": self.orchestrator.eval.envs}
