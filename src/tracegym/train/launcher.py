@@ -35,6 +35,7 @@ from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import LAUNCHER_PID_ENV
 from tracegym.train.teacher import core_split, served_here, teacher_endpoints
+from tracegym.train.weight_sync import sync_mode
 
 STOP_GRACE_S = 20.0
 
@@ -78,16 +79,12 @@ def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
     """vLLM serving the base model (with runtime LoRA loading for the policy adapter and the opponent pool's,
     or in-place merges of the adapter or reloads of merged weights), stamping every response with the policy
     version that served it."""
-    lora = config.trainer.lora and config.weight_sync == "lora"
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
-    env |= preload(config.trainer.malloc, os.environ.get("LD_PRELOAD", ""))  # vLLM's CPU docs ask for it too
     served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
-    merge = config.trainer.lora and config.weight_sync == "merged"
-    return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
-                                     "merge_adapters": merge,
-                                     "max_loras": lora_slots(config),
-                                     "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
-                                     "report_policy_version": True})
+    env = preload(config.trainer.malloc, os.environ.get("LD_PRELOAD", ""))  # vLLM's CPU docs ask for it too
+    served = served.model_copy(update={"max_lora_rank": max(16, config.trainer.lora_rank),
+                                       "max_loras": lora_slots(config), "env": env,
+                                       "cpu_kv_cache_gib": config.kv_cache_gib, "report_policy_version": True})
+    return sync_mode(config.weight_sync, config.trainer.lora).vllm_config(served)
 
 
 def role_command(name: str, run_dir: Path, processes: int = 1) -> list[str]:

@@ -25,6 +25,7 @@ from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weig
 from tracegym.train.sft import SFTConfig
 from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
+from tracegym.train.weight_sync import SyncMode, sync_mode
 
 RENAMES = [
     Rename("sampling", "orchestrator.train.sampling"),
@@ -298,20 +299,21 @@ class RLConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _weight_sync_fits_trainer(self) -> RLConfig:
-        """`weight_sync = "lora"` hands vLLM adapters: a full fine-tune has none (its first publish would fail,
-        after every process had started)."""
-        if self.weight_sync == "lora" and not self.trainer.lora:
-            raise ValueError("weight_sync = 'lora' loads the trainer's LoRA adapter into vLLM, but trainer.lora = "
-                             "false trains full weights: set weight_sync = 'merged' (vLLM reloads them in place)")
+        """`weight_sync` and `trainer.lora` make a `SyncMode`."""
+        try:
+            sync_mode(self.weight_sync, self.trainer.lora)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @model_validator(mode="after")
     def _base_model_served(self) -> RLConfig:
         """An opponent or seat playing as the base model or a past checkpoint needs the base weights kept in vLLM."""
         phases = {"train": self.orchestrator.train.envs, "eval": self.orchestrator.eval.envs}
+        loads_adapters = sync_mode(self.weight_sync, self.trainer.lora) is SyncMode.LOAD_ADAPTER
         for phase, envs in phases.items():
             for i, env in enumerate(envs):
-                if uses_base_weights(env.play, env.seats) and (self.weight_sync != "lora" or not self.trainer.lora):
+                if uses_base_weights(env.play, env.seats) and not loads_adapters:
                     raise ValueError(f"orchestrator.{phase}.envs.{i} ({env.id}) plays the base model or past "
                                      "checkpoints: that needs weight_sync = 'lora' and trainer.lora (merged weights "
                                      "replace the base model in vLLM)")
