@@ -9,6 +9,7 @@ import pytest
 
 from tracegym.core.errors import UsageError
 from tracegym.train.cluster import check_resolves, sbatch_script, write_sbatch
+from tracegym.train.launch_plan import plan_launch
 from tracegym.train.rl_config import parse_rl_args
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rl" / "reverse_text.toml"
@@ -23,7 +24,7 @@ def config(*args: str):
 
 
 def test_the_script_for_the_shipped_config_matches_the_fixture():
-    script = sbatch_script(config(), Path("/shared/runs/reverse-text"))
+    script = sbatch_script(plan_launch(config(), Path("/shared/runs/reverse-text")))
     if os.environ.get("TRACEGYM_UPDATE_FIXTURES"):
         FIXTURE.write_text(script)
     assert script == FIXTURE.read_text()
@@ -64,7 +65,8 @@ def simulate(tmp_path, nodes: str, *args: str) -> tuple[list[str], str]:
         (bin_dir / name).chmod(0o755)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    script = write_sbatch(config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args), run_dir)
+    run_config = config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args)
+    script = write_sbatch(plan_launch(run_config, run_dir))
     log = tmp_path / "calls.log"
     count = len(nodes.split())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": nodes,

@@ -1,14 +1,14 @@
 """The run's vLLM as each weight sync needs it: merged LoRA runs load the merge extension, LoRA-loading runs
 do not; a full fine-tune reloads merged weights through the dev routes."""
 
-from tracegym.train.launcher import vllm_config
+from tracegym.train.launch_plan import plan_launch
 from tracegym.train.rl_config import parse_rl_args
 
 SHIPPED = "configs/rl/reverse_text.toml"
 
 
 def served(tmp_path, *flags: str):
-    return vllm_config(parse_rl_args(["@", SHIPPED, *flags])[0], tmp_path)
+    return plan_launch(parse_rl_args(["@", SHIPPED, *flags])[0], tmp_path).vllm
 
 
 def test_a_merged_lora_run_lets_vllm_merge_each_adapter(tmp_path):

@@ -320,9 +320,9 @@ class RLConfig(BaseConfig):
         return self
 
 
-def lora_slots(config: RLConfig) -> int:
+def lora_slots(orchestrator: OrchestratorConfig) -> int:
     """Adapters vLLM must hold at once: the policy's, and the opponent pool's (the largest `pool_latest`)."""
-    envs = [*config.orchestrator.train.envs, *config.orchestrator.eval.envs]
+    envs = [*orchestrator.train.envs, *orchestrator.eval.envs]
     return 1 + max((e.play.pool_latest for e in envs if e.play.opponent == "pool"), default=0)
 
 
@@ -331,24 +331,25 @@ def env_server_key(env: EnvChoice, held_out: bool) -> str:
     return f"eval:{env.id}" if held_out else env.id
 
 
-def env_servers(config: RLConfig) -> dict[str, EnvChoice]:
+def env_servers(orchestrator: OrchestratorConfig) -> dict[str, EnvChoice]:
     """Every env server a run uses, by name: one per train environment and one per held-out one, even when
     they share an id (the held-out one usually runs other options, e.g. another seed)."""
-    orch = config.orchestrator
-    return {**{env_server_key(e, held_out=False): e for e in orch.train.envs},
-            **{env_server_key(e, held_out=True): e for e in orch.eval.envs}}
+    return {**{env_server_key(e, held_out=False): e for e in orchestrator.train.envs},
+            **{env_server_key(e, held_out=True): e for e in orchestrator.eval.envs}}
 
 
-def trainer_ranks(config: RLConfig) -> int:
-    """How many trainer processes the run has: `trainer.num_processes` on each trainer node."""
-    return config.trainer.num_processes * (config.slurm.trainer_nodes if config.cluster == "slurm" else 1)
+def trainer_nodes(cluster: Literal["local", "slurm"], slurm: SlurmConfig) -> int:
+    """How many machines run trainer ranks (`trainer.num_processes` on each): `slurm.trainer_nodes` on Slurm,
+    else this one."""
+    return slurm.trainer_nodes if cluster == "slurm" else 1
 
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
     """The validated config and the rename warnings; more trainer ranks than a step has rollouts (some would
     have nothing to train) is a UsageError naming the flag."""
     config, warnings = parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)
-    ranks, rollouts = trainer_ranks(config), config.orchestrator.tasks_per_step * config.orchestrator.group_size
+    ranks = config.trainer.num_processes * trainer_nodes(config.cluster, config.slurm)
+    rollouts = config.orchestrator.tasks_per_step * config.orchestrator.group_size
     if ranks > rollouts:
         raise UsageError(f"--trainer.num-processes: {ranks} trainer ranks, but a step has only {rollouts} rollouts "
                          f"to share among them (orchestrator.tasks-per-step x group-size); use at most {rollouts}")
