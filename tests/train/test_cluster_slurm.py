@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from tracegym.cli.main import main
 from tracegym.core.errors import UsageError
-from tracegym.train.cluster import check_resolves, sbatch_script, write_sbatch
+from tracegym.testing import FakeOpenAIServer
+from tracegym.train.cluster import check_resolves, sbatch_script, write_endpoints, write_sbatch
 from tracegym.train.launch_plan import plan_launch
 from tracegym.train.rl_config import parse_rl_args
+from tracegym.train.rl_folder import RLFolder
 
-SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rl" / "reverse_text.toml"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SHIPPED = CONFIGS / "rl" / "reverse_text.toml"
 FIXTURE = Path(__file__).with_name("data") / "slurm_reverse_text.sbatch"
 LAYOUT = ["--cluster", "slurm", "--trainer.num-processes", "4", "--slurm.trainer-nodes", "2",
           "--slurm.env-nodes", "1", "--slurm.partition", "gpu", "--slurm.time", "04:00:00",
@@ -103,3 +107,20 @@ def test_several_inference_nodes_each_serve_and_all_reach_the_endpoints(tmp_path
     assert f"node=1 python -m tracegym.train.cluster vllm {run} 8000 1" in calls
     [endpoints] = [c for c in calls if "cluster endpoints" in c]
     assert "--vllm http://gpu1:8000/v1 --vllm http://gpu0:8000/v1 " in endpoints
+
+
+def test_the_endpoints_of_a_slurm_run_name_its_teacher_at_its_base_url(tmp_path):
+    """An sft run on Slurm reaches its teacher where the config says, as it does on one machine."""
+    args = ["rl", "@", str(CONFIGS / "sft" / "reverse_text_teacher.toml"), "--cluster", "slurm", "--output-dir",
+            str(tmp_path), "--run-id", "r", "--slurm.setup", "[]"]
+    assert main(args) == 0
+    with FakeOpenAIServer(rule=lambda request: "ok") as vllm:
+        write_endpoints(tmp_path / "r", [vllm.base_url], {}, wait_s=10.0)
+    endpoints = RLFolder(tmp_path / "r").read_endpoints()
+    assert (endpoints.teacher_base_url, endpoints.teacher_model) == (["http://127.0.0.1:8011/v1"], None)
+
+
+def test_a_teacher_the_run_would_serve_is_refused_on_slurm_naming_it(tmp_path):
+    config = parse_rl_args(["@", str(CONFIGS / "opd" / "reverse_text.toml"), "--cluster", "slurm"])[0]
+    with pytest.raises(UsageError, match=r"\[teacher\] name: a Slurm run does not serve its teacher"):
+        plan_launch(config, tmp_path)

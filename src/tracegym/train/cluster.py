@@ -6,7 +6,8 @@ run folder must be on a filesystem every node sees (batches, checkpoints and wei
 machine). The allocation's nodes are taken in order: `inference_nodes` vLLM servers, then `env_nodes` env server
 hosts (none: the env servers run beside the orchestrator), then `trainer_nodes`, which run the trainer's ranks
 under `torchrun` (`trainer.num_processes` per node, rendezvous at the first trainer node) and, on the first of
-them, the orchestrator. Env servers listen beyond loopback, so the job makes a shared secret for them.
+them, the orchestrator. Env servers listen beyond loopback, so the job makes a shared secret for them. A teacher
+is reached at its `base_url`: the script serves none.
 
 `sbatch` starts the script once; it asks `srun` for one task per node, each of which runs the same script with
 `node` as its argument and does that node's part. Two steps in between are tracegym's own (`python -m
@@ -201,7 +202,7 @@ def serve_vllm(run_dir: Path, port: int, node: int) -> None:
 def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
                     wait_s: float = HEALTH_WAIT_S) -> None:
     """Once every vLLM server and env server answers (up to `wait_s`), forget what a previous job made past the
-    newest checkpoint and write `endpoints.json` for the roles."""
+    newest checkpoint and write `endpoints.json` for the roles (with the teacher at its `base_url`, if any)."""
     from tracegym.envs.registry import load_taskset
     from tracegym.serve.env_client import check_env_server
 
@@ -220,7 +221,8 @@ def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
     folder.rewind()
     first, *rest = vllm_urls  # the roles route across them (models.router) and publish to each
     folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=plan.vllm.name,
-                                     envs={key: [address] for key, address in envs.items()}))
+                                     envs={key: [address] for key, address in envs.items()},
+                                     **plan.teacher.endpoints()))
 
 
 def check_resolves(url: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tracegym.core.errors import UsageError
 from tracegym.models.launch import server_config
 from tracegym.models.vllm_server import VLLMServerConfig, is_cpu_build
 from tracegym.models.vllm_servers import CORES_ENV, core_shares
@@ -119,11 +120,15 @@ class LaunchPlan(BaseModel):
 
 def plan_launch(config: RLConfig, run_dir: Path) -> LaunchPlan:
     """The plan of the run `config` describes (with its trainer section resolved: `launcher.with_model_paths`),
-    writing its logs into `run_dir`; a UsageError when this machine has too few cores for its vLLM servers."""
+    writing its logs into `run_dir`; a UsageError when this machine has too few cores for its vLLM servers, or when
+    a Slurm run would have to serve its teacher (the batch script starts no server for it)."""
     folder = RLFolder(run_dir)
     slurm = config.slurm if config.cluster == "slurm" else None
     mode = sync_mode(config.weight_sync, config.trainer.lora)
     route = teacher_route(config.teacher, in_process=config.mode == "opd" and config.opd.scorer == "transformers")
+    if route == "served" and slurm is not None:
+        raise UsageError("[teacher] name: a Slurm run does not serve its teacher; serve it where the nodes reach it "
+                         "(e.g. `tracegym inference`) and set [teacher] base_url")
     shares = core_split(config.model.servers) if route == "served" and slurm is None else None
     teacher = plan_teacher(config.teacher, route, config.kv_cache_gib, folder.log_path("teacher-vllm"),
                            shares[-1] if shares else None)
