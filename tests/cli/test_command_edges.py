@@ -11,7 +11,7 @@ from tracegym.cli.serve import ServeConfig
 from tracegym.config.command_line import parse_command
 from tracegym.testing import FakeOpenAIServer
 from tracegym.train.launcher import start_env_servers
-from tracegym.train.rl_config import parse_rl_args
+from tracegym.train.rl_config import env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
 
 
@@ -41,7 +41,7 @@ def test_rls_pool_and_worker_timeout_reach_the_env_server_it_starts(tmp_path):
     config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nworker_timeout = 7\nworkers = 2\n')
     rl_config, _ = parse_rl_args(["@", str(config)])
     with contextlib.ExitStack() as stack:
-        [key] = start_env_servers(rl_config, tmp_path, stack, io.StringIO())
+        [key] = start_env_servers(env_servers(rl_config.orchestrator), tmp_path, stack, io.StringIO())
     [log] = RLFolder(tmp_path).env_log_dir(key).glob("server.log")
     assert "with 2+ workers (worker timeout 7 s)" in log.read_text()
 

@@ -13,6 +13,9 @@ def test_dry_run_prints_every_process_config_and_starts_nothing(tmp_path, capsys
     assert main(["rl", "@", str(CONFIG), "--dry-run", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "[run.orchestrator]" in out and "[vllm]" in out and "[env_servers" in out
+    plan = tomllib.loads(out)["plan"]
+    assert (plan["weight_sync"], plan["teacher"]["route"], plan["trainer"]["torchrun"]) == (
+        "merge_adapter", "none", False)
     assert not list(tmp_path.iterdir())
 
 

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from tracegym.cli.main import main
 from tracegym.core.errors import UsageError
-from tracegym.train.cluster import check_resolves, sbatch_script, write_sbatch
+from tracegym.testing import FakeOpenAIServer
+from tracegym.train.cluster import check_resolves, sbatch_script, write_endpoints, write_sbatch
+from tracegym.train.launch_plan import plan_launch
 from tracegym.train.rl_config import parse_rl_args
+from tracegym.train.rl_folder import RLFolder
 
-SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rl" / "reverse_text.toml"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SHIPPED = CONFIGS / "rl" / "reverse_text.toml"
 FIXTURE = Path(__file__).with_name("data") / "slurm_reverse_text.sbatch"
 LAYOUT = ["--cluster", "slurm", "--trainer.num-processes", "4", "--slurm.trainer-nodes", "2",
           "--slurm.env-nodes", "1", "--slurm.partition", "gpu", "--slurm.time", "04:00:00",
@@ -23,7 +28,7 @@ def config(*args: str):
 
 
 def test_the_script_for_the_shipped_config_matches_the_fixture():
-    script = sbatch_script(config(), Path("/shared/runs/reverse-text"))
+    script = sbatch_script(plan_launch(config(), Path("/shared/runs/reverse-text")))
     if os.environ.get("TRACEGYM_UPDATE_FIXTURES"):
         FIXTURE.write_text(script)
     assert script == FIXTURE.read_text()
@@ -64,7 +69,8 @@ def simulate(tmp_path, nodes: str, *args: str) -> tuple[list[str], str]:
         (bin_dir / name).chmod(0o755)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    script = write_sbatch(config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args), run_dir)
+    run_config = config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args)
+    script = write_sbatch(plan_launch(run_config, run_dir))
     log = tmp_path / "calls.log"
     count = len(nodes.split())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": nodes,
@@ -110,3 +116,20 @@ def test_an_environments_pool_options_reach_its_env_server(tmp_path):
     script = sbatch_script(parse_rl_args(["@", str(toml), *LAYOUT])[0], Path("/shared/runs/reverse-text"))
     assert "tracegym serve --taskset.id reverse-text --taskset-json '{}' --elastic --grow-at 8.0 " \
            "--worker-timeout 120.0 --log-dir" in script
+
+
+def test_the_endpoints_of_a_slurm_run_name_its_teacher_at_its_base_url(tmp_path):
+    """An sft run on Slurm reaches its teacher where the config says, as it does on one machine."""
+    args = ["rl", "@", str(CONFIGS / "sft" / "reverse_text_teacher.toml"), "--cluster", "slurm", "--output-dir",
+            str(tmp_path), "--run-id", "r", "--slurm.setup", "[]"]
+    assert main(args) == 0
+    with FakeOpenAIServer(rule=lambda request: "ok") as vllm:
+        write_endpoints(tmp_path / "r", [vllm.base_url], {}, wait_s=10.0)
+    endpoints = RLFolder(tmp_path / "r").read_endpoints()
+    assert (endpoints.teacher_base_url, endpoints.teacher_model) == (["http://127.0.0.1:8011/v1"], None)
+
+
+def test_a_teacher_the_run_would_serve_is_refused_on_slurm_naming_it(tmp_path):
+    config = parse_rl_args(["@", str(CONFIGS / "opd" / "reverse_text.toml"), "--cluster", "slurm"])[0]
+    with pytest.raises(UsageError, match=r"\[teacher\] name: a Slurm run does not serve its teacher"):
+        plan_launch(config, tmp_path)

@@ -21,13 +21,13 @@ def cpu_build(monkeypatch):
 
 
 def test_a_cpu_trainer_beside_its_own_vllm_takes_half_the_cores(cpu_build):
-    threads = launcher.with_cpu_threads(config()).trainer.num_threads
+    threads = launcher.with_cpu_threads(config().trainer).num_threads
     assert threads == max(1, (os.cpu_count() or 2) // 2)
 
 
 def test_threads_the_config_sets_are_kept(cpu_build):
-    assert launcher.with_cpu_threads(config("--trainer.num-threads", "3")).trainer.num_threads == 3
+    assert launcher.with_cpu_threads(config("--trainer.num-threads", "3").trainer).num_threads == 3
 
 
 def test_a_gpu_trainer_is_left_alone(cpu_build):
-    assert launcher.with_cpu_threads(config("--trainer.device", "cuda")).trainer.num_threads is None
+    assert launcher.with_cpu_threads(config("--trainer.device", "cuda").trainer).num_threads is None

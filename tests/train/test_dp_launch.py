@@ -6,17 +6,23 @@ from pathlib import Path
 import pytest
 
 from tracegym.cli.main import main
-from tracegym.train.launcher import role_command
+from tracegym.train.launch_plan import plan_launch
+from tracegym.train.rl_config import parse_rl_args
 
 SHIPPED = Path(__file__).resolve().parents[2] / "configs" / "rl" / "reverse_text.toml"
 
 
+def trainer_command(*flags: str) -> list[str]:
+    plan = plan_launch(parse_rl_args(["@", str(SHIPPED), *flags])[0], Path("/run"))
+    return plan.trainer.command(plan.run_dir)
+
+
 def test_one_trainer_process_is_the_role_itself():
-    assert role_command("trainer", Path("/run")) == [sys.executable, "-m", "tracegym.train.roles", "trainer", "/run"]
+    assert trainer_command() == [sys.executable, "-m", "tracegym.train.roles", "trainer", "/run"]
 
 
 def test_several_trainer_processes_start_under_torchrun_on_this_machine():
-    assert role_command("trainer", Path("/run"), 4) == [
+    assert trainer_command("--trainer.num-processes", "4") == [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
         "-m", "tracegym.train.roles", "trainer", "/run"]
 

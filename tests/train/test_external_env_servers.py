@@ -8,7 +8,7 @@ import pytest
 from tracegym.core.errors import UsageError
 from tracegym.serve import local_server
 from tracegym.train.launcher import start_env_servers
-from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_config import RLConfig, env_servers
 
 
 def config(address: str, **options) -> RLConfig:
@@ -20,11 +20,12 @@ def config(address: str, **options) -> RLConfig:
 def test_an_env_with_an_address_uses_the_running_server_and_starts_none(tmp_path):
     out = io.StringIO()
     with local_server("reverse-text", {"seed": 3}, workers=1) as address, contextlib.ExitStack() as stack:
-        assert start_env_servers(config(address, seed=3), tmp_path, stack, out) == {"reverse-text": [address]}
+        envs = env_servers(config(address, seed=3).orchestrator)
+        assert start_env_servers(envs, tmp_path, stack, out) == {"reverse-text": [address]}
     assert "running elsewhere" in out.getvalue() and not (tmp_path / "logs").exists()
 
 
 def test_a_running_server_with_other_options_is_refused_naming_them(tmp_path):
     with (local_server("reverse-text", {"seed": 3}, workers=1) as address, contextlib.ExitStack() as stack,
           pytest.raises(UsageError, match="seed = 3, not 0")):
-        start_env_servers(config(address), tmp_path, stack, io.StringIO())
+        start_env_servers(env_servers(config(address).orchestrator), tmp_path, stack, io.StringIO())

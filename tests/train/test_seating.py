@@ -129,5 +129,5 @@ def test_playing_the_base_model_or_the_pool_needs_lora_weight_sync():
 
 
 def test_vllm_holds_an_adapter_slot_per_pool_policy_besides_the_learners():
-    assert lora_slots(rl({"play": {"learner": "alternate", "opponent": "pool", "pool_latest": 3}})) == 4
-    assert lora_slots(rl({})) == 1
+    assert lora_slots(rl({"play": {"learner": "alternate", "opponent": "pool", "pool_latest": 3}}).orchestrator) == 4
+    assert lora_slots(rl({}).orchestrator) == 1

@@ -1,6 +1,6 @@
 """The teacher of an `opd` run: refused when it tokenizes differently from the student (a directory or an endpoint;
 `tracegym rl` exits 2 naming `[teacher]`), a down endpoint stops scoring after bounded retries naming it, vLLM's
-prompt-logprobs reply is read token by token, and the launcher gives a served teacher its own cores."""
+prompt-logprobs reply is read token by token, and a teacher directory is scored in process when asked."""
 
 import json
 import threading
@@ -23,7 +23,6 @@ from tracegym.train.teacher import (
     build_teacher,
     check_teacher,
     prompt_logprobs,
-    served_here,
 )
 
 CONFIG = Path(__file__).parents[2] / "configs" / "opd" / "reverse_text.toml"
@@ -32,6 +31,12 @@ CONFIG = Path(__file__).parents[2] / "configs" / "opd" / "reverse_text.toml"
 def opd_config(scorer: str = "vllm", **teacher: object) -> RLConfig:
     return RLConfig.model_validate({"mode": "opd", "teacher": teacher, "opd": {"scorer": scorer},
                                     "trainer": {"model": str(embedded_model_dir())}})
+
+
+def check(config: RLConfig) -> None:
+    """`check_teacher` as `tracegym rl` calls it for an `opd` run."""
+    assert config.teacher is not None
+    check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +52,12 @@ def other_tokenizer_dir(tmp_path_factory) -> Path:
 
 
 def test_a_teacher_directory_with_the_students_tokenizer_passes():
-    check_teacher(opd_config(name=str(embedded_model_dir())))
+    check(opd_config(name=str(embedded_model_dir())))
 
 
 def test_a_teacher_directory_with_another_vocabulary_is_refused_naming_the_teacher(other_tokenizer_dir):
     with pytest.raises(UsageError, match=r"\[teacher\] name: .* another vocabulary than the student"):
-        check_teacher(opd_config(name=str(other_tokenizer_dir)))
+        check(opd_config(name=str(other_tokenizer_dir)))
 
 
 def test_tracegym_rl_exits_2_naming_the_teacher_when_its_tokenizer_differs(other_tokenizer_dir, tmp_path, capsys):
@@ -64,7 +69,7 @@ def test_tracegym_rl_exits_2_naming_the_teacher_when_its_tokenizer_differs(other
 
 def test_a_teacher_directory_without_a_tokenizer_is_refused_naming_it(tmp_path):
     with pytest.raises(UsageError, match=r"\[teacher\]: cannot load the tokenizer"):
-        check_teacher(opd_config(name=str(tmp_path)))
+        check(opd_config(name=str(tmp_path)))
 
 
 class Tokenizing(BaseHTTPRequestHandler):
@@ -104,20 +109,20 @@ def test_a_teacher_endpoint_tokenizing_like_the_student_passes(tokenizing_endpoi
     from transformers import AutoTokenizer
 
     Tokenizing.TOKENS = AutoTokenizer.from_pretrained(embedded_model_dir()).encode(PROBE, add_special_tokens=False)
-    check_teacher(opd_config(base_url=tokenizing_endpoint))
+    check(opd_config(base_url=tokenizing_endpoint))
 
 
 def test_a_teacher_endpoint_tokenizing_otherwise_is_refused_naming_it(tokenizing_endpoint):
     Tokenizing.TOKENS = [1, 2, 3]
     with pytest.raises(UsageError, match=r"the \[teacher\] endpoint http://127.0.0.1:\d+/v1 tokenizes differently"):
-        check_teacher(opd_config(base_url=tokenizing_endpoint))
+        check(opd_config(base_url=tokenizing_endpoint))
 
 
 def test_a_teacher_endpoint_that_is_down_at_start_is_refused_naming_it():
     with FakeOpenAIServer() as server:
         url = server.base_url
     with pytest.raises(UsageError, match=rf"\[teacher\] base_url: {url} cannot tokenize"):
-        check_teacher(opd_config(base_url=url, timeout=2.0))
+        check(opd_config(base_url=url, timeout=2.0))
 
 
 async def test_a_teacher_endpoint_that_stays_down_stops_scoring_after_bounded_retries():
@@ -143,12 +148,6 @@ def test_prompt_logprobs_are_read_for_the_tokens_sent():
 def test_a_reply_without_the_tokens_logprobs_is_a_model_error_naming_the_teacher(reply):
     with pytest.raises(ModelError, match=r"\[teacher\] endpoint's reply has no prompt logprobs"):
         prompt_logprobs(reply, [5, 7])
-
-
-def test_the_launcher_serves_a_teacher_given_by_name_and_not_one_at_a_base_url_or_scored_in_process():
-    assert served_here(opd_config(name="some/dir"))
-    assert not served_here(opd_config(base_url="http://127.0.0.1:9/v1"))
-    assert not served_here(opd_config(scorer="transformers", name="some/dir"))
 
 
 async def test_scorer_transformers_loads_the_teacher_directory_in_process():

@@ -4,9 +4,8 @@ import pytest
 from test_trainer import one_thread, samples, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
 from tracegym.core.errors import UsageError
-from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import ORCHESTRATOR_STATE, RLFolder, orchestrator_state
-from tracegym.train.trainer_loop import TrainerLoop, build_trainer_loop
+from tracegym.train.trainer_loop import TrainerLoop
 
 
 class Publisher:
@@ -74,10 +73,3 @@ def test_a_checkpoint_without_orchestrator_state_cannot_resume_an_orchestrator(t
     path = tiny_trainer().save(tmp_path / "ckpt", extra_state={ORCHESTRATOR_STATE: {}})
     with pytest.raises(UsageError, match="no orchestrator state"):
         orchestrator_state(path)
-
-
-def test_the_builder_takes_steps_checkpoints_and_weight_format_from_the_config(tmp_path):
-    config = RLConfig.model_validate({"steps": 7, "checkpoint_every": 3, "weight_sync": "merged",
-                                      "trainer": {"model": "tiny"}})
-    built = build_trainer_loop(config, RLFolder(tmp_path), tiny_trainer(), Publisher())
-    assert (built.steps, built.checkpoint_every, built.merged) == (7, 3, True)

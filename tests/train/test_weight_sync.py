@@ -8,7 +8,8 @@ import pytest
 
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.models import policy_version
-from tracegym.train.weight_sync import MergedWeightSync, WeightSync
+from tracegym.models.vllm_server import VLLMServerConfig
+from tracegym.train.weight_sync import MergedWeightSync, SyncMode, WeightSync, build_weight_sync, sync_mode
 
 RESET = "/reset_prefix_cache?reset_running_requests=true"
 
@@ -221,3 +222,36 @@ def test_every_server_failing_or_one_refusing_fails_the_publish(adapter, tmp_pat
         MergedWeightSync([a.base_url, b.base_url], "base").publish(tmp_path, version=1)
     with FakeLoraServer() as a, FakeLoraServer(400, "bad rank") as b, pytest.raises(UsageError, match="bad rank"):
         WeightSync([a.base_url, b.base_url]).publish(adapter, version=1)
+
+
+@pytest.mark.parametrize(("weight_sync", "lora", "mode"), [
+    ("lora", True, SyncMode.LOAD_ADAPTER), ("merged", True, SyncMode.MERGE_ADAPTER),
+    ("merged", False, SyncMode.RELOAD_WEIGHTS)])
+def test_the_sync_mode_of_each_weight_sync_and_trainer(weight_sync, lora, mode):
+    assert sync_mode(weight_sync, lora) is mode
+    assert mode.merged == (weight_sync == "merged")
+
+
+def test_adapters_without_lora_are_no_sync_mode():
+    with pytest.raises(UsageError, match=r"trainer\.lora = false"):
+        sync_mode("lora", False)
+
+
+@pytest.mark.parametrize(("mode", "lora", "merge", "env"), [
+    (SyncMode.LOAD_ADAPTER, True, False, "VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+    (SyncMode.MERGE_ADAPTER, False, True, "VLLM_SERVER_DEV_MODE"),
+    (SyncMode.RELOAD_WEIGHTS, False, False, "VLLM_SERVER_DEV_MODE")])
+def test_each_mode_starts_vllm_as_it_needs_and_keeps_its_env(mode, lora, merge, env):
+    served = mode.vllm_config(VLLMServerConfig(model="/m", env={"LD_PRELOAD": "libtcmalloc.so"}))
+    assert (served.enable_lora, served.merge_adapters) == (lora, merge)
+    assert list(served.env) == [env, "LD_PRELOAD"]
+
+
+def test_the_trainer_publishes_an_adapter_by_name_or_merged_weights_under_the_served_name():
+    loads = build_weight_sync(SyncMode.LOAD_ADAPTER, ["http://a/v1", "http://b/v1"], "base", "/weights")
+    assert type(loads) is WeightSync and loads.model_name == "policy" and loads.announce
+    assert len(loads.servers) == 2
+    for mode in (SyncMode.MERGE_ADAPTER, SyncMode.RELOAD_WEIGHTS):
+        merges = build_weight_sync(mode, ["http://a/v1"], "base", "/weights")
+        assert isinstance(merges, MergedWeightSync) and merges.model_name == "base" and merges.announce
+        assert merges.base_model == "/weights"

@@ -12,8 +12,9 @@ from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.toml_data import toml_ready
 from tracegym.train.cluster import write_sbatch
-from tracegym.train.launcher import launch, vllm_config, with_cpu_threads, with_model_paths
-from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
+from tracegym.train.launch_plan import LaunchPlan, plan_launch
+from tracegym.train.launcher import launch, with_cpu_threads, with_model_paths
+from tracegym.train.rl_config import RLConfig, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.teacher import check_teacher
 
@@ -22,35 +23,39 @@ def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
     resume, rest = pop_flag(args, "--resume")
     config, warnings = parse_rl_args(rest)
-    config = with_cpu_threads(with_model_paths(config))
+    config = config.model_copy(update={"trainer": with_cpu_threads(with_model_paths(config.trainer, config.model))})
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
-    check_teacher(config)
+    if config.mode == "opd" and config.teacher is not None:
+        check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
     if config.dry_run and config.cluster == "local":
-        print(resolved(config, Path(resume or config.output_dir / "<run-id>")), end="")
+        print(resolved(config, plan_launch(config, Path(resume or config.output_dir / "<run-id>"))), end="")
         return 0
     folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
                                                                                        config.run_id)
     folder.write_config(_toml(config))
-    if config.cluster == "slurm":  # nothing runs here: the script does, on the allocation
-        script = write_sbatch(config, folder.path)
+    plan = plan_launch(config, folder.path)
+    if plan.slurm is not None:  # nothing runs here: the script does, on the allocation
+        script = write_sbatch(plan)
         print(f"tracegym rl: wrote {script} (run folder {folder.path.resolve()}; it must be on storage every node "
               f"sees); submit it with: sbatch {script}")
         return 0
     sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-    return launch(config, folder.path)
+    return launch(plan)
 
 
 SEATING = {"play", "seats", "difficulty"}
 """An environment's fields the orchestrator uses (to seat episodes, to pick tasks), not its env server."""
 
 
-def resolved(config: RLConfig, run_dir: Path) -> str:
-    """The config of every process, as TOML sections (one per env server the launcher would start or reach)."""
+def resolved(config: RLConfig, plan: LaunchPlan) -> str:
+    """The config of every process, as TOML sections: the run's, its vLLM server's, one per env server the
+    launcher would start or reach, and the rest of the launch plan (teacher, roles, weight sync)."""
     sections = {
         "run": _toml(config),
-        "vllm": vllm_config(config, run_dir).model_dump(mode="json", exclude_none=True),
-        "env_servers": {key: env.model_dump(mode="json", exclude=SEATING) for key, env in env_servers(config).items()},
+        "vllm": plan.vllm.model_dump(mode="json", exclude_none=True),
+        "env_servers": {key: env.model_dump(mode="json", exclude=SEATING) for key, env in plan.env_servers.items()},
+        "plan": plan.model_dump(mode="json", exclude={"vllm", "env_servers"}),
     }
     return tomli_w.dumps(toml_ready(sections))
 

@@ -1,16 +1,18 @@
-"""Cluster launch: the Slurm batch script that runs an RL run's processes on the nodes of one allocation.
+"""Cluster launch: the Slurm batch script that runs an RL run's launch plan (`launch_plan`) on the nodes of one
+allocation.
 
 `tracegym rl @ run.toml --cluster slurm` writes the run folder (its `config.toml`) and `rl.sbatch` into it; the
 run folder must be on a filesystem every node sees (batches, checkpoints and weights move through it, as on one
 machine). The allocation's nodes are taken in order: `inference_nodes` vLLM servers, then `env_nodes` env server
 hosts (none: the env servers run beside the orchestrator), then `trainer_nodes`, which run the trainer's ranks
 under `torchrun` (`trainer.num_processes` per node, rendezvous at the first trainer node) and, on the first of
-them, the orchestrator. Env servers listen beyond loopback, so the job makes a shared secret for them.
+them, the orchestrator. Env servers listen beyond loopback, so the job makes a shared secret for them. A teacher
+is reached at its `base_url`: the script serves none.
 
 `sbatch` starts the script once; it asks `srun` for one task per node, each of which runs the same script with
 `node` as its argument and does that node's part. Two steps in between are tracegym's own (`python -m
-tracegym.train.cluster ...`): serving the run's vLLM on a node (as the local launcher configures it, bound to the
-node's address), and, on the first trainer node, waiting until every server answers and writing `endpoints.json`.
+tracegym.train.cluster ...`): serving the run's vLLM on a node (as its plan configures it, bound to the node's
+address), and, on the first trainer node, waiting until every server answers and writing `endpoints.json`.
 The job ends when the trainer and orchestrator finish: the first trainer node marks the run done and the server
 nodes stop.
 """
@@ -28,8 +30,7 @@ from pathlib import Path
 
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.models import transport
-from tracegym.train.launcher import vllm_config
-from tracegym.train.rl_config import RLConfig, env_servers
+from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
 from tracegym.train.roles import load_config
 
@@ -38,15 +39,18 @@ HEALTH_WAIT_S = 1800.0
 """How long the first trainer node waits for every server to answer (vLLM loads big models slowly)."""
 
 
-def sbatch_script(config: RLConfig, run_dir: Path) -> str:
-    """The batch script of the run in `run_dir` (absolute: every node reads it) laid out as `config.slurm` says."""
-
-    slurm = config.slurm
-    envs = {key: env for key, env in env_servers(config).items() if env.address is None}
+def sbatch_script(plan: LaunchPlan) -> str:
+    """The batch script of `plan` laid out as its `slurm` section says, naming its run folder absolute (every node
+    reads it)."""
+    slurm = plan.slurm
+    if slurm is None:
+        raise UsageError("the run is planned for this machine (cluster = 'local'), not for Slurm")
+    run_dir = plan.run_dir.resolve()
+    envs = plan.started_env_servers()
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={slurm.job_name}",
-        f"#SBATCH --nodes={slurm.inference_nodes + slurm.env_nodes + slurm.trainer_nodes}",
+        f"#SBATCH --nodes={plan.vllm_servers + slurm.env_nodes + plan.trainer.nodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []),
         *[f"#SBATCH --{flag}={value}" for flag, value in
@@ -56,10 +60,10 @@ def sbatch_script(config: RLConfig, run_dir: Path) -> str:
         "set -euo pipefail",
         "",
         f"RUN_DIR={shlex.quote(str(run_dir))}",
-        f"INFERENCE_NODES={slurm.inference_nodes}",
+        f"INFERENCE_NODES={plan.vllm_servers}",
         f"ENV_NODES={slurm.env_nodes}",
-        f"TRAINER_NODES={slurm.trainer_nodes}",
-        f"RANKS_PER_NODE={config.trainer.num_processes}",
+        f"TRAINER_NODES={plan.trainer.nodes}",
+        f"RANKS_PER_NODE={plan.trainer.processes}",
         f"VLLM_PORT={slurm.vllm_port}",
         f"ENV_PORT={slurm.env_port}",
         f"MASTER_PORT={slurm.master_port}",
@@ -170,23 +174,23 @@ else
 fi'''
 
 
-def write_sbatch(config: RLConfig, run_dir: Path) -> Path:
-    """Write `rl.sbatch` (and the `logs/` folder its job log goes to) into the run folder, whose config the caller
-    wrote; returns its path."""
-    path = run_dir.resolve() / SCRIPT
+def write_sbatch(plan: LaunchPlan) -> Path:
+    """Write `rl.sbatch` (and the `logs/` folder its job log goes to) into the plan's run folder, whose config the
+    caller wrote; returns its path."""
+    path = plan.run_dir.resolve() / SCRIPT
     (path.parent / "logs").mkdir(exist_ok=True)  # Slurm opens the job's log there before the script runs
-    path.write_text(sbatch_script(config, run_dir.resolve()))
+    path.write_text(sbatch_script(plan))
     path.chmod(0o755)
     return path
 
 
 # --- what the nodes run --------------------------------------------------------------------------------------
 def serve_vllm(run_dir: Path, port: int, node: int) -> None:
-    """Serve the run's model on this node, as the local launcher would but bound to every interface, until
-    the process is stopped."""
+    """Serve the run's model on this node, as its plan says but bound to every interface, until the process is
+    stopped."""
     from tracegym.models.vllm_server import VLLMServer
 
-    served = vllm_config(load_config(run_dir), run_dir)
+    served = plan_launch(load_config(run_dir), run_dir).vllm
     served = served.model_copy(update={"host": "0.0.0.0", "port": port,
                                        "log_path": run_dir / "logs" / f"vllm-server-{node}.log"})
     with VLLMServer(served):
@@ -197,25 +201,26 @@ def serve_vllm(run_dir: Path, port: int, node: int) -> None:
 def write_endpoints(run_dir: Path, vllm_urls: list[str], envs: dict[str, str],
                     wait_s: float = HEALTH_WAIT_S) -> None:
     """Once every vLLM server and env server answers (up to `wait_s`), forget what a previous job made past the
-    newest checkpoint and write `endpoints.json` for the roles."""
+    newest checkpoint and write `endpoints.json` for the roles (with the teacher at its `base_url`, if any)."""
     from tracegym.serve.env_client import check_env_server_runs
 
     if not vllm_urls:
         raise UsageError("--slurm.inference-nodes: the run needs at least one vLLM server")
     for url in [*vllm_urls, *envs.values()]:
         check_resolves(url)
-    config = load_config(run_dir)
+    plan = plan_launch(load_config(run_dir), run_dir)
     for url in vllm_urls:
         Poll(f"vLLM at {url}", wait_s, every=5.0).wait(functools.partial(_answers, url))
     for key, address in envs.items():
         Poll(f"env server {key} at {address}", wait_s, every=5.0).wait(functools.partial(_env_answers, address))
-        env = env_servers(config)[key]
+        env = plan.env_servers[key]
         asyncio.run(check_env_server_runs(address, env.id, env.options))
     folder = RLFolder(run_dir)
     folder.rewind()
     first, *rest = vllm_urls  # the roles route across them (models.router) and publish to each
-    folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=vllm_config(config, run_dir).name,
-                                     envs={key: [address] for key, address in envs.items()}))
+    folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=plan.vllm.name,
+                                     envs={key: [address] for key, address in envs.items()},
+                                     **plan.teacher.endpoints()))
 
 
 def check_resolves(url: str) -> None:

@@ -1,4 +1,5 @@
-"""Launcher: starts every process of an RL run (vLLM, `model.servers` of them, one env server per environment, the
+"""Launcher: runs an RL run's launch plan (`launch_plan`) on this machine: starts every process in it (vLLM,
+`model.servers` of them, the teacher's vLLM when the run serves it, one env server per environment, the
 orchestrator, the trainer), each with its own log in the run folder, and supervises them: if one dies, all are
 stopped and the user is told which one and shown the tail of its log (one of several vLLM servers dying is
 reported and the run goes on with the others). Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
@@ -16,24 +17,25 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from tracegym.core.errors import InfrastructureError
+from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.models.embedded import embedded_model_dir
-from tracegym.models.launch import server_config
-from tracegym.models.vllm_server import VLLMServerConfig, is_cpu_build, log_tail
+from tracegym.models.vllm_server import VLLMServer, is_cpu_build, log_tail
 from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
 from tracegym.serve.env_client import check_env_server_runs
 from tracegym.serve.local_server import local_server
-from tracegym.train.malloc import Malloc, malloc_env, preload
+from tracegym.train.launch_plan import LaunchPlan, RolePlan, TeacherPlan
+from tracegym.train.malloc import malloc_env
 from tracegym.train.regeneration import STOPPED_EXIT
-from tracegym.train.rl_config import RLConfig, env_servers, lora_slots
+from tracegym.train.rl_config import EnvChoice, RLModel
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import LAUNCHER_PID_ENV
-from tracegym.train.teacher import core_split, served_here, teacher_endpoints
+from tracegym.train.trainer import TrainerConfig
 
 STOP_GRACE_S = 20.0
 
@@ -52,83 +54,56 @@ class Role:
         self.log.close()
 
 
-def with_model_paths(config: RLConfig) -> RLConfig:
-    """The config with the trainer's model set to the served model's directory (the embedded one by default)."""
-    if config.trainer.model:
-        return config
-    trainer = config.trainer.model_copy(update={"model": config.model.name or str(embedded_model_dir())})
-    return config.model_copy(update={"trainer": trainer})
+def with_model_paths(trainer: TrainerConfig, model: RLModel) -> TrainerConfig:
+    """The trainer section with its model set, where unset, to the served model's directory (the embedded one by
+    default)."""
+    if trainer.model:
+        return trainer
+    return trainer.model_copy(update={"model": model.name or str(embedded_model_dir())})
 
 
-def with_cpu_threads(config: RLConfig) -> RLConfig:
-    """The config with the trainer's torch threads set, where unset, to half this machine's cores when it trains
+def with_cpu_threads(trainer: TrainerConfig) -> TrainerConfig:
+    """The trainer section with its torch threads set, where unset, to half this machine's cores when it trains
     on the CPU beside a vLLM of the CPU build started here: that vLLM's model worker binds itself to the other
     cores, and generation of the next step overlaps training. On 2 cores (trainer 1 thread, vLLM's worker the
     other core) a reverse-text loop step took 6.0-6.3 s, against 7.1 s with the trainer on both cores
     (`benchmarks/rl_step_vs_trl.py --loop`)."""
-    trainer = config.trainer
     if trainer.num_threads or trainer.device == "cuda" or not is_cpu_build():
-        return config
-    threads = max(1, (os.cpu_count() or 2) // 2)
-    return config.model_copy(update={"trainer": trainer.model_copy(update={"num_threads": threads})})
+        return trainer
+    return trainer.model_copy(update={"num_threads": max(1, (os.cpu_count() or 2) // 2)})
 
 
-def vllm_config(config: RLConfig, run_dir: Path) -> VLLMServerConfig:
-    """vLLM serving the base model (with runtime LoRA loading for the policy adapter and the opponent pool's,
-    or in-place merges of the adapter or reloads of merged weights), stamping every response with the policy
-    version that served it."""
-    lora = config.trainer.lora and config.weight_sync == "lora"
-    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
-    env |= preload(config.trainer.malloc, os.environ.get("LD_PRELOAD", ""))  # vLLM's CPU docs ask for it too
-    served = server_config(config.model, log_path=RLFolder(run_dir).log_path("vllm"))
-    merge = config.trainer.lora and config.weight_sync == "merged"
-    return served.model_copy(update={"enable_lora": lora, "max_lora_rank": max(16, config.trainer.lora_rank),
-                                     "merge_adapters": merge,
-                                     "max_loras": lora_slots(config),
-                                     "env": env, "cpu_kv_cache_gib": config.kv_cache_gib,
-                                     "report_policy_version": True})
-
-
-def role_command(name: str, run_dir: Path, processes: int = 1) -> list[str]:
-    """The command of one role: `python -m tracegym.train.roles NAME RUN_DIR`, under torchrun with `processes`
-    ranks on this machine when there are several."""
-    role = ["-m", "tracegym.train.roles", name, str(run_dir)]
-    if processes == 1:
-        return [sys.executable, *role]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *role]
-
-
-def start_role(name: str, run_dir: Path, processes: int = 1, malloc: Malloc = "system") -> Role:
-    """Start one role (`processes` ranks of it under torchrun when several, with the `malloc` allocator), logging
-    to its log file."""
-    log_path = RLFolder(run_dir).log_path(name)
+def start_role(role: RolePlan, run_dir: Path) -> Role:
+    """Start one role (its ranks under torchrun when several, with its allocator), logging to its log file."""
+    log_path = RLFolder(run_dir).log_path(role.name)
     log = log_path.open("ab")
-    env = {**malloc_env(malloc), LAUNCHER_PID_ENV: str(os.getpid())}
-    proc = subprocess.Popen(role_command(name, run_dir, processes), stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
-    return Role(name, proc, log_path, log)
+    env = {**malloc_env(role.malloc), LAUNCHER_PID_ENV: str(os.getpid())}
+    proc = subprocess.Popen(role.command(run_dir), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    return Role(role.name, proc, log_path, log)
 
 
-def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
-    """Run the whole RL run; 0 when every step trained, 1 when a process died (named, with its log tail)."""
-    folder = RLFolder(run_dir)
+def launch(plan: LaunchPlan, out: IO[str] = sys.stdout) -> int:
+    """Run the whole RL run here, as `plan` says; 0 when every step trained, 1 when a process died (named, with
+    its log tail)."""
+    if plan.slurm is not None:
+        raise UsageError("this run is laid out for Slurm (cluster = 'slurm'): submit its batch script instead")
+    folder = RLFolder(plan.run_dir)
     folder.logs.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        count = config.model.servers
+        count = plan.vllm_servers
         say(out, "starting vLLM ..." if count == 1 else f"starting {count} vLLM servers ...")
-        served = vllm_config(config, run_dir)
-        student_cores, teacher_cores = core_split(config)
-        servers = stack.enter_context(VLLMServers(served, count, student_cores))
-        if served_here(config):
+        servers = stack.enter_context(VLLMServers(plan.vllm, count, plan.vllm_cores))
+        if plan.teacher.server is not None:
             say(out, "starting the teacher's vLLM ...")
-        teacher = stack.enter_context(teacher_endpoints(config, folder.log_path("teacher-vllm"), teacher_cores))
-        envs = start_env_servers(config, run_dir, stack, out)
+        teacher = stack.enter_context(start_teacher(plan.teacher))
+        envs = start_env_servers(plan.env_servers, plan.run_dir, stack, out)
         folder.rewind()  # both processes go on from the newest checkpoint
         first, *rest = servers.base_urls
-        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=served.name, envs=envs, **teacher))
-        trainer = start_role("trainer", run_dir, config.trainer.num_processes, config.trainer.malloc)
-        roles = [trainer, start_role("orchestrator", run_dir)]
-        say(out, f"running {config.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
+        folder.write_endpoints(Endpoints(base_url=first, replicas=rest, base_model=plan.vllm.name, envs=envs,
+                                         **teacher))
+        roles = [start_role(plan.trainer, plan.run_dir), start_role(plan.orchestrator, plan.run_dir)]
+        say(out, f"running {plan.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
         try:
             return supervise(roles, servers, out)
         finally:
@@ -136,12 +111,22 @@ def launch(config: RLConfig, run_dir: Path, out: IO[str] = sys.stdout) -> int:
                 role.stop()
 
 
-def start_env_servers(config: RLConfig, run_dir: Path, stack: contextlib.ExitStack,
+@contextlib.contextmanager
+def start_teacher(teacher: TeacherPlan) -> Iterator[dict[str, Any]]:
+    """`Endpoints`' teacher fields, with the vLLM server of a teacher served here started (and stopped on exit)."""
+    if teacher.server is None:
+        yield teacher.endpoints()
+        return
+    with VLLMServer(teacher.server) as server:
+        yield teacher.endpoints(server.base_url)
+
+
+def start_env_servers(envs: dict[str, EnvChoice], run_dir: Path, stack: contextlib.ExitStack,
                       out: IO[str]) -> dict[str, list[str]]:
-    """The run's env servers (`env_servers`) started here; an environment with an `address` uses the server(s)
-    running there instead (after checking that they serve what the config says)."""
+    """The env servers `envs` names started here; an environment with an `address` uses the server(s) running
+    there instead (after checking that they serve what the config says)."""
     addresses = {}
-    for key, env in env_servers(config).items():
+    for key, env in envs.items():
         if env.address is not None:
             asyncio.run(check_env_server_runs(env.address, env.id, env.options))
             addresses[key] = env.address

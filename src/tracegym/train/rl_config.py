@@ -25,6 +25,7 @@ from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weig
 from tracegym.train.sft import SFTConfig
 from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
+from tracegym.train.weight_sync import SyncMode, sync_mode
 
 RENAMES = [
     Rename("sampling", "orchestrator.train.sampling"),
@@ -283,21 +284,31 @@ class RLConfig(BaseConfig):
         return self
 
     @model_validator(mode="after")
+    def _weight_sync_fits_trainer(self) -> RLConfig:
+        """`weight_sync` and `trainer.lora` make a `SyncMode`."""
+        try:
+            sync_mode(self.weight_sync, self.trainer.lora)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
     def _base_model_served(self) -> RLConfig:
         """An opponent or seat playing as the base model or a past checkpoint needs the base weights kept in vLLM."""
         phases = {"train": self.orchestrator.train.envs, "eval": self.orchestrator.eval.envs}
+        loads_adapters = sync_mode(self.weight_sync, self.trainer.lora) is SyncMode.LOAD_ADAPTER
         for phase, envs in phases.items():
             for i, env in enumerate(envs):
-                if uses_base_weights(env.play, env.seats) and (self.weight_sync != "lora" or not self.trainer.lora):
+                if uses_base_weights(env.play, env.seats) and not loads_adapters:
                     raise ValueError(f"orchestrator.{phase}.envs.{i} ({env.id}) plays the base model or past "
                                      "checkpoints: that needs weight_sync = 'lora' and trainer.lora (merged weights "
                                      "replace the base model in vLLM)")
         return self
 
 
-def lora_slots(config: RLConfig) -> int:
+def lora_slots(orchestrator: OrchestratorConfig) -> int:
     """Adapters vLLM must hold at once: the policy's, and the opponent pool's (the largest `pool_latest`)."""
-    envs = [*config.orchestrator.train.envs, *config.orchestrator.eval.envs]
+    envs = [*orchestrator.train.envs, *orchestrator.eval.envs]
     return 1 + max((e.play.pool_latest for e in envs if e.play.opponent == "pool"), default=0)
 
 
@@ -306,17 +317,17 @@ def env_server_key(env: EnvChoice, held_out: bool) -> str:
     return f"eval:{env.id}" if held_out else env.id
 
 
-def env_servers(config: RLConfig) -> dict[str, EnvChoice]:
+def env_servers(orchestrator: OrchestratorConfig) -> dict[str, EnvChoice]:
     """Every env server a run uses, by name: one per train environment and one per held-out one, even when
     they share an id (the held-out one usually runs other options, e.g. another seed)."""
-    orch = config.orchestrator
-    return {**{env_server_key(e, held_out=False): e for e in orch.train.envs},
-            **{env_server_key(e, held_out=True): e for e in orch.eval.envs}}
+    return {**{env_server_key(e, held_out=False): e for e in orchestrator.train.envs},
+            **{env_server_key(e, held_out=True): e for e in orchestrator.eval.envs}}
 
 
-def trainer_ranks(config: RLConfig) -> int:
-    """How many trainer processes the run has: `trainer.num_processes` on each trainer node."""
-    return config.trainer.num_processes * (config.slurm.trainer_nodes if config.cluster == "slurm" else 1)
+def trainer_nodes(cluster: Literal["local", "slurm"], slurm: SlurmConfig) -> int:
+    """How many machines run trainer ranks (`trainer.num_processes` on each): `slurm.trainer_nodes` on Slurm,
+    else this one."""
+    return slurm.trainer_nodes if cluster == "slurm" else 1
 
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
@@ -329,7 +340,8 @@ def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
         for i, env in enumerate(envs):
             if said := check_seats(f"--orchestrator.{phase}.envs.{i}", env.id, env.options, env.play, env.seats):
                 warnings.append(said)
-    ranks, rollouts = trainer_ranks(config), config.orchestrator.tasks_per_step * config.orchestrator.group_size
+    ranks = config.trainer.num_processes * trainer_nodes(config.cluster, config.slurm)
+    rollouts = config.orchestrator.tasks_per_step * config.orchestrator.group_size
     if ranks > rollouts:
         raise UsageError(f"--trainer.num-processes: {ranks} trainer ranks, but a step has only {rollouts} rollouts "
                          f"to share among them (orchestrator.tasks-per-step x group-size); use at most {rollouts}")

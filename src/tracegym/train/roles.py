@@ -49,18 +49,17 @@ def run_orchestrator(run_dir: Path) -> None:
 def run_trainer(run_dir: Path) -> None:
     from tracegym.train.data_parallel import join
     from tracegym.train.trainer import build_trainer
-    from tracegym.train.trainer_loop import build_trainer_loop
-    from tracegym.train.weight_sync import MergedWeightSync, WeightSync
+    from tracegym.train.trainer_loop import TrainerLoop
+    from tracegym.train.weight_sync import build_weight_sync, sync_mode
 
     config, folder, endpoints = load_run(run_dir)
+    mode = sync_mode(config.weight_sync, config.trainer.lora)
     dp = join(config.trainer.device)
     trainer = build_trainer(config.trainer, dp)
-    servers = [endpoints.base_url, *endpoints.replicas]
-    if config.weight_sync == "merged":  # only rank 0 publishes (TrainerLoop.serve_weights)
-        sync: WeightSync = MergedWeightSync(servers, endpoints.base_model, config.trainer.model, announce=True)
-    else:
-        sync = WeightSync(servers, adapter_name="policy", announce=True)
-    build_trainer_loop(config, folder, trainer, sync.publish, alive=Parent().alive).run()
+    sync = build_weight_sync(mode, [endpoints.base_url, *endpoints.replicas], endpoints.base_model,
+                             config.trainer.model)
+    TrainerLoop(folder, trainer, sync.publish, steps=config.steps, checkpoint_every=config.checkpoint_every,
+                merged=mode.merged, alive=Parent().alive).run()
     dp.close()  # not after a failure: the other ranks may be inside a collective; torchrun ends them
 
 

@@ -1,5 +1,6 @@
-"""Teacher: the model an `sft` or `opd` run learns from, reached at its `base_url` or served here by a vLLM server of
-its own, checked to tokenize as the student does, and asked for its logprob of each of a sequence's tokens.
+"""Teacher: the model an `sft` or `opd` run learns from, reached at its `base_url` or at the vLLM server the run
+serves it with (`launch_plan.TeacherPlan`), checked to tokenize as the student does, and asked for its logprob of
+each of a sequence's tokens.
 
 Scoring goes through vLLM's completions API with the token ids as the prompt and `prompt_logprobs = 0` (one request
 per sequence; each prompt position's entry holds the actual next token's logprob, computed from the raw logits
@@ -14,21 +15,17 @@ endpoint is wanted. An endpoint that stays down through the teacher's retries st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from tracegym.core.errors import InfrastructureError, ModelError, TracegymError, UsageError
 from tracegym.models import transport
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.launch import only_served_model, server_config
+from tracegym.models.launch import only_served_model
 from tracegym.models.transport import PROBE_TIMEOUT_S, Unavailable, backoff_delay, served_models
-from tracegym.models.vllm_server import VLLMServer, is_cpu_build
-from tracegym.models.vllm_servers import CORES_ENV, core_shares
 from tracegym.train.distillation import Teacher
-from tracegym.train.rl_config import RLConfig, TeacherModel
+from tracegym.train.rl_config import TeacherModel
 from tracegym.train.rl_folder import Endpoints
 
 PROBE = "Reverse 'river mountain' -> 'niatnuom revir'! 123 + 4.5 = ? ¿Qué tal? 你好 <|im_start|>user\n\t ok<|im_end|>"
@@ -102,42 +99,7 @@ class TransformersTeacher:
         return None
 
 
-# --- serving and checking ---------------------------------------------------------------------------------------
-def served_here(config: RLConfig) -> bool:
-    """Whether the launcher starts a vLLM server for the teacher: it is named by `name` (no `base_url`) and is
-    reached through an endpoint (not scored in process by transformers)."""
-    teacher = config.teacher
-    return (teacher is not None and teacher.base_url is None
-            and not (config.mode == "opd" and config.opd.scorer == "transformers"))
-
-
-def core_split(config: RLConfig) -> tuple[list[str] | None, str | None]:
-    """On the CPU build, with a teacher served here: the student's servers' core shares and the teacher's (the
-    last of `model.servers + 1` shares), so the servers do not fight over the same cores; else (None, None)."""
-    if not served_here(config) or not is_cpu_build():
-        return None, None
-    shares = core_shares(config.model.servers + 1)
-    return shares[:-1], shares[-1]
-
-
-@contextlib.contextmanager
-def teacher_endpoints(config: RLConfig, log_path: Path, cores: str | None) -> Iterator[dict[str, Any]]:
-    """`Endpoints`' teacher fields: a vLLM server of the teacher started here (stopped on exit; bound to `cores`),
-    its `base_url` as given, or none (no teacher, or one scored in process)."""
-    teacher = config.teacher
-    if teacher is None or (teacher.base_url is None and not served_here(config)):
-        yield {"teacher_base_url": None, "teacher_model": None}
-        return
-    if teacher.base_url is not None:
-        yield {"teacher_base_url": teacher.base_urls(), "teacher_model": teacher.name}
-        return
-    served = server_config(teacher, log_path=log_path)
-    env = {**served.env, CORES_ENV: cores} if cores else served.env
-    served = served.model_copy(update={"cpu_kv_cache_gib": config.kv_cache_gib, "env": env})
-    with VLLMServer(served) as server:
-        yield {"teacher_base_url": [server.base_url], "teacher_model": served.name}
-
-
+# --- reaching and checking ---------------------------------------------------------------------------------------
 def reach_teacher(teacher: TeacherModel, endpoints: Endpoints,
                   sleep: Callable[[float], object] = time.sleep) -> Endpoint:
     """The teacher's Endpoint (chat client by default), after checking it answers: `GET /models` tried
@@ -172,30 +134,29 @@ def build_teacher(teacher: TeacherModel, scorer: str, endpoints: Endpoints) -> T
     return VLLMTeacher(reach_teacher(teacher, endpoints))
 
 
-def check_teacher(config: RLConfig) -> None:
-    """For an `opd` run, a UsageError naming `[teacher]` unless the teacher can score and tokenizes as the student
-    (the trainer's model) does: the same vocabulary (a teacher directory), or the same token ids of `PROBE` (a
-    teacher at `base_url`, which must answer)."""
-    teacher = config.teacher
-    if config.mode != "opd" or teacher is None:
-        return
-    if config.opd.scorer == "transformers" and teacher.name is None:
+def check_teacher(teacher: TeacherModel, scorer: str, student_model: str,
+                  student_tokenizer: str | None = None) -> None:
+    """For an `opd` run, a UsageError naming `[teacher]` unless the teacher can score (with `[opd] scorer`) and
+    tokenizes as the student (the trainer's `student_model`, or `student_tokenizer` when set) does: the same
+    vocabulary (a teacher directory), or the same token ids of `PROBE` (a teacher at `base_url`, which must
+    answer)."""
+    if scorer == "transformers" and teacher.name is None:
         raise UsageError("[opd] scorer = 'transformers' needs [teacher] name (a model directory to load)")
-    student = load_tokenizer(config.model.tokenizer or config.trainer.model, "[model]")
+    student = load_tokenizer(student_tokenizer or student_model, "[model]")
     expected = student.encode(PROBE, add_special_tokens=False)
     if teacher.base_url is not None:
         got = endpoint_tokens(teacher, PROBE)
         where = f"the [teacher] endpoint {teacher.base_urls()[0]}"
     else:
-        source = teacher.tokenizer or teacher.name or config.trainer.model
+        source = teacher.tokenizer or teacher.name or student_model
         tokenizer = load_tokenizer(source, "[teacher]")
         if tokenizer.get_vocab() != student.get_vocab():
             raise UsageError(f"[teacher] name: {source!r} has another vocabulary than the student "
-                             f"{config.trainer.model!r} ({len(tokenizer)} vs {len(student)} tokens); on-policy "
+                             f"{student_model!r} ({len(tokenizer)} vs {len(student)} tokens); on-policy "
                              "distillation scores the student's token ids, so both must share one tokenizer")
         got, where = tokenizer.encode(PROBE, add_special_tokens=False), f"[teacher] {source!r}"
     if got != expected:
-        raise UsageError(f"{where} tokenizes differently from the student {config.trainer.model!r} (a probe "
+        raise UsageError(f"{where} tokenizes differently from the student {student_model!r} (a probe "
                          f"text gives {len(got)} vs {len(expected)} tokens); teacher and student must share one "
                          "tokenizer")
 

@@ -1,8 +1,6 @@
 """Trainer loop: the trainer process of an RL run: wait for each step's batch, step, publish the new weights to
 vLLM, checkpoint (with the orchestrator's state that came with the batch). Resumes from the newest checkpoint in
 the run folder.
-
-`build_trainer_loop` makes one from an RLConfig; the class takes only its parts.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import ORCHESTRATOR_STATE, Batch, Poll, RLFolder, step_of
 from tracegym.train.trainer import Trainer
 
@@ -29,8 +26,9 @@ class TrainerLoop:
 
     def __init__(self, folder: RLFolder, trainer: Trainer, publish: Publish, *, steps: int,
                  checkpoint_every: int, merged: bool = False, alive: Callable[[], bool] = lambda: True) -> None:
-        """`merged`: vLLM serves the weights with the adapter merged in, merging each adapter itself (or reloading
-        the changed full weights when there is no adapter); else it loads the adapter, or the full weights.
+        """`merged` (`SyncMode.merged`): vLLM serves the weights with the adapter merged in, merging each adapter
+        itself (or reloading the changed full weights when there is no adapter), and each checkpoint also writes
+        the merged weights whole; else it loads the adapter, or the full weights.
         `alive` is False once the orchestrator's side is gone (stop waiting for batches)."""
         self.folder, self.trainer, self.publish = folder, trainer, publish
         self.steps, self.checkpoint_every, self.merged, self.alive = steps, checkpoint_every, merged, alive
@@ -92,9 +90,3 @@ class TrainerLoop:
             self.folder.complete(path, self.trainer.version)
         return path
 
-
-def build_trainer_loop(config: RLConfig, folder: RLFolder, trainer: Trainer, publish: Publish,
-                       alive: Callable[[], bool] = lambda: True) -> TrainerLoop:
-    """The loop `config` describes, stepping `trainer` and serving its weights through `publish`."""
-    return TrainerLoop(folder, trainer, publish, steps=config.steps, checkpoint_every=config.checkpoint_every,
-                       merged=config.weight_sync == "merged", alive=alive)

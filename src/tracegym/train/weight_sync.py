@@ -22,6 +22,10 @@ server), and the next publish brings it up to date. Every server failing is the 
 >>> sync = WeightSync(server.base_url, adapter_name="policy")  # doctest: +SKIP
 >>> sync.publish(trainer.save_weights(run_dir / "adapters" / "step_1"), version=trainer.version)  # doctest: +SKIP
 >>> Endpoint(base_url=server.base_url, model=sync.model_name)  # doctest: +SKIP
+
+How a run's weights travel is one `SyncMode`, decided once from its `weight_sync` and `trainer.lora`
+(`sync_mode`): it says how vLLM starts (`SyncMode.vllm_config`), which WeightSync the trainer publishes through
+(`build_weight_sync`) and whether the trainer writes merged weights (`merged`).
 """
 
 from __future__ import annotations
@@ -31,16 +35,64 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from tracegym.core.errors import InfrastructureError, ModelError, UsageError
 from tracegym.models import policy_version, transport
+from tracegym.models.vllm_server import VLLMServerConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ADAPTER_NAME = "policy"
 RESET_ROUTE = "/reset_prefix_cache?reset_running_requests=true"
 LORA_NEEDS = "vLLM started with LoRA enabled and runtime LoRA updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+
+
+class SyncMode(StrEnum):
+    """How the trainer's new weights reach vLLM."""
+
+    LOAD_ADAPTER = "load_adapter"
+    """`weight_sync = "lora"`: vLLM loads each LoRA adapter at run time (`WeightSync`); requests name it."""
+    MERGE_ADAPTER = "merge_adapter"
+    """`weight_sync = "merged"` with LoRA: vLLM merges each adapter into the base weights it keeps (its merge
+    extension, `MergedWeightSync`); requests keep the base model's name."""
+    RELOAD_WEIGHTS = "reload_weights"
+    """`weight_sync = "merged"`, full weights: vLLM reloads the weights the trainer changed (`MergedWeightSync`)."""
+
+    @property
+    def merged(self) -> bool:
+        """vLLM serves merged weights, so the trainer also writes them whole at each checkpoint (servable on
+        their own, e.g. as a teacher)."""
+        return self is not SyncMode.LOAD_ADAPTER
+
+    def vllm_config(self, served: VLLMServerConfig) -> VLLMServerConfig:
+        """`served` as this mode needs vLLM started: with runtime LoRA loading, or with vLLM's dev-mode routes (and,
+        for adapters, the merge extension); the variables in its `env` are kept."""
+        lora = self is SyncMode.LOAD_ADAPTER
+        env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if lora else {"VLLM_SERVER_DEV_MODE": "1"}
+        return served.model_copy(update={"enable_lora": lora, "merge_adapters": self is SyncMode.MERGE_ADAPTER,
+                                         "env": env | served.env})
+
+
+def sync_mode(weight_sync: Literal["lora", "merged"], lora: bool) -> SyncMode:
+    """The mode of a run's `weight_sync` and `trainer.lora`; a UsageError for adapters without LoRA (a full
+    fine-tune has none: its first publish would fail, after every process had started)."""
+    if weight_sync == "merged":
+        return SyncMode.MERGE_ADAPTER if lora else SyncMode.RELOAD_WEIGHTS
+    if not lora:
+        raise UsageError("weight_sync = 'lora' loads the trainer's LoRA adapter into vLLM, but trainer.lora = false "
+                         "trains full weights: set weight_sync = 'merged' (vLLM reloads them in place)")
+    return SyncMode.LOAD_ADAPTER
+
+
+def build_weight_sync(mode: SyncMode, servers: Sequence[str], served_model: str, base_model: str) -> WeightSync:
+    """What the trainer publishes through in `mode` to `servers` (announcing each version): the policy adapter
+    under its own name, or merged weights under `served_model` (an adapter merged into `base_model`'s folder)."""
+    if mode.merged:  # only rank 0 publishes (TrainerLoop.serve_weights)
+        return MergedWeightSync(servers, served_model, base_model, announce=True)
+    return WeightSync(servers, adapter_name=DEFAULT_ADAPTER_NAME, announce=True)
 
 
 class WeightSync:
