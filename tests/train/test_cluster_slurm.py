@@ -113,7 +113,7 @@ def test_an_environments_pool_options_reach_its_env_server(tmp_path):
     toml = tmp_path / "rl.toml"
     toml.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\nelastic = true\ngrow_at = 8\n'
                     'worker_timeout = 120\n')
-    script = sbatch_script(parse_rl_args(["@", str(toml), *LAYOUT])[0], Path("/shared/runs/reverse-text"))
+    script = sbatch_script(plan_launch(parse_rl_args(["@", str(toml), *LAYOUT])[0], Path("/shared/runs/reverse-text")))
     assert "tracegym serve --taskset.id reverse-text --taskset-json '{}' --elastic --grow-at 8.0 " \
            "--worker-timeout 120.0 --log-dir" in script
 
