@@ -188,3 +188,12 @@ async def test_a_request_lost_to_a_server_restart_fails_at_the_next_ping(endpoin
             await asyncio.wait_for(job, 10)  # the new server answers pings but never saw the request
     finally:
         await client.aclose()
+
+
+def test_the_server_never_imports_the_worker_module_which_workers_run_as_main():
+    """`python -m tracegym.serve.worker` warns (and may misbehave) when the module was imported before it ran."""
+    import subprocess
+    import sys
+
+    code = "import sys, tracegym.serve; print('tracegym.serve.worker' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

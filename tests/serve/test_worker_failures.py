@@ -16,7 +16,8 @@ from tracegym.serve.env_server import InFlight
 from tracegym.serve.pool import WorkerHandle
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import pack
-from tracegym.serve.worker import CANCEL, REPLACE, REPLY, RUN, STOP, Worker
+from tracegym.serve.worker import Worker
+from tracegym.serve.worker_protocol import CANCEL, REPLACE, REPLY, RUN, STOP
 from tracegym.testing.echo import SPEC
 
 

@@ -49,7 +49,7 @@ from tracegym.serve.wire import (
     ok_reply,
     unpack,
 )
-from tracegym.serve.worker import CANCEL, JOBS, JOBS_ASKED, READY, REPLACE, REPLY, RUN, STOP
+from tracegym.serve.worker_protocol import CANCEL, JOBS, JOBS_ASKED, READY, REPLACE, REPLY, RUN, STOP
 
 SUPERVISE_EVERY = 0.1
 """Seconds between checks for dead workers and pool size."""

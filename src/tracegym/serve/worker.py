@@ -42,27 +42,10 @@ from tracegym.serve.model_clients import ModelClients
 from tracegym.serve.pool import MAX_ABANDONED_THREADS
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.wire import error_reply, ok_header, pack, unpack
+from tracegym.serve.worker_protocol import CANCEL, JOBS, JOBS_ASKED, READY, REPLACE, REPLY, RUN, STOP
 
 log = logging.getLogger("tracegym.serve.worker")
 
-# The worker protocol: multipart messages between the server's backend ROUTER and a worker's DEALER, each opened by
-# one of these names (the server sees the worker's identity before it).
-READY = b"ready"
-"""Worker -> server, `[READY, pid]`: started and connected; it may be sent work."""
-RUN = b"run"
-"""Server -> worker, `[RUN, key, request id, payload]`: run one `run` request (its payload a packed RunRequest)."""
-REPLY = b"reply"
-"""Worker -> server, `[REPLY, key, header, payload]`: the reply to the request the server keyed `key`."""
-CANCEL = b"cancel"
-"""Server -> worker, `[CANCEL, key]`: cancel that request (it is answered `Cancelled`)."""
-JOBS_ASKED = b"jobs?"
-"""Server -> worker, `[JOBS_ASKED]`: which requests do you hold? (answered with JOBS)."""
-JOBS = b"jobs"
-"""Worker -> server, `[JOBS, *keys]`: the keys of the requests it holds."""
-REPLACE = b"replace"
-"""Worker -> server, `[REPLACE]`: hung sync calls left it too many threads; send it no more work."""
-STOP = b"stop"
-"""Server -> worker, `[STOP]`: end once what it runs is cancelled."""
 
 
 def make_model(endpoint: Endpoint) -> ModelClient:

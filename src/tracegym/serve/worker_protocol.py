@@ -1,0 +1,20 @@
+"""Worker protocol: the names that open each multipart message between an env server's backend ROUTER and a
+worker's DEALER (the server sees the worker's identity before the name). Both sides import them from here; the
+worker module itself runs as `python -m tracegym.serve.worker`, so the server must not import it."""
+
+READY = b"ready"
+"""Worker -> server, `[READY, pid]`: started and connected; it may be sent work."""
+RUN = b"run"
+"""Server -> worker, `[RUN, key, request id, payload]`: run one `run` request (its payload a packed RunRequest)."""
+REPLY = b"reply"
+"""Worker -> server, `[REPLY, key, header, payload]`: the reply to the request the server keyed `key`."""
+CANCEL = b"cancel"
+"""Server -> worker, `[CANCEL, key]`: cancel that request (it is answered `Cancelled`)."""
+JOBS_ASKED = b"jobs?"
+"""Server -> worker, `[JOBS_ASKED]`: which requests do you hold? (answered with JOBS)."""
+JOBS = b"jobs"
+"""Worker -> server, `[JOBS, *keys]`: the keys of the requests it holds."""
+REPLACE = b"replace"
+"""Worker -> server, `[REPLACE]`: hung sync calls left it too many threads; send it no more work."""
+STOP = b"stop"
+"""Server -> worker, `[STOP]`: end once what it runs is cancelled."""
