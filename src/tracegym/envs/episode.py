@@ -5,8 +5,8 @@ its tool calls, its stops and the classification of its errors are a rollout's).
 episode has beyond that: the schedule, the views (before a member acts it is shown the others' public output
 since its last turn, attributed, then the referee's `observe` message: its prompt only ever grows, so its turn
 N+1 extends its turn N exactly, tokens included), atomic slots (every member of a slot moves, then all moves are
-applied; one failure applies none and ends the episode with its error), bounded move retries and forfeits,
-quarantine of malformed markup, settling and per-member scoring.
+applied; one failure applies none, cancels its peers' turns still running and ends the episode with its error),
+bounded move retries and forfeits, quarantine of malformed markup, settling and per-member scoring.
 
 An episode ends when its schedule is exhausted or the game is over (`completed`), a stop fires, `max_turns`
 slots ran, a member's prompt no longer fits (`truncated`; a reply cut by the completion budget is still that
@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError, classify
@@ -123,11 +123,7 @@ class EpisodeRun:
         """Every member of the slot moves on the views as they were before it; then, only if all moved, their
         moves are applied in seat order and their public output reaches the others' views."""
         if slot.simultaneous:
-            results = await asyncio.gather(*(self._turn(m) for m in slot.members), return_exceptions=True)
-            for result in results:  # a failure ends the episode before any move of the slot is applied
-                if isinstance(result, BaseException):
-                    raise result
-            moves = sorted(cast("list[_Move]", results), key=lambda d: self.episode.members.index(d.member))
+            moves = await self._together(slot.members)
         else:
             moves = [await self._turn(slot.members[0])]
         for done in moves:
@@ -143,6 +139,26 @@ class EpisodeRun:
                         self.inbox[other].append(said)
         for member in slot.members:
             await self.rollouts[member].check_stops()
+
+    async def _together(self, members: tuple[str, ...]) -> list[_Move]:
+        """The turns of a simultaneous slot, taken at once; their moves in seat order. The first turn to end the
+        episode (a member's failure, a prompt that no longer fits) cancels the others' at once: nothing of the
+        slot is applied, so their replies would be thrown away. A cancelled member's trace ends `cancelled`, by
+        that member (the episode's error is the other's; the cancelled call's span is on the trace)."""
+        turns: dict[str, asyncio.Task[_Move]] = {}
+        try:
+            async with asyncio.TaskGroup() as group:  # a turn that raises cancels its peers, and only them
+                for member in members:
+                    turns[member] = group.create_task(self._turn(member))
+        except BaseExceptionGroup as ended:  # a turn's Ended or _MemberFailed; the first raised comes first
+            first = ended.exceptions[0]
+            by = next(m for m, t in turns.items() if t.done() and not t.cancelled() and t.exception() is first)
+            for member, turn in turns.items():
+                if turn.cancelled():
+                    self.rollouts[member].end(StopReason.CANCELLED, by)
+            raise first from None
+        order = self.episode.members.index
+        return sorted((turn.result() for turn in turns.values()), key=lambda done: order(done.member))
 
     async def _turn(self, member: str) -> _Move:
         """`member` sees what is new in its view, then replies until its move is valid (or it forfeits)."""
