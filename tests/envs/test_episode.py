@@ -197,6 +197,74 @@ async def test_the_cancel_reaches_no_sibling_episode():
     assert fine.ok and [m for m, _ in healthy.applied] == ["a", "b", "c", "a", "b", "c"]
     assert all(t.stop_reason == tg.StopReason.COMPLETED for t in fine.traces.values())
 
+
+class Ledger(MultiAgentTask):
+    """a alone, then a, b and c at once; b always forfeits (no retries), and c's act raises once the board holds
+    a move: the second slot's third move fails after two were applied (one of them a forfeit)."""
+
+    seats = Chat.seats
+    move_retries = 0
+    shared_state = ("referee",)
+
+    def __init__(self, data, **options):
+        super().__init__(data, **options)
+        self.board: dict[str, str] = {}
+        self.log = [self.board]  # aliases the board: a snapshot keeps them one object
+        self.referee = object()  # not game state: shared, never copied
+
+    def schedule(self):
+        yield Slot("a")
+        yield Slot("a", "b", "c")
+
+    def move(self, member, text):
+        if member == "b":
+            raise InvalidMove("b may not move.")
+        return text
+
+    def act(self, member, move):
+        if member == "c" and self.board:
+            raise ValueError("c's move breaks the board")
+        if self.board:
+            self.late = member  # an attribute first set in the second slot
+        self.board[member] = move
+
+
+async def test_a_move_that_fails_mid_slot_undoes_the_moves_of_that_slot_applied_before_it():
+    taskset = _taskset(Ledger)
+    task = taskset.task(taskset[0])
+    referee = task.referee
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "act:c" and "c's move breaks the board" in episode.error.message
+    assert episode.stop_reason == tg.StopReason.ERROR and episode.outcomes == {}
+    # as after slot 1: a's second move and b's forfeit are undone
+    assert task.board == {"a": "a says 0"} and task.log == [task.board] and task.log[0] is task.board
+    assert not hasattr(task, "late") and not task.over and task.outcomes == {}
+    assert task.referee is referee  # shared state: the same object
+    assert episode.metrics["forfeits"] == 0  # the undone forfeit is not counted
+
+
+async def test_state_that_cannot_be_copied_is_named_and_shared_state_is_never_copied():
+    import threading
+
+    class Locked(Ledger):
+        def __init__(self, data, **options):
+            super().__init__(data, **options)
+            self.lock = threading.Lock()
+
+    taskset = _taskset(Locked)
+    task = taskset.task(taskset[0])
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "snapshot" and "Locked.lock cannot be copied" in episode.error.message
+    assert "shared_state" in episode.error.message
+
+    class Shared(Locked):
+        shared_state = ("referee", "lock")
+
+    task = _taskset(Shared).task(taskset[0])
+    lock = task.lock
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "act:c" and task.lock is lock and task.board == {"a": "a says 0"}
+
 class Random(MultiAgentTask):
     """A random cast and schedule, drawn from the row's seed."""
 

@@ -5,8 +5,9 @@ its tool calls, its stops and the classification of its errors are a rollout's).
 episode has beyond that: the schedule, the views (before a member acts it is shown the others' public output
 since its last turn, attributed, then the referee's `observe` message: its prompt only ever grows, so its turn
 N+1 extends its turn N exactly, tokens included), atomic slots (every member of a slot moves, then all moves are
-applied; one failure applies none, cancels its peers' turns still running and ends the episode with its error),
-bounded move retries and forfeits, quarantine of malformed markup, settling and per-member scoring.
+applied; a failed turn applies none, cancels its peers' turns still running and ends the episode with its error;
+a move that raises as it is applied undoes the slot's moves before it), bounded move retries and forfeits,
+quarantine of malformed markup, settling and per-member scoring.
 
 An episode ends when its schedule is exhausted or the game is over (`completed`), a stop fires, `max_turns`
 slots ran, a member's prompt no longer fits (`truncated`; a reply cut by the completion budget is still that
@@ -121,17 +122,15 @@ class EpisodeRun:
 
     async def _slot(self, slot: Slot) -> None:
         """Every member of the slot moves on the views as they were before it; then, only if all moved, their
-        moves are applied in seat order and their public output reaches the others' views."""
+        moves are applied in seat order (all or none) and their public output reaches the others' views."""
         if slot.simultaneous:
             moves = await self._together(slot.members)
         else:
             moves = [await self._turn(slot.members[0])]
+        self._apply(moves)
         for done in moves:
             if done.move is FORFEIT:
                 self.rollouts[done.member].count(FORFEITS, 1)
-                self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
-            else:
-                self._call(f"act:{done.member}", self.task.act, done.member, done.move)
             if self.task.public_outputs:
                 said = attributed(done.member, done.public)  # one message, shared by every other view
                 for other in self.episode.members:
@@ -139,6 +138,23 @@ class EpisodeRun:
                         self.inbox[other].append(said)
         for member in slot.members:
             await self.rollouts[member].check_stops()
+
+    def _apply(self, moves: list[_Move]) -> None:
+        """Apply the slot's moves in seat order, all or none: when one raises, the task is restored to its
+        snapshot from before the first (a slot of one move takes none: nothing was applied before it)."""
+        saved = self._call("snapshot", self.task.snapshot) if len(moves) > 1 else None
+        try:
+            for done in moves:
+                if done.move is FORFEIT:
+                    self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
+                else:
+                    self._call(f"act:{done.member}", self.task.act, done.member, done.move)
+        except Exception:
+            if saved is not None:
+                failed_at = self.stage
+                self._call("restore", self.task.restore, saved)  # a restore that fails is the episode's error
+                self.stage = failed_at
+            raise
 
     async def _together(self, members: tuple[str, ...]) -> list[_Move]:
         """The turns of a simultaneous slot, taken at once; their moves in seat order. The first turn to end the
