@@ -4,7 +4,7 @@ A two-seat, ten-turn episode (`Duet`: members a and b alternate for 5 rounds, ea
 output) against a ten-turn single-agent rollout (`Solo`: the task answers every turn), both against a model that
 answers at once: in process (a scripted model) and through an env server (the fake OpenAI server in its own
 process). The same number of episodes and rollouts run at the same concurrency; the ratio episode time /
-rollout time is the overhead (target <= 1.2x); each is measured `--repeat` times, alternating which side goes
+rollout time is the overhead (target <= 1.1x); each is measured `--repeat` times, alternating which side goes
 first, and the median ratio is reported (a shared machine's noise moves single runs by tens of percent). Each
 side starts from the same heap: its own fresh scripted model (which keeps every request it answered) and a
 garbage collection just before it, so neither pays for the other's leftovers in the collector's passes. In
@@ -134,7 +134,7 @@ def main() -> None:
         cpu_ratio = statistics.median(d.cpu / s.cpu for s, d in runs)
         cpu = f", CPU-time ratio {cpu_ratio:.2f}x" if where == "in process" else ""
         print(f"{where:>10}: rollouts {solo:.2f}s ({args.count / solo:.0f}/s), episodes {duet:.2f}s "
-              f"({args.count / duet:.0f}/s), median ratio {ratio:.2f}x{cpu} of {args.repeat} (target <= 1.2x)")
+              f"({args.count / duet:.0f}/s), median ratio {ratio:.2f}x{cpu} of {args.repeat} (target <= 1.1x)")
 
 
 if __name__ == "__main__":

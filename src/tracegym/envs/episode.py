@@ -41,7 +41,7 @@ FORFEIT = object()
 """The move of a member that ran out of retries."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Move:
     member: str
     move: Any
@@ -72,7 +72,8 @@ class EpisodeRun:
     async def run(self) -> Episode:
         """Play, settle and score within the rollout timeout (the whole episode's), then clean up."""
         try:
-            await asyncio.wait_for(self._play_and_score(), self.timeouts.rollout)
+            async with asyncio.timeout(self.timeouts.rollout):  # in this task: no second task to start and await
+                await self._play_and_score()
         except TimeoutError:
             self._fail(TraceError(kind=ErrorKind.TIMEOUT, stage="episode",
                                   message=f"episode exceeded {self.timeouts.rollout}s"), StopReason.TIMEOUT)
@@ -256,7 +257,8 @@ class EpisodeRun:
 
     async def _cleanup(self) -> None:
         try:
-            await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
+            async with asyncio.timeout(self.timeouts.setup):
+                await contained(self.task.cleanup())
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
             self.rollouts[self.episode.members[0]].error_from(exc, "cleanup")
 
