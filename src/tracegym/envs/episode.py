@@ -48,6 +48,20 @@ class _Move:
     public: str
 
 
+class _Reader:
+    """Reads the public text of a member's replies, once each as it arrives (a model turn's `malformed` check,
+    which flags the reply's node); the last one read is `last`."""
+
+    __slots__ = ("last", "tag")
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.last = tag, Public("", False)
+
+    def __call__(self, reply: Message) -> bool:
+        self.last = public_text(reply.text, self.tag)
+        return self.last.malformed
+
+
 class _MemberFailed(Exception):
     """A member's turn failed; its error is on its trace already."""
 
@@ -66,14 +80,14 @@ class EpisodeRun:
         self.rollouts = {m: Rollout(task, clients[m], sampling_for(sampling, episode, m), timeouts,
                                     episode.traces[m], self._t0) for m in episode.members}
         self.inbox: dict[str, list[Message]] = {m: [] for m in episode.members}
+        self.readers = {m: _Reader(task.private_tag) for m in episode.members}
         self.slots = 0
         self.stage = "setup"
 
     async def run(self) -> Episode:
         """Play, settle and score within the rollout timeout (the whole episode's), then clean up."""
         try:
-            async with asyncio.timeout(self.timeouts.rollout):  # in this task: no second task to start and await
-                await self._play_and_score()
+            await asyncio.wait_for(self._play_and_score(), self.timeouts.rollout)
         except TimeoutError:
             self._fail(TraceError(kind=ErrorKind.TIMEOUT, stage="episode",
                                   message=f"episode exceeded {self.timeouts.rollout}s"), StopReason.TIMEOUT)
@@ -184,7 +198,7 @@ class EpisodeRun:
         try:
             self._deliver(member)
             for attempt in range(self.task.move_retries + 1):
-                public = await self._reply(rollout)
+                public = await self._reply(rollout, self.readers[member])
                 if public.malformed:
                     rollout.count(PARSE_ERRORS, 1)
                 try:
@@ -201,22 +215,16 @@ class EpisodeRun:
             raise _MemberFailed(member, rollout.trace.errors[-1], exc) from exc
         raise AssertionError("unreachable")
 
-    async def _reply(self, rollout: Rollout) -> Public:
+    async def _reply(self, rollout: Rollout, reader: _Reader) -> Public:
         """One model turn of a member, with its tool calls answered (at most `tool_rounds` rounds of them): the
         public part of its last reply, read once as the reply arrives (it also flags the reply's node)."""
-        read: list[Public] = []
-
-        def malformed(reply: Message) -> bool:
-            read.append(public_text(reply.text, self.task.private_tag))
-            return read[-1].malformed
-
-        reply = await rollout.model_turn(malformed, length_ends=False)
+        reply = await rollout.model_turn(reader, length_ends=False)
         for _ in range(self.task.tool_rounds):
             if not reply.tool_calls:
                 break
             await rollout.run_tools(reply.tool_calls)
-            reply = await rollout.model_turn(malformed, length_ends=False)
-        return read[-1]
+            reply = await rollout.model_turn(reader, length_ends=False)
+        return reader.last
 
     def _deliver(self, member: str) -> None:
         """Append what `member` has not yet seen: the others' public output, then the referee's message."""
@@ -257,8 +265,7 @@ class EpisodeRun:
 
     async def _cleanup(self) -> None:
         try:
-            async with asyncio.timeout(self.timeouts.setup):
-                await contained(self.task.cleanup())
+            await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
             self.rollouts[self.episode.members[0]].error_from(exc, "cleanup")
 
