@@ -1,6 +1,7 @@
 """The episode driver: views and the prefix invariant, atomic simultaneous slots, the private channel, quarantine of
 malformed markup, stop conditions and bad input, on scripted models."""
 
+import asyncio
 import itertools
 import random
 
@@ -8,7 +9,7 @@ import pytest
 
 import tracegym as tg
 from tracegym.core.episode import Episode, Outcome
-from tracegym.core.errors import ContextLengthError, UsageError
+from tracegym.core.errors import ContextLengthError, FailureKind, InfrastructureError, UsageError
 from tracegym.envs.episode import play
 from tracegym.envs.evaluate import evaluate_episodes, run_episode
 from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask, VerdictError, verdict
@@ -116,6 +117,153 @@ async def test_a_simultaneous_slot_commits_all_its_moves_or_none():
     assert not any(b_said_again in m.text for m in episode.traces["a"].messages)  # never reached another view
     assert all(t.stop_reason == tg.StopReason.ERROR for t in episode.traces.values())
 
+
+
+class Held:
+    """A model client whose calls wait on an event nobody sets: it records that a call started, and whether the
+    call was cancelled (the only way it can end)."""
+
+    name = "held"
+
+    def __init__(self):
+        self.started, self.cancelled = asyncio.Event(), asyncio.Event()
+
+    async def aclose(self):
+        pass
+
+    async def complete(self, request):
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.cancelled.set()
+        raise AssertionError("unreachable: the event is never set")
+
+
+def failing_after(*waits: asyncio.Event) -> ScriptedModel:
+    """c's model: its first call waits until every event in `waits` is set (the peers' calls are in flight),
+    then fails as an endpoint that is down."""
+    model = ScriptedModel(rule=said)
+
+    async def complete(request, inner=model.complete):
+        for event in waits:
+            await event.wait()
+        raise InfrastructureError("HTTP 503: c's endpoint is down")
+
+    model.complete = complete
+    return model
+
+
+async def test_a_member_failing_in_a_simultaneous_slot_cancels_its_peers_turn_at_once():
+    taskset = _taskset(Chat)
+    task = taskset.task(taskset[0])
+    b = Held()
+    clients = {"a": ScriptedModel(rule=said), "b": b, "c": failing_after(b.started)}
+    episode = await asyncio.wait_for(play(task, clients), 10)  # a guard only: without the cancel, b waits forever
+    assert b.cancelled.is_set()  # b's model call was cancelled, not waited for
+    assert episode.error.stage == "c:model" and episode.error.kind == tg.ErrorKind.INFRASTRUCTURE
+    assert episode.stop_reason == tg.StopReason.ERROR and task.applied == [("a", "a says 0")]  # slot 2 applied nothing
+    traces = episode.traces
+    assert [e.stage for e in traces["c"].errors] == ["model"] and traces["c"].stop_reason == tg.StopReason.ERROR
+    peer = traces["b"]  # cancelled by c's failure: no error of its own, only the episode's, marked as such
+    assert (peer.stop_reason, peer.stopped_by, peer.failure) == (tg.StopReason.CANCELLED, "c", FailureKind.CANCELLED)
+    assert [e.stage for e in peer.errors] == ["episode:c:model"]
+    assert [(s.name, s.turn) for s in peer.spans if s.turn is not None] == [("model", 1)]  # the cancelled call
+    assert peer.messages[-1].role == "user"  # b's view up to its turn; no reply
+    assert traces["a"].stop_reason == tg.StopReason.ERROR and episode.rewards == {"a": None, "b": None, "c": None}
+
+
+async def test_the_cancel_reaches_no_sibling_episode():
+    taskset = _taskset(Chat)
+    failing, healthy = taskset.task(taskset[0]), taskset.task(taskset[0])
+    doomed_b, go = Held(), asyncio.Event()
+    sibling_b = ScriptedModel(rule=said)
+    started = asyncio.Event()
+
+    async def complete(request, inner=sibling_b.complete):  # in flight in the sibling while the other fails
+        started.set()
+        await go.wait()
+        return await inner(request)
+
+    sibling_b.complete = complete
+    sibling = asyncio.ensure_future(play(healthy, {"a": ScriptedModel(rule=said), "b": sibling_b,
+                                                   "c": ScriptedModel(rule=said)}))
+    failed = await asyncio.wait_for(play(failing, {"a": ScriptedModel(rule=said), "b": doomed_b,
+                                                   "c": failing_after(doomed_b.started, started)}), 10)
+    assert failed.error.stage == "c:model" and doomed_b.cancelled.is_set()
+    assert not sibling.done()
+    go.set()
+    fine = await asyncio.wait_for(sibling, 10)
+    assert fine.ok and [m for m, _ in healthy.applied] == ["a", "b", "c", "a", "b", "c"]
+    assert all(t.stop_reason == tg.StopReason.COMPLETED for t in fine.traces.values())
+
+
+class Ledger(MultiAgentTask):
+    """a alone, then a, b and c at once; b always forfeits (no retries), and c's act raises once the board holds
+    a move: the second slot's third move fails after two were applied (one of them a forfeit)."""
+
+    seats = Chat.seats
+    move_retries = 0
+    shared_state = ("referee",)
+
+    def __init__(self, data, **options):
+        super().__init__(data, **options)
+        self.board: dict[str, str] = {}
+        self.log = [self.board]  # aliases the board: a snapshot keeps them one object
+        self.referee = object()  # not game state: shared, never copied
+
+    def schedule(self):
+        yield Slot("a")
+        yield Slot("a", "b", "c")
+
+    def move(self, member, text):
+        if member == "b":
+            raise InvalidMove("b may not move.")
+        return text
+
+    def act(self, member, move):
+        if member == "c" and self.board:
+            raise ValueError("c's move breaks the board")
+        if self.board:
+            self.late = member  # an attribute first set in the second slot
+        self.board[member] = move
+
+
+async def test_a_move_that_fails_mid_slot_undoes_the_moves_of_that_slot_applied_before_it():
+    taskset = _taskset(Ledger)
+    task = taskset.task(taskset[0])
+    referee = task.referee
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "act:c" and "c's move breaks the board" in episode.error.message
+    assert episode.stop_reason == tg.StopReason.ERROR and episode.outcomes == {}
+    # as after slot 1: a's second move and b's forfeit are undone
+    assert task.board == {"a": "a says 0"} and task.log == [task.board] and task.log[0] is task.board
+    assert not hasattr(task, "late") and not task.over and task.outcomes == {}
+    assert task.referee is referee  # shared state: the same object
+    assert episode.metrics["forfeits"] == 0  # the undone forfeit is not counted
+
+
+async def test_state_that_cannot_be_copied_is_named_and_shared_state_is_never_copied():
+    import threading
+
+    class Locked(Ledger):
+        def __init__(self, data, **options):
+            super().__init__(data, **options)
+            self.lock = threading.Lock()
+
+    taskset = _taskset(Locked)
+    task = taskset.task(taskset[0])
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "snapshot" and "Locked.lock cannot be copied" in episode.error.message
+    assert "shared_state" in episode.error.message
+
+    class Shared(Locked):
+        shared_state = ("referee", "lock")
+
+    task = _taskset(Shared).task(taskset[0])
+    lock = task.lock
+    episode = await play(task, {m: ScriptedModel(rule=said) for m in task.members})
+    assert episode.error.stage == "act:c" and task.lock is lock and task.board == {"a": "a says 0"}
 
 class Random(MultiAgentTask):
     """A random cast and schedule, drawn from the row's seed."""

@@ -5,7 +5,8 @@ its tool calls, its stops and the classification of its errors are a rollout's).
 episode has beyond that: the schedule, the views (before a member acts it is shown the others' public output
 since its last turn, attributed, then the referee's `observe` message: its prompt only ever grows, so its turn
 N+1 extends its turn N exactly, tokens included), atomic slots (every member of a slot moves, then all moves are
-applied; one failure applies none and ends the episode with its error), bounded move retries and forfeits,
+applied; a failed turn applies none, cancels its peers' turns still running and ends the episode with its error;
+a move that raises as it is applied undoes the slot's moves before it), bounded move retries and forfeits,
 quarantine of malformed markup, settling and per-member scoring.
 
 An episode ends when its schedule is exhausted or the game is over (`completed`), a stop fires, `max_turns`
@@ -19,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError, classify
@@ -40,11 +41,25 @@ FORFEIT = object()
 """The move of a member that ran out of retries."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Move:
     member: str
     move: Any
     public: str
+
+
+class _Reader:
+    """Reads the public text of a member's replies, once each as it arrives (a model turn's `malformed` check,
+    which flags the reply's node); the last one read is `last`."""
+
+    __slots__ = ("last", "tag")
+
+    def __init__(self, tag: str) -> None:
+        self.tag, self.last = tag, Public("", False)
+
+    def __call__(self, reply: Message) -> bool:
+        self.last = public_text(reply.text, self.tag)
+        return self.last.malformed
 
 
 class _MemberFailed(Exception):
@@ -65,6 +80,7 @@ class EpisodeRun:
         self.rollouts = {m: Rollout(task, clients[m], sampling_for(sampling, episode, m), timeouts,
                                     episode.traces[m], self._t0) for m in episode.members}
         self.inbox: dict[str, list[Message]] = {m: [] for m in episode.members}
+        self.readers = {m: _Reader(task.private_tag) for m in episode.members}
         self.slots = 0
         self.stage = "setup"
 
@@ -121,21 +137,15 @@ class EpisodeRun:
 
     async def _slot(self, slot: Slot) -> None:
         """Every member of the slot moves on the views as they were before it; then, only if all moved, their
-        moves are applied in seat order and their public output reaches the others' views."""
+        moves are applied in seat order (all or none) and their public output reaches the others' views."""
         if slot.simultaneous:
-            results = await asyncio.gather(*(self._turn(m) for m in slot.members), return_exceptions=True)
-            for result in results:  # a failure ends the episode before any move of the slot is applied
-                if isinstance(result, BaseException):
-                    raise result
-            moves = sorted(cast("list[_Move]", results), key=lambda d: self.episode.members.index(d.member))
+            moves = await self._together(slot.members)
         else:
             moves = [await self._turn(slot.members[0])]
+        self._apply(moves)
         for done in moves:
             if done.move is FORFEIT:
                 self.rollouts[done.member].count(FORFEITS, 1)
-                self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
-            else:
-                self._call(f"act:{done.member}", self.task.act, done.member, done.move)
             if self.task.public_outputs:
                 said = attributed(done.member, done.public)  # one message, shared by every other view
                 for other in self.episode.members:
@@ -144,6 +154,43 @@ class EpisodeRun:
         for member in slot.members:
             await self.rollouts[member].check_stops()
 
+    def _apply(self, moves: list[_Move]) -> None:
+        """Apply the slot's moves in seat order, all or none: when one raises, the task is restored to its
+        snapshot from before the first (a slot of one move takes none: nothing was applied before it)."""
+        saved = self._call("snapshot", self.task.snapshot) if len(moves) > 1 else None
+        try:
+            for done in moves:
+                if done.move is FORFEIT:
+                    self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
+                else:
+                    self._call(f"act:{done.member}", self.task.act, done.member, done.move)
+        except Exception:
+            if saved is not None:
+                failed_at = self.stage
+                self._call("restore", self.task.restore, saved)  # a restore that fails is the episode's error
+                self.stage = failed_at
+            raise
+
+    async def _together(self, members: tuple[str, ...]) -> list[_Move]:
+        """The turns of a simultaneous slot, taken at once; their moves in seat order. The first turn to end the
+        episode (a member's failure, a prompt that no longer fits) cancels the others' at once: nothing of the
+        slot is applied, so their replies would be thrown away. A cancelled member's trace ends `cancelled`, by
+        that member (the episode's error is the other's; the cancelled call's span is on the trace)."""
+        turns: dict[str, asyncio.Task[_Move]] = {}
+        try:
+            async with asyncio.TaskGroup() as group:  # a turn that raises cancels its peers, and only them
+                for member in members:
+                    turns[member] = group.create_task(self._turn(member))
+        except BaseExceptionGroup as ended:  # a turn's Ended or _MemberFailed; the first raised comes first
+            first = ended.exceptions[0]
+            by = next(m for m, t in turns.items() if t.done() and not t.cancelled() and t.exception() is first)
+            for member, turn in turns.items():
+                if turn.cancelled():
+                    self.rollouts[member].end(StopReason.CANCELLED, by)
+            raise first from None
+        order = self.episode.members.index
+        return sorted((turn.result() for turn in turns.values()), key=lambda done: order(done.member))
+
     async def _turn(self, member: str) -> _Move:
         """`member` sees what is new in its view, then replies until its move is valid (or it forfeits)."""
         rollout = self.rollouts[member]
@@ -151,7 +198,7 @@ class EpisodeRun:
         try:
             self._deliver(member)
             for attempt in range(self.task.move_retries + 1):
-                public = await self._reply(rollout)
+                public = await self._reply(rollout, self.readers[member])
                 if public.malformed:
                     rollout.count(PARSE_ERRORS, 1)
                 try:
@@ -168,22 +215,16 @@ class EpisodeRun:
             raise _MemberFailed(member, rollout.trace.errors[-1], exc) from exc
         raise AssertionError("unreachable")
 
-    async def _reply(self, rollout: Rollout) -> Public:
+    async def _reply(self, rollout: Rollout, reader: _Reader) -> Public:
         """One model turn of a member, with its tool calls answered (at most `tool_rounds` rounds of them): the
         public part of its last reply, read once as the reply arrives (it also flags the reply's node)."""
-        read: list[Public] = []
-
-        def malformed(reply: Message) -> bool:
-            read.append(public_text(reply.text, self.task.private_tag))
-            return read[-1].malformed
-
-        reply = await rollout.model_turn(malformed, length_ends=False)
+        reply = await rollout.model_turn(reader, length_ends=False)
         for _ in range(self.task.tool_rounds):
             if not reply.tool_calls:
                 break
             await rollout.run_tools(reply.tool_calls)
-            reply = await rollout.model_turn(malformed, length_ends=False)
-        return read[-1]
+            reply = await rollout.model_turn(reader, length_ends=False)
+        return reader.last
 
     def _deliver(self, member: str) -> None:
         """Append what `member` has not yet seen: the others' public output, then the referee's message."""

@@ -127,10 +127,11 @@ async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, epis
     rerun on an infrastructure error at most `infra_retries` times; never raises for the episode (a seat the
     taskset has not, or a misspelt option, is a UsageError)."""
     check_options(options)
-    bound = bind(multi_agent_class(taskset).seats, seats, taskset.id)
+    members = multi_agent_class(taskset).seats
+    bound = bind(members, seats, taskset.id)
+    trainable = {m.id: bound[m.id].trains(m) for m in members}
     infra_retries = options.get("infra_retries", INFRA_RETRIES)
     async with live_seats(model, bound) as clients:
-        trainable = {m: _trains(taskset, m, seat) for m, seat in bound.items()}
         for attempt in range(infra_retries + 1):
             try:
                 task = cast(MultiAgentTask, contained_call(taskset.task, data))  # multi_agent_class checked it
@@ -185,13 +186,12 @@ def check_single_agent(taskset: Taskset) -> None:
                          "not rollouts")
 
 
-def _trains(taskset: Taskset, member: str, seat: Seat) -> bool:
-    return seat.trains(next(m for m in multi_agent_class(taskset).seats if m.id == member))
-
-
 @contextlib.asynccontextmanager
 async def live_seats(model: ModelArg, seats: Mapping[str, Seat]) -> AsyncIterator[dict[str, ModelClient]]:
     """Each member's live client: the policy's (`model`), or its seat's (one client per distinct endpoint)."""
+    if not isinstance(model, Endpoint) and all(seat.model is None for seat in seats.values()):
+        yield dict.fromkeys(seats, model)  # every member plays as the caller's own client: nothing to open or close
+        return
     async with contextlib.AsyncExitStack() as stack:
         policy = await stack.enter_async_context(live(model))
         made: dict[Any, ModelClient] = {}

@@ -7,10 +7,18 @@ member try again, at most `move_retries` times, then it forfeits), `act` (apply 
 `settle` (after the last slot, e.g. read the judge's verdict). Rewards and metrics are ordinary `@reward` /
 `@metric` methods, scored once per member on that member's own trace (`trace.member` says whose). Its taskset
 is an ordinary `Taskset` with `task_class` set to it. See `tasksets/kuhn_poker.py` for a worked example.
+
+Keep the game's state on the instance (one per episode) and a slot commits all its moves or none without more
+work: when the `act` (or `forfeit`) of one member of a simultaneous slot raises, the moves of that slot applied
+before it are undone (the task is put back as `snapshot()` saw it just before the slot: by default a deep copy of
+the attributes you set) and the episode ends with the error. An attribute that is not the game's state and cannot
+be copied (a client, a lock) goes in `shared_state`; state kept outside the instance needs `snapshot`/`restore`
+overridden. A slot of one member takes no snapshot: its `act` should raise before it changes anything.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -58,6 +66,9 @@ class MultiAgentTask(Task[DataT, ConfigT]):
     """Model calls with tool calls a member may make in one turn before its reply must be its move."""
     max_turns = 100
     """Most slots an episode runs before it ends with `max_turns`."""
+    shared_state: ClassVar[tuple[str, ...]] = ()
+    """Attributes that are not the game's state (a client, a sandbox handle, a lock): `snapshot` shares them
+    rather than copying them, and `restore` leaves them alone."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -66,6 +77,8 @@ class MultiAgentTask(Task[DataT, ConfigT]):
 
     def __init__(self, data: DataT, **options: Any) -> None:
         super().__init__(data, **options)
+        self._not_state = frozenset(vars(self)) | {"_not_state"}
+        """What `Task.__init__` set (the row, config, scorers, tools, sandbox): never part of a snapshot."""
         self.over = False
         """Set when the game is over: the episode ends after the current slot."""
         self.outcomes: dict[str, Outcome] = {}
@@ -106,6 +119,35 @@ class MultiAgentTask(Task[DataT, ConfigT]):
 
     def act(self, member: str, move: Any) -> None:
         """Apply a committed move to the game (set `over` when it ends the game)."""
+
+    def snapshot(self) -> Any:
+        """The game's state, taken before the moves of a slot of several members are applied, for `restore` when
+        one of them raises. By default a deep copy of every attribute set after `Task.__init__` (`over`,
+        `outcomes` and your own), sharing the task's row, config, scorers and tools and `shared_state` (objects
+        they reach are shared too); an attribute that cannot be copied is a TaskError naming it. Override both
+        methods for state kept elsewhere (a database, a process)."""
+        shared = self._not_state.union(self.shared_state)
+        memo: dict[int, Any] = {id(self): self}
+        memo.update((id(value), value) for name, value in vars(self).items() if name in shared)
+        state: dict[str, Any] = {}
+        for name, value in vars(self).items():
+            if name in shared:
+                continue
+            try:
+                state[name] = copy.deepcopy(value, memo)
+            except Exception as exc:  # the author's object: say which, and what to do
+                raise TaskError(f"{type(self).__name__}.{name} cannot be copied for a slot's rollback ({exc}): "
+                                "name it in `shared_state` if it is not the game's state, or override "
+                                "snapshot() and restore()") from exc
+        return state
+
+    def restore(self, state: Any) -> None:
+        """Put the game back as `snapshot` saw it (attributes set since are removed)."""
+        shared = self._not_state.union(self.shared_state)
+        for name in [n for n in vars(self) if n not in shared and n not in state]:
+            delattr(self, name)
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def win(self, winner: str) -> None:
         """End the game: `winner` wins, the others lose."""

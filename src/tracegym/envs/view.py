@@ -24,7 +24,7 @@ PRIVATE_TAG = "think"
 """The tag whose content is private by default."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Public:
     """The public part of a reply, and whether its markup failed to parse."""
 
@@ -37,6 +37,10 @@ def public_text(text: str, tag: str = PRIVATE_TAG) -> Public:
     pattern, opening, closing = _markup(tag)
     if closing[2:] not in text:  # neither tag occurs: all of it is public (every reply of a model that never thinks)
         return Public(text.strip(), False)
+    start, end = text.find(opening), text.find(closing)
+    if 0 <= start < end and text.count(opening) == 1 and text.count(closing) == 1:  # one block: a thinking model's
+        before, after = text[:start].strip(), text[end + len(closing):].strip()  # well-formed reply, read as below
+        return Public(f"{before} {after}" if before and after else before or after, False)
     shown: list[str] = []
     depth, malformed = 0, False
     for part in pattern.split(text):
