@@ -373,21 +373,23 @@ async def check_env_server(address: str | Sequence[str], taskset: Taskset, timeo
     """A UsageError unless the server at `address` (each of several: a host that does not resolve is named) runs
     `taskset` with its resolved config; an InfrastructureError when it does not answer within `timeout_s` (of
     several, when none does: the others are named in warnings)."""
-    addresses = [address] if isinstance(address, str) else list(address)
-    for one in addresses:
-        check_resolves(one)
-    async with EnvClient(addresses, request_timeout=timeout_s) as client:
+    async with _resolved_client(address, timeout_s) as client:
         await client.check_serves(taskset)
 
 
 async def check_env_server_runs(address: str | Sequence[str], taskset_id: str, options: dict[str, Any],
                                 timeout_s: float = 30.0) -> None:
     """As `check_env_server`, without the taskset's code here (`EnvClient.check_runs`)."""
+    async with _resolved_client(address, timeout_s) as client:
+        await client.check_runs(taskset_id, options)
+
+
+def _resolved_client(address: str | Sequence[str], timeout_s: float) -> EnvClient:
+    """A client of the servers at `address`, each host checked to resolve first (`check_resolves`)."""
     addresses = [address] if isinstance(address, str) else list(address)
     for one in addresses:
         check_resolves(one)
-    async with EnvClient(addresses, request_timeout=timeout_s) as client:
-        await client.check_runs(taskset_id, options)
+    return EnvClient(addresses, request_timeout=timeout_s)
 
 
 def check_resolves(address: str) -> None:
