@@ -8,7 +8,7 @@ import random
 import pytest
 
 import tracegym as tg
-from tracegym.core.episode import Episode, Outcome
+from tracegym.core.episode import SOLO, Episode, Outcome
 from tracegym.core.errors import ContextLengthError, FailureKind, InfrastructureError, UsageError
 from tracegym.envs.episode import play
 from tracegym.envs.evaluate import evaluate_episodes, run_episode
@@ -416,11 +416,26 @@ async def test_episodes_round_trip_json_and_msgpack_and_run_many_at_once():
         assert Episode.model_validate(unpack(pack(episode.model_dump(mode="json")))) == episode
 
 
-async def test_rollouts_refuse_a_multi_agent_taskset_and_episodes_a_single_agent_one():
+async def test_rollouts_refuse_a_multi_agent_taskset():
     with pytest.raises(UsageError, match="multi-agent: run episodes"):
         await tg.run_rollout(_taskset(Chat), _taskset(Chat)[0], ScriptedModel(rule=said))
-    with pytest.raises(UsageError, match="single-agent"):
-        await run_episode(tg.Taskset(id="one", data=[ROW]), tg.TaskData(prompt="x"), ScriptedModel())
+
+
+async def test_an_episode_of_a_single_agent_taskset_is_its_rollout_as_the_one_member_solo():
+    episode = await run_episode(tg.Taskset(id="one", data=[ROW]), tg.TaskData(prompt="x"), ScriptedModel(),
+                                episode_index=2)
+    [trace] = episode.traces.values()
+    assert episode.is_solo and episode.members == [SOLO] and episode.trainable_members == [SOLO]
+    assert episode.id == trace.id and trace.episode_id is None and trace.member is None
+    assert trace.rollout_index == 2
+    assert episode.episode_index == 2 and episode.rewards == {SOLO: trace.reward}
+    assert episode.stop_reason == trace.stop_reason and episode.ended_normally
+
+
+async def test_a_seat_binding_for_a_single_agent_taskset_is_refused_naming_the_seat():
+    with pytest.raises(UsageError, match="'judge'"):
+        await run_episode(tg.Taskset(id="one", data=[ROW]), tg.TaskData(prompt="x"), ScriptedModel(),
+                          seats={"judge": Seat()})
 
 
 async def test_the_episode_timeout_ends_it_as_a_timeout_with_every_member_unscored():

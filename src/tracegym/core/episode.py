@@ -1,7 +1,9 @@
-"""Episode: the record of one multi-agent run: one Trace per member plus what belongs to the episode as a whole.
+"""Episode: the record of one run of a task: one Trace per member plus what belongs to the episode as a whole.
 
-Each member's trace is an ordinary Trace (its own message graph and exact tokens, `member` and `episode_id` set),
-so everything that reads traces (training samples, rescoring, the run folder) reads a member's trace unchanged.
+A single-agent rollout is an episode of one member (`Episode.solo`, member id `SOLO`): every path that stores,
+reads or trains on runs handles this one shape. Each member's trace is an ordinary Trace (its own message graph
+and exact tokens, `member` and `episode_id` set), so everything that reads traces (training samples, rescoring, the
+run folder) reads a member's trace unchanged.
 The episode adds what no single trace owns: the members in seat order, which of them train, each one's reward
 and outcome, episode-wide metrics, and the error that ended the episode, if one did.
 """
@@ -17,6 +19,20 @@ from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_va
 from tracegym.core.errors import TraceError
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import SCHEMA_VERSION, StopReason, Trace
+
+SOLO = "agent"
+"""The member id of a single-agent rollout's episode. Its trace keeps `member` and `episode_id` None, as the rollout
+made it (`member_id` and `episode_of` read either shape)."""
+
+
+def member_id(trace: Trace) -> str:
+    """The member a trace is of in its episode: its `member`, or `SOLO` for a single-agent rollout's."""
+    return trace.member if trace.member is not None else SOLO
+
+
+def episode_of(trace: Trace) -> str:
+    """The id of the episode a trace is of: its `episode_id`, or for a single-agent rollout its own id."""
+    return trace.episode_id if trace.episode_id is not None else trace.id
 
 
 class Outcome(StrEnum):
@@ -75,6 +91,22 @@ class Episode(BaseModel):
         if not self.task_key:
             self.task_key = self.task.key
         return self
+
+    @classmethod
+    def solo(cls, trace: Trace) -> Episode:
+        """A single-agent rollout as the episode of one trainable member, `SOLO`. The episode's id is the trace's
+        own (`episode_of`), so the trace is left as the rollout made it; its rollout index is the episode index."""
+        return cls(id=trace.id, taskset=trace.taskset, task=trace.task, task_key=trace.task_key,
+                   episode_index=trace.rollout_index, members=[SOLO], trainable={SOLO: True},
+                   models={SOLO: trace.model} if trace.model else {}, traces={SOLO: trace},
+                   rewards={SOLO: trace.reward}, member_metrics={SOLO: dict(trace.metrics)},
+                   error=None if trace.ended_normally else trace.failure_record, stop_reason=trace.stop_reason,
+                   started_at=trace.started_at)
+
+    @property
+    def is_solo(self) -> bool:
+        """True for a single-agent rollout's episode (one member, `SOLO`)."""
+        return self.members == [SOLO]
 
     @property
     def ended_normally(self) -> bool:

@@ -1,10 +1,11 @@
 """Evaluate: the in-process way to run rollouts of a taskset: one rollout, a group, or many with bounded concurrency.
 
-`run_rollout` runs one, `run_group` the rollouts of one task, `evaluate_iter` yields traces as they finish (for
-stores and dashboards) and `evaluate` returns them in task order. A multi-agent taskset runs episodes instead:
-`run_episode`, `evaluate_episodes_iter` and `evaluate_episodes`, with the same options and a seat binding
-(`seats`). `serve.env_client.EnvClient` has the same functions, with the same arguments, run on an env server
-instead: swap the one object to move rollouts out of process.
+Every run of a task is an Episode: `run_episode`, `evaluate_episodes_iter` and `evaluate_episodes` run any taskset
+(a single-agent rollout is the episode of one member, `Episode.solo`; a multi-agent one binds its members by
+`seats`), and every run folder and training step takes their episodes. For a single-agent taskset the same runs
+also come as bare traces: `run_rollout` runs one, `run_group` the rollouts of one task, `evaluate_iter` yields traces
+as they finish and `evaluate` returns them in task order. `serve.env_client.EnvClient` has the same functions, with
+the same arguments, run on an env server instead: swap the one object to move rollouts out of process.
 None of them raises for a rollout that failed: it is a trace with errors, and its siblings go on. A rollout that
 ended on an infrastructure error (endpoint down) is rerun with a fresh Task up to `infra_retries` times.
 """
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar, Unpack, cast
 
-from tracegym.core.episode import Episode
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, UsageError, classify
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
@@ -26,6 +27,7 @@ from tracegym.envs.episode import play
 from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
+from tracegym.envs.schedule import Member
 from tracegym.envs.seats import Seat, Seats, bind
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained_call
@@ -123,10 +125,14 @@ async def evaluate(taskset: str | Taskset, model: ModelArg, **options: Unpack[Ev
 
 async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, episode_index: int = 0,
                       seats: Seats | None = None, **options: Unpack[RolloutOptions]) -> Episode:
-    """One episode of a multi-agent task: every member plays as `model` unless `seats` binds it elsewhere;
-    rerun on an infrastructure error at most `infra_retries` times; never raises for the episode (a seat the
-    taskset has not, or a misspelt option, is a UsageError)."""
+    """One episode of a task: every member plays as `model` unless `seats` binds it elsewhere (a single-agent
+    task's one member, `SOLO`, always does: its rollout as `Episode.solo`); rerun on an infrastructure error at
+    most `infra_retries` times; never raises for the episode (a seat the taskset has not, or a misspelt option, is a
+    UsageError)."""
     check_options(options)
+    if not is_multi_agent(taskset):
+        bind([], seats, taskset.id)
+        return Episode.solo(await run_rollout(taskset, data, model, rollout_index=episode_index, **options))
     members = multi_agent_class(taskset).seats
     bound = bind(members, seats, taskset.id)
     trainable = {m.id: bound[m.id].trains(m) for m in members}
@@ -150,7 +156,7 @@ async def evaluate_episodes_iter(taskset: str | Taskset, model: ModelArg, *, sea
     """Yield episodes as they finish (`rollouts` per task: episode indices 0..rollouts-1; `pairs`: (task,
     episode index) pairs)."""
     work = plan(taskset, **options)
-    bind(multi_agent_class(work.taskset).seats, seats, work.taskset.id)  # a bad seat fails before any episode
+    bind(seats_of(work.taskset), seats, work.taskset.id)  # a bad seat fails before any episode
     async with live(model) as client:
         async def one(pair: tuple[TaskData, int]) -> Episode:
             return await run_episode(work.taskset, pair[0], client, episode_index=pair[1], seats=seats,
@@ -174,9 +180,14 @@ def multi_agent_class(taskset: Taskset) -> type[MultiAgentTask]:
     return cast("type[MultiAgentTask]", taskset.task_class)
 
 
+def seats_of(taskset: Taskset) -> list[Member]:
+    """The members a seat binding may name: a multi-agent taskset's, in seat order; none for a single-agent one."""
+    return list(multi_agent_class(taskset).seats) if is_multi_agent(taskset) else []
+
+
 def members_of(taskset: Taskset) -> list[str]:
-    """A multi-agent taskset's member ids in seat order (a UsageError for a single-agent one)."""
-    return [m.id for m in multi_agent_class(taskset).seats]
+    """The member ids of the taskset's episodes in seat order (`[SOLO]` for a single-agent taskset)."""
+    return [m.id for m in seats_of(taskset)] or [SOLO]
 
 
 def check_single_agent(taskset: Taskset) -> None:
@@ -211,6 +222,8 @@ def failed_episode(taskset_id: str, members: list[str], data: TaskData, episode_
                    stage: str = "setup", kind: ErrorKind = ErrorKind.TASK) -> Episode:
     """The record of an episode of `members` that produced none of its own (its Task could not be built, its
     env-server request failed): `exc` recorded at `stage`, with a failed trace per member."""
+    if members == [SOLO]:
+        return Episode.solo(failed_trace(data, taskset_id, episode_index, exc, stage=stage, kind=kind))
     error = classify(exc, stage, kind=kind)
     episode = Episode(task=data, taskset=taskset_id, episode_index=episode_index, members=members,
                       stop_reason=StopReason.after(error), error=error)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar, Unpack
 
 from pydantic import ValidationError
 
-from tracegym.core.episode import Episode
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
@@ -43,8 +43,8 @@ from tracegym.envs.evaluate import (
     in_order,
     in_task_order,
     members_of,
-    multi_agent_class,
     plan,
+    seats_of,
 )
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import Seats, bind
@@ -291,7 +291,7 @@ class EnvClient:
         if unknown:
             raise UsageError(f"seat {unknown[0]!r}: taskset {served.id!r} has no such seat (seats: "
                              f"{', '.join(served.members) or 'none: it is single-agent'})")
-        return await self._episodes(served.id, served.members, data, model, indices, seats, options)
+        return await self._episodes(served.id, served.members or [SOLO], data, model, indices, seats, options)
 
     # --- episodes of a multi-agent taskset, run on the server ----------------------------------------------
     async def run_episodes(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
@@ -308,7 +308,7 @@ class EnvClient:
                           seats: Seats | None = None, **options: Unpack[RolloutOptions]) -> Episode:
         """As `envs.evaluate.run_episode`, on the server; a failed request is a failed episode."""
         check_options(options)
-        bind(multi_agent_class(taskset).seats, seats, taskset.id)
+        bind(seats_of(taskset), seats, taskset.id)
         await self._check_serves_once(taskset)
         [episode] = await self._episodes(taskset.id, members_of(taskset), data, model, [episode_index], seats, options)
         return episode
@@ -318,7 +318,7 @@ class EnvClient:
         """As `envs.evaluate.evaluate_episodes_iter`, on the server; episodes of one task go `per_request` to a
         request, like rollouts."""
         work = plan(taskset, **options)
-        bind(multi_agent_class(work.taskset).seats, seats, work.taskset.id)
+        bind(seats_of(work.taskset), seats, work.taskset.id)
         endpoint = _endpoint(model)
         await self._check_serves_once(work.taskset)
 

@@ -27,9 +27,9 @@ import zmq
 import zmq.asyncio
 from pydantic import ValidationError
 
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, UsageError
-from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import run_episode, run_rollout
+from tracegym.envs.evaluate import check_single_agent, run_episode
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
@@ -154,19 +154,18 @@ class Worker:
         return asked and not self.stopped.is_set()
 
     async def _traces(self, payload: bytes) -> list[dict]:
+        """The request's episodes (with `episodes`), or for a plain rollout request each solo episode's trace."""
         request = RunRequest.model_validate(unpack(payload))
+        if not request.episodes:
+            check_single_agent(self.taskset)
+        episodes = await self._episodes(request)
         if request.episodes:
-            return await self._episodes(request)
-        indices = request.rollout_indices
-        async with self.models.use(request.endpoint) as model:
-            if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
-                traces = [await self._one(request, model, indices[0])]
-            else:
-                traces = await asyncio.gather(*(self._one(request, model, i) for i in indices))
-        return [t.model_dump(mode="json") for t in traces]
+            return [e.model_dump(mode="json") for e in episodes]
+        return [e.traces[SOLO].model_dump(mode="json") for e in episodes]
 
-    async def _episodes(self, request: RunRequest) -> list[dict]:
-        """The request's episodes, each seat's endpoint reached through this worker's shared clients."""
+    async def _episodes(self, request: RunRequest) -> list[Episode]:
+        """The request's episodes (a single-agent taskset's are its rollouts), each seat's endpoint reached through
+        this worker's shared clients."""
         async with contextlib.AsyncExitStack() as stack:
             policy = await stack.enter_async_context(self.models.use(request.endpoint))
             seats = {}
@@ -174,15 +173,15 @@ class Worker:
                 model = seat.model if not isinstance(seat.model, Endpoint) else await stack.enter_async_context(
                     self.models.use(seat.model))
                 seats[member] = Seat(model=model, trainable=seat.trainable)
-            episodes = await asyncio.gather(*(
-                run_episode(self.taskset, request.data, policy, episode_index=i, seats=seats,
-                            sampling=request.sampling, timeouts=request.timeouts, infra_retries=request.infra_retries)
-                for i in request.rollout_indices))
-        return [e.model_dump(mode="json") for e in episodes]
+            indices = request.rollout_indices
+            if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
+                return [await self._one(request, policy, seats, indices[0])]
+            return list(await asyncio.gather(*(self._one(request, policy, seats, i) for i in indices)))
 
-    async def _one(self, request: RunRequest, model: ModelClient, index: int) -> Trace:
-        return await run_rollout(self.taskset, request.data, model, rollout_index=index, sampling=request.sampling,
-                                 timeouts=request.timeouts, infra_retries=request.infra_retries)
+    async def _one(self, request: RunRequest, policy: ModelClient, seats: dict[str, Seat], index: int) -> Episode:
+        return await run_episode(self.taskset, request.data, policy, episode_index=index, seats=seats,
+                                 sampling=request.sampling, timeouts=request.timeouts,
+                                 infra_retries=request.infra_retries)
 
 
 def _future(sent: Awaitable[Any]) -> asyncio.Future[Any]:

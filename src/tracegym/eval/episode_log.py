@@ -1,0 +1,157 @@
+"""Episode log: the one on-disk form of a set of episodes, in every run folder: their members' traces one a line in
+a traces file, and their records, without the traces, one a line in an episodes file, joined by episode id.
+
+An eval run folder is one log (`traces.jsonl`, `episodes.jsonl`); an RL run folder has one per step
+(`traces/step-N.jsonl`, `episodes/step-N.jsonl`) and per held-out evaluation (`evals/<env>/traces/step-N.jsonl`,
+`evals/<env>/episodes/step-N.jsonl`). A single-agent rollout is the one-member episode `Episode.solo`: its trace is
+a `traces.jsonl` row as before, and its record names the trace's own id.
+
+An episode's record is written after its members' traces, so a reader that finds the record finds the traces.
+What a killed writer leaves is read as far as it makes sense: a line cut off is skipped (and `repair` cuts it
+before more is appended); a single-agent trace whose record was never written is still a whole rollout, read as
+its solo episode; the traces of a multi-agent episode without its record are an episode cut short, left out.
+
+Folders written before every run was an episode read the same way: their single-agent traces have no record (each
+is its solo episode), and an RL run folder's old `episodes/step-N.jsonl` lines hold their members' traces inside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TypeVar
+
+from pydantic import ValidationError
+
+from tracegym.config.run_dir import write_atomic
+from tracegym.core.episode import Episode, episode_of, member_id
+from tracegym.core.trace import Trace
+
+R = TypeVar("R")
+
+
+@dataclass
+class LogRead:
+    """What was read from an episode log: its episodes in the order they were written, and what could not be read."""
+
+    episodes: list[Episode]
+    truncated_tail: bool = False
+    """A file's last line was cut off mid-write (the writer was killed)."""
+    bad_lines: int = 0
+    """Complete lines that are not traces or episode records (skipped)."""
+    cut_short: int = 0
+    """Multi-agent episodes whose members' traces are there but whose record is not (left out)."""
+
+    @property
+    def traces(self) -> list[Trace]:
+        """Every member trace of the episodes read, episode by episode in seat order."""
+        return [e.traces[m] for e in self.episodes for m in e.members if m in e.traces]
+
+
+@dataclass
+class EpisodeLog:
+    """The two files of one episode log; `append` one episode at a time, `write` many at once, `read` them back."""
+
+    traces: Path
+    episodes: Path
+    _out: dict[Path, IO[str]] = field(default_factory=dict, repr=False)
+
+    def append(self, episode: Episode) -> None:
+        """Append an episode: its members' traces, then its record, each line flushed to the OS as written (it
+        survives the process being killed)."""
+        self._line(self.traces, "".join(t.model_dump_json() + "\n" for t in _member_traces(episode)))
+        self._line(self.episodes, record_line(episode))
+
+    def write(self, episodes: Iterable[Episode], keep: bool = False) -> None:
+        """Replace both files whole (traces first: a record never lacks its traces); `keep`: after what they hold."""
+        self.close()
+        episodes = list(episodes)
+        for path, text in ((self.traces, "".join(t.model_dump_json() + "\n" for e in episodes
+                                                 for t in _member_traces(e))),
+                           (self.episodes, "".join(record_line(e) for e in episodes))):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            earlier = path.read_text(encoding="utf-8") if keep and path.exists() else ""
+            write_atomic(path, earlier + text)
+
+    def read(self) -> LogRead:
+        """Every episode the log holds, joined with its members' traces (see the module's docstring)."""
+        traces, traces_tail, traces_bad = _parse(self.traces, Trace.model_validate_json)
+        records, records_tail, records_bad = _parse(self.episodes, Episode.model_validate_json)
+        by_member = {(episode_of(t), member_id(t)): t for t in traces}
+        recorded = {r.id for r in records}
+        for record in records:
+            if not record.traces:
+                record.traces = {m: by_member[(record.id, m)] for m in record.members if (record.id, m) in by_member}
+        loose = [t for t in traces if episode_of(t) not in recorded]
+        solo = [Episode.solo(t) for t in loose if t.episode_id is None]
+        cut_short = len({t.episode_id for t in loose if t.episode_id is not None})
+        return LogRead([*records, *solo], truncated_tail=traces_tail or records_tail,
+                       bad_lines=traces_bad + records_bad, cut_short=cut_short)
+
+    def repair(self) -> bool:
+        """End both files with a newline: cut a truncated last line off (True when one was), or terminate a
+        complete one that lost only its newline."""
+        self.close()
+        cut = [_repair(self.traces, Trace.model_validate_json), _repair(self.episodes, Episode.model_validate_json)]
+        return any(cut)
+
+    def close(self) -> None:
+        for out in self._out.values():
+            out.close()
+        self._out.clear()
+
+    def _line(self, path: Path, text: str) -> None:
+        if path not in self._out:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._out[path] = path.open("a", encoding="utf-8")
+        self._out[path].write(text)
+        self._out[path].flush()
+
+
+def record_line(episode: Episode) -> str:
+    """An episode's line in an episodes file: its record without its members' traces."""
+    return episode.model_dump_json(exclude={"traces"}) + "\n"
+
+
+def _member_traces(episode: Episode) -> list[Trace]:
+    return [episode.traces[m] for m in episode.members if m in episode.traces]
+
+
+def _parse(path: Path, parse: Callable[[str], R]) -> tuple[list[R], bool, int]:
+    """The readable lines of a JSONL file parsed; whether its last line was cut off; how many others were bad."""
+    if not path.exists():
+        return [], False, 0
+    found: list[R] = []
+    tail, bad = False, 0
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            found.append(parse(line))
+        except (ValidationError, ValueError):
+            if i == len(lines) - 1:
+                tail = True
+            else:
+                bad += 1
+    return found, tail, bad
+
+
+def _repair(path: Path, parse: Callable[[bytes], object]) -> bool:
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    start = data.rfind(b"\n") + 1
+    try:
+        parse(data[start:])
+    except (ValidationError, ValueError):
+        with path.open("r+b") as f:
+            f.truncate(start)
+        return True
+    with path.open("ab") as f:
+        f.write(b"\n")
+    return False
+
