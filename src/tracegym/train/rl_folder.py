@@ -10,9 +10,12 @@
     checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
     trainer_metrics.jsonl           the trainer's records: one per step
-    traces/step-000007.jsonl        the traces of step 7
-    episodes/step-000007.jsonl      the episodes of step 7 (multi-agent environments; each with its members' traces)
-    evals/<env>/step-000010.jsonl   the episodes of a held-out multi-agent environment's evaluation at step 10
+    traces/step-000007.jsonl        the member traces of step 7's episodes (a single-agent rollout's trace alone)
+    episodes/step-000007.jsonl      step 7's episode records, joined with their traces by id (`eval.episode_log`)
+    evals/<env>/traces/step-000010.jsonl, evals/<env>/episodes/step-000010.jsonl
+                                    the same for a held-out environment's evaluation at step 10 (a folder written
+                                    before every run was an episode has `evals/<env>/step-N.jsonl`, episodes with
+                                    their traces inside, read as the episodes file of that step)
     logs/                           one log per process (vllm.log, trainer.log, orchestrator.log, env-<name>/)
     wandb/, tensorboard/            what `[tracking]` turned on writes (the records of metrics.jsonl, sample traces)
     plots/                          what `tracegym plot` draws
@@ -40,7 +43,7 @@ from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write
 from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
-from tracegym.core.trace import Trace
+from tracegym.eval.episode_log import EpisodeLog
 from tracegym.serve.wire import listed
 from tracegym.train.tracking import Tracking
 
@@ -49,7 +52,7 @@ ORCHESTRATOR_STATE = "orchestrator"
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
 STEP_PREFIX = "step-"
 TRACES, EPISODES = "traces", "episodes"
-"""The folders of each step's traces and episodes."""
+"""The folders of each step's episode log: its member traces and its episode records."""
 EVALS = "evals"
 """The folder of held-out evaluations' episodes: one folder per environment (`held_out_folder`)."""
 
@@ -307,33 +310,34 @@ class RLFolder:
         """Every complete checkpoint, oldest first."""
         return sorted((marker.parent for marker in self._steps("checkpoints", f"*/{DONE}")), key=step_of)
 
-    def write_traces(self, step: int, traces: Iterable[Trace], keep: bool = False) -> Path:
-        """`traces/step-N.jsonl`, one trace a line, written whole (a kill mid-write leaves the old file or none);
-        `keep`: after the traces already there (a step made again keeps its earlier attempts'). Tracking gets them
-        too."""
-        traces = list(traces)
-        if self.tracking is not None:
-            self.tracking.log_traces(step, traces)
-        return self.write_records(Path(TRACES), step, traces, keep)
+    def step_log(self, step: int, held_out: str | None = None) -> EpisodeLog:
+        """The episode log of a training step (`held_out`: of a held-out environment's evaluation at that step)."""
+        root = self.path / held_out_folder(held_out) if held_out else self.path
+        name = f"{step_name(step)}.jsonl"
+        episodes = root / EPISODES / name
+        if held_out and not episodes.exists() and (root / name).exists():
+            episodes = root / name  # written before every run was an episode: the episodes, their traces inside
+        return EpisodeLog(root / TRACES / name, episodes)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None,
-                       keep: bool = False) -> Path:
-        """`episodes/step-N.jsonl` (a held-out environment's: `evals/<env>/step-N.jsonl`), one episode a line
-        with its members' traces, written whole (`keep`: after those already there)."""
-        folder = Path(held_out_folder(held_out) if held_out else EPISODES)
-        return self.write_records(folder, step, episodes, keep)
+                       keep: bool = False) -> EpisodeLog:
+        """A step's episodes (`held_out`: a held-out environment's evaluation at that step) into its episode log,
+        written whole (`keep`: after those already there: a step made again keeps its earlier attempts'). Tracking
+        gets a training step's member traces too."""
+        episodes = list(episodes)
+        if self.tracking is not None and held_out is None:
+            self.tracking.log_traces(step, [t for e in episodes for t in e.traces.values()])
+        log = self.step_log(step, held_out)
+        log.write(episodes, keep=keep)
+        return log
 
-    def write_records(self, folder: Path, step: int, records: Iterable[BaseModel], keep: bool = False) -> Path:
-        """`<folder>/step-N.jsonl`, one record a line, written whole (`keep`: after the records already there)."""
-        path = self.path / folder / f"{step_name(step)}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        earlier = path.read_text() if keep and path.exists() else ""
-        write_atomic(path, earlier + "".join(record.model_dump_json() + "\n" for record in records))
-        return path
-
-    def step_records(self, folder: str) -> list[Path]:
-        """Every `<folder>/step-N.jsonl` written so far (`TRACES`, `EPISODES`, a `held_out_folder`), by step."""
-        return sorted(self._steps(folder, "*.jsonl"), key=step_of)
+    def steps(self, held_out: str | None = None) -> list[int]:
+        """The steps with an episode log written so far (`held_out`: of that environment's evaluations)."""
+        root = self.path / held_out_folder(held_out) if held_out else self.path
+        found = [*(root / TRACES).glob(f"{STEP_PREFIX}*.jsonl"), *(root / EPISODES).glob(f"{STEP_PREFIX}*.jsonl")]
+        if held_out:
+            found += root.glob(f"{STEP_PREFIX}*.jsonl")
+        return sorted({step_of(path) for path in found})
 
     def held_out_envs(self) -> list[str]:
         """The held-out environments with episodes written so far, as their `evals/<env>` folders name them."""
