@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from viewer_folders import (
+    episode_log,
     episodes_folder,
     eval_folder,
     files_of,
@@ -21,7 +22,7 @@ from viewer_folders import (
     tool_trace,
 )
 
-from tracegym.eval.run_folder import RunFolder
+from tracegym.core.episode import Episode
 from tracegym.view.app import make_app
 from tracegym.view.run_folder_index import RunFolderIndex
 
@@ -203,7 +204,7 @@ async def test_a_rewritten_traces_file_is_indexed_again(tmp_path):
     path = eval_folder(tmp_path, broken=False)
     client = await _client(path)
     try:
-        RunFolder(path).rewrite([tool_trace(i) for i in range(3)])  # what a resume does
+        episode_log(path).write([Episode.solo(tool_trace(i)) for i in range(3)])  # what a resume does
         run = await _json(client, "/api/run")
         assert run["traces"] == 3 and run["generation"] == 1
     finally:
@@ -238,10 +239,10 @@ async def test_rl_run_shows_steps_curves_and_the_traces_of_a_step(tmp_path):
     client = await _client(rl_folder(tmp_path))
     try:
         page = await _text(client, "/")
-        assert '<a href="/?step=1#rows">1</a>' in page and "<td>0.750</td>" in page
+        assert '<a href="/?step=1&phase=train#rows">1</a>' in page and "<td>0.750</td>" in page
         drawn = re.findall(r'data-key="([\w/*]+)"><figcaption>[^<]*</figcaption><svg', page)
         assert drawn == ["reward", "eval_reward", "completion_tokens_mean", "staleness", "trainer/loss"]
-        rows = (await _json(client, "/api/rows?step=1"))["rows"]
+        rows = (await _json(client, "/api/rows?step=1&phase=train"))["rows"]
         assert [(r["step"], r["index"]) for r in rows] == [(1, 0), (1, 1)]
         trace = await _text(client, "/trace/3")
         assert "<dt>advantage</dt><dd>-0.500</dd>" in trace and "policy v1" in trace
@@ -286,8 +287,8 @@ async def test_the_follower_indexes_in_the_background_and_picks_up_appends(tmp_p
     await client.start_server()
     try:
         assert await _eventually(client, 10)
-        writer = RunFolder(path)
-        writer.append(tool_trace(7))
+        writer = episode_log(path)
+        writer.append(Episode.solo(tool_trace(7)))
         writer.close()
         assert await _eventually(client, 11)
     finally:
