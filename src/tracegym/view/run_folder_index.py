@@ -247,7 +247,7 @@ class RunFolderIndex:
             record = model.model_validate_json(line)
         except (ValidationError, ValueError) as exc:
             row.problem = problem_of(line, exc, source.kind.value)
-            self._keep(self.traces if model is Trace else self.episodes, row)
+            self._keep(self.rows(source.kind), row)
             return
         if isinstance(record, Trace):
             self._add_trace(row, record)
