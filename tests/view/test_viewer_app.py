@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from viewer_folders import (
+    episode_log,
     episodes_folder,
     eval_folder,
     files_of,
@@ -21,7 +22,9 @@ from viewer_folders import (
     tool_trace,
 )
 
-from tracegym.eval.run_folder import RunFolder
+from tracegym.core.episode import Episode
+from tracegym.testing import make_episode
+from tracegym.train.rl_folder import RLFolder
 from tracegym.view.app import make_app
 from tracegym.view.run_folder_index import RunFolderIndex
 
@@ -203,7 +206,7 @@ async def test_a_rewritten_traces_file_is_indexed_again(tmp_path):
     path = eval_folder(tmp_path, broken=False)
     client = await _client(path)
     try:
-        RunFolder(path).rewrite([tool_trace(i) for i in range(3)])  # what a resume does
+        episode_log(path).write([Episode.solo(tool_trace(i)) for i in range(3)])  # what a resume does
         run = await _json(client, "/api/run")
         assert run["traces"] == 3 and run["generation"] == 1
     finally:
@@ -238,10 +241,10 @@ async def test_rl_run_shows_steps_curves_and_the_traces_of_a_step(tmp_path):
     client = await _client(rl_folder(tmp_path))
     try:
         page = await _text(client, "/")
-        assert '<a href="/?step=1#rows">1</a>' in page and "<td>0.750</td>" in page
+        assert '<a href="/?step=1&phase=train#rows">1</a>' in page and "<td>0.750</td>" in page
         drawn = re.findall(r'data-key="([\w/*]+)"><figcaption>[^<]*</figcaption><svg', page)
         assert drawn == ["reward", "eval_reward", "completion_tokens_mean", "staleness", "trainer/loss"]
-        rows = (await _json(client, "/api/rows?step=1"))["rows"]
+        rows = (await _json(client, "/api/rows?step=1&phase=train"))["rows"]
         assert [(r["step"], r["index"]) for r in rows] == [(1, 0), (1, 1)]
         trace = await _text(client, "/trace/3")
         assert "<dt>advantage</dt><dd>-0.500</dd>" in trace and "policy v1" in trace
@@ -271,6 +274,47 @@ async def test_rl_runs_held_out_episodes_are_rows_and_search_finds_episodes(tmp_
         await client.close()
 
 
+async def test_rl_runs_held_out_single_agent_evaluation_lists_its_traces_and_no_episodes(tmp_path):
+    path = rl_folder(tmp_path)
+    RLFolder(path).write_episodes(2, [Episode.solo(tool_trace(i)) for i in range(3)], held_out="calc")
+    client = await _client(path)
+    try:
+        rows = (await _json(client, "/api/rows?phase=held-out&step=2"))["rows"]
+        assert [(r["held_out"], r["step"], r["index"]) for r in rows] == [("calc", 2, i) for i in range(3)]
+        assert (await _json(client, "/api/run"))["episodes"] == 1  # the held-out debate's; solo records add none
+        page = await _text(client, f"/trace/{rows[0]['n']}")
+        assert "It is five" in page and "<dt>advantage</dt>" not in page  # no step trained on it
+        assert "<td>held-out calc</td>" in await _text(client, "/?phase=held-out")
+    finally:
+        await client.close()
+
+
+async def test_rl_runs_multi_agent_steps_list_episodes_joined_with_their_members_traces(tmp_path):
+    folder = RLFolder.create(tmp_path, run_id="rl")
+    folder.write_episodes(0, [make_episode({"player_0": 1.0, "player_1": -1.0}) for _ in range(2)])
+    client = await _client(folder.path)
+    try:
+        rows = (await _json(client, "/api/rows"))["rows"]  # a multi-agent run lists its episodes first
+        traces = (await _json(client, "/api/rows?show=trace"))["rows"]
+        assert [r["member_rewards"] for r in rows] == [{"player_0": 1.0, "player_1": -1.0}] * 2
+        assert [r["turns"] for r in rows] == [sum(t["turns"] for t in traces[:2]), sum(t["turns"] for t in traces[2:])]
+        assert [t["where"] for t in traces] == [f"traces/step-000000.jsonl line {n}" for n in range(1, 5)]
+        page = await _text(client, "/episode/1")
+        assert page.count('href="/episode/1/member/') == 2
+        assert set((await _json(client, "/api/episode/1"))["traces"]) == {"player_0", "player_1"}
+    finally:
+        await client.close()
+
+
+def test_episode_records_are_indexed_only_after_the_traces_they_join(tmp_path):
+    index = RunFolderIndex.open(episodes_folder(tmp_path))
+    index.refresh(max_lines=3)
+    assert (len(index.traces), len(index.episodes)) == (3, 0)
+    index.refresh()
+    assert [r.turns for r in index.episodes] == [sum(t.turns for t in index.traces[:3]),
+                                                 sum(t.turns for t in index.traces[3:])]
+
+
 def test_row_links_are_stable_across_the_pages(tmp_path):
     index = RunFolderIndex.open(eval_folder(tmp_path))
     index.refresh(max_lines=5)
@@ -286,8 +330,8 @@ async def test_the_follower_indexes_in_the_background_and_picks_up_appends(tmp_p
     await client.start_server()
     try:
         assert await _eventually(client, 10)
-        writer = RunFolder(path)
-        writer.append(tool_trace(7))
+        writer = episode_log(path)
+        writer.append(Episode.solo(tool_trace(7)))
         writer.close()
         assert await _eventually(client, 11)
     finally:

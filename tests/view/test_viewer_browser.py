@@ -347,7 +347,7 @@ async def test_the_rl_run_page_draws_the_curves_in_the_page_and_opens_a_steps_tr
     loaded = await page.evaluate("performance.getEntriesByType('resource').map(r => r.name)")
     assert all(url.startswith(rl_url) for url in loaded), loaded  # nothing from a CDN: no network here
 
-    await page.click("a[href='/?step=2#rows']", navigates=True)
+    await page.click("a[href='/?step=2&phase=train#rows']", navigates=True)
     await page.screenshot(shots / "rl-step-2.png")
     rows = await page.evaluate(TABLE_ROWS)
     step = records(runs.rl / "traces" / "step-000002.jsonl")
@@ -369,7 +369,7 @@ async def test_an_rl_runs_held_out_episodes_are_listed_and_open(page, rl_url, ru
     await open_ok(page, f"{rl_url}/?show=episode&phase=held-out", shots / "rl-held-out.png")
     head = await page.evaluate("[...document.querySelectorAll('#rows table thead th')].map(th => th.innerText)")
     rows = await page.evaluate(TABLE_ROWS)
-    written = records(runs.rl / "evals" / "eval-debate" / "step-000004.jsonl")
+    written = records(runs.rl / "evals" / "eval-debate" / "episodes" / "step-000004.jsonl")
     assert len(rows) == len(written) == 2
     assert {r[head.index("phase")] for r in rows} == {"held-out eval-debate"}
     await open_ok(page, f"{rl_url}/episode/{rows[0][0]}", shots / "rl-held-out-episode.png")

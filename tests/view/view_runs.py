@@ -186,7 +186,7 @@ def rl_run(output_dir: Path, model: str) -> Path:
         metrics = step_metrics(groups, samples, 0.5 + 0.1 * step)
         metrics.update(policy_version=step, staleness=0, groups_filtered=0, samples_dropped_stale=0)
         metrics.update(screen([Gibberish(), Repetition()], (("reverse-word", t) for g in groups for t in g)).metrics())
-        folder.write_traces(step, (t for g in groups for t in g))
+        folder.write_episodes(step, [Episode.solo(t) for g in groups for t in g])
         folder.write_batch(step, samples, metrics)
         folder.metrics.append({"step": step, **metrics})
         folder.trainer_metrics.append({"step": step, "loss": 0.7 - 0.1 * step, "grad_norm": 1.0 / (step + 1),

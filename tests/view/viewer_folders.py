@@ -1,18 +1,20 @@
-"""Run folders for the viewer's fast tests, written by the code that writes real ones (RunFolder, RLFolder) from
-traces and episodes made by `tracegym.testing`'s builders."""
+"""Run folders for the viewer's fast tests, written by the code that writes real ones (an eval run's episode log,
+RunFolder's config and summary, RLFolder) from traces and episodes made by `tracegym.testing`'s builders."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import ToolCall, assistant, system, tool, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace, Usage
+from tracegym.eval.episode_log import EpisodeLog
 from tracegym.eval.episode_summary import summarize_episodes
-from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.run_folder import EPISODES, TRACES, RunFolder
 from tracegym.eval.summary import summarize
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.rl_folder import RLFolder
@@ -63,18 +65,24 @@ def plain_traces() -> list[Trace]:
     return traces
 
 
+def episode_log(run: Path) -> EpisodeLog:
+    """The episode log of the eval run folder at `run`."""
+    return EpisodeLog(run / TRACES, run / EPISODES)
+
+
 def eval_folder(root: Path, *, broken: bool = True) -> Path:
-    """An eval run: plain traces, one tool trace, its summary.json; with `broken`, a corrupt line, a line of a
-    newer schema and a truncated last line after them (no summary counts those)."""
+    """An eval run: plain traces, one tool trace (each its solo episode), its summary.json; with `broken`, a
+    corrupt line, a line of a newer schema and a truncated last line after them (no summary counts those)."""
     folder = RunFolder.create(root, "calc", "fake-model", run_id="run")
     folder.write_config({"taskset": "calc", "model": {"name": "fake-model"}, "rollouts": 3})
     traces = [*plain_traces(), tool_trace()]
+    log = episode_log(folder.path)
     for trace in traces:
-        folder.append(trace)
-    folder.close()
+        log.append(Episode.solo(trace))
+    log.close()
     folder.write_summary(summarize(traces).model_dump(mode="json"))
     if broken:
-        with folder.traces_path.open("ab") as f:
+        with log.traces.open("ab") as f:
             f.write(CORRUPT + NEWER + TAIL)
     return folder.path
 
@@ -88,22 +96,24 @@ def episodes_folder(root: Path) -> Path:
                 make_episode({"debater_a": 0.0, "debater_b": 1.0, "judge": None}, taskset="debate",
                              error=TraceError(kind=ErrorKind.TASK, stage="settle",
                                               message="member 'judge' gave no 'VERDICT: X' line"))]
+    log = episode_log(folder.path)
     for episode in episodes:
-        folder.append_episode(episode)
-    folder.close()
+        log.append(episode)
+    log.close()
     folder.write_summary(summarize_episodes(episodes).model_dump(mode="json"))
     return folder.path
 
 
 def rl_folder(root: Path) -> Path:
-    """An RL run of two steps: each step's traces, batch (advantages) and metrics, a held-out evaluation (its
-    record, and a held-out multi-agent environment's episode at step 1) and the trainer's records."""
+    """An RL run of two steps: each step's single-agent rollouts, batch (advantages) and metrics, a held-out
+    evaluation (its record, and a held-out multi-agent environment's episode at step 1) and the trainer's
+    records."""
     folder = RLFolder.create(root, run_id="rl")
     folder.write_config({"model": {"name": "fake-model"}, "orchestrator": {"group_size": 2}})
     for step in range(2):
         traces = [tool_trace(i, policy_version=step) for i in range(2)]
         traces[1].rewards["correct"] = RewardScore(score=0.0)
-        folder.write_traces(step, traces)
+        folder.write_episodes(step, [Episode.solo(t) for t in traces])
         samples = [s.model_copy(update={"advantage": 0.5 - i}) for i, t in enumerate(traces)
                    for s in trace_samples(t)]
         folder.write_batch(step, samples)

@@ -75,8 +75,9 @@ class Viewer:
         return await self.tokenizers[name]
 
     async def branch_advantages(self, row: Row, trace: Trace) -> dict[int, float]:
-        """An RL trace's advantage per branch, from its step's batch (empty when the batch is gone)."""
-        if self.index.kind is not RunKind.RL or row.step is None:
+        """An RL trace's advantage per branch, from its step's batch (empty when the batch is gone, and for a
+        held-out evaluation's trace, which no step trained on)."""
+        if self.index.kind is not RunKind.RL or row.step is None or row.held_out is not None:
             return {}
         if row.step not in self.advantages:
             batch = await asyncio.to_thread(_quietly, RLFolder(self.index.path).read_batch, row.step)

@@ -22,7 +22,7 @@ STOP_REASONS = (*(r.value for r in StopReason), "none")
 ERROR_CHOICES = ("none", "any", *(k.value for k in ErrorKind), "unreadable")
 """`none`/`any`: rows without / with an error; `unreadable`: lines that are not records."""
 PHASES = ("train", "held-out")
-"""An RL run's episodes: its training rollouts, or a held-out evaluation's (`evals/<env>/`)."""
+"""An RL run's traces and episodes: its training rollouts, or a held-out evaluation's (`evals/<env>/`)."""
 SORT_KEYS: dict[str, Callable[[Row], Any]] = {
     "line": lambda r: (r.step or 0, r.source, r.line),
     "task": lambda r: r.task_key,
@@ -56,7 +56,7 @@ class RowQuery:
     taskset: str = ""
     step: int | None = None
     phase: str = ""
-    """`train` or `held-out` (`PHASES`): an RL run's training or held-out evaluation episodes."""
+    """`train` or `held-out` (`PHASES`): an RL run's training or held-out evaluation rows."""
     q: str = ""
     """Text to find in the messages."""
     sort: str = "line"

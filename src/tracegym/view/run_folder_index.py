@@ -1,5 +1,13 @@
-"""Run folder index: every line of an eval or RL run folder's trace and episode files, by byte offset, with a
-small summary each, so pages are served from the index and read one record from disk when shown.
+"""Run folder index: every trace and multi-agent episode of an eval or RL run folder's episode logs
+(`eval.episode_log`), by byte offset, with a small summary each, so pages are served from the index and read one
+record from disk when shown.
+
+Every folder is read as episode logs: an eval run's one (`traces.jsonl`, `episodes.jsonl`), an RL run's one per
+step and per held-out evaluation. Each member trace is a trace row; each multi-agent episode record is an episode
+row, joined with its members' trace rows by episode id. A single-agent rollout's solo record adds no row (its trace
+row is the rollout), and neither does a trace with no record. An old layout reads through the same join: a folder
+without records lists its traces, and an old RL episodes line with its members' traces inside makes those traces
+trace rows of that line.
 
 The index only reads the folder. It follows files as they grow (`refresh` reads the lines appended since the
 last call and picks up new step files) and starts over when a file was replaced (a resume rewrites
@@ -13,7 +21,7 @@ import json
 import sys
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -21,13 +29,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from tracegym.config.run_dir import read_toml
-from tracegym.core.episode import Episode
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import SCHEMA_VERSION, Trace
+from tracegym.eval.episode_log import EpisodeLog
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
 from tracegym.train.rl_folder import EPISODES as RL_EPISODES
 from tracegym.train.rl_folder import TRACES as RL_TRACES
-from tracegym.train.rl_folder import RLFolder, held_out_folder, step_of
+from tracegym.train.rl_folder import RLFolder
 
 CHUNK = 1 << 20
 """Bytes read from a file at a time when indexing (more when one line is longer)."""
@@ -45,7 +54,7 @@ class RunKind(StrEnum):
 
 
 class RowKind(StrEnum):
-    """What a row stands for: a trace, or a multi-agent episode (whose member traces live elsewhere)."""
+    """What a row stands for: a trace, or a multi-agent episode (whose member traces are trace rows)."""
 
     TRACE = "trace"
     EPISODE = "episode"
@@ -61,13 +70,14 @@ class RowError(Exception):
 
 @dataclass(slots=True)
 class Source:
-    """One JSONL file of the folder and how far it has been indexed."""
+    """One file of an episode log of the folder (`kind`: its traces file or its episodes file) and how far it has
+    been indexed."""
 
     path: Path
     kind: RowKind
     step: int | None
     held_out: str | None = None
-    """The `evals/<env>` folder of a held-out evaluation's episodes (None for the training rollouts)."""
+    """The `evals/<env>` folder of a held-out evaluation's log (None for the training rollouts and an eval run)."""
     offset: int = 0
     """Bytes indexed: the file's complete lines up to here are rows."""
     lines: int = 0
@@ -105,7 +115,7 @@ class Row:
     member: str | None = None
     episode_id: str | None = None
     held_out: str | None = None
-    """The environment of a held-out evaluation's episode, as its `evals/<env>` folder names it."""
+    """The environment of a held-out evaluation's trace or episode, as its `evals/<env>` folder names it."""
 
     @property
     def rewards(self) -> list[float]:
@@ -130,8 +140,8 @@ class RunFolderIndex:
     """The tasksets the rows name."""
     generation: int = 0
     """Bumped each time the index starts over (a file was replaced): row numbers from before mean nothing."""
-    _members: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Eval runs: episode id -> member -> row of its trace."""
+    _members: dict[tuple[int | None, str | None, str], dict[str, int]] = field(default_factory=dict)
+    """A multi-agent episode (`_joined`) -> member -> its trace row: the join of an episode log."""
     _searches: OrderedDict[tuple[RowKind, str], tuple[int, int, list[int]]] = field(default_factory=OrderedDict)
     """(kind, query) -> (generation, rows scanned, matching rows), newest last."""
 
@@ -152,14 +162,19 @@ class RunFolderIndex:
     # --- following the files -----------------------------------------------------------------------------
     def refresh(self, max_lines: int | None = None) -> int:
         """Index lines appended since the last call (at most `max_lines`) and new files; returns how many lines
-        were read. A file that was replaced or shrank makes the index start over."""
+        were read. A file that was replaced or shrank makes the index start over.
+
+        A record is written after its members' traces, so the episodes files are read only as far as they went
+        before the traces files were read, and only once those are read to their end: an episode row always
+        finds its member traces indexed, even while the run appends both."""
         self._discover()
         if any(self._replaced(s) for s in self.sources):
             self._restart()
+        written = {n: _size(s.path) for n, s in enumerate(self.sources) if s.kind is RowKind.EPISODE}
         budget = sys.maxsize if max_lines is None else max_lines
         read = 0
-        for number, source in enumerate(self.sources):
-            read += self._read(number, source, budget - read)
+        for number in sorted(range(len(self.sources)), key=lambda n: n in written):  # traces files first
+            read += self._read(number, self.sources[number], budget - read, written.get(number, sys.maxsize))
             if read >= budget:
                 break
         return read
@@ -177,16 +192,21 @@ class RunFolderIndex:
                 self.sources.append(source)
 
     def _files(self) -> Iterator[Source]:
+        """The two files of each episode log of the folder."""
+        for log, step, held_out in self._logs():
+            yield Source(log.traces, RowKind.TRACE, step, held_out)
+            yield Source(log.episodes, RowKind.EPISODE, step, held_out)
+
+    def _logs(self) -> Iterator[tuple[EpisodeLog, int | None, str | None]]:
+        """Each episode log of the folder with its step and held-out environment: an eval run's one; an RL run's
+        per training step, then per held-out environment and step."""
         if self.kind is RunKind.EVAL:
-            yield Source(self.path / TRACES, RowKind.TRACE, None)
-            yield Source(self.path / EPISODES, RowKind.EPISODE, None)
+            yield EpisodeLog(self.path / TRACES, self.path / EPISODES), None, None
             return
         rl = RLFolder(self.path)
-        folders = [(RowKind.TRACE, RL_TRACES, None), (RowKind.EPISODE, RL_EPISODES, None),
-                   *((RowKind.EPISODE, held_out_folder(env), env) for env in rl.held_out_envs())]
-        for kind, folder, held_out in folders:
-            for path in rl.step_records(folder):
-                yield Source(path, kind, step_of(path), held_out)
+        for held_out in (None, *rl.held_out_envs()):
+            for step in rl.steps(held_out):
+                yield rl.step_log(step, held_out), step, held_out
 
     def _replaced(self, source: Source) -> bool:
         return _inode(source.path) != source.inode or _size(source.path) < source.offset + source.tail
@@ -199,13 +219,13 @@ class RunFolderIndex:
         self.generation += 1
         self._discover()
 
-    def _read(self, number: int, source: Source, budget: int) -> int:
-        """Index up to `budget` complete lines of one source from where it stopped."""
+    def _read(self, number: int, source: Source, budget: int, end: int) -> int:
+        """Index up to `budget` complete lines of one source from where it stopped, up to byte `end`."""
         read = 0
         with source.path.open("rb") as f:
             while read < budget:
                 f.seek(source.offset)
-                chunk = _complete_lines(f)
+                chunk = _complete_lines(f, end - source.offset)
                 if chunk is None:  # no complete line past the offset (being written, or cut off)
                     source.tail = f.tell() - source.offset
                     break
@@ -222,42 +242,47 @@ class RunFolderIndex:
         source.tail = 0
         if not line.strip():
             return
-        if source.kind is RowKind.TRACE:
-            _summarize_trace(row, line)
-            self.traces.append(row)
-            if row.episode_id is not None and row.member is not None:
-                self._members.setdefault(row.episode_id, {})[row.member] = len(self.traces) - 1
+        model = Trace if source.kind is RowKind.TRACE else Episode
+        try:
+            record = model.model_validate_json(line)
+        except (ValidationError, ValueError) as exc:
+            row.problem = problem_of(line, exc, source.kind.value)
+            self._keep(self.rows(source.kind), row)
+            return
+        if isinstance(record, Trace):
+            self._add_trace(row, record)
         else:
-            self._summarize_episode(row, line)
-            self.episodes.append(row)
+            self._add_episode(row, record)
+
+    def _add_trace(self, row: Row, trace: Trace) -> Row:
+        _fill_trace(row, trace)
+        self._keep(self.traces, row)
+        if trace.episode_id is not None and trace.member is not None:
+            self._members.setdefault(_joined(row), {})[trace.member] = len(self.traces) - 1
+        return row
+
+    def _add_episode(self, row: Row, episode: Episode) -> None:
+        """An episodes line: an old layout's members' traces inside it become trace rows of the line; a solo
+        record adds no row (its trace row is the rollout)."""
+        inside = [self._add_trace(replace(row), t) for t in episode.traces.values()]
+        if episode.is_solo:
+            return
+        row.episode_id = episode.id
+        joined = self._members.get(_joined(row), {})
+        _fill_episode(row, episode, inside or [self.traces[joined[m]] for m in episode.members if m in joined])
+        self._keep(self.episodes, row)
+
+    def _keep(self, rows: list[Row], row: Row) -> None:
+        rows.append(row)
         self.unreadable += row.problem is not None
         self.tasksets.add(row.taskset)
-
-    def _summarize_episode(self, row: Row, line: bytes) -> None:
-        try:
-            episode = Episode.model_validate_json(line)
-        except (ValidationError, ValueError) as exc:
-            row.problem = problem_of(line, exc, "episode")
-            return
-        members = list(episode.traces.values()) or self._member_traces(episode.id)
-        _fill(row, episode, members)
-        row.index = episode.episode_index
-        row.member_rewards = tuple((m, episode.rewards.get(m)) for m in episode.members)
-        row.episode_id = episode.id
-        if episode.error is not None:
-            row.errors = tuple(sorted({*row.errors, episode.error.kind.value}))
-
-    def _member_traces(self, episode_id: str) -> list[Trace]:
-        """An eval episode's member traces (written before its record, so already indexed)."""
-        rows = [self.traces[n] for n in self._members.get(episode_id, {}).values()]
-        return [self._parse(r, Trace) for r in rows if r.problem is None]
 
     # --- reading records ---------------------------------------------------------------------------------
     @property
     def first_shown(self) -> RowKind:
         """What the run page lists unless asked: a multi-agent run's episodes, else traces (an RL run whose only
         episodes are held-out evaluations' trains on traces)."""
-        played = any(s.kind is RowKind.EPISODE and s.held_out is None and s.lines for s in self.sources)
+        played = any(r.held_out is None and r.problem is None for r in self.episodes)
         return RowKind.EPISODE if played else RowKind.TRACE
 
     def rows(self, kind: RowKind) -> list[Row]:
@@ -277,23 +302,32 @@ class RunFolderIndex:
             return f.read(row.length)
 
     def where(self, row: Row) -> str:
-        """`traces.jsonl line 7`: where a row is, for messages."""
-        return f"{self.sources[row.source].path.relative_to(self.path)} line {row.line}"
+        """`traces.jsonl line 7`: where a row is, for messages (a member's trace inside an old layout's episodes
+        line: `episodes/step-000001.jsonl line 2, member judge`)."""
+        source = self.sources[row.source]
+        inside = f", member {row.member}" if source.kind is RowKind.EPISODE and row.member is not None else ""
+        return f"{source.path.relative_to(self.path)} line {row.line}{inside}"
 
     def trace(self, number: int) -> Trace:
         """Trace row `number`, read from disk; a RowError when it is out of range or unreadable."""
-        row = self.row(RowKind.TRACE, number)
-        return self._parse(row, Trace)
+        return self._trace_of(self.row(RowKind.TRACE, number))
 
     def episode(self, number: int) -> Episode:
         """Episode row `number` with its members' traces; a RowError when it is out of range or unreadable."""
         row = self.row(RowKind.EPISODE, number)
-        episode = self._parse(row, Episode)
-        if self.kind is RunKind.EVAL:  # an eval run stores the member traces in traces.jsonl
-            for member, number_ in self._members.get(episode.id, {}).items():
-                if member in episode.members and self.traces[number_].problem is None:
-                    episode.traces[member] = self._parse(self.traces[number_], Trace)
+        episode: Episode = self._parse(row, Episode)
+        if not episode.traces:  # a record of an episode log: its members' traces are trace rows
+            joined = self._members.get(_joined(row), {})
+            episode.traces = {m: self._trace_of(self.traces[joined[m]]) for m in episode.members
+                              if m in joined and self.traces[joined[m]].problem is None}
         return episode
+
+    def _trace_of(self, row: Row) -> Trace:
+        """The trace of a trace row: its line, or in an old layout's episodes line, its member's trace."""
+        if self.sources[row.source].kind is RowKind.TRACE:
+            trace: Trace = self._parse(row, Trace)
+            return trace
+        return self._parse(row, Episode).traces[SOLO if row.member is None else row.member]
 
     def _parse(self, row: Row, model: type[Trace] | type[Episode]) -> Any:
         if row.problem is not None:
@@ -309,10 +343,10 @@ class RunFolderIndex:
         """Rows of `kind` with a message whose text (or tool call) contains `query`, ignoring case (an episode:
         in one of its members' traces). Scans the files a chunk at a time; the matches of recent queries are
         kept and extended as lines are appended."""
-        if kind is RowKind.EPISODE and self.kind is RunKind.EVAL:  # its members' traces are trace rows
-            ids = {self.traces[n].episode_id for n in self.search(query)} - {None}
-            return [n for n, row in enumerate(self.episodes) if row.episode_id in ids]
-        rows, key = self.rows(kind), query.casefold()
+        if kind is RowKind.EPISODE:  # its members' traces are trace rows
+            played = {_joined(self.traces[n]) for n in self.search(query) if self.traces[n].episode_id is not None}
+            return [n for n, row in enumerate(self.episodes) if _joined(row) in played]
+        rows, key = self.traces, query.casefold()
         generation, scanned, found = self._searches.pop((kind, key), (self.generation, 0, []))
         if generation != self.generation:
             scanned, found = 0, []
@@ -320,17 +354,12 @@ class RunFolderIndex:
         # on every line
         needle = json.dumps(key)[1:-1].encode() if key.isascii() else b""
         for number in self._lines_containing(rows, needle, scanned):
-            if any(_mentions(trace, key) for trace in self._traces_in(rows[number], kind)):
+            if _mentions(self._trace_of(rows[number]), key):
                 found.append(number)
         self._searches[(kind, key)] = (self.generation, len(rows), found)
         while len(self._searches) > SEARCHES_KEPT:
             self._searches.popitem(last=False)
         return found
-
-    def _traces_in(self, row: Row, kind: RowKind) -> list[Trace]:
-        if kind is RowKind.TRACE:
-            return [self._parse(row, Trace)]
-        return list(self._parse(row, Episode).traces.values())
 
     def _lines_containing(self, rows: list[Row], needle: bytes, start: int) -> Iterator[int]:
         """Readable rows of `rows` from `start` on whose raw line contains `needle` (lowercased)."""
@@ -385,7 +414,7 @@ class RunFolderIndex:
         return RLFolder(self.path).trainer_metrics.read() if self.kind is RunKind.RL else []
 
     def held_out_envs(self) -> list[str]:
-        """The held-out environments whose evaluation episodes are indexed (an RL run), by name."""
+        """The held-out environments whose evaluations are indexed (an RL run), by name."""
         return sorted({s.held_out for s in self.sources if s.held_out is not None})
 
     def steps(self) -> list[int]:
@@ -398,29 +427,25 @@ class RunFolderIndex:
                 "it is being written, or a killed writer cut it off" for s in self.sources if s.tail]
 
 
-def _summarize_trace(row: Row, line: bytes) -> None:
-    try:
-        trace = Trace.model_validate_json(line)
-    except (ValidationError, ValueError) as exc:
-        row.problem = problem_of(line, exc, "trace")
-        return
-    _fill(row, trace)
-    row.index, row.reward = trace.rollout_index, trace.reward
-    row.member, row.episode_id = trace.member, trace.episode_id
+def _joined(row: Row) -> tuple[int | None, str | None, str]:
+    """What joins a multi-agent episode's record with its members' traces: its episode log (by step and held-out
+    environment) and its id."""
+    return row.step, row.held_out, row.episode_id or ""
 
 
-def _complete_lines(f: Any) -> bytes | None:
+def _complete_lines(f: Any, limit: int) -> bytes | None:
     """From the file's position, the bytes up to and including the last newline of the next chunk (more when
-    one line is longer than a chunk); None when no newline follows."""
-    chunk = f.read(CHUNK)
-    end = chunk.rfind(b"\n") + 1
-    while not end and len(chunk) % CHUNK == 0 and chunk:
-        more = f.read(CHUNK)
+    one line is longer than a chunk), reading at most `limit` bytes; None when no newline follows within them."""
+    chunk = b""
+    while len(chunk) < limit:
+        more = f.read(min(CHUNK, limit - len(chunk)))
         if not more:
             break
         chunk += more
-        end = chunk.rfind(b"\n") + 1
-    return chunk[:end] if end else None
+        end = chunk.rfind(b"\n", len(chunk) - len(more)) + 1
+        if end:
+            return chunk[:end]
+    return None
 
 
 def problem_of(line: bytes, exc: Exception, what: str) -> str:
@@ -438,22 +463,34 @@ def problem_of(line: bytes, exc: Exception, what: str) -> str:
     return f"not a valid {what}: {detail}"
 
 
-def _fill(row: Row, record: Trace | Episode, members: list[Trace] | None = None) -> None:
-    """The summary fields a trace and an episode share (an episode's totals are over its members' traces)."""
+def _fill_common(row: Row, record: Trace | Episode) -> None:
+    """The summary fields a trace and an episode share."""
     row.task_key = sys.intern(record.task_key)
     row.taskset = sys.intern(record.taskset)
     row.stop_reason = sys.intern(record.stop_reason.value if record.stop_reason else "none")
-    if isinstance(record, Trace):  # the common case, without the loops over members (indexing is per line)
-        row.errors = tuple(sorted({e.kind.value for e in record.errors})) if record.errors else ()
-        row.turns, row.duration = record.num_turns, float(record.duration())
-        row.prompt_tokens, row.completion_tokens = record.usage.prompt_tokens, record.usage.completion_tokens
-        return
-    traces = members or []
-    row.errors = tuple(sorted({e.kind.value for t in traces for e in t.errors}))
-    row.turns = sum(t.num_turns for t in traces)
-    row.prompt_tokens = sum(t.usage.prompt_tokens for t in traces)
-    row.completion_tokens = sum(t.usage.completion_tokens for t in traces)
-    row.duration = float(max((t.duration() for t in traces), default=0.0))
+
+
+def _fill_trace(row: Row, trace: Trace) -> None:
+    _fill_common(row, trace)
+    row.index, row.reward = trace.rollout_index, trace.reward
+    row.member, row.episode_id = trace.member, trace.episode_id
+    row.errors = tuple(sorted({e.kind.value for e in trace.errors})) if trace.errors else ()
+    row.turns, row.duration = trace.num_turns, float(trace.duration())
+    row.prompt_tokens, row.completion_tokens = trace.usage.prompt_tokens, trace.usage.completion_tokens
+
+
+def _fill_episode(row: Row, episode: Episode, members: list[Row]) -> None:
+    """An episode's summary: its own fields, and totals over its members' trace rows (their errors joined to its
+    own)."""
+    _fill_common(row, episode)
+    row.index, row.episode_id = episode.episode_index, episode.id
+    row.member_rewards = tuple((m, episode.rewards.get(m)) for m in episode.members)
+    own = {episode.error.kind.value} if episode.error is not None else set()
+    row.errors = tuple(sorted(own.union(*(m.errors for m in members))))
+    row.turns = sum(m.turns for m in members)
+    row.prompt_tokens = sum(m.prompt_tokens for m in members)
+    row.completion_tokens = sum(m.completion_tokens for m in members)
+    row.duration = max((m.duration for m in members), default=0.0)
 
 
 def _mentions(trace: Trace, key: str) -> bool:

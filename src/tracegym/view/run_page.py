@@ -122,9 +122,9 @@ def _rl_sections(index: RunFolderIndex) -> str:
     charts += fragment("trainer curves", curves_svg, trainer, TRAINER_KEYS) if trainer else ""
     steps = [m for m in metrics if "step" in m and "invalid_trace" not in m]
     columns = [c for c in STEP_COLUMNS if any(c in m for m in steps)]
-    traced = set(index.steps())
-    rows = [[f'<a href="/?step={m["step"]}#rows">{m["step"]}</a>' if m["step"] in traced else str(m["step"]),
-             *(number(m.get(c)) for c in columns)] for m in steps]
+    traced, phase = set(index.steps()), "train" if index.held_out_envs() else ""
+    rows = [[f'<a href="/{RowQuery(step=m["step"], phase=phase).url()}#rows">{m["step"]}</a>'
+             if m["step"] in traced else str(m["step"]), *(number(m.get(c)) for c in columns)] for m in steps]
     bad = [m for m in metrics if "invalid_trace" in m]
     parts = [section("Curves", charts or note("no metrics.jsonl records yet")),
              section("Steps", table(["step", *columns], rows) if rows else note("no steps recorded yet"))]
@@ -146,7 +146,7 @@ def _filters(index: RunFolderIndex, query: RowQuery) -> str:
     if index.kind is RunKind.RL:
         fields.append(_select("step", "step", [str(s) for s in index.steps()],
                               "" if query.step is None else str(query.step)))
-    if query.show is RowKind.EPISODE and index.held_out_envs():
+    if index.held_out_envs():
         fields.append(_select("phase", "phase", PHASES, query.phase))
     fields.append(_input("search messages", "q", query.q, size=24))
     fields += [_select("sort", "sort", list(SORT_KEYS), query.sort, blank=False),
@@ -174,8 +174,7 @@ def _rows_table(index: RunFolderIndex, selection: Selection) -> str:
     query = selection.query
     rows = index.rows(query.show)
     episodes = query.show is RowKind.EPISODE
-    extra = [*(["step"] if index.kind is RunKind.RL else []),
-             *(["phase"] if episodes and index.held_out_envs() else [])]
+    extra = [*(["step"] if index.kind is RunKind.RL else []), *(["phase"] if index.held_out_envs() else [])]
     show_member = not episodes and any(r.member for r in (rows[n] for n in selection.shown))
     heads = [("#", "line"), ("task", "task"), ("episode" if episodes else "rollout", "index"),
              ("rewards" if episodes else "reward", "reward"), ("stop reason", "stop"), ("errors", "errors"),
