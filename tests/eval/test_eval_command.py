@@ -120,6 +120,21 @@ def test_resume_reruns_exactly_the_missing_and_errored_rollouts(server, tmp_path
     assert len(lines(run / "traces.errored.jsonl")) == len(lines(run / "episodes.errored.jsonl")) == 1
 
 
+def test_resume_reruns_a_rollout_whose_record_outlived_its_trace(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    rows = (run / "traces.jsonl").read_text().splitlines(keepends=True)
+    lost = json.loads(rows[3])
+    (run / "traces.jsonl").write_text("".join([*rows[:3], "not json\n", *rows[4:]]))  # a corrupt line
+    before = len(server.requests)
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    assert len(server.requests) - before == 1
+    records = lines(run / "traces.jsonl")
+    assert len(records) == 8 and (lost["task_key"], lost["rollout_index"]) in {
+        (r["task_key"], r["rollout_index"]) for r in records}
+    assert [r["id"] for r in lines(run / "episodes.errored.jsonl")] == [lost["id"]]
+
+
 def test_resuming_a_complete_run_calls_no_model(server, tmp_path):
     main(eval_args(server, tmp_path))
     before = len(server.requests)

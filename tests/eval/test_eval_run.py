@@ -1,5 +1,5 @@
 """Eval run: finding the work refuses keys it cannot tell apart, a run that leaves an expected pair without an
-episode says so instead of exiting as if it were done, and one path runs single- and multi-agent tasksets."""
+episode says so instead of exiting as if it were done, and a run is made of its parts."""
 
 import io
 
