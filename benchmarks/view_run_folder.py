@@ -7,8 +7,8 @@ and times over HTTP: the first response of the run page (the index is still bein
 line is indexed, the run page again, a filter query (stop reason + reward range + sort), a search in message text
 (cold, then paged), and trace pages (the first waits for the model's tokenizer, which the viewer loads once it has
 indexed the folder); then reads the viewer's peak RSS (VmHWM). The machine's load average is printed: on the
-shared 2-core machine every figure scales with it. Side by side, in its own process:
-what reading the whole file as traces costs (`eval.run_folder.read_trace_file`), the approach the index avoids.
+shared 2-core machine every figure scales with it. Side by side, in its own process: what reading the whole run
+as episodes costs (`RunFolder.log.read()`, as `tracegym show` does), the approach the index avoids.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/view_run_folder.py [--traces 100000]
 """
@@ -113,11 +113,11 @@ def measure_viewer(run: Path, total: int) -> dict[str, float]:
 
 def measure_whole_load(run: Path) -> dict[str, float]:
     """Reading every trace into memory, as `tracegym show` does: time and peak RSS, in a fresh process."""
-    code = ("import re,sys,time;from pathlib import Path;from tracegym.eval.run_folder import read_trace_file;"
-            "t=time.perf_counter();f=read_trace_file(Path(sys.argv[1]));d=time.perf_counter()-t;"
+    code = ("import re,sys,time;from pathlib import Path;from tracegym.eval.run_folder import RunFolder;"
+            "t=time.perf_counter();f=RunFolder(Path(sys.argv[1])).log.read();d=time.perf_counter()-t;"
             "m=re.search(r'VmHWM:\\s+(\\d+) kB',Path('/proc/self/status').read_text());"
             "print(len(f.traces),d,int(m.group(1))/1024)")
-    done = subprocess.run([sys.executable, "-c", code, str(run / "traces.jsonl")], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True,
                           check=True)
     _, seconds, mb = done.stdout.split()
     return {"load whole file (s)": float(seconds), "load whole file peak RSS (MB)": float(mb)}

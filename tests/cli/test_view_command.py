@@ -13,6 +13,7 @@ import pytest
 
 from tracegym.cli.main import main
 from tracegym.cli.view import ViewArgs, parse, serve
+from tracegym.core.episode import Episode
 from tracegym.eval.run_folder import RunFolder
 from tracegym.testing import make_trace
 from tracegym.view.run_folder_index import RunFolderIndex
@@ -23,8 +24,8 @@ def eval_folder(root: Path) -> Path:
     folder = RunFolder.create(root, "test", "fake-model", run_id="run")
     folder.write_config({"taskset": "test", "model": {"name": "fake-model"}})
     for i in range(3):
-        folder.append(make_trace(rollout_index=i))
-    folder.close()
+        folder.log.append(Episode.solo(make_trace(rollout_index=i)))
+    folder.log.close()
     return folder.path
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 from tracegym.cli.main import main
+from tracegym.core.episode import Episode
+from tracegym.core.trace import Trace
+from tracegym.eval.episode_log import record_line
 from tracegym.eval.run_folder import RunFolder
 from tracegym.testing import FakeOpenAIServer
 
@@ -35,11 +38,21 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def leave_rollouts(run: Path, traces: list[dict], tail: str = "") -> None:
+    """Leave the run's episode log holding `traces`, each with its solo record, as a run killed after them leaves
+    it (with `tail`, a line it was cut off writing)."""
+    records = [record_line(Episode.solo(Trace.model_validate(t))) for t in traces]
+    (run / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces) + tail)
+    (run / "episodes.jsonl").write_text("".join(records))
+
+
 def test_eval_writes_config_traces_summary_and_logs(server, tmp_path):
     assert main(eval_args(server, tmp_path)) == 0
     run = only_run(tmp_path)
     assert run.parent.name == "reverse-text--fake-model"
-    assert len(lines(run / "traces.jsonl")) == 8
+    traces, records = lines(run / "traces.jsonl"), lines(run / "episodes.jsonl")
+    assert len(traces) == 8 and [r["id"] for r in records] == [t["id"] for t in traces]
+    assert all(r["members"] == ["agent"] and "traces" not in r for r in records)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["reward"] == 1.0 and summary["num_traces"] == 8 and summary["pass_at_k"]["2"] == 1.0
     assert (run / "config.toml").is_file() and (run / "logs" / "eval.log").is_file()
@@ -86,11 +99,10 @@ def test_a_bad_taskset_option_exits_2_and_writes_nothing(server, tmp_path, capsy
 
 
 def simulate_kill(run: Path) -> tuple[int, int]:
-    """Drop two traces, mark one errored, cut the last one mid-line; returns (kept good, to redo)."""
+    """Drop two rollouts, mark one errored, cut the last one mid-line; returns (kept good, to redo)."""
     records = lines(run / "traces.jsonl")
     records[0]["stop_reason"] = "error"
-    text = "".join(json.dumps(r) + "\n" for r in records[:5]) + json.dumps(records[5])[:80]
-    (run / "traces.jsonl").write_text(text)
+    leave_rollouts(run, records[:5], tail=json.dumps(records[5])[:80])
     return 4, 4  # records 1-4 are good; 0 (errored), 5 (cut), 6, 7 (missing) are redone
 
 
@@ -104,7 +116,23 @@ def test_resume_reruns_exactly_the_missing_and_errored_rollouts(server, tmp_path
     records = lines(run / "traces.jsonl")
     pairs = [(r["task_key"], r["rollout_index"]) for r in records]
     assert len(records) == kept + redo and len(set(pairs)) == len(pairs)
-    assert len(lines(run / "traces.errored.jsonl")) == 1
+    assert [r["id"] for r in lines(run / "episodes.jsonl")] == [r["id"] for r in records]
+    assert len(lines(run / "traces.errored.jsonl")) == len(lines(run / "episodes.errored.jsonl")) == 1
+
+
+def test_resume_reruns_a_rollout_whose_record_outlived_its_trace(server, tmp_path):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    rows = (run / "traces.jsonl").read_text().splitlines(keepends=True)
+    lost = json.loads(rows[3])
+    (run / "traces.jsonl").write_text("".join([*rows[:3], "not json\n", *rows[4:]]))  # a corrupt line
+    before = len(server.requests)
+    assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    assert len(server.requests) - before == 1
+    records = lines(run / "traces.jsonl")
+    assert len(records) == 8 and (lost["task_key"], lost["rollout_index"]) in {
+        (r["task_key"], r["rollout_index"]) for r in records}
+    assert [r["id"] for r in lines(run / "episodes.errored.jsonl")] == [lost["id"]]
 
 
 def test_resuming_a_complete_run_calls_no_model(server, tmp_path):
@@ -140,6 +168,8 @@ def test_rescore_recomputes_rewards_without_calling_the_model(server, tmp_path):
     assert len(server.requests) == before
     [rescored] = list(run.glob("traces.rescored-*.jsonl"))
     assert [r["rewards"]["lcs"]["score"] for r in lines(rescored)] == [1.0] * 8
+    [records] = list(run.glob("episodes.rescored-*.jsonl"))
+    assert [r["rewards"]["agent"] for r in lines(records)] == [1.0] * 8
     assert [r["rewards"]["lcs"]["score"] for r in lines(run / "traces.jsonl")] == [0.0] * 8
     [summary] = list(run.glob("summary.rescored-*.json"))
     assert json.loads(summary.read_text())["reward"] == 1.0
@@ -185,10 +215,11 @@ def test_resume_after_kill_9_completes_the_run_without_duplicates(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         run = only_run(tmp_path)
-        assert len(RunFolder.open(run).read_traces().traces) < 40  # the last line may be cut off
+        assert len(RunFolder.open(run).log.read().episodes) < 40  # the last line may be cut off
         assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
     records = lines(run / "traces.jsonl")
     assert len({(r["task_key"], r["rollout_index"]) for r in records}) == len(records) == 40
+    assert len(lines(run / "episodes.jsonl")) == 40
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
@@ -245,8 +276,7 @@ def test_wall_time_after_a_resume_adds_up_every_session(server, tmp_path):
     run = only_run(tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "wall_time": 1000.0}))  # a long first session
-    records = lines(run / "traces.jsonl")[:-2]  # killed before the last two
-    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    leave_rollouts(run, lines(run / "traces.jsonl")[:-2])  # killed before the last two
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert 1000.0 < summary["wall_time"] < 1060.0
@@ -256,8 +286,7 @@ def test_wall_time_after_a_resume_adds_up_every_session(server, tmp_path):
 def test_resume_samples_with_the_saved_config(server, tmp_path):
     main(eval_args(server, tmp_path, "--sampling.temperature", "0.3"))
     run = only_run(tmp_path)
-    records = lines(run / "traces.jsonl")[:5]  # killed after five traces
-    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    leave_rollouts(run, lines(run / "traces.jsonl")[:5])  # killed after five rollouts
     before = len(server.requests)
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
     resumed = server.requests[before:]
@@ -292,7 +321,7 @@ def test_show_warns_about_corrupt_middle_lines(server, tmp_path, capsys):
     (run / "traces.jsonl").write_text("".join([text[0], "not json\n", *text[1:]]))
     capsys.readouterr()
     assert main(["show", str(run)]) == 0
-    assert "1 line(s) of traces.jsonl are not traces" in " ".join(capsys.readouterr().out.split())
+    assert "1 line(s) of traces.jsonl or episodes.jsonl could not be read" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_taskset_option_flag_reaches_the_resolved_config(capsys):
@@ -334,8 +363,7 @@ def test_identical_rows_are_separate_tasks_in_the_traces_and_the_summary(server,
 def test_resume_of_identical_rows_runs_exactly_the_missing_pairs(server, tmp_path, capsys):
     assert main(same_rows_args(server, tmp_path)) == 0
     run = only_run(tmp_path / "out")
-    records = lines(run / "traces.jsonl")[:2]  # killed after two traces
-    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    leave_rollouts(run, lines(run / "traces.jsonl")[:2])  # killed after two rollouts
     before = len(server.requests)
     capsys.readouterr()
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
@@ -354,10 +382,11 @@ def test_resume_of_a_run_keyed_by_content_hash_is_refused_and_leaves_the_folder_
         record["task_key"] = "816892289a832bf3"
         old.append(record)
     (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (run / "episodes.jsonl").unlink()  # nor did that tracegym write episode records
     before = snapshot(run)
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "2 trace(s) of task keys this taskset does not have ('816892289a832bf3')" in err
+    assert "\n" not in err and "2 episode(s) of task keys this taskset does not have ('816892289a832bf3')" in err
     assert snapshot(run) == before
 
 
@@ -366,6 +395,6 @@ def test_resume_refuses_a_stored_trace_whose_row_differs_from_the_tasksets(serve
     run = only_run(tmp_path / "out")
     records = lines(run / "traces.jsonl")[:2]
     records[1]["task"]["prompt"] = "xyz"  # the dataset changed under the run
-    (run / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    leave_rollouts(run, records)
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 2
-    assert f"task {records[1]['task_key']!r} of traces.jsonl is not the taskset's row" in capsys.readouterr().err
+    assert f"task {records[1]['task_key']!r} of the run is not the taskset's row" in capsys.readouterr().err

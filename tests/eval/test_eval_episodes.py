@@ -69,7 +69,7 @@ def test_a_seat_pinned_by_flags_plays_that_model_and_does_not_train(server, tmp_
     with FakeOpenAIServer(rule=player, model="base") as base:
         assert main(eval_args(server, tmp_path, "--seat.player_1.model", "base",
                               "--seat.player_1.base-url", base.base_url)) == 0
-    episodes = RunFolder(only_run(tmp_path)).read_episodes()
+    episodes = RunFolder(only_run(tmp_path)).log.read().episodes
     assert all(e.ok and e.models["player_1"] == "base" and e.trainable == {"player_0": True, "player_1": False}
                for e in episodes)
     assert base.requests and all("You are player_1" in json.dumps(r) for r in base.requests)
@@ -91,8 +91,7 @@ def test_resume_plays_exactly_the_missing_and_errored_episodes(server, tmp_path)
     with (run / "traces.jsonl").open("a") as f:
         f.write('{"schema_version": 1, "id": "cut-off')  # a killed writer's last line
     assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
-    folder = RunFolder(run)
-    episodes = folder.read_episodes()
+    episodes = RunFolder(run).log.read().episodes
     assert sorted((e.task_key, e.episode_index) for e in episodes) == [(f"kuhn-0-{i}", 0) for i in range(5)]
     assert all(len(e.traces) == 2 and e.ok for e in episodes)
     assert [e["id"] for e in lines(run / "episodes.errored.jsonl")] == [errored["id"]]
@@ -110,7 +109,7 @@ def test_rescore_replays_episodes_from_their_traces_without_a_model(server, tmp_
     assert len(server.requests) == before
     [rescored] = list(run.glob("episodes.rescored-*.jsonl"))
     stamp = rescored.name.removeprefix("episodes.rescored-").removesuffix(".jsonl")
-    episodes = RunFolder(run).read_episodes(rescored.name, f"traces.rescored-{stamp}.jsonl")
-    original = RunFolder(run).read_episodes()
+    episodes = RunFolder(run).side_log(f"rescored-{stamp}").read().episodes
+    original = RunFolder(run).log.read().episodes
     assert [(e.id, e.rewards, e.outcomes) for e in episodes] == [(e.id, e.rewards, e.outcomes) for e in original]
     assert "player_0" in capsys.readouterr().out

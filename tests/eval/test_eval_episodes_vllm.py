@@ -20,7 +20,7 @@ def test_self_play_kuhn_poker_on_the_embedded_model_through_an_env_server(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [run] = list(tmp_path.glob("kuhn-poker--SmolLM2-135M-Instruct/*"))
     assert (run / "logs" / "env").is_dir()  # the episodes ran in an env server's workers
-    episodes = RunFolder(run).read_episodes()
+    episodes = RunFolder(run).log.read().episodes
     assert len(episodes) == 2
     for episode in episodes:
         assert episode.ended_normally, episode.error

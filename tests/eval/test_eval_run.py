@@ -1,16 +1,16 @@
-"""Eval run: finding the work refuses keys it cannot tell apart, and a run that leaves an expected rollout without a
-trace says so instead of exiting as if it were done."""
+"""Eval run: finding the work refuses keys it cannot tell apart, a run that leaves an expected pair without an
+episode says so instead of exiting as if it were done, and a run is made of its parts."""
 
 import io
 
 import pytest
 
 import tracegym as tg
+from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError
 from tracegym.eval.eval_config import parse_eval_args
 from tracegym.eval.eval_parts import EvalParts, LocalEnvServer, eval_parts
 from tracegym.eval.eval_run import (
-    Work,
     check_complete,
     check_unique_keys,
     execute,
@@ -27,16 +27,17 @@ def test_a_taskset_giving_two_rows_one_key_is_refused():
         check_unique_keys("t", rows)
 
 
-def test_a_run_whose_traces_came_back_under_other_keys_is_not_complete(tmp_path):
+def test_a_run_whose_episodes_came_back_under_other_keys_is_not_complete(tmp_path):
     taskset = tg.Taskset(id="t", data=[{"prompt": "same"}] * 2)
     rows = list(taskset)
     pairs = [(d, 0) for d in rows]
     folder = RunFolder.create(tmp_path, "t", "m")
-    folder.append(make_trace(task=rows[0]))
-    folder.append(make_trace(task=tg.TaskData(prompt="same")))  # keyed by content, not by its position
-    folder.close()
-    with pytest.raises(InfrastructureError, match=r"1 of 2 rollouts have no trace after the run \(first: task '1'"):
-        check_complete(Work(pairs, pairs), folder.read_traces().traces, folder)
+    folder.log.append(Episode.solo(make_trace(task=rows[0])))
+    folder.log.append(Episode.solo(make_trace(task=tg.TaskData(prompt="same"))))  # keyed by content, not position
+    folder.log.close()
+    with pytest.raises(InfrastructureError, match=r"1 of 2 episodes are not in the run folder after the run "
+                                                  r"\(first: task '1' #0\)"):
+        check_complete(pairs, folder)
 
 
 def test_the_builder_picks_where_rollouts_run_from_the_config():

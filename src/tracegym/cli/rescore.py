@@ -1,7 +1,9 @@
-"""`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of stored traces; no model calls.
+"""`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of a run's stored episodes; no model calls.
 
-Writes `traces.rescored-<time>-<hex>.jsonl` and `summary.rescored-<time>-<hex>.json` beside the originals, which stay.
-Traces whose replay diverged (see `eval.rescore`) are counted and listed, here and under `diverged` in that summary.
+A single-agent run's traces are rescored one by one, a multi-agent run's episodes by replay (see `eval.rescore`).
+Writes the rescored episodes as an episode log, `traces.rescored-<time>-<hex>.jsonl` and
+`episodes.rescored-<time>-<hex>.jsonl`, and their `summary.rescored-<time>-<hex>.json`, beside the originals, which
+stay. Traces whose replay diverged are counted and listed, here and under `diverged` in that summary.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import asyncio
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
@@ -34,36 +38,39 @@ def run(args: list[str]) -> int:
     folder = RunFolder.open(Path(args[0]))
     config = parse_eval_args(args[1:], defaults=folder.read_config(), source=str(folder.config_path))
     taskset = load_taskset(config.taskset.id, config.taskset_options())
-    if is_multi_agent(taskset):
-        return _rescore_episodes(folder, taskset, config)
-    stored = folder.read_traces()
-    if not stored.traces:
-        raise UsageError(f"{folder.path} has no traces to rescore")
-    result = asyncio.run(rescore(taskset, stored.traces, config.timeouts, config.concurrency))
-    traces = result.traces
-    stamp = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)  # two rescores in one second stay apart
-    folder.rewrite(traces, f"traces.rescored-{stamp}.jsonl")
-    before = summarize(stored.traces, pass_threshold=config.pass_threshold)
-    after = summarize(traces, pass_threshold=config.pass_threshold)
-    record = {**after.model_dump(mode="json"), "diverged": [d.model_dump(mode="json") for d in result.diverged]}
-    path = folder.write_summary(record, f"summary.rescored-{stamp}.json")
-    Console().print(summary_table(after, title=f"rescored: {folder.path}"))
-    print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
-    _report_diverged(result.diverged, len(traces))
-    print(f"wrote {folder.path / f'traces.rescored-{stamp}.jsonl'} and {path}")
+    stored = folder.log.read().episodes
+    if not stored:
+        raise UsageError(f"{folder.path} has no episodes to rescore")
+    rescored = _rescore_episodes if is_multi_agent(taskset) else _rescore_traces
+    episodes, summary = rescored(folder, taskset, config, stored)
+    name = "rescored-" + time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)  # two in one second stay apart
+    out = folder.side_log(name)
+    out.write(episodes)
+    path = folder.write_summary(summary, f"summary.{name}.json")
+    print(f"wrote {out.traces}, {out.episodes.name} and {path.name}")
     return 0
 
 
-def _rescore_episodes(folder: RunFolder, taskset: Taskset, config: EvalConfig) -> int:
-    """Rescore a multi-agent run's episodes by replay; write `episodes.rescored-*` with its traces and summary."""
-    stored = folder.read_episodes()
-    if not stored:
-        raise UsageError(f"{folder.path} has no episodes to rescore")
+def _rescore_traces(folder: RunFolder, taskset: Taskset, config: EvalConfig,
+                    stored: list[Episode]) -> tuple[list[Episode], dict[str, Any]]:
+    """A single-agent run's traces rescored one by one (as solo episodes), and their summary with the traces
+    whose replay diverged."""
+    traces = [t for e in stored for t in e.traces.values()]
+    result = asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency))
+    before = summarize(traces, pass_threshold=config.pass_threshold)
+    after = summarize(result.traces, pass_threshold=config.pass_threshold)
+    Console().print(summary_table(after, title=f"rescored: {folder.path}"))
+    print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
+    _report_diverged(result.diverged, len(traces))
+    record = {**after.model_dump(mode="json"), "diverged": [d.model_dump(mode="json") for d in result.diverged]}
+    return [Episode.solo(t) for t in result.traces], record
+
+
+def _rescore_episodes(folder: RunFolder, taskset: Taskset, config: EvalConfig,
+                      stored: list[Episode]) -> tuple[list[Episode], dict[str, Any]]:
+    """A multi-agent run's episodes rescored by replay, and their per-seat summary."""
     episodes = asyncio.run(rescore_episodes(taskset, stored, config.timeouts, config.concurrency))
-    stamp = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-    folder.rewrite_episodes(episodes, f"episodes.rescored-{stamp}.jsonl", f"traces.rescored-{stamp}.jsonl")
     summary = summarize_episodes(episodes)
-    path = folder.write_summary(summary.model_dump(mode="json"), f"summary.rescored-{stamp}.json")
     Console().print(episode_table(summary, title=f"rescored: {folder.path}"))
     diverged = [e for e in episodes if e.error is not None and e.error.stage.startswith("rescore")]
     if diverged:
@@ -71,8 +78,7 @@ def _rescore_episodes(folder: RunFolder, taskset: Taskset, config: EvalConfig) -
         assert first.error is not None  # as every diverged episode's
         print(f"{len(diverged)} of {len(episodes)} episodes could not be replayed (left unscored); first: "
               f"{first.task_key} #{first.episode_index}: {first.error.message}")
-    print(f"wrote {folder.path / f'episodes.rescored-{stamp}.jsonl'} (with its traces) and {path}")
-    return 0
+    return episodes, summary.model_dump(mode="json")
 
 
 def _report_diverged(diverged: list[Divergence], total: int) -> None:

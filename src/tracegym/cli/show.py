@@ -1,4 +1,4 @@
-"""`tracegym show RUN_DIR [-n N]`: a run's summary and a few of its traces, readable."""
+"""`tracegym show RUN_DIR [-n N]`: a run's summary and a few of its traces (its episodes' members'), readable."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rich.text import Text
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import Trace
 from tracegym.eval.eval_config import EvalConfig, validate_saved
-from tracegym.eval.run_folder import RunFolder
-from tracegym.eval.summary import summarize, summary_table
+from tracegym.eval.run_folder import EPISODES, TRACES, RunFolder
+from tracegym.eval.run_summary import run_table, summarize_run
 
 ROLE_STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
 
@@ -23,16 +23,20 @@ def run(args: list[str]) -> int:
         raise UsageError("usage: tracegym show RUN_DIR [-n N]")
     folder = RunFolder.open(Path(args[0]))
     count = _count(args[1:])
-    stored = folder.read_traces()
+    stored = folder.log.read()
     config = validate_saved(EvalConfig, folder.read_config(), str(folder.config_path))  # no taskset import
-    summary = summarize(stored.traces, pass_threshold=config.pass_threshold)
+    summary = summarize_run(stored.episodes, pass_threshold=config.pass_threshold)
     console = Console()
-    console.print(summary_table(summary, title=str(folder.path)))
+    console.print(run_table(summary, title=str(folder.path)))
     if stored.truncated_tail:
-        console.print("[yellow]the last line of traces.jsonl is cut off (killed mid-write); --resume redoes it[/]")
+        console.print(f"[yellow]the last line of {TRACES} or {EPISODES} is cut off (killed mid-write); --resume "
+                      "redoes it[/]")
     if stored.bad_lines:
-        console.print(f"[yellow]{stored.bad_lines} line(s) of traces.jsonl are not traces (corrupt) and were "
-                      "skipped; --resume reruns their rollouts[/]")
+        console.print(f"[yellow]{stored.bad_lines} line(s) of {TRACES} or {EPISODES} could not be read (corrupt) and "
+                      "were skipped; --resume reruns their episodes[/]")
+    if stored.cut_short:
+        console.print(f"[yellow]{stored.cut_short} episode(s) were cut short (their traces have no record); "
+                      "--resume reruns them[/]")
     picked = sorted(stored.traces, key=lambda t: (t.ok, t.task_key, t.rollout_index))[:count]
     for trace in picked:
         console.print(trace_panel(trace))
@@ -53,7 +57,8 @@ def trace_panel(trace: Trace) -> Panel:
                       f"{trace.usage.prompt_tokens} in, {trace.usage.completion_tokens} out", style="bold"))
     for error in trace.errors:
         parts.append(Text(f"{error.kind.value} error in {error.stage}: {error.message}", style="red"))
-    return Panel(Group(*parts), title=f"{trace.task_key}#{trace.rollout_index}", title_align="left")
+    member = f" {trace.member}" if trace.member else ""
+    return Panel(Group(*parts), title=f"{trace.task_key}#{trace.rollout_index}{member}", title_align="left")
 
 
 def _count(args: list[str]) -> int:

@@ -10,12 +10,13 @@ from typing import Any
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
-from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, multi_agent_class
+from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, members_of, seats_of
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.rollout import Timeouts
-from tracegym.envs.seats import SeatChoice
+from tracegym.envs.seats import Seat, SeatChoice, bind
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.eval_config import EvalConfig
+from tracegym.models.endpoint import Endpoint
 from tracegym.models.model_choice import ModelChoice
 from tracegym.serve.env_server_choice import WorkerPoolChoice
 from tracegym.serve.local_server import local_server
@@ -74,13 +75,20 @@ class EvalParts:
 
     @property
     def multi_agent(self) -> bool:
-        """True when the taskset's tasks are episodes (its rollouts index episodes)."""
+        """True when the taskset's tasks are played by several members (else each episode is one solo rollout)."""
         return is_multi_agent(self.taskset)
 
     @property
     def members(self) -> int:
-        """Traces per task run: the number of seats of a multi-agent taskset, else 1."""
-        return len(multi_agent_class(self.taskset).seats) if self.multi_agent else 1
+        """Traces per episode: the number of seats of a multi-agent taskset, else 1."""
+        return len(members_of(self.taskset))
+
+    def seats_for(self, endpoint: Endpoint) -> dict[str, Seat]:
+        """The run's seat binding (`--seat.ID.*`) completed from the policy's endpoint, checked against the
+        taskset's seats (a seat it has not is a UsageError naming it; a single-agent taskset has none)."""
+        seats = {name: choice.seat(endpoint) for name, choice in self.seats.items()}
+        bind(seats_of(self.taskset), seats, self.taskset.id)
+        return seats
 
 
 def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:

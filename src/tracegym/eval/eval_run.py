@@ -1,8 +1,10 @@
-"""Eval run: one `tracegym eval` from its parts to run folder: find the work (all of it, or what a resume lacks),
-reach the model, run the rollouts with a dashboard, append every trace as it finishes, write the summary.
+"""Eval run: one `tracegym eval` from its parts to run folder: find the work (every (task key, episode index) pair,
+or what a resume lacks), reach the model, run the episodes with a dashboard (a single-agent taskset's are its
+rollouts, each a solo episode), append each to the run folder's episode log as it finishes, write the summary.
 
-The run takes its parts (`EvalParts`: the taskset, the model, where and how the rollouts run), never the command's
-config; `eval_parts` is the one place that turns an `EvalConfig` into them.
+Single- and multi-agent tasksets take this one path; they differ only in the summary (`eval.run_summary`). The run
+takes its parts (`EvalParts`: the taskset, the model, where and how the episodes run), never the command's config;
+`eval_parts` is the one place that turns an `EvalConfig` into them.
 """
 
 from __future__ import annotations
@@ -12,21 +14,21 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.core.task_data import TaskData
-from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import bounded_taskset, evaluate_iter
+from tracegym.envs.evaluate import bounded_taskset, evaluate_episodes_iter
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
-from tracegym.eval.episode_run import check_episodes_complete, finish_episodes, resume_episodes, run_episodes
 from tracegym.eval.episode_summary import EpisodeSummary
 from tracegym.eval.eval_parts import EvalParts, env_address
-from tracegym.eval.run_folder import ERRORED, TRACES, RunFolder
-from tracegym.eval.summary import Summary, summarize, summary_table
+from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.run_summary import run_table, summarize_run
+from tracegym.eval.summary import Summary
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
 from tracegym.serve.env_client import EnvClient
@@ -34,39 +36,43 @@ from tracegym.serve.env_client import EnvClient
 
 @dataclass
 class Work:
-    """The work of one run: every (task, rollout index) pair, those still to run, and the traces kept (the
-    episodes kept, for a multi-agent taskset: its pairs index episodes)."""
+    """The work of one run: every (task, episode index) pair, those still to run, and the episodes kept."""
 
     expected: list[tuple[TaskData, int]]
     todo: list[tuple[TaskData, int]]
-    kept: list[Any] = field(default_factory=list)
+    kept: list[Episode] = field(default_factory=list)
 
 
 def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
     """What to run: all of it for a new run (`folder` None, so it can be found before the folder is made);
-    on resume, keep the folder's good traces, set the errored ones aside, and run the rest."""
+    on resume, what `kept_on_resume` does not keep."""
     tasks = load_rows(parts.taskset, parts.num_tasks, parts.name)
     check_unique_keys(parts.taskset.id, tasks)
     expected = [(d, i) for d in tasks for i in range(parts.rollouts)]
     if folder is None:
         return Work(expected, expected)
-    if parts.multi_agent:
-        kept = resume_episodes(folder, expected)
-        done = {(e.task_key, e.episode_index) for e in kept}
-        return Work(expected, [(d, i) for d, i in expected if (d.key, i) not in done], kept=kept)
-    folder.repair()
-    stored = folder.read_traces().traces
-    check_same_tasks(stored, tasks, folder)
+    kept = kept_on_resume(folder, expected)
+    done = {(e.task_key, e.episode_index) for e in kept}
+    return Work(expected, [(d, i) for d, i in expected if (d.key, i) not in done], kept=kept)
+
+
+def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]]) -> list[Episode]:
+    """The folder's episodes to keep: those that ended normally with every member's trace, of a pair still
+    expected. The rest move to the folder's `errored` log, and the log is rewritten with the kept ones alone (so
+    a folder of the old layout is in the new one after it). Leaves the folder alone when a stored task is not
+    the taskset's now (`check_same_tasks`)."""
+    folder.log.repair()
+    stored = folder.log.read().episodes
+    check_same_tasks(stored, [d for d, _ in expected], folder)
     wanted = {(d.key, i) for d, i in expected}
-    good = {(t.task_key, t.rollout_index): t for t in stored
-            if t.ended_normally and (t.task_key, t.rollout_index) in wanted}
-    errored = [t for t in stored if (t.task_key, t.rollout_index) not in good]
+    good = {(e.task_key, e.episode_index): e for e in stored
+            if e.ended_normally and set(e.traces) == set(e.members) and (e.task_key, e.episode_index) in wanted}
+    kept = set(map(id, good.values()))
+    errored = [e for e in stored if id(e) not in kept]
     if errored:
-        old = folder.read_traces(ERRORED).traces
-        folder.rewrite([*old, *errored], ERRORED)
-    folder.rewrite(good.values())
-    todo = [(d, i) for d, i in expected if (d.key, i) not in good]
-    return Work(expected, todo, kept=list(good.values()))
+        folder.errored.write(errored, keep=True)
+    folder.log.write(good.values())
+    return list(good.values())
 
 
 def load_rows(taskset: Taskset, num_tasks: int | None, name: str) -> list[TaskData]:
@@ -90,65 +96,69 @@ def check_unique_keys(taskset_id: str, tasks: list[TaskData]) -> None:
         seen[data.key] = position
 
 
-def check_same_tasks(stored: list[Trace], tasks: list[TaskData], folder: RunFolder) -> None:
-    """A UsageError unless every stored trace is of a task the taskset still has, with the same row: a key is
+def check_same_tasks(stored: list[Episode], tasks: list[TaskData], folder: RunFolder) -> None:
+    """A UsageError unless every stored episode is of a task the taskset still has, with the same row: a key is
     a position or a given id, which names the same task only while the data is the same."""
     rows = {d.key: d for d in tasks}
-    strangers = list(dict.fromkeys(t.task_key for t in stored if t.task_key not in rows))
+    strangers = list(dict.fromkeys(e.task_key for e in stored if e.task_key not in rows))
     if strangers:
-        count = sum(1 for t in stored if t.task_key not in rows)
+        count = sum(1 for e in stored if e.task_key not in rows)
         shown = ", ".join(repr(k) for k in strangers[:3]) + (", ..." if len(strangers) > 3 else "")
-        raise UsageError(f"--resume {folder.path}: {TRACES} holds {count} trace(s) of task keys this taskset does "
+        raise UsageError(f"--resume {folder.path}: the run holds {count} episode(s) of task keys this taskset does "
                          f"not have ({shown}): the taskset changed since the run started, or a tracegym that "
                          "keyed rows by a hash of their content wrote them; start a new run")
-    changed = next((t for t in stored if t.task != rows[t.task_key]), None)
+    changed = next((e for e in stored if e.task != rows[e.task_key]), None)
     if changed is not None:
-        raise UsageError(f"--resume {folder.path}: task {changed.task_key!r} of {TRACES} is not the taskset's row "
+        raise UsageError(f"--resume {folder.path}: task {changed.task_key!r} of the run is not the taskset's row "
                          "with that key now (the taskset changed since the run started); start a new run")
 
 
-def check_complete(work: Work, traces: list[Trace], folder: RunFolder) -> None:
-    """An error unless the folder's `traces` cover every expected (task key, rollout index) pair."""
-    held = {(t.task_key, t.rollout_index) for t in traces}
-    missing = [(d.key, i) for d, i in work.expected if (d.key, i) not in held]
+def check_complete(expected: list[tuple[TaskData, int]], folder: RunFolder) -> None:
+    """An error unless the folder holds an episode for every expected (task key, episode index) pair."""
+    held = {(e.task_key, e.episode_index) for e in folder.log.read().episodes}
+    missing = [(d.key, i) for d, i in expected if (d.key, i) not in held]
     if missing:
         key, index = missing[0]
-        raise InfrastructureError(f"{folder.path}: {len(missing)} of {len(work.expected)} rollouts have no trace "
-                                  f"after the run (first: task {key!r} #{index}); the traces that came back were "
-                                  f"of other task keys; --resume {folder.path} reruns them")
+        raise InfrastructureError(f"{folder.path}: {len(missing)} of {len(expected)} episodes are not in the run "
+                                  f"folder after the run (first: task {key!r} #{index}); --resume {folder.path} "
+                                  "reruns them")
 
 
-async def run_rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: Endpoint, tally: Tally,
-                       boards: list[Dashboard]) -> None:
-    """Run the work's rollouts, appending each trace to the folder and showing it on the dashboards."""
+async def run(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: RunFolder, endpoint: Endpoint,
+              tally: Tally, boards: list[Dashboard]) -> None:
+    """Run the episodes of `todo`, appending each to the folder; the tally and dashboards see each member's
+    trace."""
     with contextlib.ExitStack() as shown:
         for board in boards:
             shown.enter_context(board)
-        async for trace in rollouts(parts, work, folder, endpoint):
-            folder.append(trace)
-            tally.add(trace)
-            for board in boards:
-                board.update(trace)
+        async for episode in episodes(parts, todo, folder, endpoint):
+            folder.log.append(episode)
+            for trace in episode.traces.values():
+                tally.add(trace)
+                for board in boards:
+                    board.update(trace)
 
 
-async def rollouts(parts: EvalParts, work: Work, folder: RunFolder, endpoint: Endpoint) -> AsyncIterator[Trace]:
-    """Traces of the work as they finish: through an env server (one already running, or one started
-    here with worker logs in the run folder) or in this process."""
-    options = parts.settings.options(work.todo)
+async def episodes(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: RunFolder,
+                   endpoint: Endpoint) -> AsyncIterator[Episode]:
+    """Episodes as they finish: through an env server (one already running, or one started here with worker
+    logs in the run folder) or in this process."""
+    options = parts.settings.options(todo)
+    seats = parts.seats_for(endpoint)
     if parts.env is None:
-        async for trace in evaluate_iter(parts.taskset, endpoint, **options):
-            yield trace
+        async for episode in evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
+            yield episode
         return
     with contextlib.ExitStack() as stack:
         async with EnvClient(env_address(parts.env, stack, folder.logs / "env")) as client:
-            async for trace in client.evaluate_iter(parts.taskset, endpoint, **options):
-                yield trace
+            async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
+                yield episode
 
 
 def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = False,
             out: IO[str] | None = None, endpoint: Endpoint | None = None) -> Summary | EpisodeSummary:
     """Run `work` into `folder`; return its summary (also written to `summary.json` and printed).
-    Ctrl-C keeps every finished trace, writes the summary so far, and says how to resume. The wall time is
+    Ctrl-C keeps every finished episode, writes the summary so far, and says how to resume. The wall time is
     that of every session of the run (a resume adds its own to the earlier ones). `endpoint`: the model endpoint
     the command reached already (at `--model.base-url`); None: serve `parts.model`."""
     out = out or sys.stdout
@@ -165,37 +175,24 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
                 where = ", ".join(endpoint.servers())
                 print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
                 tally.restart_clock()
-                run = run_episodes(parts, work.todo, folder, endpoint, tally, boards) if parts.multi_agent else (
-                    run_rollouts(parts, work, folder, endpoint, tally, boards))
-                asyncio.run(run)
+                asyncio.run(run(parts, work.todo, folder, endpoint, tally, boards))
         except KeyboardInterrupt:
             conclude(parts, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
             raise
         finally:
-            folder.close()
+            folder.log.close()
     summary = conclude(parts, folder, earlier + tally.elapsed, out, title)
-    if parts.multi_agent:
-        check_episodes_complete(work.expected, folder)
-    else:
-        check_complete(work, folder.read_traces().traces, folder)
+    check_complete(work.expected, folder)
     return summary
 
 
 def conclude(parts: EvalParts, folder: RunFolder, wall_time: float, out: IO[str],
              title: str) -> Summary | EpisodeSummary:
-    """Summarise what the folder holds (its episodes, for a multi-agent taskset) and print it."""
-    if parts.multi_agent:
-        return finish_episodes(folder, wall_time, out, title)
-    return finish(parts.pass_threshold, folder, folder.read_traces().traces, wall_time, out, title)
-
-
-def finish(pass_threshold: float, folder: RunFolder, traces: list[Trace], wall_time: float, out: IO[str],
-           title: str) -> Summary:
-    """Summarise the folder's `traces` into `summary.json` and print the table."""
-    summary = summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time)
+    """Summarise the folder's episodes into `summary.json` (see `summarize_run`) and print the table."""
+    summary = summarize_run(folder.log.read().episodes, pass_threshold=parts.pass_threshold, wall_time=wall_time)
     folder.write_summary(summary.model_dump(mode="json"))
     print(file=out)
-    Console(file=out).print(summary_table(summary, title=title))
+    Console(file=out).print(run_table(summary, title=title))
     print(f"run folder: {folder.path}", file=out, flush=True)
     return summary

@@ -1,15 +1,14 @@
-"""Run folder: where one eval run lives: `config.toml`, `traces.jsonl`, `summary.json`, `logs/` (and for a
-multi-agent taskset `episodes.jsonl`).
+"""Run folder: where one eval run lives: `config.toml`, its episodes (`traces.jsonl`, `episodes.jsonl`),
+`summary.json`, `logs/`.
 
-Traces are appended one JSON line each and flushed as they finish, so a killed run loses at most the line it
-was writing. The reader tolerates that truncated last line (and counts it); `repair()` cuts it off before more
-lines are appended. The folder never holds two traces for the same (task key, rollout index): a resume first
-moves errored traces aside into `traces.errored.jsonl`.
-
-An episode is stored as its members' traces (in `traces.jsonl`, each naming its member and episode) followed by
-its record without them (a line of `episodes.jsonl`): the record is written last, so an episode is in the folder
-exactly when its record is, and a reader joins the two by episode id (traces of an episode with no record are a
-killed run's leftovers, and are ignored).
+Every run is stored as episodes through one `EpisodeLog` (see `eval.episode_log`): each member's trace is a line of
+`traces.jsonl` (a single-agent run's rows are its rollouts' traces, one a line, as users read them), and each
+episode's record follows as a line of `episodes.jsonl` (a single-agent rollout's is its solo record). Lines are
+flushed as each episode finishes, so a killed run loses at most what it was writing; the reader tolerates a
+truncated last line and `log.repair()` cuts it off before more is appended. The folder never holds two episodes for
+one (task key, episode index): a resume first sets the errored ones aside into the `errored` log
+(`traces.errored.jsonl`, `episodes.errored.jsonl`). Folders written before every run was an episode (a
+single-agent run's `traces.jsonl` alone) read as their solo episodes, and a resume rewrites them in this form.
 """
 
 from __future__ import annotations
@@ -18,35 +17,18 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-from pydantic import ValidationError
+from typing import Any
 
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
-from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
-from tracegym.core.trace import Trace
+from tracegym.eval.episode_log import EpisodeLog
 
-CONFIG, TRACES, SUMMARY, ERRORED = "config.toml", "traces.jsonl", "summary.json", "traces.errored.jsonl"
-EPISODES = "episodes.jsonl"
-
-
-@dataclass
-class TraceFile:
-    """What was read from a traces file: the traces, and how many lines could not be read."""
-
-    traces: list[Trace]
-    truncated_tail: bool = False
-    """The last line was cut off mid-write (the writer was killed)."""
-    bad_lines: int = 0
-    """Complete lines that are not traces (skipped)."""
+CONFIG, TRACES, EPISODES, SUMMARY = "config.toml", "traces.jsonl", "episodes.jsonl", "summary.json"
 
 
 class RunFolder:
-    """One run's folder; `create` a new one or `open` an existing one."""
+    """One run's folder; `create` a new one or `open` an existing one. `log` holds the run's episodes."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -54,7 +36,9 @@ class RunFolder:
         self.traces_path = path / TRACES
         self.summary_path = path / SUMMARY
         self.logs = path / "logs"
-        self._out: IO[str] | None = None
+        self.log = EpisodeLog(self.traces_path, path / EPISODES)
+        self.errored = self.side_log("errored")
+        """Episodes a resume set aside (not ended normally, or no longer expected)."""
 
     @classmethod
     def create(cls, output_dir: Path, taskset: str, model: str, run_id: str | None = None) -> RunFolder:
@@ -74,6 +58,10 @@ class RunFolder:
         folder = cls(path)
         folder.logs.mkdir(exist_ok=True)
         return folder
+
+    def side_log(self, name: str) -> EpisodeLog:
+        """An episode log beside the run's own: `traces.<name>.jsonl` and `episodes.<name>.jsonl`."""
+        return EpisodeLog(self.path / f"traces.{name}.jsonl", self.path / f"episodes.{name}.jsonl")
 
     # --- config and summary ------------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -96,107 +84,7 @@ class RunFolder:
         write_atomic(path, json.dumps(summary, indent=2) + "\n")
         return path
 
-    # --- traces ------------------------------------------------------------------------------------------
-    def read_traces(self, name: str = TRACES) -> TraceFile:
-        """Every readable trace in the file (none when it does not exist)."""
-        return read_trace_file(self.path / name)
-
-    def repair(self) -> bool:
-        """End the traces file with a newline: cut a truncated last line off (True), or terminate a complete
-        one that lost only its newline."""
-        if not self.traces_path.exists():
-            return False
-        data = self.traces_path.read_bytes()
-        if not data or data.endswith(b"\n"):
-            return False
-        start = data.rfind(b"\n") + 1
-        try:
-            Trace.model_validate_json(data[start:])
-        except (ValidationError, ValueError):
-            with self.traces_path.open("r+b") as f:
-                f.truncate(start)
-            return True
-        with self.traces_path.open("ab") as f:
-            f.write(b"\n")
-        return False
-
-    def append(self, trace: Trace) -> None:
-        """Append one trace as a line and flush it to the OS (it survives the process being killed)."""
-        if self._out is None:
-            self._out = self.traces_path.open("a", encoding="utf-8")
-        self._out.write(trace.model_dump_json() + "\n")
-        self._out.flush()
-
-    def rewrite(self, traces: Iterable[Trace], name: str = TRACES) -> None:
-        """Replace a traces file atomically."""
-        self.close()
-        write_atomic(self.path / name, "".join(t.model_dump_json() + "\n" for t in traces))
-
-    def close(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    # --- episodes ----------------------------------------------------------------------------------------
-    def append_episode(self, episode: Episode) -> None:
-        """Append an episode: its members' traces, then its record (flushed, so it survives a kill)."""
-        for member in episode.members:
-            if member in episode.traces:
-                self.append(episode.traces[member])
-        with (self.path / EPISODES).open("a", encoding="utf-8") as out:
-            out.write(episode.model_dump_json(exclude={"traces"}) + "\n")
-
-    def read_episodes(self, name: str = EPISODES, traces: str = TRACES) -> list[Episode]:
-        """Every episode whose record is readable, joined with its members' traces from `traces`."""
-        records = _read_lines(self.path / name, Episode.model_validate_json)
-        members = {(t.episode_id, t.member): t for t in read_trace_file(self.path / traces).traces}
-        for episode in records:
-            episode.traces = {m: members[(episode.id, m)] for m in episode.members if (episode.id, m) in members}
-        return records
-
-    def rewrite_episodes(self, episodes: Iterable[Episode], name: str = EPISODES, traces: str = TRACES) -> None:
-        """Replace an episodes file and its traces file atomically (traces first: a record never lacks them)."""
-        episodes = list(episodes)
-        self.rewrite([t for e in episodes for t in e.traces.values()], traces)
-        write_atomic(self.path / name, "".join(e.model_dump_json(exclude={"traces"}) + "\n" for e in episodes))
-
-
-def read_trace_file(path: Path) -> TraceFile:
-    """Traces from a JSONL file, tolerating a truncated last line and skipping unreadable ones."""
-    result = TraceFile(traces=[])
-    if not path.exists():
-        return result
-    lines = path.read_text(encoding="utf-8").split("\n")
-    last = len(lines) - 1  # the text after the final newline: empty unless the last write was cut off
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            result.traces.append(Trace.model_validate_json(line))
-        except (ValidationError, ValueError):
-            if i == last:
-                result.truncated_tail = True
-            else:
-                result.bad_lines += 1
-    return result
-
-
-def _read_lines(path: Path, parse: Any) -> list[Any]:
-    """Each readable line of a JSONL file parsed (none when it does not exist); unreadable lines are skipped."""
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        if line.strip():
-            try:
-                found.append(parse(line))
-            except (ValidationError, ValueError):
-                continue
-    return found
-
 
 def _safe(name: str) -> str:
     """A name usable as one path part."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name.rstrip("/").rsplit("/", 1)[-1]) or "unnamed"
-
-

@@ -1,0 +1,29 @@
+"""Run summary: what a run's episodes add up to: a single-agent run's (every episode solo) is the `Summary` of its
+traces, a multi-agent run's the per-seat `EpisodeSummary`; `tracegym eval`, `show` and `rescore` all decide here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from tracegym.core.episode import Episode
+from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
+from tracegym.eval.summary import Summary, summarize, summary_table
+
+
+def summarize_run(episodes: Sequence[Episode], *, pass_threshold: float = 1.0,
+                  wall_time: float | None = None) -> Summary | EpisodeSummary:
+    """The summary of a run's episodes: of their traces when every one is solo (pass@k over `pass_threshold`),
+    else per seat."""
+    if all(e.is_solo for e in episodes):
+        traces = [t for e in episodes for t in e.traces.values()]
+        return summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time)
+    return summarize_episodes(episodes, wall_time=wall_time)
+
+
+def run_table(summary: Summary | EpisodeSummary, title: str = "") -> Table:
+    """The summary's table, as the terminal shows it."""
+    if isinstance(summary, EpisodeSummary):
+        return episode_table(summary, title=title)
+    return summary_table(summary, title=title)
