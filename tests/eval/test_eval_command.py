@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tracegym.cli.main import main
+from tracegym.config.episode_log import record_line
 from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
-from tracegym.eval.episode_log import record_line
 from tracegym.eval.run_folder import RunFolder
 from tracegym.testing import FakeOpenAIServer
 

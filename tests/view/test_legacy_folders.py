@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
-from tracegym.eval.episode_log import EpisodeLog
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
 from tracegym.train.rl_folder import RLFolder
 from tracegym.view.app import make_app

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import ToolCall, assistant, system, tool, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace, Usage
-from tracegym.eval.episode_log import EpisodeLog
 from tracegym.eval.episode_summary import summarize_episodes
 from tracegym.eval.run_folder import EPISODES, TRACES, RunFolder
 from tracegym.eval.summary import summarize

@@ -1,7 +1,7 @@
 """Run folder: where one eval run lives: `config.toml`, its episodes (`traces.jsonl`, `episodes.jsonl`),
 `summary.json`, `logs/`.
 
-Every run is stored as episodes through one `EpisodeLog` (see `eval.episode_log`): each member's trace is a line of
+Every run is stored as episodes through one `EpisodeLog` (see `config.episode_log`): each member's trace is a line of
 `traces.jsonl` (a single-agent run's rows are its rollouts' traces, one a line, as users read them), and each
 episode's record follows as a line of `episodes.jsonl` (a single-agent rollout's is its solo record). Lines are
 flushed as each episode finishes, so a killed run loses at most what it was writing; the reader tolerates a
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import UsageError
-from tracegym.eval.episode_log import EpisodeLog
 
 CONFIG, TRACES, EPISODES, SUMMARY = "config.toml", "traces.jsonl", "episodes.jsonl", "summary.json"
 

@@ -11,7 +11,7 @@
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
     trainer_metrics.jsonl           the trainer's records: one per step
     traces/step-000007.jsonl        the member traces of step 7's episodes (a single-agent rollout's trace alone)
-    episodes/step-000007.jsonl      step 7's episode records, joined with their traces by id (`eval.episode_log`)
+    episodes/step-000007.jsonl      step 7's episode records, joined with their traces by id (`config.episode_log`)
     evals/<env>/traces/step-000010.jsonl, evals/<env>/episodes/step-000010.jsonl
                                     the same for a held-out environment's evaluation at step 10 (a folder written
                                     before every run was an episode has `evals/<env>/step-N.jsonl`, episodes with
@@ -39,11 +39,11 @@ from typing import Annotated, Any
 import msgpack
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, UsageError
 from tracegym.core.sample import Sample
-from tracegym.eval.episode_log import EpisodeLog
 from tracegym.serve.wire import listed
 from tracegym.train.tracking import Tracking
 

@@ -1,5 +1,5 @@
 """Run folder index: every trace and multi-agent episode of an eval or RL run folder's episode logs
-(`eval.episode_log`), by byte offset, with a small summary each, so pages are served from the index and read one
+(`config.episode_log`), by byte offset, with a small summary each, so pages are served from the index and read one
 record from disk when shown.
 
 Every folder is read as episode logs: an eval run's one (`traces.jsonl`, `episodes.jsonl`), an RL run's one per
@@ -28,11 +28,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.config.run_dir import read_toml
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import SCHEMA_VERSION, Trace
-from tracegym.eval.episode_log import EpisodeLog
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
 from tracegym.train.rl_folder import EPISODES as RL_EPISODES
 from tracegym.train.rl_folder import TRACES as RL_TRACES

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
+from tracegym.config.episode_log import EpisodeLog
 from tracegym.core.episode import SOLO, Episode
-from tracegym.eval.episode_log import EpisodeLog
 from tracegym.testing import make_episode, make_trace
 
 LEGACY = Path(__file__).parent.parent / "data" / "legacy_runs"
