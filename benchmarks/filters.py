@@ -5,7 +5,8 @@ Cost: single-turn traces of 48 to 4096 sampled tokens (random ids, logprobs like
 loop: the worst case for the repetition search, which stops at the first loop it finds) are screened by both
 filters and turned into samples (`checked_samples`, as the orchestrator does), best of several runs, side by side.
 
-Catches (`--run-dir outputs/rl/<run-id>`): every trace in `traces/step-*.jsonl` that training looked at, the share
+Catches (`--run-dir outputs/rl/<run-id>`): every trace of the run's steps that training looked at (each episode's
+trainable members', a rollout's own; `RLFolder.step_log`, which reads old run folders too), the share
 each filter catches, the mean reward of those it catches against the others (a filter worth enforcing catches
 worse rollouts), and the first few caught replies.
 
@@ -23,8 +24,11 @@ from pathlib import Path
 from tracegym.core.messages import assistant, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.train.fan_out import unfit
 from tracegym.train.filters import Filters, Gibberish, Repetition, RolloutFilter, screen
+from tracegym.train.rl_folder import RLFolder
 from tracegym.train.samples import checked_samples
+from tracegym.train.signal import learner_traces
 
 LENGTHS = [48, 512, 4096]
 RULES: list[RolloutFilter] = [
@@ -67,9 +71,9 @@ def cost() -> None:
 
 
 def read_traces(run_dir: Path) -> list[Trace]:
-    paths = sorted((run_dir / "traces").glob("step-*.jsonl"))
-    traces = [Trace.model_validate_json(line) for path in paths for line in path.read_text().splitlines() if line]
-    return [t for t in traces if t.failure is None and t.reward is not None]  # what the filters are run on
+    folder = RLFolder(run_dir)
+    episodes = [e for step in folder.steps() for e in folder.step_log(step).read().episodes]
+    return [t for t in learner_traces(episodes) if unfit(t) is None]  # what the filters are run on
 
 
 def catches(run_dir: Path, examples: int = 3) -> None:

@@ -1,8 +1,8 @@
 """Benchmark report of a multi-agent RL run (`tracegym rl @ configs/rl/kuhn_poker_selfplay.toml`): the learner
 against a fixed copy of the base model on held-out deals, before and after training, on the same deals.
 
-Reads the run folder only: the held-out episodes of the first and last evaluation (`evals/<env>/step-N.jsonl`,
-each deal played once with the learner in each seat, the opponent always the base model), the step records
+Reads the run folder only: the held-out episodes of the first and last evaluation (`evals/<env>/`, each deal
+played once with the learner in each seat, the opponent always the base model), the step records
 (`metrics.jsonl`) and the trainer's (`trainer_metrics.jsonl`). Prints, per evaluation, the learner's mean payoff
 and win / loss / forfeit rates with 95% intervals; the change from the first evaluation to the last as a paired
 difference over the same (deal, seat) pairs with its 95% interval; seconds per step; and draws the curve
@@ -21,14 +21,13 @@ from pathlib import Path
 from tracegym.core.episode import Episode, Outcome
 from tracegym.core.interval import mean_ci
 from tracegym.train.plots import plot_run
-from tracegym.train.rl_folder import RLFolder, step_of
+from tracegym.train.rl_folder import RLFolder
 
 
-def learner_results(path: Path) -> dict[tuple[str, str], tuple[float | None, Outcome | None]]:
+def learner_results(episodes: list[Episode]) -> dict[tuple[str, str], tuple[float | None, Outcome | None]]:
     """(deal key, learner seat) -> (learner's payoff, outcome) of one held-out evaluation."""
     out = {}
-    for line in path.read_text().splitlines():
-        episode = Episode.model_validate_json(line)
+    for episode in episodes:
         for member in episode.trainable_members:
             out[(episode.task_key, member)] = (episode.rewards.get(member), episode.outcomes.get(member))
     return out
@@ -51,8 +50,8 @@ def main() -> None:
     parser.add_argument("--env", default="kuhn-poker")
     args = parser.parse_args()
     folder = RLFolder(args.run_dir)
-    evals = sorted((args.run_dir / "evals" / args.env).glob("step-*.jsonl"), key=step_of)
-    results = {step_of(p): learner_results(p) for p in evals}
+    results = {step: learner_results(folder.step_log(step, held_out=args.env).read().episodes)
+               for step in folder.steps(held_out=args.env)}
     print(f"held-out evaluations of {args.env} (learner vs the base model, each deal from both seats):")
     for step, result in results.items():
         print(f"  step {step:3d}: {describe(result)}")

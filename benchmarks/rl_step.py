@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from tracegym import Endpoint, Sampling, evaluate
+from tracegym.core.episode import Episode
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.envs.registry import load_taskset
@@ -35,7 +36,7 @@ from tracegym.models.chat_client import ChatClient
 from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
 from tracegym.train.advantages import GroupAdvantages
-from tracegym.train.fan_out import advantaged, rollout_units
+from tracegym.train.fan_out import advantaged, episode_units
 from tracegym.train.samples import trace_samples
 from tracegym.train.trainer import Trainer, TrainerConfig, build_trainer
 from tracegym.train.weight_sync import MergedWeightSync, WeightSync
@@ -53,7 +54,7 @@ def samples_of(traces: list[Trace], advantages: GroupAdvantages, version: int) -
         groups.setdefault(trace.task_key, []).append(trace)
     out, rewards = [], []
     for group in groups.values():
-        units, _ = rollout_units(group)
+        units, _ = episode_units(Episode.solo(t) for t in group)  # each rollout as the env server returns it
         rewards += [unit.reward for unit in units]
         for unit, value in advantaged(units, advantages):
             out += [s.model_copy(update={"advantage": value, "policy_version": version})

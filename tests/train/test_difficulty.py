@@ -12,6 +12,7 @@ from test_orchestrator_failures import to_samples, tokened
 from test_rl_resume import trainer_loop
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
 from tracegym.testing import FakeOpenAIServer
@@ -195,7 +196,8 @@ def one_step(orchestrator, step: int) -> list[str]:
     every rollout, the others half), hand over. Returns the drawn task keys."""
     keys = [data.key for _, data in orchestrator.draw()]
     groups = [[tokened(1.0 if i == 0 else float(r), task_key=k) for r in (0, 1)] for i, k in enumerate(keys)]
-    asyncio.run(orchestrator.difficulty.complete(groups, ["reverse-text"] * len(keys), 4, None))
+    episodes = [[Episode.solo(t) for t in group] for group in groups]
+    asyncio.run(orchestrator.difficulty.complete(episodes, ["reverse-text"] * len(keys), 4, None))
     orchestrator.hand_over(step, to_samples(orchestrator, groups, version=step, step=step), {"generation_s": 0.1})
     return keys
 

@@ -3,13 +3,14 @@ tokens; advantages are computed per (taskset, task, member), by whichever estima
 
 import pytest
 
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import user
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.advantages import RAE, GroupAdvantages, group_mean
-from tracegym.train.fan_out import advantaged, by_key, episode_units, rollout_units
+from tracegym.train.fan_out import advantaged, by_key, episode_units
 from tracegym.train.samples import trace_samples
 
 DEAL = TaskData(prompt="deal 1")
@@ -63,11 +64,38 @@ def test_a_member_without_a_reward_or_whose_trace_failed_is_left_out_and_counted
     assert dropped == {"scoring_error": 1, "model_unavailable": 1}  # unscored with no error recorded: scoring
 
 
-def test_rollouts_fan_out_to_one_unit_each_keyed_by_taskset_and_task():
+def test_a_rollouts_solo_episode_is_one_unit_keyed_by_taskset_and_task_as_the_rollout_was():
     traces = [make_trace(reward=1.0, taskset="reverse-text"), make_trace(reward=None, taskset="reverse-text")]
-    units, dropped = rollout_units(traces)
-    assert [(u.member, u.reward, u.key) for u in units] == [(None, 1.0, f"reverse-text/{traces[0].task_key}")]
-    assert dropped == {"scoring_error": 1}
+    units, dropped = episode_units([Episode.solo(t) for t in traces], per_task=False)
+    assert [(u.trace, u.member, u.reward, u.key) for u in units] == [
+        (traces[0], SOLO, 1.0, f"reverse-text/{traces[0].task_key}")]
+    assert dropped == {"scoring_error": 1}  # the trace's own failure, not `episode_error`
+
+
+def test_a_failed_rollout_is_left_out_by_its_own_failure_kind():
+    units, dropped = episode_units([Episode.solo(make_trace(error=ErrorKind.INFRASTRUCTURE))])
+    assert units == [] and dropped == {"model_unavailable": 1}
+
+
+def test_group_mean_over_solo_episodes_is_the_group_mean_over_their_rollouts():
+    rewards = [1.0, 0.0, 0.25, None]
+    units, _ = episode_units([Episode.solo(make_trace(reward=r)) for r in rewards])
+    assert [a for _, a in advantaged(units, GroupAdvantages(group_mean))] == group_mean([1.0, 0.0, 0.25])
+
+
+def test_a_rollout_cut_short_keeps_its_own_reward_whatever_the_truncated_reward():
+    """`truncated_reward` is a multi-agent game's: a single-agent rollout is scored by its rewards."""
+    trace = make_trace(reward=0.5, stop_reason=StopReason.TRUNCATED)
+    assert [u.reward for u in episode_units([Episode.solo(trace)], truncated_reward=-1.0)[0]] == [0.5]
+
+
+def test_a_scored_rollout_that_sampled_nothing_still_counts_in_its_group():
+    """`no_turns` is a member's whose game ended before its turn; a rollout has no game around it."""
+    trace = make_trace(reward=1.0)
+    trace.graph = type(trace.graph)()
+    trace.graph.add(user("question"))
+    units, dropped = episode_units([Episode.solo(trace)])
+    assert [u.trace for u in units] == [trace] and not dropped
 
 
 def test_group_mean_compares_each_member_with_itself_across_the_groups_episodes():

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from tracegym.cli.main import main
+from tracegym.core.episode import Episode
 from tracegym.core.messages import assistant, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import RewardScore, StopReason, Trace
@@ -182,15 +183,17 @@ def test_an_unknown_filter_or_a_bad_threshold_exits_2_with_one_line_naming_the_k
 
 # --- in the orchestrator ------------------------------------------------------------------------------------------
 class FakeGroups:
-    """Answers `run_group` without a model: each group is the next scripted list of trace makers (rewards 1 and
-    0 alternate, so every group has signal unless a filter empties it)."""
+    """Answers a single-agent group's `episodes` without a model: each group is the next scripted list of trace
+    makers, each rollout its solo episode (rewards 1 and 0 alternate, so every group has signal unless a filter
+    empties it)."""
 
     def __init__(self, *groups: list) -> None:
         self.groups = list(groups)
 
-    async def rollouts(self, served, data, endpoint, indices, sampling=None):
+    async def episodes(self, served, data, endpoint, indices, *, seats=None, sampling=None):
+        assert seats is None  # a single-agent environment's members all play the policy
         makers = self.groups.pop(0)
-        return [make(reward=float(i % 2), task=data) for i, make in enumerate(makers)]
+        return [Episode.solo(make(reward=float(i % 2), task=data)) for i, make in enumerate(makers)]
 
     async def aclose(self) -> None:
         pass
@@ -254,9 +257,8 @@ def test_in_an_episode_an_enforced_catch_drops_that_members_unit_alone(tmp_path)
         orch = build_orchestrator(config, RLFolder(tmp_path), endpoints)
     orch.envs["kuhn-poker"].client = GibberishPlayer()
     samples, metrics = asyncio.run(orch.collect(0, 0, "base"))
-    episodes = [json.loads(line) for line in (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()]
+    episodes = RLFolder(tmp_path).step_log(0).read().episodes
     trained = {s.trace_id for s in samples}
-    assert trained == {e["traces"]["player_1"]["id"] for e in episodes}
-    assert all(e["traces"]["player_0"]["metrics"] == {"filter/gibberish": 1.0, "filter/dropped": 1.0}
-               for e in episodes)
+    assert trained == {e.traces["player_1"].id for e in episodes}
+    assert all(e.traces["player_0"].metrics == {"filter/gibberish": 1.0, "filter/dropped": 1.0} for e in episodes)
     assert metrics["filters/kuhn-poker/dropped"] == 0.5 and metrics["rollouts_filtered"] == 2

@@ -9,7 +9,9 @@ from collections import Counter
 
 import pytest
 
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import InfrastructureError
+from tracegym.core.trace import Trace
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.script import Fail
@@ -69,6 +71,37 @@ def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, 
     assert abs(sum(s.advantage for s in samples)) < 1e-9
     assert all(s.num_trained and s.token_ids for s in samples)
     assert len((tmp_path / "traces" / "step-000000.jsonl").read_text().splitlines()) == 8
+
+
+def test_a_step_of_rollouts_is_saved_as_one_trace_a_line_and_a_solo_record_each(tmp_path, env_addresses):
+    with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
+        asyncio.run(collect(make(tmp_path, server, env_addresses)))
+    traces = [Trace.model_validate_json(line)
+              for line in (tmp_path / "traces" / "step-000000.jsonl").read_text().splitlines()]
+    records = [Episode.model_validate_json(line)
+               for line in (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()]
+    assert len(traces) == 8 and all(t.member is None and t.episode_id is None for t in traces)
+    assert [(r.id, r.members) for r in records] == [(t.id, [SOLO]) for t in traces]
+
+
+def test_a_single_agent_held_out_evaluation_saves_its_episodes_and_logs_the_reward_figures(tmp_path, env_addresses):
+    with FakeOpenAIServer(rule=lambda request: request.messages[-1].text[::-1]) as server:
+        orchestrator = make(tmp_path, server, env_addresses)
+
+        async def held_out():
+            try:
+                await orchestrator.evaluate(0)
+            finally:
+                await orchestrator.aclose()
+
+        asyncio.run(held_out())
+    episodes = RLFolder(tmp_path).step_log(0, held_out="reverse-text").read().episodes
+    assert len(episodes) == 3 and all(e.is_solo and e.rewards[SOLO] == 1.0 for e in episodes)
+    assert RLFolder(tmp_path).steps(held_out="reverse-text") == [0] and RLFolder(tmp_path).steps() == []
+    [record] = RLFolder(tmp_path).metrics.read()
+    assert set(record) == {"time", "eval_step", "env", "policy_version", "eval_reward", "eval_reward_ci95", "eval_n",
+                           "eval_unscored"}
+    assert (record["eval_reward"], record["eval_n"], record["eval_unscored"]) == (1.0, 3, 0)
 
 
 def test_groups_without_signal_are_dropped_and_counted(tmp_path, env_addresses):

@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from tracegym.core.episode import Episode
 from tracegym.core.task_data import TaskData
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_episode
@@ -99,7 +98,7 @@ def test_held_out_evaluation_plays_each_task_with_the_learner_in_each_seat(tmp_p
     (record,) = [m for m in orchestrator.folder.metrics.read() if "eval_reward" in m]
     assert record["eval_n"] == 8 and record["eval_reward"] == 1.0 and record["eval_win_rate"] == 1.0
     assert [b["player_0"] for b in fake.bindings] == ["policy"] * 4 + ["base"] * 4
-    assert len((tmp_path / "evals" / "kuhn-poker" / "step-000000.jsonl").read_text().splitlines()) == 8
+    assert len(orchestrator.folder.step_log(0, held_out="kuhn-poker").read().episodes) == 8
 
 
 def test_the_seating_and_the_baselines_come_back_on_a_resume(tmp_path, kuhn_servers):
@@ -133,8 +132,7 @@ def test_a_step_of_self_play_through_a_real_env_server_trains_each_seat_on_its_o
                 await orchestrator.aclose()
 
         samples, metrics = asyncio.run(one_step())
-    episodes = [Episode.model_validate_json(line)
-                for line in (tmp_path / "episodes" / "step-000000.jsonl").read_text().splitlines()]
+    episodes = RLFolder(tmp_path).step_log(0).read().episodes
     assert len(episodes) == 4 and all(e.ok for e in episodes) and len(samples) == 8
     traces = {t.id: t for e in episodes for t in e.traces.values()}
     for sample in samples:

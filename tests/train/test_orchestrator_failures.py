@@ -5,6 +5,7 @@ version that sampled them, and ones older than `max_async_steps` are dropped."""
 import asyncio
 
 import tracegym as tg
+from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError
 from tracegym.core.messages import assistant, user
 from tracegym.core.sample import Sample
@@ -24,9 +25,11 @@ def orchestrator(tmp_path, max_async_steps: int = 1) -> Orchestrator:
                         StepPlan(steps=1, tasks_per_step=1, group_size=2, concurrency=2))
 
 
-def to_samples(orch: Orchestrator, groups: list, version: int, step: int) -> list[Sample]:
-    """What the orchestrator trains on from `groups` at `step`, the policy `version` served when it started."""
-    return asyncio.run(orch.train_on(StepGroups(step, groups), version))[0]
+def to_samples(orch: Orchestrator, groups: list[list[Trace]], version: int, step: int) -> list[Sample]:
+    """What the orchestrator trains on from groups of rollouts (each its solo episode, as the env server returns
+    it) at `step`, the policy `version` served when it started."""
+    episodes = [[Episode.solo(t) for t in group] for group in groups]
+    return asyncio.run(orch.train_on(StepGroups(step, episodes), version))[0]
 
 
 def tokened(reward: float | None, versions: tuple[int | None, ...] = (None,), **fields) -> Trace:

@@ -2,13 +2,19 @@
 metrics files and the one poller."""
 
 import asyncio
+import shutil
+from pathlib import Path
 
 import pytest
 
 import tracegym as tg
+from tracegym.core.episode import SOLO, Episode
 from tracegym.core.sample import Sample
-from tracegym.testing import make_trace
+from tracegym.core.trace import Trace
+from tracegym.testing import make_episode, make_trace
 from tracegym.train.rl_folder import Endpoints, JsonlLog, Poll, RLFolder, step_name, step_of
+
+LEGACY_RL = Path(__file__).parent.parent / "data" / "legacy_runs" / "rl"
 
 
 def _sample(advantage: float) -> Sample:
@@ -117,6 +123,56 @@ def test_a_new_folder_refuses_an_existing_one_and_a_resume_needs_a_config(tmp_pa
     assert not folder.config_path.exists() and list(folder.path.glob("config.before-*.toml"))
 
 
-def test_the_traces_of_a_step_are_one_json_line_each(tmp_path):
-    path = RLFolder(tmp_path).write_traces(5, [make_trace(), make_trace()])
-    assert path == tmp_path / "traces" / "step-000005.jsonl" and len(path.read_text().splitlines()) == 2
+def test_a_step_of_rollouts_is_one_trace_a_line_and_one_solo_record_a_line(tmp_path):
+    traces = [make_trace(), make_trace()]
+    log = RLFolder(tmp_path).write_episodes(5, [Episode.solo(t) for t in traces])
+    assert log.traces == tmp_path / "traces" / "step-000005.jsonl"
+    assert [Trace.model_validate_json(line) for line in log.traces.read_text().splitlines()] == traces
+    records = [Episode.model_validate_json(line) for line in log.episodes.read_text().splitlines()]
+    assert log.episodes == tmp_path / "episodes" / "step-000005.jsonl"
+    assert [(r.id, r.members, r.traces) for r in records] == [(t.id, [SOLO], {}) for t in traces]
+
+
+def test_a_step_made_again_keeps_its_earlier_attempts_episodes(tmp_path):
+    folder = RLFolder(tmp_path)
+    first, second = Episode.solo(make_trace()), make_episode({"a": 1.0, "b": -1.0})
+    folder.write_episodes(2, [first])
+    folder.write_episodes(2, [second], keep=True)
+    assert folder.step_log(2).read().episodes == [first, second]
+
+
+def test_a_held_out_evaluation_is_an_episode_log_of_its_own_under_evals(tmp_path):
+    folder = RLFolder(tmp_path)
+    episode = Episode.solo(make_trace())
+    log = folder.write_episodes(4, [episode], held_out="eval:reverse-text")
+    assert log.traces == tmp_path / "evals" / "eval-reverse-text" / "traces" / "step-000004.jsonl"
+    assert folder.step_log(4, held_out="eval:reverse-text").read().episodes == [episode]
+    assert (folder.steps(), folder.steps(held_out="eval:reverse-text")) == ([], [4])
+    assert folder.held_out_envs() == ["eval-reverse-text"]
+
+
+# --- a folder written before every run was an episode ---------------------------------------------------------------
+@pytest.fixture
+def legacy_rl(tmp_path) -> RLFolder:
+    """A copy of the RL run folder the code of 2be8836 wrote (tests/data/legacy_runs/README.md): steps 1 and 2 with
+    single-agent traces and multi-agent episodes (their traces inside), and a held-out kuhn-poker evaluation."""
+    return RLFolder(Path(shutil.copytree(LEGACY_RL, tmp_path / "rl")))
+
+
+def test_an_old_folders_steps_read_as_episodes_of_both_shapes(legacy_rl):
+    for step, rollouts, games in ((1, 4, 2), (2, 2, 1)):
+        read = legacy_rl.step_log(step).read()
+        assert sorted(e.is_solo for e in read.episodes) == [False] * games + [True] * rollouts
+        assert all(e.traces for e in read.episodes) and (read.bad_lines, read.cut_short) == (0, 0)
+        assert len(read.traces) == rollouts + 2 * games
+
+
+def test_an_old_folders_held_out_evaluation_reads_as_its_episodes(legacy_rl):
+    [episode] = legacy_rl.step_log(0, held_out="eval-kuhn-poker").read().episodes
+    assert episode.members == ["player_0", "player_1"] and set(episode.traces) == {"player_0", "player_1"}
+
+
+def test_an_old_folders_steps_and_held_out_evaluations_are_listed(legacy_rl):
+    assert legacy_rl.steps() == [1, 2]
+    assert legacy_rl.held_out_envs() == ["eval-kuhn-poker"]
+    assert legacy_rl.steps(held_out="eval-kuhn-poker") == [0]

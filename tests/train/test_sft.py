@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tracegym.core.errors import ErrorKind, InfrastructureError
+from tracegym.core.episode import Episode
+from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
 from tracegym.core.messages import assistant, system, tool, user
 from tracegym.core.trace import StopReason
 from tracegym.envs.evaluate import run_rollout
@@ -21,7 +22,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import ChatMLRenderer, LibraryRenderer, renderer_for
 from tracegym.models.token_client import TokenClient
 from tracegym.serve.local_server import local_server
-from tracegym.testing import FakeOpenAIServer, make_trace, reply, tool_call
+from tracegym.testing import FakeOpenAIServer, make_episode, make_trace, reply, tool_call
 from tracegym.testing.oracle import oracle_server
 from tracegym.train.loss import cross_entropy_loss
 from tracegym.train.orchestrator import build_orchestrator
@@ -173,6 +174,11 @@ def group(*rewards: float | None):
     return [make_trace(reply=f"r{i}", reward=r, rollout_index=i) for i, r in enumerate(rewards)]
 
 
+def solo_group(*rewards: float | None):
+    """A teacher's group as the env server returns it: each rollout its solo episode."""
+    return [Episode.solo(t) for t in group(*rewards)]
+
+
 def test_the_reward_threshold_drops_what_is_below_it():
     kept, dropped = kept_traces(group(1.0, 0.5, 0.9, None), SFTConfig(min_reward=0.9))
     assert [t.rollout_index for t in kept] == [0, 2]
@@ -196,7 +202,7 @@ def test_truncated_and_failed_teacher_rollouts_are_dropped():
 # --- the signal: a step's batch, and its stops -------------------------------------------------------------
 def test_a_step_where_every_rollout_is_filtered_out_is_empty_and_says_which_keys_to_loosen(smol):
     source = SFTSignal(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(min_reward=1.0))
-    samples, figures = asyncio.run(source.samples(StepGroups(0, [group(0.5, 0.2)]), version=2))
+    samples, figures = asyncio.run(source.samples(StepGroups(0, [solo_group(0.5, 0.2)]), version=2))
     assert samples == [] and figures["sft/dropped/below_min_reward"] == 2
     why = source.why_empty([figures, figures])
     assert why == ("every teacher rollout was filtered out (4 below_min_reward); lower [sft] min_reward (now 1.0), "
@@ -232,9 +238,15 @@ def test_an_sft_run_whose_teacher_is_always_wrong_stops_after_its_attempts(tmp_p
 
 def test_a_step_batch_is_stamped_and_counted(smol):
     source = SFTSignal(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig(keep_best=1))
-    samples, figures = asyncio.run(source.samples(StepGroups(0, [group(0.2, 0.9)]), version=4))
+    samples, figures = asyncio.run(source.samples(StepGroups(0, [solo_group(0.2, 0.9)]), version=4))
     assert len(samples) == 1 and samples[0].policy_version == 4 and samples[0].reward == 0.9
     assert figures == {"sft/kept": 1, "sft/kept_rate": 0.5, "sft/dropped/not_best": 1}
+
+
+def test_a_step_of_a_multi_agent_environment_is_refused_by_name(smol):
+    source = SFTSignal(Endpoint(base_url="http://teacher:1/v1", model="t"), smol, SFTConfig())
+    with pytest.raises(UsageError, match="mode = 'sft' trains on single-agent environments"):
+        asyncio.run(source.samples(StepGroups(0, [[make_episode({"p0": 1.0, "p1": -1.0})]]), version=0))
 
 
 def test_a_teacher_that_is_down_is_retried_then_named():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_orchestrator import alternating_per_prompt, env_addresses  # noqa: F401 (env_addresses: a fixture)
 
+from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.messages import assistant, user
 from tracegym.core.task_data import TaskData
@@ -49,7 +50,7 @@ def track(folder: RLFolder, **config) -> None:
     folder.track(tracking)
     for record in RECORDS:
         folder.metrics.append(record)
-    folder.write_traces(1, TRACES)
+    folder.write_episodes(1, [Episode.solo(t) for t in TRACES])
     folder.close()
 
 

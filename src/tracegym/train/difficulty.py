@@ -33,7 +33,7 @@ from tracegym.train.advantages import has_signal
 
 Verdict = Literal["unseen", "in_band", "too_easy", "too_hard"]
 G = TypeVar("G")
-"""A group of rollouts (or episodes): whatever the orchestrator runs per task."""
+"""A group: whatever the orchestrator runs per task (its episodes)."""
 
 
 class DifficultyConfig(BaseModel):

@@ -1,5 +1,6 @@
-"""Fan-out: what training makes of a group's rollouts or episodes: one training unit per trace that trains (per
-trainable member, for an episode), grouped per baseline key (taskset, task, member) for the advantages.
+"""Fan-out: what training makes of a group's episodes: one training unit per trace that trains (per trainable
+member of each; a single-agent rollout's solo episode has one), grouped per baseline key (taskset, task, member) for
+the advantages.
 
 A unit is a member's own trace (its branches give its samples with its exact tokens) and its reward. A rollout
 or member that failed outside the model (`Trace.failure`), an episode that ended on an error (a failed slot, a
@@ -9,6 +10,10 @@ marks untrainable make none either: a seat pinned to another model, an opponent,
 is off unless the run's seat binding says `trainable = true`). Which seats train is decided once, by the seat
 binding, and recorded on the episode. Advantages are whatever `GroupAdvantages` computes over each group's
 rewards: fan-out and the advantage estimator do not know of each other.
+
+A solo episode's unit is what the rollout alone always made: judged by its own trace (`unfit`), paid its own
+reward, its baseline kept per task without a member (so a stateful baseline's keys, and its checkpointed state,
+are a rollout's).
 
 >>> units, dropped = episode_units([episode])  # doctest: +SKIP
 >>> [(u.member, u.reward) for u in units]  # doctest: +SKIP
@@ -35,42 +40,44 @@ class TrainingUnit:
     key: str
     """`baseline_key(taskset, task key, member)`: units with one key share a baseline."""
     member: str | None = None
-    """The member whose trace this is (None: a single-agent rollout)."""
-
-
-def rollout_units(traces: Iterable[Trace]) -> tuple[list[TrainingUnit], Counter[str]]:
-    """A single-agent group's units, and how many rollouts were left out, by reason."""
-    units, dropped = [], Counter[str]()
-    for trace in traces:
-        reason = unfit(trace)
-        if reason:
-            dropped[reason] += 1
-        else:
-            assert trace.reward is not None  # unfit: a rollout without one is left out
-            units.append(TrainingUnit(trace, trace.reward, baseline_key(trace.taskset, trace.task_key)))
-    return units, dropped
+    """The member whose trace this is (`SOLO` for a single-agent rollout's)."""
 
 
 def episode_units(episodes: Iterable[Episode], per_task: bool = True,
                   truncated_reward: float | None = None) -> tuple[list[TrainingUnit], Counter[str]]:
     """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
-    (`episode_error` counts a member of an episode that ended on an error). `per_task=False` keys baselines per
-    (taskset, member) alone, as SPIRAL does (one baseline per game and role). `truncated_reward`: the reward of
-    every trainable member of an episode cut short (a reply ran into the completion budget, a prompt no longer
-    fit), in place of its payoff; None keeps the payoff (an unfinished game's, usually 0)."""
+    (`episode_error` counts a member of an episode that ended on an error). `per_task=False` keys a multi-agent
+    member's baseline per (taskset, member) alone, as SPIRAL does (one baseline per game and role).
+    `truncated_reward`: the reward of every trainable member of a multi-agent episode cut short (a reply ran into
+    the completion budget, a prompt no longer fit), in place of its payoff; None keeps the payoff (an unfinished
+    game's, usually 0)."""
     units, dropped = [], Counter[str]()
     for episode in episodes:
-        cut = truncated_reward is not None and episode.stop_reason == StopReason.TRUNCATED
         for member in episode.trainable_members:
-            reason = "episode_error" if episode.error is not None else member_unfit(episode, member)
+            reason = member_unfit(episode, member)
             if reason:
                 dropped[reason] += 1
                 continue
-            key = baseline_key(episode.taskset, episode.task_key if per_task else "", member)
-            reward = truncated_reward if cut else episode.rewards[member]
-            assert reward is not None  # member_unfit: a member without one is left out
-            units.append(TrainingUnit(episode.traces[member], reward, key, member))
+            units.append(TrainingUnit(episode.traces[member], member_reward(episode, member, truncated_reward),
+                                      unit_key(episode, member, per_task), member))
     return units, dropped
+
+
+def member_reward(episode: Episode, member: str, truncated_reward: float | None) -> float:
+    """The reward a trainable member's advantage comes from: its payoff, or `truncated_reward` when a multi-agent
+    episode was cut short."""
+    cut = truncated_reward is not None and not episode.is_solo and episode.stop_reason == StopReason.TRUNCATED
+    reward = truncated_reward if cut else episode.rewards[member]
+    assert reward is not None  # member_unfit: a member without one is left out
+    return reward
+
+
+def unit_key(episode: Episode, member: str, per_task: bool) -> str:
+    """The baseline key of a member's unit: `baseline_key(taskset, task key, member)`, the task left out when not
+    `per_task`; a solo episode's is its rollout's, `taskset/task key`."""
+    if episode.is_solo:
+        return baseline_key(episode.taskset, episode.task_key)
+    return baseline_key(episode.taskset, episode.task_key if per_task else "", member)
 
 
 def unfit(trace: Trace) -> str | None:
@@ -81,10 +88,15 @@ def unfit(trace: Trace) -> str | None:
 
 
 def member_unfit(episode: Episode, member: str) -> str | None:
-    """Why a member's part of an episode cannot be trained on, or None when it can."""
+    """Why a member's part of an episode cannot be trained on, or None when it can. A solo episode's one member is
+    judged by its own trace alone (`unfit`), as a rollout is: it has no game to end before its turn."""
     trace = episode.traces.get(member)
     if trace is None:
         return "no_trace"
+    if episode.is_solo:
+        return unfit(trace)
+    if episode.error is not None:
+        return "episode_error"
     if not any(node.sampled for node in trace.graph.nodes):  # the episode ended before its turn: nothing sampled
         return "no_turns"
     return unfit(trace) or ("no_reward" if episode.rewards.get(member) is None else None)

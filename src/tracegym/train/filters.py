@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
 
 Mode = Literal["off", "detect", "enforce"]
@@ -153,8 +152,8 @@ class Screening:
     """Ids of the traces an enforcing filter caught: left out of training."""
     dropped_per_env: Counter[str] = field(default_factory=Counter)
 
-    def keeps(self, trace: Trace | Episode) -> bool:
-        """False for a trace an enforcing filter caught (an episode is never caught: the filters check traces)."""
+    def keeps(self, trace: Trace) -> bool:
+        """False for a trace an enforcing filter caught."""
         return trace.id not in self.dropped
 
     def metrics(self) -> dict[str, Any]:

@@ -1,17 +1,19 @@
 """Orchestrator: turns rollouts into training batches, one step at a time, never too far ahead of the trainer.
 
 Per step: wait until the trainer's policy is recent enough (`max_async_steps`), draw `tasks_per_step` tasks from
-the environments by weight, run a group of `group_size` rollouts per task through the env servers against the
-currently served policy, compute advantages per group over the rollouts that ended on the model's own output
-(a rollout that failed outside the model, `Trace.failure`, is left out of its group's statistics and of training,
-and counted by reason), drop groups with no signal, run the rollout filters (`filters`: an enforcing one keeps
+the environments by weight, run a group of `group_size` episodes per task through the env servers against the
+currently served policy (a single-agent environment's episodes are its rollouts, `Episode.solo`), compute
+advantages per group over the trainable members' traces that ended on the model's own output (a rollout that failed
+outside the model, `Trace.failure`, is left out of its group's statistics and of training, and counted by reason),
+drop groups with no signal, run the rollout filters (`filters`: an enforcing one keeps
 what it catches out of training), turn every branch into training samples stamped with the oldest policy version
 that sampled them, drop samples older than `max_async_steps`, and hand the batch to the trainer (a batch left
 empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
 with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
 after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
-traces to `traces/step-N.jsonl`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
+episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
+`evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
 its pass-rate band when drawing, and refills the step's groups without signal.
 
 `build_orchestrator` makes one from an RLConfig; the class takes only its parts.
@@ -48,13 +50,16 @@ from tracegym.train.regeneration import regenerated
 from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
 from tracegym.train.seating import Play, Seating
-from tracegym.train.signal import Group, Signal, StepGroups
+from tracegym.train.signal import Group, Signal, StepGroups, learner_traces
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.task_stream import TaskStream
 from tracegym.train.tracking import build_tracking
 
 POLICY_WAIT_S = 3600.0
 T = TypeVar("T")
+Request = tuple[list[int], Seats | None]
+"""One env-server request of a group: its episode indices, and the seats they are played with (None: every member
+plays the policy)."""
 
 
 @dataclass
@@ -206,42 +211,41 @@ class Orchestrator:
     async def run_groups(self, endpoint: Endpoint, model: str) -> tuple[list[Group], list[str]]:
         """One group per drawn task (refilled where online difficulty asks), run against `endpoint` with the seats
         of the policy `model`; and the environment of each."""
-        size = self.plan.group_size
-        gate = asyncio.Semaphore(max(1, self.plan.concurrency // size))
+        gate = asyncio.Semaphore(max(1, self.plan.concurrency // self.plan.group_size))
         if self.pool is not None:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
 
-        def seats(env: TrainEnv) -> list[Seats] | None:
-            return [env.seating.next(model, self.rng) for _ in range(size)] if env.seating else None
-
         await asyncio.gather(*(env.stream.ahead(self.reads_ahead(env.id)) for env in self.envs.values()))
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
-        plans = [(env, data, seats(env)) for env, data in self.draw()]
+        plans = [(env, data, self.requests(env, model)) for env, data in self.draw()]
 
-        async def group(env: TrainEnv, data: TaskData, seats: list[Seats] | None) -> Group:
+        async def group(env: TrainEnv, data: TaskData, requests: list[Request]) -> Group:
             async with gate:
-                if seats is None:
-                    return await env.client.rollouts(env.served, data, endpoint, list(range(size)),
-                                                     sampling=self.plan.sampling)
                 played = await asyncio.gather(*(env.client.episodes(
-                    env.served, data, endpoint, [i], seats=binding, sampling=self.plan.sampling)
-                    for i, binding in enumerate(seats)))
+                    env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
+                    for indices, seats in requests))
                 return [e for episodes in played for e in episodes]
 
         async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
             more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
-            return list(await asyncio.gather(*(group(env, data, seats(env)) for env, data in more)))
+            return list(await asyncio.gather(*(group(env, data, self.requests(env, model)) for env, data in more)))
 
         drawn = await asyncio.gather(*(group(*plan) for plan in plans))
         return await self.difficulty.complete(drawn, [env.id for env, _, _ in plans], self.plan.tasks_per_step,
                                               refill)
 
+    def requests(self, env: TrainEnv, model: str) -> list[Request]:
+        """The env-server requests of one group of `env`: its `group_size` episodes in one (every member plays the
+        policy: a single-agent environment), or each alone with the seats drawn for it while `model` is the policy
+        (a multi-agent one)."""
+        indices = range(self.plan.group_size)
+        if env.seating is None:
+            return [(list(indices), None)]
+        return [([i], env.seating.next(model, self.rng)) for i in indices]
+
     def write(self, step: int, groups: list[Group], keep: bool) -> None:
-        """The step's traces (and episodes) into the run folder; `keep`: after those of its earlier attempts."""
-        self.folder.write_traces(step, (t for g in groups for t in g if isinstance(t, Trace)), keep=keep)
-        episodes = [e for g in groups for e in g if isinstance(e, Episode)]
-        if episodes:
-            self.folder.write_episodes(step, episodes, keep=keep)
+        """The step's episodes into the run folder; `keep`: after those of its earlier attempts."""
+        self.folder.write_episodes(step, [e for g in groups for e in g], keep=keep)
 
     def counts(self) -> dict[str, int]:
         """What the run has left out of training so far, by cause."""
@@ -293,43 +297,33 @@ class Orchestrator:
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
         """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
-        once the trainer has published it; else the one served now)."""
+        once the trainer has published it; else the one served now), and a multi-agent one's game figures; each
+        environment's episodes go to its folder under `evals/`."""
         if not self.held_out.envs:
             return
         at_least = step if wait else 0
         version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
         for env in self.held_out.envs:
-            if env.seating is not None:
-                record = await self.evaluate_episodes(env, endpoint, step)
-            else:
-                traces = await self.held_out_traces(env, endpoint)
-                estimate = mean_ci([t.reward for t in traces if t.reward is not None])  # as `tracegym eval` does
-                record = {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width,
-                          "eval_n": estimate.n, "eval_unscored": len(traces) - estimate.n}
+            played = await self.held_out_played(env, endpoint)
+            self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
+            record = reward_figures(played) | (game_figures(played) if env.seating is not None else {})
             self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
 
-    async def evaluate_episodes(self, env: HeldOutEnv, endpoint: Endpoint, step: int) -> dict[str, Any]:
-        """The learner's figures on a held-out multi-agent environment: every held-out task played once with the
-        learner in each free seat (all seats at once in self-play), against the same opponents every time."""
-        assert env.seating is not None
+    async def held_out_played(self, env: HeldOutEnv, endpoint: Endpoint) -> list[tuple[Episode, list[str]]]:
+        """Every held-out task of `env` played once, with the learner's seats of each episode: a single-agent
+        environment's rollouts; a multi-agent one's with the learner in each free seat in turn (all seats at once
+        in self-play), against the same opponents every time."""
+        if env.seating is None:
+            return [(e, e.trainable_members) for e in await self.held_out_episodes(env, endpoint, None)]
         rng = random.Random(self.plan.seed)  # the same opponent draws at every evaluation
         played: list[tuple[Episode, list[str]]] = []
         for seat in env.seating.learner_seats():
             episodes = await self.held_out_episodes(env, endpoint, env.seating.binding(seat, endpoint.model, rng))
             played += [(e, [seat] if seat else e.trainable_members) for e in episodes]
-        self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
-        return held_out_figures(played)
+        return played
 
-    async def held_out_traces(self, env: HeldOutEnv, endpoint: Endpoint) -> list[Trace]:
-        """One rollout of each held-out task of `env`, in task order."""
-
-        async def one(data: TaskData) -> list[Trace]:
-            return await env.client.rollouts(env.served, data, endpoint, [0], sampling=self.held_out.sampling)
-
-        return [t for traces in await self.each_held_out(env, one) for t in traces]
-
-    async def held_out_episodes(self, env: HeldOutEnv, endpoint: Endpoint, seats: Seats) -> list[Episode]:
+    async def held_out_episodes(self, env: HeldOutEnv, endpoint: Endpoint, seats: Seats | None) -> list[Episode]:
         """One episode of each held-out task of `env`, seated by `seats`, in task order."""
 
         async def one(data: TaskData) -> list[Episode]:
@@ -444,34 +438,32 @@ class EnvServers:
         return name
 
 
-def learner_traces(group: Group) -> list[Trace]:
-    """The traces of a group that training looks at: every rollout, or each episode's trainable members'."""
-    return [t for item in group for t in ([item] if isinstance(item, Trace) else
-                                          [item.traces[m] for m in item.trainable_members if m in item.traces])]
-
-
 def group_rewards(group: Group) -> list[float]:
-    """The rewards a group's advantages compare: its trainable rollouts' (or its episodes' trainable members')."""
+    """The rewards a group's advantages compare: its episodes' trainable members' (a rollout's own)."""
     return [t.reward for t in learner_traces(group) if trainable(t) and t.reward is not None]
 
 
 def group_key(group: Group) -> str:
-    """The task a group ran (each of its rollouts or episodes records it)."""
+    """The task a group ran (each of its episodes records it)."""
     return group[0].task_key
 
 
-def held_out_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
-    """The learner's mean reward (with its 95% interval, as `tracegym eval` computes it), win and forfeit rates
-    (with theirs) and the share of games that reached an outcome, over the (episode, learner seats) a held-out
-    evaluation played."""
+def reward_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
+    """The learner's mean reward over the (episode, learner seats) a held-out evaluation played, with its 95%
+    interval, as `tracegym eval` computes it, and how many of its rewards were left unscored."""
     rewards = [e.rewards.get(m) for e, seats in played for m in seats]
-    outcomes = [e.outcomes.get(m) for e, seats in played for m in seats]
     estimate = mean_ci([r for r in rewards if r is not None])
+    return {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
+            "eval_unscored": len(rewards) - estimate.n}
+
+
+def game_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
+    """The learner's win and forfeit rates (with their 95% intervals), the share of games that reached an outcome
+    and the episodes that ended on an error, over the (episode, learner seats) a held-out evaluation played."""
+    outcomes = [e.outcomes.get(m) for e, seats in played for m in seats]
     wins = mean_ci([float(o == Outcome.WIN) for o in outcomes if o is not None])
     forfeits = mean_ci([float(o == Outcome.FORFEIT) for o in outcomes if o is not None])
-    return {"eval_reward": estimate.mean, "eval_reward_ci95": estimate.half_width, "eval_n": estimate.n,
-            "eval_unscored": len(rewards) - estimate.n, "eval_win_rate": wins.mean,
-            "eval_win_rate_ci95": wins.half_width, "eval_forfeit_rate": forfeits.mean,
+    return {"eval_win_rate": wins.mean, "eval_win_rate_ci95": wins.half_width, "eval_forfeit_rate": forfeits.mean,
             "eval_decided_rate": len([o for o in outcomes if o is not None]) / len(outcomes) if outcomes else None,
             "eval_episode_errors": sum(e.error is not None for e, _ in played)}
 

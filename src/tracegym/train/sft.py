@@ -35,7 +35,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import Renderer
 from tracegym.models.token_client import next_prompt_ids
 from tracegym.train.fan_out import unfit
-from tracegym.train.signal import StepGroups
+from tracegym.train.signal import StepGroups, learner_traces
 
 
 class SFTConfig(BaseModel):
@@ -157,10 +157,10 @@ class SFTSignal:
         dropped = Counter[str]()
         kept = 0
         for group in step.groups:
-            if any(not isinstance(t, Trace) for t in group):
+            if not all(e.is_solo for e in group):
                 raise UsageError("mode = 'sft' trains on single-agent environments; a multi-agent one is listed "
                                  "in orchestrator.train.envs")
-            traces, left_out = kept_traces([t for t in group if isinstance(t, Trace) and step.keeps(t)], self.config)
+            traces, left_out = kept_traces([t for t in learner_traces(group) if step.keeps(t)], self.config)
             dropped += left_out
             kept += len(traces)
             for trace in traces:

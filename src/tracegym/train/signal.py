@@ -5,8 +5,8 @@ The orchestrator runs every mode alike: it draws tasks, runs their groups agains
 `samples`, keeps the samples fresh enough, hands those to `finish`, and writes what came out. It never asks which
 mode it runs. Three signals implement the protocol:
 
-- `RLSignal` (`rl`, this module): group advantages over the trainable rollouts (or episode members) of each
-  group, then every branch of each as a sample carrying its advantage;
+- `RLSignal` (`rl`, this module): group advantages over the trainable members of each group's episodes (a
+  single-agent rollout's solo episode has one), then every branch of each as a sample carrying its advantage;
 - `SFTSignal` (`sft`, `train.sft`): the teacher's rollouts, filtered, rendered for the student;
 - `OPDSignal` (`opd`, `train.distillation`): RL's samples, each token's advantage then set from the teacher's
   logprob of it (`finish`).
@@ -20,20 +20,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard
+from typing import Any, Protocol
 
 from tracegym.core.episode import Episode
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.models.endpoint import Endpoint
 from tracegym.train.advantages import GroupAdvantages
-from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units, rollout_units
+from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units
 from tracegym.train.regeneration import Metrics, rollouts_fate
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
 
-Group = list[Trace] | list[Episode]
-"""The rollouts of one task, or its episodes (a multi-agent environment)."""
+Group = list[Episode]
+"""The episodes of one task (a single-agent environment's: its rollouts, each the solo episode `Episode.solo`)."""
 NO_SIGNAL = "groups_without_signal"
 """The step metric counting groups whose advantages had no signal (every reward the same)."""
 
@@ -84,7 +84,7 @@ class Signal(Protocol):
 @dataclass
 class RLSignal:
     """Rewards to advantages: per group (per baseline key within it: a task, or a member of a task), over the
-    rollouts and episode members that trained; every branch of each as a sample with that advantage.
+    episode members that trained; every branch of each as a sample with that advantage.
     `baseline_per_task`: an episode member's baseline per task (else per taskset and member); `truncated_reward`:
     the reward of a trainable member of an episode cut short (None: its payoff); `log`: where a trace whose tokens
     cannot be trained on is reported, with its step (a `metrics.jsonl` record)."""
@@ -107,24 +107,21 @@ class RLSignal:
             if step.keeps(unit.trace):
                 samples += self.trace_samples(unit.trace, advantage, version, step.step)
         metrics: Metrics = {NO_SIGNAL: self.advantages.filtered - before}
-        episodes = [e for g in step.groups for e in g if isinstance(e, Episode)]
-        if episodes:
-            metrics.update(episode_metrics(episodes, pairs, dropped))
+        games = [e for g in step.groups for e in g if not e.is_solo]
+        if games:
+            metrics.update(episode_metrics(games, pairs, dropped))
         return samples, metrics
 
     async def finish(self, samples: list[Sample]) -> tuple[list[Sample], Metrics]:
         return samples, {}
 
     def advantaged(self, groups: Sequence[Group]) -> tuple[list[tuple[TrainingUnit, float]], Counter[str]]:
-        """Each group fanned out into training units (one per rollout, or per trainable member of each episode),
-        with the advantages of each baseline key within the group; and what made no unit, by reason."""
+        """Each group fanned out into training units (one per trainable member of each episode), with the
+        advantages of each baseline key within the group; and what made no unit, by reason."""
         out: list[tuple[TrainingUnit, float]] = []
         dropped = Counter[str]()
         for group in groups:
-            if _episodes(group):
-                units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward)
-            else:
-                units, left_out = rollout_units(t for t in group if isinstance(t, Trace))
+            units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward)
             out += advantaged(units, self.advantages)
             dropped += left_out
         return out, dropped
@@ -157,13 +154,15 @@ class RLSignal:
         return None
 
 
-def _episodes(group: Group) -> TypeGuard[list[Episode]]:
-    return bool(group) and isinstance(group[0], Episode)
+def learner_traces(group: Group) -> list[Trace]:
+    """The traces of a group that training looks at: each episode's trainable members' (a rollout's own)."""
+    return [e.traces[m] for e in group for m in e.trainable_members if m in e.traces]
 
 
 def episode_metrics(episodes: list[Episode], pairs: list[tuple[TrainingUnit, float]],
                     dropped: Counter[str]) -> dict[str, Any]:
-    """A multi-agent step's figures: episodes, their errors, members left out of training by reason, per seat."""
+    """A step's multi-agent figures, from its multi-agent `episodes` (a step of rollouts has none): episodes, their
+    errors, members left out of training by reason, per seat."""
     return {"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
             **seat_metrics(episodes, pairs)}
