@@ -145,6 +145,25 @@ PUBLIC_SURFACE = [
 """Every name `tracegym` exports. Changing it is an API change: update this list on purpose."""
 
 
+WHOLE_CONFIG_READERS = {"cli", "train/rl_config.py", "train/launch_plan.py", "train/roles.py"}
+"""Where a function may take the whole `RLConfig`: the command, the config itself, and the builders at each process's
+entry (the launch plan the command runs; each role's parts). Everything else takes its parts."""
+
+
+def _takes_rl_config(path: Path) -> list[str]:
+    nodes = ast.walk(ast.parse(path.read_text()))
+    functions = [n for n in nodes if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return [f.name for f in functions for a in [*f.args.args, *f.args.kwonlyargs]
+            if a.annotation is not None and "RLConfig" in ast.unparse(a.annotation) and a.arg != "self"]
+
+
+def test_only_the_entry_points_take_the_whole_rl_config():
+    bad = [f"{f.relative_to(SRC)}: {name}" for f in SRC.rglob("*.py")
+           if not ({f.relative_to(SRC).parts[0], str(f.relative_to(SRC))} & WHOLE_CONFIG_READERS)
+           for name in _takes_rl_config(f)]
+    assert bad == []
+
+
 def test_public_surface_is_pinned():
     assert sorted(tracegym.__all__) == sorted(PUBLIC_SURFACE)
     assert len(tracegym.__all__) == len(set(tracegym.__all__))

@@ -12,9 +12,9 @@ from openenv_reference import GUESSES, bisect, guess_server
 from tracegym.cli.main import main
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_an_rl_config_with_an_openenv_env_loads_and_its_orchestrator_runs_a_grou
         "orchestrator": {"tasks_per_step": 1, "group_size": 4, "max_async_steps": 0, "train": {"envs": [env]}}})
     with local_server(env["id"], env["options"], workers=1) as address, \
             FakeOpenAIServer(rule=half_give_up()) as model:
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path),
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path),
                                           Endpoints(base_url=model.base_url, base_model=model.model,
                                                     envs={env["id"]: address}))
 

@@ -17,9 +17,9 @@ from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
 from tracegym.testing import FakeOpenAIServer
 from tracegym.train.difficulty import DifficultyConfig, OnlineDifficulty, TaskDifficulty
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 def rows(keys) -> "itertools.cycle[TaskData]":
@@ -204,24 +204,24 @@ def one_step(orchestrator, step: int) -> list[str]:
 
 def test_a_resume_goes_on_from_the_checkpointed_pass_rates_and_draws_the_same(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    first = build_orchestrator(DIFFICULTY, folder, endpoints)
+    first = orchestrator_for(DIFFICULTY, folder, endpoints)
     [easy, *_] = one_step(first, 0)
     trainer_loop(folder).step(0, folder.read_batch(0))  # checkpoints step 1 with the orchestrator's state
     rates = dict(first.difficulty.envs["reverse-text"].rates)
     assert first.difficulty.envs["reverse-text"].verdict(easy) == "too_easy"
     expected = one_step(first, 1)
 
-    resumed = build_orchestrator(DIFFICULTY, folder, endpoints)
+    resumed = orchestrator_for(DIFFICULTY, folder, endpoints)
     assert dict(resumed.difficulty.envs["reverse-text"].rates) == rates
     assert one_step(resumed, 1) == expected
 
 
 def test_resuming_with_online_difficulty_from_a_checkpoint_without_its_state_is_a_loud_error(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    one_step(build_orchestrator(config(None), folder, endpoints), 0)
+    one_step(orchestrator_for(config(None), folder, endpoints), 0)
     trainer_loop(folder).step(0, folder.read_batch(0))
     with pytest.raises(UsageError, match="no online difficulty state of environment 'reverse-text'"):
-        build_orchestrator(DIFFICULTY, folder, endpoints)
+        orchestrator_for(DIFFICULTY, folder, endpoints)
 
 
 # --- config -------------------------------------------------------------------------------------------------------

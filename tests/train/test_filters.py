@@ -18,9 +18,10 @@ from tracegym.serve.local_server import local_server
 from tracegym.testing import make_episode
 from tracegym.train import filters
 from tracegym.train.filters import Filters, Gibberish, Repetition, drops_by_env, screen
-from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 UNLIKELY = -20.0
 
@@ -207,7 +208,7 @@ def orchestrator(tmp_path, endpoints, client, **orch) -> Orchestrator:
     config = RLConfig.model_validate({
         "trainer": {"model": "unused"}, "model": {"client": "chat"},
         "orchestrator": {"tasks_per_step": 1, "group_size": 4, **orch}})
-    built = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+    built = orchestrator_for(config, RLFolder(tmp_path), endpoints)
     built.envs["reverse-text"].client = client
     return built
 
@@ -254,7 +255,7 @@ def test_in_an_episode_an_enforced_catch_drops_that_members_unit_alone(tmp_path)
                          "train": {"envs": [{"id": "kuhn-poker", "options": {"num_tasks": 5}}]}}})
     with local_server("kuhn-poker", {"num_tasks": 5}, workers=1) as address:
         endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"kuhn-poker": address})
-        orch = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orch = orchestrator_for(config, RLFolder(tmp_path), endpoints)
     orch.envs["kuhn-poker"].client = GibberishPlayer()
     samples, metrics = asyncio.run(orch.collect(0, 0, "base"))
     episodes = RLFolder(tmp_path).step_log(0).read().episodes

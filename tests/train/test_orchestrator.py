@@ -15,9 +15,10 @@ from tracegym.core.trace import Trace
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.script import Fail
-from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 def alternating_per_prompt():
@@ -52,7 +53,7 @@ def make(tmp_path, server, env_addresses, base_model: str | None = None, **orche
                          **orchestrator}})
     endpoints = Endpoints(base_url=server.base_url, base_model=base_model or server.model,
                           envs=env_addresses)
-    return build_orchestrator(config, RLFolder(tmp_path), endpoints)
+    return orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
 
 async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):

@@ -10,9 +10,10 @@ import pytest
 from tracegym.core.task_data import TaskData
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_episode
-from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 class FakeEpisodes:
@@ -59,7 +60,7 @@ def make(tmp_path, servers: dict[str, str], play: dict | None = None, advantage:
                          "eval": {"envs": [{**env, "options": {"num_tasks": 50, "seed": 7}}], "num_tasks": 4}},
         **fields})
     endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs=servers)
-    orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+    orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
     fake = FakeEpisodes()
     for env in [*orchestrator.envs.values(), *orchestrator.held_out.envs]:
         env.client = fake
@@ -123,7 +124,7 @@ def test_a_step_of_self_play_through_a_real_env_server_trains_each_seat_on_its_o
     with FakeOpenAIServer(rule=lambda request: "bet call") as server, \
             local_server("kuhn-poker", {"num_tasks": 8}, workers=1) as address:
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs={"kuhn-poker": address})
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
         async def one_step():
             try:

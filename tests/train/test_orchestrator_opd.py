@@ -11,9 +11,9 @@ from test_orchestrator import collect
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_an_opd_step_gives_every_sampled_token_the_teachers_advantage(tmp_path, 
     with FakeOpenAIServer(rule=lambda r: "same answer") as server:  # no reward signal at all
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs=env_addresses,
                               teacher_base_url=[server.base_url], teacher_model=server.model)
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
         signal = orchestrator.signal
         assert isinstance(signal, OPDSignal) and signal.distiller is not None  # the vLLM teacher at the endpoint
         teacher = TableTeacher()  # scored here by a table

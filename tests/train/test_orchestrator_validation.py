@@ -7,9 +7,10 @@ import pytest
 
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_greedy_rollouts_are_dropped_and_counted_not_trained(tmp_path, env_addre
                          "train": {"sampling": {"temperature": 0.0}}}})
     with FakeOpenAIServer(rule=lambda r: r.messages[-1].text[::-1] if next(calls) % 2 else "no") as server:
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs={"reverse-text": env_address})
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
         samples, metrics = asyncio.run(collect(orchestrator))
     assert samples == [] and metrics["rollouts"] == 4 and metrics["traces_invalid"] == 4
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

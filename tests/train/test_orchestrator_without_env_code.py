@@ -11,9 +11,9 @@ import pytest
 from tracegym.cli.main import main
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 
 TASKSET = '''
 import envhost_only  # installed only where the env server runs
@@ -69,7 +69,7 @@ def test_steps_run_with_a_taskset_whose_module_cannot_be_imported_in_the_orchest
     with FakeOpenAIServer(rule=lambda request: next(replies)) as server, \
             local_server(spec, workers=1, under=["env", f"PYTHONPATH={deps}"]) as address:
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs={spec: address})
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
         async def two_steps():
             try:

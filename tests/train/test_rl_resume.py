@@ -5,9 +5,10 @@ trainer's checkpoint; a resume goes on exactly as the run would have, whatever t
 from test_orchestrator_failures import to_samples, tokened
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
 
-from tracegym.train.orchestrator import Orchestrator, build_orchestrator
+from tracegym.train.orchestrator import Orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.roles import orchestrator_for
 from tracegym.train.trainer_loop import TrainerLoop
 
 CONFIG = RLConfig.model_validate({
@@ -31,14 +32,14 @@ def trainer_loop(folder: RLFolder) -> TrainerLoop:
 
 def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(tmp_path, endpoints):
     folder = RLFolder(tmp_path)
-    first = build_orchestrator(CONFIG, folder, endpoints)
+    first = orchestrator_for(CONFIG, folder, endpoints)
     make_batch(first, 0, (1.0, 0.0))
     after_step_0 = first.state_dict()
     trainer_loop(folder).step(0, folder.read_batch(0))  # trains step 0, checkpoints step 1
     expected = make_batch(first, 1, (0.0, 0.0))  # made ahead of the trainer, then the run is killed
 
     assert folder.rewind() == 1 and folder.read_batch(1) is None
-    resumed = build_orchestrator(CONFIG, folder, endpoints)
+    resumed = orchestrator_for(CONFIG, folder, endpoints)
     trainer = trainer_loop(folder)
     assert trainer.resume() == resumed.next_step == 1 and trainer.trainer.version == 1
     assert resumed.state_dict() == after_step_0
@@ -47,5 +48,5 @@ def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(
 
 
 def test_a_fresh_run_starts_at_step_0_with_fresh_state(tmp_path, endpoints):
-    orchestrator = build_orchestrator(CONFIG, RLFolder(tmp_path), endpoints)
+    orchestrator = orchestrator_for(CONFIG, RLFolder(tmp_path), endpoints)
     assert orchestrator.next_step == 0 and orchestrator.signal.advantages.fn.baselines == {}

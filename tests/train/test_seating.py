@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from tracegym.core.errors import UsageError
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.local_server import local_server
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig, lora_slots, parse_rl_args
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 from tracegym.train.seating import Play, SeatChoice, Seating
 
 VLLM = Endpoint(base_url="http://127.0.0.1:8000/v1", model="base")
@@ -120,7 +120,7 @@ def test_the_orchestrator_refuses_a_seat_its_env_server_does_not_serve(tmp_path)
         endpoints = Endpoints(base_url="http://127.0.0.1:9/v1", base_model="base", envs={"kuhn-poker": address})
         with pytest.raises(UsageError, match=r"orchestrator.train.envs.0.seats: seat 'player_9': taskset "
                                              r"'kuhn-poker' has no such seat \(seats: player_0, player_1\)"):
-            build_orchestrator(config, RLFolder(tmp_path), endpoints)
+            orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
 
 def test_playing_the_base_model_or_the_pool_needs_lora_weight_sync():

@@ -25,10 +25,10 @@ from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_episode, make_trace, reply, tool_call
 from tracegym.testing.oracle import oracle_server
 from tracegym.train.loss import cross_entropy_loss
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.regeneration import EmptyBatch
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 from tracegym.train.samples import trace_samples
 from tracegym.train.sft import (
     SFTConfig,
@@ -221,7 +221,7 @@ def test_an_sft_run_whose_teacher_is_always_wrong_stops_after_its_attempts(tmp_p
             local_server("reverse-text", {"reward": "exact"}, workers=1) as env:
         endpoints = Endpoints(base_url="http://127.0.0.1:1/v1", base_model="m", envs={"reverse-text": env},
                               teacher_base_url=[teacher.base_url], teacher_model="fake-model")
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
         async def make():
             try:

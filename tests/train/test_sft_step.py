@@ -12,9 +12,9 @@ from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
 from tracegym.models.renderer import load_renderer
 from tracegym.serve.local_server import local_server
 from tracegym.testing.oracle import oracle_server
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 from tracegym.train.trainer import build_trainer
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ def test_one_sft_step_learns_the_teachers_answers(tmp_path):
             local_server("reverse-text", {"seed": 0, "reward": "exact"}, workers=1) as env:
         endpoints = Endpoints(base_url="http://127.0.0.1:1/v1", base_model=SERVED_MODEL_NAME,
                               envs={"reverse-text": env}, teacher_base_url=[teacher.base_url])
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
         async def collect():
             try:

@@ -17,9 +17,9 @@ from tracegym.core.messages import assistant, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.orchestrator import build_orchestrator
 from tracegym.train.rl_config import RLConfig, parse_rl_args
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.roles import orchestrator_for
 from tracegym.train.tracking import TrackingConfig, build_tracking, markdown_table, scalars
 
 RECORDS = [
@@ -150,7 +150,7 @@ def test_a_step_of_the_orchestrator_reaches_the_tracker_once_per_record(tmp_path
             "orchestrator": {"tasks_per_step": 2, "group_size": 4,
                              "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 3}}})
         endpoints = Endpoints(base_url=server.base_url, base_model=server.model, envs=env_addresses)
-        orchestrator = build_orchestrator(config, RLFolder(tmp_path), endpoints)
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
 
         async def evaluate_and_step():
             try:

@@ -16,7 +16,8 @@ episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a 
 `evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
 its pass-rate band when drawing, and refills the step's groups without signal.
 
-`build_orchestrator` makes one from an RLConfig; the class takes only its parts.
+`build_orchestrator` makes one from the `[orchestrator]` section and the parts the orchestrator process
+built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class takes only its parts.
 """
 
 from __future__ import annotations
@@ -44,16 +45,14 @@ from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
 from tracegym.train.fan_out import unfit
 from tracegym.train.filters import RolloutFilter, screen
-from tracegym.train.modes import build_signal
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.regeneration import regenerated
-from tracegym.train.rl_config import EnvChoice, RLConfig, env_server_key
+from tracegym.train.rl_config import EnvChoice, OrchestratorConfig, env_server_key
 from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
 from tracegym.train.seating import Play, Seating
 from tracegym.train.signal import Group, Signal, StepGroups, learner_traces
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.task_stream import TaskStream
-from tracegym.train.tracking import build_tracking
 
 POLICY_WAIT_S = 3600.0
 T = TypeVar("T")
@@ -352,13 +351,12 @@ class Orchestrator:
         self.folder.close()
 
 
-def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
-    """The orchestrator `config` describes, calling the servers in `endpoints` (each asked what it serves: no
-    taskset's code runs here); when the folder has a checkpoint, resumed from the orchestrator state saved with
-    it."""
-    orch = config.orchestrator
-    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
-                                     replicas=endpoints.replicas)
+def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, endpoints: Endpoints,
+                       endpoint: Endpoint, signal: Signal) -> Orchestrator:
+    """The orchestrator the `[orchestrator]` section describes for a run of `steps` steps, sampling the policy at
+    `endpoint` and training on what `signal` makes of its groups, calling the env servers in `endpoints` (each
+    asked what it serves: no taskset's code runs here); when the folder has a checkpoint, resumed from the
+    orchestrator state saved with it."""
     uses_pool = any(e.play.opponent == "pool" for e in [*orch.train.envs, *orch.eval.envs])
     pool = OpponentPool(folder, lora_loader(endpoint.servers()), endpoints.base_model) if uses_pool else None
     servers = EnvServers(folder, endpoints)
@@ -390,10 +388,7 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
         held_out.append(HeldOutEnv(e.id, served, rows, client, seating(e, served, f"orchestrator.eval.envs.{i}")))
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
-    signal = build_signal(config.mode, orch.advantage, student=endpoint, endpoints=endpoints, teacher=config.teacher,
-                          sft=config.sft, opd=config.opd, truncated_reward=orch.truncated_reward,
-                          log=folder.metrics.append)
-    plan = StepPlan(config.steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
+    plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
@@ -401,8 +396,6 @@ def build_orchestrator(config: RLConfig, folder: RLFolder, endpoints: Endpoints)
     checkpoint = folder.latest_checkpoint()
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
-    if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):
-        folder.track(tracking)
     return orchestrator
 
 

@@ -16,12 +16,16 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracegym.core.errors import TracegymError
 from tracegym.runtimes.processes import Parent, watch_parent
 from tracegym.train.regeneration import STOPPED_EXIT, EmptyBatch
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
+
+if TYPE_CHECKING:
+    from tracegym.train.orchestrator import Orchestrator
 
 ORPHANED_EXIT = 3
 """Exit code of a role whose launcher died."""
@@ -39,11 +43,27 @@ def load_run(run_dir: Path) -> tuple[RLConfig, RLFolder, Endpoints]:
     return load_config(run_dir), folder, folder.read_endpoints()
 
 
-def run_orchestrator(run_dir: Path) -> None:
+def orchestrator_for(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -> Orchestrator:
+    """The run's orchestrator, from its parts: the policy's endpoint as vLLM serves it, the mode's signal, the
+    `[orchestrator]` section; tracking turned on in the folder when `[tracking]` asks."""
+    from tracegym.train.modes import build_signal
     from tracegym.train.orchestrator import build_orchestrator
+    from tracegym.train.tracking import build_tracking
 
-    config, folder, endpoints = load_run(run_dir)
-    asyncio.run(build_orchestrator(config, folder, endpoints).run())
+    orch = config.orchestrator
+    endpoint = config.model.endpoint(endpoints.base_url, endpoints.base_model, weights=config.trainer.model,
+                                     replicas=endpoints.replicas)
+    signal = build_signal(config.mode, orch.advantage, student=endpoint, endpoints=endpoints, teacher=config.teacher,
+                          sft=config.sft, opd=config.opd, truncated_reward=orch.truncated_reward,
+                          log=folder.metrics.append)
+    orchestrator = build_orchestrator(orch, config.steps, folder, endpoints, endpoint, signal)
+    if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):
+        folder.track(tracking)
+    return orchestrator
+
+
+def run_orchestrator(run_dir: Path) -> None:
+    asyncio.run(orchestrator_for(*load_run(run_dir)).run())
 
 
 def run_trainer(run_dir: Path) -> None:
