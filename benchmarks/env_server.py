@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_endpoint import fake_endpoint
 
 from tracegym import Endpoint, Sampling, TaskData, Trace, run_rollout
+from tracegym.core.episode import SOLO
 from tracegym.models.chat_client import ChatClient
 from tracegym.serve import EnvClient, local_server
 from tracegym.testing.echo import SPEC, Echo
@@ -96,11 +97,17 @@ def in_process(endpoint: Endpoint, turns: int) -> Callable[[], tuple[Call, Calla
     return make
 
 
-def through(address: str, endpoint: Endpoint) -> Callable[[], tuple[Call, Callable[[], Awaitable[None]]]]:
+def through(address: str, endpoint: Endpoint,
+            episodes: bool = False) -> Callable[[], tuple[Call, Callable[[], Awaitable[None]]]]:
+    """Rollouts through the server at `address`: as traces (`run`), or with `episodes` as the solo episodes eval and
+    the orchestrator ask for (`run_episodes`: each trace inside its one-member episode record)."""
     def make() -> tuple[Call, Callable[[], Awaitable[None]]]:
         client = EnvClient(address)
 
         async def call(data: TaskData, indices: list[int]) -> list[Trace]:
+            if episodes:
+                played = await client.run_episodes(data, endpoint, SAMPLING, episode_indices=indices)
+                return [e.traces[SOLO] for e in played]
             return await client.run(data, endpoint, SAMPLING, rollout_indices=indices)
 
         return call, client.aclose
@@ -173,6 +180,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 4],
                         help="rollouts of one task per call (per request through the server), as `tracegym eval -r`")
+    parser.add_argument("--episodes", action="store_true",
+                        help="ask the server for solo episodes, as eval and the orchestrator do, instead of traces")
     args = parser.parse_args()
     print("| turns | per call | path | conc. | rollouts/s | vs in-process | p50 ms | p50 added ms | p99 ms "
           "| peak RSS MiB (server+workers) | failed |")
@@ -199,7 +208,7 @@ def run_turns(endpoint: Endpoint, tasks: list[TaskData], turns: int, args: argpa
                 print(row(turns, group, "in-process", c, base, None, None), flush=True)
                 for name, address in servers.items():
                     with samplers[name].sampling() as sampler:
-                        result = asyncio.run(measure(through(address, endpoint), tasks, c, n, group))
+                        result = asyncio.run(measure(through(address, endpoint, args.episodes), tasks, c, n, group))
                     print(row(turns, group, name, c, result, base, sampler.peak), flush=True)
 
 if __name__ == "__main__":

@@ -106,15 +106,12 @@ async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts:
 
 async def evaluate_iter(taskset: str | Taskset, model: ModelArg,
                         **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
-    """Yield traces as they finish, each task's rollouts in turn; tasks are read lazily."""
-    work = plan(taskset, **options)
-    check_single_agent(work.taskset)  # here too: `run` below must not raise
-    async with live(model) as client:
-        async def one(pair: tuple[TaskData, int]) -> Trace:
-            return await run_rollout(work.taskset, pair[0], client, rollout_index=pair[1], **work.options)
-
-        async for trace in as_finished(work.pairs, one, work.concurrency):
-            yield trace
+    """Yield traces as they finish, each task's rollouts in turn (`evaluate_episodes_iter`'s solo episodes, as
+    traces); tasks are read lazily."""
+    ts = load_taskset(taskset)
+    check_single_agent(ts)
+    async for episode in evaluate_episodes_iter(ts, model, **options):
+        yield episode.traces[SOLO]
 
 
 async def evaluate(taskset: str | Taskset, model: ModelArg, **options: Unpack[EvaluateOptions]) -> list[Trace]:

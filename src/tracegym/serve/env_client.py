@@ -39,13 +39,13 @@ from tracegym.envs.evaluate import (
     check_options,
     check_single_agent,
     failed_episode,
-    failed_trace,
     in_order,
     in_task_order,
     members_of,
     plan,
     seats_of,
 )
+from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import Seats, bind
 from tracegym.envs.taskset import Taskset
@@ -231,22 +231,12 @@ class EnvClient:
 
     async def evaluate_iter(self, taskset: str | Taskset, model: Endpoint,
                             **options: Unpack[EvaluateOptions]) -> AsyncIterator[Trace]:
-        """As `envs.evaluate.evaluate_iter`, on the server; a failed request yields failed traces and the
-        iteration goes on. Consecutive rollouts of the same task go in one request of up to `per_request`
-        (their traces arrive together): fewer, larger messages cost the server path less per rollout."""
-        work = plan(taskset, **options)
-        endpoint = _endpoint(model)
-        check_single_agent(work.taskset)
-        await self._check_serves_once(work.taskset)
-
-        async def one(group: list[tuple[TaskData, int]]) -> list[Trace]:
-            indices = [index for _, index in group]
-            return await self._traces(work.taskset.id, group[0][0], endpoint, indices, work.options)
-
-        groups = same_task_runs(work.pairs, min(self.per_request, work.concurrency))
-        async for traces in as_finished(groups, one, work.concurrency, size=len):
-            for trace in traces:
-                yield trace
+        """As `envs.evaluate.evaluate_iter`, on the server: the traces of `evaluate_episodes_iter`'s solo episodes
+        (a failed request yields failed traces and the iteration goes on)."""
+        ts = load_taskset(taskset)
+        check_single_agent(ts)
+        async for episode in self.evaluate_episodes_iter(ts, model, **options):
+            yield episode.traces[SOLO]
 
     async def evaluate(self, taskset: str | Taskset, model: Endpoint,
                        **options: Unpack[EvaluateOptions]) -> list[Trace]:
@@ -255,14 +245,9 @@ class EnvClient:
 
     async def _traces(self, taskset_id: str, data: TaskData, model: Endpoint, indices: list[int],
                       options: RolloutOptions) -> list[Trace]:
-        """The traces of one `run` request, a failed trace per rollout when the request failed."""
-        request = self.run(data, _endpoint(model), rollout_indices=indices, **options)
-        try:
-            return await request
-        except Exception as exc:  # the request is the boundary: whatever ended it (server gone, timed out, worker
-            # died too often, refused) fails its rollouts only, as data, the way a failed rollout does in process
-            return [failed_trace(data, taskset_id, i, exc, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)
-                    for i in indices]
+        """The rollouts of one request, as the traces of its solo episodes (a failed request: a failed trace each)."""
+        episodes = await self._episodes(taskset_id, [SOLO], data, model, indices, None, options)
+        return [e.traces[SOLO] for e in episodes]
 
     # --- a served taskset's rows and runs, without its code -----------------------------------------------
     async def rows(self, indices: Sequence[int]) -> list[TaskData]:
