@@ -81,6 +81,15 @@ def test_a_seat_the_taskset_has_not_exits_2_naming_it_and_writes_nothing(server,
     assert "seat override for 'player_7'" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+def test_a_seat_given_for_a_single_agent_taskset_exits_2_saying_it_has_none(server, tmp_path, capsys):
+    args = ["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--output-dir", str(tmp_path),
+            "--no-rich", "--no-serve", "--seat.judge.model", "base"]
+    assert main(args) == 2
+    shown = capsys.readouterr().err
+    assert "seat override for 'judge'" in shown and "none: it is single-agent" in shown
+    assert not list(tmp_path.iterdir())
+
+
 def test_resume_plays_exactly_the_missing_and_errored_episodes(server, tmp_path):
     assert main(eval_args(server, tmp_path)) == 0
     run = only_run(tmp_path)

@@ -10,7 +10,7 @@ import tomli_w
 
 from tracegym.cli.flag import pop_flag
 from tracegym.core.errors import UsageError
-from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.evaluate import seats_of
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat, bind
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
@@ -38,7 +38,7 @@ def run(args: list[str]) -> int:
         config = parse_eval_args(rest, description=USAGE)
     taskset = load_taskset(config.taskset.id, config.taskset_options())  # a bad option fails before any folder
     if config.seat:  # so does a seat the taskset has not
-        bind(multi_agent_class(taskset).seats, {name: Seat() for name in config.seat}, taskset.id)
+        bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0

@@ -46,7 +46,7 @@ def bind(members: Sequence[Member], seats: Seats | None, owner: str) -> dict[str
     for name in given:
         if name not in ids:
             raise UsageError(f"seat override for {name!r}: taskset {owner!r} has no such seat "
-                             f"(seats: {', '.join(ids)})")
+                             f"(seats: {', '.join(ids) or 'none: it is single-agent'})")
     return {m: given.get(m, Seat()) for m in ids}
 
 

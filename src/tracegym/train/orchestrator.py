@@ -362,17 +362,7 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     servers = EnvServers(folder, endpoints)
 
     def seating(env: EnvChoice, served: ServedTaskset, where: str) -> Seating | None:
-        if not served.multi_agent:
-            if env.play != Play() or env.seats:
-                raise UsageError(f"{where}: taskset {env.id!r} is single-agent; `play` and `seats` seat the members "
-                                 "of a multi-agent one")
-            return None
-        unknown = sorted(set(env.seats) - set(served.members))
-        if unknown:
-            raise UsageError(f"{where}.seats: seat {unknown[0]!r}: taskset {env.id!r} has no such seat (seats: "
-                             f"{', '.join(served.members)})")
-        return Seating(served.members, env.play, env.seats, endpoint, endpoints.base_model,
-                       pool.draw if pool else None)
+        return seating_for(env, served, where, endpoint, endpoints.base_model, pool)
 
     envs = []
     for i, e in enumerate(orch.train.envs):
@@ -397,6 +387,22 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     if checkpoint is not None:
         orchestrator.load_state_dict(orchestrator_state(checkpoint))
     return orchestrator
+
+
+def seating_for(env: EnvChoice, served: ServedTaskset, where: str, endpoint: Endpoint, base_model: str,
+                pool: OpponentPool | None) -> Seating | None:
+    """Who sits where in each episode of `env` (config at `where`), checked against the seats its env server serves;
+    None for a single-agent taskset, which `play` and `seats` must leave alone."""
+    if not served.multi_agent:
+        if env.play != Play() or env.seats:
+            raise UsageError(f"{where}: taskset {env.id!r} is single-agent; `play` and `seats` seat the members "
+                             "of a multi-agent one")
+        return None
+    unknown = sorted(set(env.seats) - set(served.members))
+    if unknown:
+        raise UsageError(f"{where}.seats: seat {unknown[0]!r}: taskset {env.id!r} has no such seat (seats: "
+                         f"{', '.join(served.members)})")
+    return Seating(served.members, env.play, env.seats, endpoint, base_model, pool.draw if pool else None)
 
 
 class EnvServers:
