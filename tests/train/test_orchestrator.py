@@ -63,6 +63,14 @@ async def collect(orchestrator: Orchestrator, step: int = 0, version: int = 0):
         await orchestrator.aclose()
 
 
+async def evaluate_once(orchestrator: Orchestrator) -> None:
+    """One held-out evaluation under the policy served now, then the orchestrator closed."""
+    try:
+        await orchestrator.evaluate(0)
+    finally:
+        await orchestrator.aclose()
+
+
 def test_groups_become_samples_with_advantages_and_the_policy_version(tmp_path, env_addresses):
     with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
         samples, metrics = asyncio.run(collect(make(tmp_path, server, env_addresses), version=0))
@@ -89,13 +97,7 @@ def test_a_single_agent_held_out_evaluation_saves_its_episodes_and_logs_the_rewa
     with FakeOpenAIServer(rule=lambda request: request.messages[-1].text[::-1]) as server:
         orchestrator = make(tmp_path, server, env_addresses)
 
-        async def held_out():
-            try:
-                await orchestrator.evaluate(0)
-            finally:
-                await orchestrator.aclose()
-
-        asyncio.run(held_out())
+        asyncio.run(evaluate_once(orchestrator))
     episodes = RLFolder(tmp_path).step_log(0, held_out="reverse-text").read().episodes
     assert len(episodes) == 3 and all(e.is_solo and e.rewards[SOLO] == 1.0 for e in episodes)
     assert RLFolder(tmp_path).steps(held_out="reverse-text") == [0] and RLFolder(tmp_path).steps() == []
@@ -155,13 +157,7 @@ def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp
     with FakeOpenAIServer(rule=right_but_one_fails) as server:
         orchestrator = make(tmp_path, server, env_addresses)
 
-        async def held_out():
-            try:
-                await orchestrator.evaluate(0)
-            finally:
-                await orchestrator.aclose()
-
-        asyncio.run(held_out())
+        asyncio.run(evaluate_once(orchestrator))
     [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert (record["eval_n"], record["eval_unscored"]) == (2, 1)
     assert record["eval_reward"] == 1.0
