@@ -12,6 +12,7 @@ from tracegym.core.episode import Episode
 from tracegym.core.trace import Trace
 from tracegym.eval.run_folder import RunFolder
 from tracegym.testing import FakeOpenAIServer
+from tracegym.testing.script import Entry, Fail
 
 
 def reverse(request) -> str:
@@ -96,6 +97,33 @@ def test_a_bad_taskset_option_exits_2_and_writes_nothing(server, tmp_path, capsy
     assert main(eval_args(server, tmp_path, "--taskset.max-words", "many")) == 2
     assert "--taskset.max-words" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def refuse_odd_words(request) -> Entry:
+    """Answers a prompt of an even number of letters; refuses the rest (HTTP 400: a model error, not retried)."""
+    text = request.messages[-1].text
+    return Fail(status=400, message="refused") if len(text) % 2 else text[::-1]
+
+
+def test_an_eval_where_most_rollouts_failed_exits_1_saying_how_many(tmp_path, capsys):
+    with FakeOpenAIServer(rule=lambda request: Fail(status=400, message="refused")) as failing:
+        assert main(eval_args(failing, tmp_path)) == 1
+    err = capsys.readouterr().err
+    assert "8 of 8 rollouts failed (100%), more than --max-error-rate 0.5 allows" in err
+    assert len(lines(only_run(tmp_path) / "traces.jsonl")) == 8  # the failed rollouts are kept as data
+
+
+def test_an_eval_under_its_max_error_rate_exits_0_and_heads_its_reward_with_the_scored_count(tmp_path, capsys):
+    with FakeOpenAIServer(rule=refuse_odd_words) as half:
+        assert main(eval_args(half, tmp_path, "--max-error-rate", "1")) == 0
+    summary = json.loads((only_run(tmp_path) / "summary.json").read_text())
+    assert 0 < summary["num_scored"] < summary["num_traces"] == 8
+    assert f"{summary['num_scored']} of 8 scored" in capsys.readouterr().out
+
+
+def test_a_max_error_rate_outside_0_to_1_exits_2(server, tmp_path, capsys):
+    assert main(eval_args(server, tmp_path, "--max-error-rate", "1.5")) == 2
+    assert "max_error_rate" in capsys.readouterr().err.replace("-", "_")
 
 
 def simulate_kill(run: Path) -> tuple[int, int]:

@@ -212,6 +212,11 @@ def test_summary_lines_name_reward_and_pass_at_k():
     assert "pass@2 / avg@2: 1.000 ± 0.000 / 0.500 ± 0.000 (1 task)" in lines
 
 
+def test_the_reward_line_says_how_many_were_scored_when_not_all_were():
+    lines = summary_lines(summarize([_trace("a", 1.0, 0), _trace("a", None, 1, error=ErrorKind.MODEL)]))
+    assert "reward: 1.000 ± 0.000 (95% CI, std 0.000, 1 of 2 scored)" in lines
+
+
 def test_summary_lines_show_the_intervals_and_the_tasks_behind_each_k():
     traces = [_trace("a", 1.0, 0), _trace("a", 0.0, 1), _trace("b", 0.0, 0), _trace("b", None, 1)]
     lines = summary_lines(summarize(traces))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import sys
 from pathlib import Path
 
 import tomli_w
@@ -13,10 +14,13 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.evaluate import seats_of
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat, bind
+from tracegym.eval.episode_summary import EpisodeSummary
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
 from tracegym.eval.eval_parts import eval_parts
 from tracegym.eval.eval_run import execute, work_for
 from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.run_summary import too_many_failed
+from tracegym.eval.summary import Summary
 from tracegym.models.launch import reach
 from tracegym.serve.env_client import check_env_server
 
@@ -50,13 +54,21 @@ def run(args: list[str]) -> int:
         config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
     parts = eval_parts(config, taskset)
     if resume_dir is not None:
-        execute(parts, folder, work_for(parts, folder), resume=True, endpoint=endpoint)
-        return 0
+        summary = execute(parts, folder, work_for(parts, folder), resume=True, endpoint=endpoint)
+        return verdict(summary, config.max_error_rate)
     work = work_for(parts)  # found before the folder is made: a taskset whose loading fails leaves none
     folder = RunFolder.create(config.output_dir, config.taskset.id, parts.model.display_name(), config.run_id)
     folder.write_config(config.to_toml_dict())
-    execute(parts, folder, work, endpoint=endpoint)
-    return 0
+    return verdict(execute(parts, folder, work, endpoint=endpoint), config.max_error_rate)
+
+
+def verdict(summary: Summary | EpisodeSummary, max_error_rate: float) -> int:
+    """The exit code of a finished run: 1, saying why on stderr, when too much of it failed; else 0."""
+    failed = too_many_failed(summary, max_error_rate)
+    if failed is None:
+        return 0
+    print(f"tracegym eval: {failed}", file=sys.stderr)
+    return 1
 
 
 def check_same_run(saved: dict, config: EvalConfig, folder: RunFolder) -> None:

@@ -72,6 +72,10 @@ class EvalConfig(BaseConfig):
     options)."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    max_error_rate: float = Field(default=0.5, ge=0, le=1)
+    """The command exits 1 when more than this fraction of the run's rollouts (episodes, for a multi-agent
+    taskset) failed: errored, never finished or left a reward unscored. The run folder keeps them all either
+    way."""
     output_dir: Path = Path("outputs")
     """Where run folders are created."""
     run_id: str | None = None

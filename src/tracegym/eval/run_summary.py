@@ -22,6 +22,25 @@ def summarize_run(episodes: Sequence[Episode], *, pass_threshold: float = 1.0,
     return summarize_episodes(episodes, wall_time=wall_time)
 
 
+def failed(summary: Summary | EpisodeSummary) -> tuple[int, int]:
+    """How many of the run's rollouts failed (`Trace.failure`: errored, unfinished or left unscored), and of how
+    many; of a multi-agent run, its episodes that did not end normally with every reward decided."""
+    if isinstance(summary, EpisodeSummary):
+        return summary.num_episodes - summary.num_ok, summary.num_episodes
+    return sum(summary.failures.values()), summary.num_traces
+
+
+def too_many_failed(summary: Summary | EpisodeSummary, max_error_rate: float) -> str | None:
+    """One line saying the run failed when more than `max_error_rate` of it failed; None when it did not."""
+    bad, total = failed(summary)
+    if total == 0 or bad / total <= max_error_rate:
+        return None
+    unit = "episodes" if isinstance(summary, EpisodeSummary) else "rollouts"
+    return (f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} "
+            f"allows: the figures above are of the {total - bad} others; the summary's failures say what went "
+            "wrong")
+
+
 def run_table(summary: Summary | EpisodeSummary, title: str = "") -> Table:
     """The summary's table, as the terminal shows it."""
     if isinstance(summary, EpisodeSummary):

@@ -205,7 +205,8 @@ def _num(value: float | None) -> str:
 def _reward_text(s: Summary) -> str:
     if s.reward is None:
         return "-"
-    return f"{s.reward:.3f} ± {s.reward_ci95:.3f} (95% CI, std {s.reward_std:.3f}, n={s.num_scored})"
+    scored = f"n={s.num_scored}" if s.num_scored == s.num_traces else f"{s.num_scored} of {s.num_traces} scored"
+    return f"{s.reward:.3f} ± {s.reward_ci95:.3f} (95% CI, std {s.reward_std:.3f}, {scored})"
 
 
 def _at_k_text(s: Summary, k: int) -> str:
