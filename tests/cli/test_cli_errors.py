@@ -32,8 +32,12 @@ def refused(capsys, args: list[str]) -> str:
     (["--sampling.max-tokens", "0"], "--sampling.max-tokens"),
     (["--sampling.temperature", "-1"], "--sampling.temperature"),
     (["--sampling.top-p", "0"], "--sampling.top-p"),
+    (["--timeouts.model", "-5"], "--timeouts.model"),
+    (["--timeouts.rollout", "0"], "--timeouts.rollout"),
+    (["--run-id", "../../../x"], "--run-id"),
+    (["--run-id", ".."], "--run-id"),
 ])
-def test_a_count_below_one_exits_2_naming_its_flag_and_makes_no_folder(flags, named, server, tmp_path, capsys):
+def test_a_value_out_of_range_exits_2_naming_its_flag_and_makes_no_folder(flags, named, server, tmp_path, capsys):
     out = tmp_path / "out"
     err = refused(capsys, ["eval", "reverse-text", *flags, "--model.base-url", server.base_url,
                            "--output-dir", str(out)])
@@ -130,6 +134,10 @@ def test_an_rl_env_address_without_a_transport_exits_2_naming_its_key(tmp_path, 
     config.write_text('[[orchestrator.train.envs]]\nid = "reverse-text"\naddress = "127.0.0.1:5555"\n')
     err = refused(capsys, ["rl", "@", str(config), "--dry-run"])
     assert "address" in err and "tcp://" in err
+
+
+def test_an_rl_run_id_that_leaves_the_output_dir_exits_2_naming_the_flag(capsys):
+    assert "--run-id" in refused(capsys, ["rl", "--run-id", "../elsewhere", "--dry-run"])
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])

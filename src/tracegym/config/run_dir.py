@@ -5,11 +5,22 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import tomli_w
+from pydantic import AfterValidator
 
 from tracegym.core.errors import UsageError
+
+
+def _one_folder_name(value: str) -> str:
+    if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
+        raise ValueError("must be one folder name (no '/', not '.' or '..'): the run folder stays under --output-dir")
+    return value
+
+
+RunId = Annotated[str, AfterValidator(_one_folder_name)]
+"""A run folder's name as `--run-id` gives it: one folder name, so the run folder stays under `--output-dir`."""
 
 
 def make_run_dir(output_dir: Path, name: Path | str) -> Path:

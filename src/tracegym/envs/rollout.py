@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import (
     ContextLengthError,
@@ -42,20 +42,20 @@ class Timeouts(BaseModel):
     deadline that passes is a timeout: a TimeoutError the stage's own code raises is that code's error."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    setup: float = 60.0
+    setup: float = Field(default=60.0, gt=0)
     """Task setup (e.g. starting a sandbox)."""
-    model: float = 300.0
+    model: float = Field(default=300.0, gt=0)
     """One model call, every HTTP attempt and retry backoff included: at this deadline the call is cancelled
     and the rollout ends as a timeout. Each attempt also has its own limit (`Endpoint.timeout`, at most this
     one by default), which only matters below it: a hung attempt is then retried within the stage."""
-    tool: float = 60.0
+    tool: float = Field(default=60.0, gt=0)
     """One tool call. A sync tool still running then is abandoned, not killed (Python cannot kill a thread):
     the rollout moves on and its daemon thread runs on without holding a slot (see `envs.thread_lane`)."""
-    env_response: float = 60.0
+    env_response: float = Field(default=60.0, gt=0)
     """One environment response."""
-    scoring: float = 60.0
+    scoring: float = Field(default=60.0, gt=0)
     """Each reward, metric or stop function (a stop after every turn)."""
-    rollout: float = 1800.0
+    rollout: float = Field(default=1800.0, gt=0)
     """The whole rollout, scoring included."""
 
 

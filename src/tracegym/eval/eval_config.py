@@ -21,6 +21,7 @@ from pydantic_config import BaseConfig
 from tracegym.config.command_line import merge, parse_command, read_files
 from tracegym.config.error_report import Origin, known_keys, validation_line
 from tracegym.config.renames import Rename, migrate, moved_into
+from tracegym.config.run_dir import RunId
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
@@ -78,7 +79,7 @@ class EvalConfig(BaseConfig):
     way."""
     output_dir: Path = Path("outputs")
     """Where run folders are created."""
-    run_id: str | None = None
+    run_id: RunId | None = None
     """Name of the run folder; unset: the start time."""
     rich: bool = True
     """Live dashboard; `--no-rich` prints plain log lines instead (for CI and files)."""

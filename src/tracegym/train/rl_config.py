@@ -12,6 +12,7 @@ from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import Rename, moved_into
+from tracegym.config.run_dir import RunId
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
@@ -236,7 +237,7 @@ class RLConfig(BaseConfig):
     plenty for 32 concurrent rollouts of a few hundred tokens); the GPU build sizes it from GPU memory."""
     output_dir: Path = Path("outputs/rl")
     """Where run folders are created."""
-    run_id: str | None = None
+    run_id: RunId | None = None
     """Name of the run folder; unset: the start time."""
     weight_sync: Literal["lora", "merged"] = "lora"
     """How new weights reach vLLM: `lora` loads the adapter in place (requests name it); `merged` has vLLM serve
