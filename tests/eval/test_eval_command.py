@@ -352,6 +352,20 @@ def test_show_warns_about_corrupt_middle_lines(server, tmp_path, capsys):
     assert "1 line(s) of traces.jsonl or episodes.jsonl could not be read" in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.parametrize("garbage", [b"not json at all", b"\xff\xfe\x00 binary"], ids=["text", "binary"])
+def test_resume_sets_a_corrupt_line_aside_names_it_and_reruns_its_rollout(server, tmp_path, capsys, garbage):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    rows = (run / "traces.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "traces.jsonl").write_bytes(b"".join([rows[0], garbage + b"\n", *rows[2:]]))  # row 1 is overwritten
+    capsys.readouterr()
+    assert main(["eval", "--resume", str(run), "--model.base-url", server.base_url, "--no-rich"]) == 0
+    err = capsys.readouterr().err
+    assert "1 line(s) of traces.jsonl could not be read (corrupt): set aside in traces.jsonl.unreadable" in err
+    assert (run / "traces.jsonl.unreadable").read_bytes() == garbage + b"\n"
+    assert len(lines(run / "traces.jsonl")) == 8 and json.loads((run / "summary.json").read_text())["reward"] == 1.0
+
+
 def test_a_taskset_option_flag_reaches_the_resolved_config(capsys):
     assert main(["eval", "arithmetic", "-n", "5", "--taskset.difficulty", "hard", "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -38,10 +38,15 @@ class LogRead:
     episodes: list[Episode]
     truncated_tail: bool = False
     """A file's last line was cut off mid-write (the writer was killed)."""
-    bad_lines: int = 0
-    """Complete lines that are not traces or episode records (skipped)."""
+    unreadable: dict[Path, list[bytes]] = field(default_factory=dict)
+    """Complete lines that are not traces or episode records (skipped), as found, by the file that holds them."""
     cut_short: int = 0
     """Multi-agent episodes whose members' traces are there but whose record is not (left out)."""
+
+    @property
+    def bad_lines(self) -> int:
+        """How many complete lines could not be read."""
+        return sum(map(len, self.unreadable.values()))
 
     @property
     def traces(self) -> list[Trace]:
@@ -78,6 +83,7 @@ class EpisodeLog:
         """Every episode the log holds, joined with its members' traces (see the module's docstring)."""
         traces, traces_tail, traces_bad = _parse(self.traces, Trace.model_validate_json)
         records, records_tail, records_bad = _parse(self.episodes, Episode.model_validate_json)
+        unreadable = {path: bad for path, bad in ((self.traces, traces_bad), (self.episodes, records_bad)) if bad}
         by_member = {(episode_of(t), member_id(t)): t for t in traces}
         recorded = {r.id for r in records}
         for record in records:
@@ -86,8 +92,8 @@ class EpisodeLog:
         loose = [t for t in traces if episode_of(t) not in recorded]
         solo = [Episode.solo(t) for t in loose if t.episode_id is None]
         cut_short = len({t.episode_id for t in loose if t.episode_id is not None})
-        return LogRead([*records, *solo], truncated_tail=traces_tail or records_tail,
-                       bad_lines=traces_bad + records_bad, cut_short=cut_short)
+        return LogRead([*records, *solo], truncated_tail=traces_tail or records_tail, unreadable=unreadable,
+                       cut_short=cut_short)
 
     def repair(self) -> bool:
         """End both files with a newline: cut a truncated last line off (True when one was), or terminate a
@@ -95,6 +101,15 @@ class EpisodeLog:
         self.close()
         cut = [_repair(self.traces, Trace.model_validate_json), _repair(self.episodes, Episode.model_validate_json)]
         return any(cut)
+
+    def set_aside(self, read: LogRead) -> dict[Path, Path]:
+        """Append the lines `read` could not read to `<file>.unreadable` beside the file that held them (before a
+        rewrite drops them from it); each such file by the one whose lines it holds."""
+        aside = {path: path.with_name(path.name + ".unreadable") for path in read.unreadable}
+        for path, lines in read.unreadable.items():
+            with aside[path].open("ab") as out:
+                out.write(b"".join(line + b"\n" for line in lines))
+        return aside
 
     def close(self) -> None:
         for out in self._out.values():
@@ -118,13 +133,14 @@ def _member_traces(episode: Episode) -> list[Trace]:
     return [episode.traces[m] for m in episode.members if m in episode.traces]
 
 
-def _parse(path: Path, parse: Callable[[str], R]) -> tuple[list[R], bool, int]:
-    """The readable lines of a JSONL file parsed; whether its last line was cut off; how many others were bad."""
+def _parse(path: Path, parse: Callable[[bytes], R]) -> tuple[list[R], bool, list[bytes]]:
+    """The readable lines of a JSONL file parsed; whether its last line was cut off; the other lines that could
+    not be read (text garbage, bytes that are not UTF-8), as found."""
     if not path.exists():
-        return [], False, 0
+        return [], False, []
     found: list[R] = []
-    tail, bad = False, 0
-    lines = path.read_text(encoding="utf-8").split("\n")
+    tail, bad = False, []
+    lines = path.read_bytes().split(b"\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -134,7 +150,7 @@ def _parse(path: Path, parse: Callable[[str], R]) -> tuple[list[R], bool, int]:
             if i == len(lines) - 1:
                 tail = True
             else:
-                bad += 1
+                bad.append(line)
     return found, tail, bad
 
 

@@ -58,12 +58,16 @@ def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
 
 def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]]) -> list[Episode]:
     """The folder's episodes to keep: those that ended normally with every member's trace, of a pair still
-    expected. The rest move to the folder's `errored` log, and the log is rewritten with the kept ones alone (so
-    a folder of the old layout is in the new one after it). Leaves the folder alone when a stored task is not
-    the taskset's now (`check_same_tasks`)."""
+    expected. The rest move to the folder's `errored` log, lines that cannot be read at all to `<file>.unreadable`
+    (named on stderr), and the log is rewritten with the kept ones alone (so a folder of the old layout is in the
+    new one after it). Leaves the folder alone when a stored task is not the taskset's now (`check_same_tasks`)."""
     folder.log.repair()
-    stored = folder.log.read().episodes
+    read = folder.log.read()
+    stored = read.episodes
     check_same_tasks(stored, [d for d, _ in expected], folder)
+    for source, aside in folder.log.set_aside(read).items():
+        print(f"tracegym: warning: {len(read.unreadable[source])} line(s) of {source.name} could not be read "
+              f"(corrupt): set aside in {aside.name}; their rollouts run again", file=sys.stderr)
     wanted = {(d.key, i) for d, i in expected}
     good = {(e.task_key, e.episode_index): e for e in stored
             if e.ended_normally and set(e.traces) == set(e.members) and (e.task_key, e.episode_index) in wanted}
