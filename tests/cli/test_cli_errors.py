@@ -1,5 +1,8 @@
 """Bad input to a command: one line naming the flag or file at fault, exit 2, and no run folder."""
 
+import os
+import subprocess
+
 import pytest
 
 from tracegym.cli.main import main
@@ -183,3 +186,27 @@ def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_ta
         monkeypatch.setenv(SECRET_ENV, "a-wrong-guess-of-it")
         err = refused(capsys, ["eval", "reverse-text", "--env.address", address, "--output-dir", str(tmp_path)])
     assert "handshake refused" in err and SECRET_ENV in err and "task error" not in err
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 96 KiB tmpfs: a run folder on it fills up after a few dozen rollouts."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_exits_1_in_one_line_and_keeps_what_was_written(server, tiny_disk, capsys):
+    args = ["eval", "reverse-text", "-n", "400", "--model.base-url", server.base_url, "--no-serve", "--no-rich",
+            "--output-dir", str(tiny_disk / "out")]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tracegym eval: the disk is full") and "--resume" in err and "\n" not in err
+    [run] = list((tiny_disk / "out").glob("*/*"))
+    assert (run / "config.toml").is_file() and (run / "traces.jsonl").stat().st_size > 0

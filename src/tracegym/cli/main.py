@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tracegym.cli.serve", "serve a taskset to env clients (ZMQ) and print the bound address"),
     "view": ("tracegym.cli.view", "browse a run folder's traces, episodes and curves in a local web page"),
 }
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a full disk (or a spent quota): one line, not a traceback."""
 OWN_HELP = {"eval", "rl", "inference", "serve"}
 """Commands whose config parser answers `--help` with every option; the others print their module docstring."""
 
@@ -48,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tracegym {name}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"tracegym {name}: the disk is full{where} ({exc.strerror}); what was written is kept: free some "
+              "space, then --resume the run", file=sys.stderr)
+        return 1
 
 
 def usage() -> str:

@@ -17,6 +17,7 @@ is its solo episode), and an RL run folder's old `episodes/step-N.jsonl` lines h
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +113,10 @@ class EpisodeLog:
         return aside
 
     def close(self) -> None:
-        for out in self._out.values():
-            out.close()
-        self._out.clear()
+        outs, self._out = list(self._out.values()), {}
+        for out in outs:
+            with contextlib.suppress(OSError):  # every line is flushed as written: only a failed write's is left,
+                out.close()                     # and that write raised already (a full disk)
 
     def _line(self, path: Path, text: str) -> None:
         if path not in self._out:
