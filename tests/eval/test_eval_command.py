@@ -2,6 +2,8 @@
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -364,6 +366,26 @@ def test_resume_sets_a_corrupt_line_aside_names_it_and_reruns_its_rollout(server
     assert "1 line(s) of traces.jsonl could not be read (corrupt): set aside in traces.jsonl.unreadable" in err
     assert (run / "traces.jsonl.unreadable").read_bytes() == garbage + b"\n"
     assert len(lines(run / "traces.jsonl")) == 8 and json.loads((run / "summary.json").read_text())["reward"] == 1.0
+
+
+def test_a_resume_while_another_process_writes_the_run_is_refused_naming_it(server, tmp_path, capsys):
+    main(eval_args(server, tmp_path))
+    run = only_run(tmp_path)
+    before = (run / "traces.jsonl").read_bytes()
+    writer = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                               "from tracegym.config.run_dir import owned\n"
+                               f"with owned(Path({str(run)!r})):\n    print('held', flush=True)\n    time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "held\n"
+        capsys.readouterr()
+        assert main(["eval", "--resume", str(run), "--model.base-url", server.base_url, "--no-rich"]) == 2
+        assert f"is being written by another tracegym (pid {writer.pid})" in capsys.readouterr().err
+    finally:
+        writer.kill()
+        writer.wait()
+    assert (run / "traces.jsonl").read_bytes() == before
+    assert main(["eval", "--resume", str(run), "--model.base-url", server.base_url, "--no-rich"]) == 0
 
 
 def test_a_taskset_option_flag_reaches_the_resolved_config(capsys):

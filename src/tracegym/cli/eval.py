@@ -10,6 +10,7 @@ from pathlib import Path
 import tomli_w
 
 from tracegym.cli.flag import pop_flag
+from tracegym.config.run_dir import owned
 from tracegym.core.errors import UsageError
 from tracegym.envs.evaluate import seats_of
 from tracegym.envs.registry import load_taskset
@@ -54,12 +55,15 @@ def run(args: list[str]) -> int:
         config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
     parts = eval_parts(config, taskset)
     if resume_dir is not None:
-        summary = execute(parts, folder, work_for(parts, folder), resume=True, endpoint=endpoint)
+        with owned(folder.path):
+            summary = execute(parts, folder, work_for(parts, folder), resume=True, endpoint=endpoint)
         return verdict(summary, config.max_error_rate)
     work = work_for(parts)  # found before the folder is made: a taskset whose loading fails leaves none
     folder = RunFolder.create(config.output_dir, config.taskset.id, parts.model.display_name(), config.run_id)
-    folder.write_config(config.to_toml_dict())
-    return verdict(execute(parts, folder, work, endpoint=endpoint), config.max_error_rate)
+    with owned(folder.path):
+        folder.write_config(config.to_toml_dict())
+        summary = execute(parts, folder, work, endpoint=endpoint)
+    return verdict(summary, config.max_error_rate)
 
 
 def verdict(summary: Summary | EpisodeSummary, max_error_rate: float) -> int:

@@ -10,6 +10,7 @@ import tomli_w
 
 from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
+from tracegym.config.run_dir import owned
 from tracegym.config.toml_data import toml_ready
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
@@ -33,15 +34,16 @@ def run(args: list[str]) -> int:
         return 0
     folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
                                                                                        config.run_id)
-    folder.write_config(_toml(config))
-    plan = plan_launch(config, folder.path)
-    if plan.slurm is not None:  # nothing runs here: the script does, on the allocation
-        script = write_sbatch(plan)
-        print(f"tracegym rl: wrote {script} (run folder {folder.path.resolve()}; it must be on storage every node "
-              f"sees); submit it with: sbatch {script}")
-        return 0
-    sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-    return launch(plan)
+    with owned(folder.path):
+        folder.write_config(_toml(config))
+        plan = plan_launch(config, folder.path)
+        if plan.slurm is not None:  # nothing runs here: the script does, on the allocation
+            script = write_sbatch(plan)
+            print(f"tracegym rl: wrote {script} (run folder {folder.path.resolve()}; it must be on storage every "
+                  f"node sees); submit it with: sbatch {script}")
+            return 0
+        sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
+        return launch(plan)
 
 
 SEATING = {"play", "seats", "difficulty"}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,6 +37,31 @@ def make_run_dir(output_dir: Path, name: Path | str) -> Path:
         raise UsageError(f"--output-dir {str(output_dir)!r}: cannot create a run folder there "
                          f"({exc.strerror or exc})") from None
     return path
+
+
+LOCK = ".lock"
+"""The file in a run folder its writer holds a lock on (and writes its pid to) for as long as it runs."""
+
+
+@contextlib.contextmanager
+def owned(folder: Path) -> Iterator[None]:
+    """Hold the run folder's lock while the block runs: one writer at a time. A second (a `--resume` started while
+    the run is still alive) is a UsageError naming the process that holds it. The lock goes with this process,
+    even when it is killed."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(f"run folder {str(folder)!r} is being written by another tracegym (pid {holder}); wait for "
+                         "it to end or stop it, then --resume") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
