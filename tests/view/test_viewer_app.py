@@ -59,6 +59,17 @@ async def _text(client: TestClient, url: str, status: int = 200) -> str:
 
 
 # --- run page and rows -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("host", ["evil.example:8765", "192.168.1.20"])
+async def test_a_request_for_another_host_name_is_refused(eval_client, host):
+    response = await eval_client.get("/", headers={"Host": host})
+    assert response.status == 421 and "loopback only" in await response.text()
+
+
+@pytest.mark.parametrize("host", ["localhost:8765", "127.0.0.1:8765", "[::1]:8765"])
+async def test_a_request_for_a_loopback_host_is_served(eval_client, host):
+    assert (await eval_client.get("/", headers={"Host": host})).status == 200
+
+
 async def test_run_page_prints_summary_json_numbers_to_3_decimals(eval_client, tmp_path):
     summary = json.loads((tmp_path / "calc--fake-model" / "run" / "summary.json").read_text())
     page = await _text(eval_client, "/")
@@ -165,12 +176,24 @@ async def test_bad_rows_and_queries_get_a_page_and_a_4xx(eval_client):
     assert (await _json(eval_client, "/api/rows?per_page=7", 400))["status"] == 400
 
 
+async def test_a_corrupt_summary_is_computed_again_from_the_traces(tmp_path):
+    client = await _client(eval_folder(tmp_path, broken=False))
+    try:
+        summary = tmp_path / "calc--fake-model" / "run" / "summary.json"
+        written = json.loads(summary.read_text())
+        summary.write_text("{not json")
+        page = await _text(client, "/")
+        assert "summary.json is not valid JSON" in page and "computed again from the run&#x27;s traces" in page
+        api = await _json(client, "/api/run")
+        assert api["summary"]["reward"] == written["reward"] and api["summary"]["num_traces"] == written["num_traces"]
+    finally:
+        await client.close()
+
+
 async def test_an_unreadable_file_is_a_4xx_page(tmp_path):
     client = await _client(eval_folder(tmp_path, broken=False))
     try:
         summary = tmp_path / "calc--fake-model" / "run" / "summary.json"
-        summary.write_text("{not json")
-        assert "summary.json is not valid JSON" in await _text(client, "/", 422)
         (summary.parent / "config.toml").write_text("= not toml")
         assert "is not valid TOML" in await _text(client, "/", 422)
         assert "It is five" in await _text(client, "/trace/9")  # a trace page needs no config

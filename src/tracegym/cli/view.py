@@ -3,21 +3,21 @@ folder (summary, traces, episodes, curves) and print its URL; Ctrl-C stops it.
 
   --port N          the port to listen on (default 8765; 0 picks a free one)
   --host H          the address to bind (default 127.0.0.1); anything but loopback needs --allow-remote
-  --allow-remote    serve on a non-loopback address: anyone who reaches it can read the run's traces
+  --allow-remote    serve on a non-loopback address: anyone who reaches it can read the run's traces (without it,
+                    a request whose Host header is not loopback is refused: no DNS rebinding)
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from tracegym.core.errors import UsageError
-from tracegym.view.app import make_app
+from tracegym.view.app import is_loopback, make_app
 from tracegym.view.run_folder_index import RunFolderIndex
 
 DEFAULT_PORT = 8765
@@ -69,7 +69,7 @@ def parse(args: list[str]) -> ViewArgs:
         raise UsageError(f"--port {port!r}: a port is a whole number from 0 to 65535")
     host = str(found.get("host", LOOPBACK))
     allow = bool(found.get("allow_remote", False))
-    if not _loopback(host) and not allow:
+    if not is_loopback(host) and not allow:
         raise UsageError(f"--host {host!r} is not a loopback address: anyone who reaches it could read this run's "
                          "traces; add --allow-remote to serve it there anyway")
     return ViewArgs(Path(positional[0]), int(port), host, allow)
@@ -77,7 +77,7 @@ def parse(args: list[str]) -> ViewArgs:
 
 async def serve(index: RunFolderIndex, asked: ViewArgs) -> None:
     """Serve the viewer until cancelled, after printing its URL."""
-    runner = web.AppRunner(make_app(index), access_log=None)
+    runner = web.AppRunner(make_app(index, any_host=asked.allow_remote), access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, asked.host, asked.port)
@@ -96,11 +96,3 @@ async def serve(index: RunFolderIndex, asked: ViewArgs) -> None:
     finally:
         await runner.cleanup()
 
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import sys
 import traceback
@@ -19,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -92,10 +94,12 @@ class Viewer:
 VIEWER = web.AppKey("viewer", Viewer)
 
 
-def make_app(index: RunFolderIndex, *, follow: bool = True) -> web.Application:
-    """The viewer over `index`; `follow` keeps indexing appended lines in the background."""
+def make_app(index: RunFolderIndex, *, follow: bool = True, any_host: bool = False) -> web.Application:
+    """The viewer over `index`; `follow` keeps indexing appended lines in the background. It answers only requests
+    whose `Host` is a loopback name or address (a web page the user visits cannot rebind its own name to
+    127.0.0.1 and read the run), unless `any_host` (served on a remote address, which `--allow-remote` accepts)."""
     viewer = Viewer(index, following=follow)
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[_errors] if any_host else [_loopback_hosts_only, _errors])
     app[VIEWER] = viewer
     app.router.add_get("/", _run_page)
     app.router.add_get("/trace/{n}", _trace_page)
@@ -269,6 +273,27 @@ def _branch(request: web.Request, trace: Trace) -> int | None:
 
 def _html(body: str, status: int = 200) -> web.Response:
     return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and a loopback address (IPv4 or IPv6, brackets allowed)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@web.middleware
+async def _loopback_hosts_only(request: web.Request,
+                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """421 for a request whose Host header names anything but loopback (DNS rebinding)."""
+    name = urlsplit(f"//{request.host}").hostname or ""
+    if not is_loopback(name):
+        return web.Response(status=421, text=f"this viewer serves loopback only, not Host {request.host!r}\n")
+    return await handler(request)
 
 
 @web.middleware

@@ -34,6 +34,7 @@ from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import SCHEMA_VERSION, Trace
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
+from tracegym.eval.run_summary import summarize_run
 from tracegym.train.rl_folder import EPISODES as RL_EPISODES
 from tracegym.train.rl_folder import TRACES as RL_TRACES
 from tracegym.train.rl_folder import RLFolder
@@ -385,15 +386,28 @@ class RunFolderIndex:
 
     # --- the folder's other files ------------------------------------------------------------------------
     def summary(self) -> dict[str, Any] | None:
-        """`summary.json` as written (None when the run has not written one yet)."""
+        """`summary.json` as written (None when the run has not written one yet). One that cannot be read is
+        computed again from the run's episodes, as the run would have written it, with a `recomputed` entry
+        saying why: every trace of the run is still readable."""
         path = self.path / SUMMARY
         if not path.exists():
             return None
         try:
             value = json.loads(path.read_text())
         except ValueError as exc:
-            raise RowError(f"{SUMMARY} is not valid JSON: {exc}", 422) from None
-        return value if isinstance(value, dict) else None
+            why = f"{SUMMARY} is not valid JSON ({exc})"
+        else:
+            if isinstance(value, dict):
+                return value
+            why = f"{SUMMARY} holds a {type(value).__name__}, not the run's figures"
+        return {"recomputed": f"{why}: these figures are computed again from the run's traces",
+                **self._computed_summary()}
+
+    def _computed_summary(self) -> dict[str, Any]:
+        threshold = self.config().get("pass_threshold", 1.0)
+        episodes = EpisodeLog(self.path / TRACES, self.path / EPISODES).read().episodes
+        summary = summarize_run(episodes, pass_threshold=threshold if isinstance(threshold, int | float) else 1.0)
+        return summary.model_dump(mode="json")
 
     def config(self) -> dict[str, Any]:
         """The resolved config the run saved (empty when it has none yet)."""
