@@ -188,6 +188,14 @@ def test_a_wrong_shared_secret_is_reported_as_an_authentication_failure_not_a_ta
     assert "handshake refused" in err and SECRET_ENV in err and "task error" not in err
 
 
+def test_a_tokenizer_that_cannot_be_loaded_exits_2_naming_the_flag_before_any_folder(server, tmp_path, capsys):
+    err = refused(capsys, ["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--model.client",
+                           "tokens", "--model.tokenizer", str(tmp_path / "no-such-model"), "--output-dir",
+                           str(tmp_path / "out")])
+    assert "--model.tokenizer" in err and "no-such-model" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 96 KiB tmpfs: a run folder on it fills up after a few dozen rollouts."""

@@ -2,9 +2,10 @@
 
 import pytest
 
+from tracegym.core.errors import UsageError
 from tracegym.core.messages import Message, assistant, system, tool, user
 from tracegym.core.tool_spec import ToolSpec
-from tracegym.models.renderer import ChatMLRenderer, LibraryRenderer, renderer_for
+from tracegym.models.renderer import ChatMLRenderer, LibraryRenderer, load_tokenizer, renderer_for
 from tracegym.testing.script import reply, tool_call
 
 ADD = ToolSpec(name="add", description="Add two numbers.",
@@ -169,3 +170,12 @@ def test_chatml_named_explicitly_gets_our_renderer_with_the_templates_default_sy
     chosen = renderer_for(smol_tokenizer, "chatml")
     assert isinstance(chosen, ChatMLRenderer)
     assert chosen.render([user("hi")]) == template_ids(smol_tokenizer, [user("hi")])
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_asked_for_once_and_names_the_flag(tmp_path):
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(UsageError, match=r"--model\.tokenizer") as first:
+        load_tokenizer(missing)
+    with pytest.raises(UsageError) as second:
+        load_tokenizer(missing)
+    assert second.value is first.value  # the second rollout fails at once, on the first one's answer

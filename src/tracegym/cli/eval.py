@@ -23,6 +23,7 @@ from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
 from tracegym.models.launch import reach
+from tracegym.models.renderer import load_renderer
 from tracegym.serve.env_client import check_env_server
 
 USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
@@ -52,6 +53,8 @@ def run(args: list[str]) -> int:
     endpoint = None
     if config.model.base_url is not None:  # asked once, before any folder is made; record which model answered
         endpoint = reach(config.model_choice())
+        if endpoint.client == "tokens":  # else every rollout would fail on it: once, here, naming the flag
+            load_renderer(endpoint.tokenizer or endpoint.model, endpoint.renderer)
         config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
     parts = eval_parts(config, taskset)
     if resume_dir is not None:

@@ -14,10 +14,13 @@ families it ships hand-coded renderers for. `renderer_for(tokenizer)` picks one.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from tracegym.core.errors import UsageError
 from tracegym.core.messages import Message, ToolCall
@@ -295,9 +298,62 @@ def _default_system(tokenizer: Any) -> str | None:
 
 
 def load_renderer(name_or_path: str, renderer: str = "auto") -> Renderer:
-    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer); see `renderer_for`."""
+    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer: `load_tokenizer`); see
+    `renderer_for`."""
+    return renderer_for(load_tokenizer(name_or_path), renderer)
+
+
+_tokenizers: dict[str, Any] = {}
+"""Each tokenizer this process loaded, or the UsageError saying why it could not, by the name it was asked by."""
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A Hugging Face tokenizer from a model folder, the local cache, or the hub when it answers; asked once per
+    process (a failure too: every rollout of a worker then fails at once, not after its own download attempt).
+    One that cannot be loaded is a UsageError naming `--model.tokenizer`."""
+    if name_or_path not in _tokenizers:
+        _tokenizers[name_or_path] = _tokenizer(name_or_path)
+    found = _tokenizers[name_or_path]
+    if isinstance(found, UsageError):
+        raise found
+    return found
+
+
+def _tokenizer(name: str) -> Any:
+    """The tokenizer, or the UsageError saying why it cannot be had: the hub is tried only when it answers."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        raise UsageError(f"rendering locally needs `transformers` for the tokenizer: {exc}") from exc
-    return renderer_for(AutoTokenizer.from_pretrained(name_or_path), renderer)
+        return UsageError(f"rendering locally needs `transformers` for the tokenizer: {exc}")
+    hint = (f"--model.tokenizer {name!r}: cannot load a tokenizer from it ({{}}); name a model folder with its "
+            "tokenizer files, or a hub id this machine can download")
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as exc:
+        local = exc
+    unreachable = _hub_unreachable()
+    if unreachable or os.path.isdir(name):
+        return UsageError(hint.format(unreachable or _first_line(local)))
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        return UsageError(hint.format(_first_line(exc)))
+
+
+def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (offline mode, no route, no name), or None."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "not in the local cache, and HF_HUB_OFFLINE is set"
+    host = urlsplit(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"not in the local cache, and the hub ({host}) cannot be reached: {exc}"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
