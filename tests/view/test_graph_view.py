@@ -3,6 +3,7 @@
 from detail_traces import BYTES, SCRIPT, proxy_trace, retokenized_trace, text_of, tool_trace, tree
 
 from tracegym.view.graph_view import forks, graph_html
+from tracegym.view.message_view import PREVIEW_CAP
 
 
 def fork_markers(html: str) -> list:
@@ -52,3 +53,14 @@ async def test_a_single_branch_has_no_fork_and_each_node_opens_to_its_whole_mess
     assert "add" in text_of(call) and '"a": 1' in text_of(call)
     [link] = root.iter("a")
     assert link.get("href") == "tokens?branch=0&x=<1>"  # escaped in the source, read back by the parser
+
+
+async def test_a_nodes_message_is_inlined_only_up_to_the_preview_cap_with_a_link_to_the_reader():
+    trace = await tool_trace(last="z" * (PREVIEW_CAP + 3))
+    root = tree(graph_html(trace, reader="/trace/1"))
+    last = next(d for d in root.iter("details") if d.get("data-node") == str(trace.graph.head))
+    text = next(d for d in last.iter("div") if d.get("class") == "msg-text")
+    assert len(text_of(text)) == PREVIEW_CAP
+    [note] = [d for d in last.iter("div") if d.get("class") == "left-out"]
+    assert f"3 more characters not shown here ({PREVIEW_CAP + 3:,} in all)" in text_of(note)
+    assert next(note.iter("a")).get("href") == f"/trace/1/node/{trace.graph.head}/text?page=1"

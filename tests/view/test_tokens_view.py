@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tracegym.models.embedded import SERVED_MODEL_NAME, default_cache_dir, is_complete
 from tracegym.testing import make_trace
 from tracegym.testing.scripted_model import encode, render_body
-from tracegym.view.tokens_view import TokenText, token_text_for, tokens_html
+from tracegym.view.tokens_view import TOKENS_PER_NODE, TokenText, token_text_for, tokens_html
 
 
 def tokens(fragment: str, css: str) -> list:
@@ -136,3 +136,19 @@ async def test_the_tokens_of_private_reasoning_are_marked_private():
     assert "".join(t.text or "" for t in private) == "<think>secret plan</think>"
     assert all("s" in t.get("class").split() and "private reasoning" in t.get("title") for t in private)
     assert not tokens(tokens_html(await tool_trace(), 0, BYTES), "private")
+
+
+async def test_a_node_of_more_tokens_than_the_cap_shows_its_first_and_last_half_and_counts_the_rest():
+    trace = await tool_trace(last="y" * 3 * TOKENS_PER_NODE)
+    last = trace.graph.nodes[-1]
+    count, half = len(last.token_ids or []), TOKENS_PER_NODE // 2
+    html = tokens_html(trace, 0, BYTES, reader="/trace/5")
+    seg = next(s for s in tree(html).iter("span") if s.get("class") == "seg" and s.get("data-node") == str(last.id))
+    shown = [int(t.get("data-id")) for t in seg.iter("span") if "t" in t.get("class", "").split()]
+    assert shown == (last.token_ids or [])[:half] + (last.token_ids or [])[-half:]
+    [left_out] = [s for s in seg.iter("span") if s.get("class") == "left-out"]
+    assert left_out.get("data-left-out") == str(count - TOKENS_PER_NODE)
+    assert f"{count - TOKENS_PER_NODE:,} tokens of node {last.id} left out" in text_of(left_out)
+    carried = trace.graph.path()[-2:]  # the tool result (in this turn's prompt) and the reply
+    assert [a.get("href") for a in left_out.iter("a")] == [f"/trace/5/node/{n.id}/text?page=1" for n in carried]
+    assert len(tokens(tokens_html(trace, 0, BYTES), "t")) == len(trace.graph.tokens()) - count + TOKENS_PER_NODE

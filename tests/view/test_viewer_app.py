@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -18,6 +19,8 @@ from viewer_folders import (
     episodes_folder,
     eval_folder,
     files_of,
+    long_member_folder,
+    long_message_folder,
     rl_folder,
     tool_trace,
 )
@@ -26,6 +29,7 @@ from tracegym.core.episode import Episode
 from tracegym.testing import make_episode
 from tracegym.train.rl_folder import RLFolder
 from tracegym.view.app import make_app
+from tracegym.view.message_view import PREVIEW_CAP, TEXT_CAP
 from tracegym.view.run_folder_index import RunFolderIndex
 
 
@@ -374,3 +378,99 @@ def test_the_viewer_imports_neither_torch_nor_transformers():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")})
     assert done.stdout.strip() == "[]"
+
+
+# --- a message too long to inline ------------------------------------------------------------------------------
+LINE = "line {:07d} <script>alert(1)</script> & more\n"
+
+
+def long_text(chars: int) -> str:
+    """Numbered lines with markup in them, cut to `chars` characters."""
+    return "".join(LINE.format(i) for i in range(chars // len(LINE.format(0)) + 1))[:chars]
+
+
+def reader_pre(page: str) -> str:
+    """The text a reader page shows, unescaped."""
+    [shown] = re.findall(r'<pre class="raw reader" data-page="\d+" data-start="\d+">(.*?)</pre>', page, re.S)
+    assert "<" not in shown  # escaped: a <script> in the text is shown, never run
+    return html.unescape(shown)
+
+
+async def test_a_5_mb_message_makes_a_small_trace_page_that_says_what_it_leaves_out_and_links_to_the_reader(
+        tmp_path):
+    text = long_text(5_000_000)
+    client = await _client(long_message_folder(tmp_path, text))
+    try:
+        page = await _text(client, "/trace/0")
+        assert len(page.encode()) < 1_000_000
+        more = f"{len(text) - TEXT_CAP:,} more characters not shown here ({len(text):,} in all)"
+        assert more in page and '<a href="/trace/0/node/3/text?page=2">read them from page 2 of 50</a>' in page
+        graph = page[page.index('<section class="graph">'):page.index('<section class="tokens-view"')]
+        assert f"{len(text) - PREVIEW_CAP:,} more characters" in graph and "/trace/0/node/3/text?page=1" in graph
+        shown = page.count("&lt;script&gt;alert(1)&lt;/script&gt;")  # the conversation's head and the graph's
+        assert shown <= (TEXT_CAP + PREVIEW_CAP) // len(LINE.format(0)) + 2
+        assert "<script>alert" not in page and "It is five (5)." in page  # and the rest of the trace is there
+    finally:
+        await client.close()
+
+
+async def test_the_readers_pages_are_bounded_and_together_are_the_whole_text(tmp_path):
+    text = long_text(5_000_000)
+    client = await _client(long_message_folder(tmp_path, text))
+    try:
+        pages = []
+        for k in range(1, 51):
+            page = await _text(client, f"/trace/0/node/3/text?page={k}")
+            assert len(page.encode()) < 2 * TEXT_CAP and f"page {k} of 50" in page
+            assert ("← previous</a>" in page) == (k > 1) and ("next →</a>" in page) == (k < 50)
+            pages.append(reader_pre(page))
+        assert "".join(pages) == text and {len(p) for p in pages} == {TEXT_CAP}
+        api = [await _json(client, f"/api/trace/0/node/3/text?page={k}") for k in (1, 50)]
+        assert [(a["page"], a["pages"], a["chars"], a["start"]) for a in api] == [
+            (1, 50, len(text), 0), (50, 50, len(text), 49 * TEXT_CAP)]
+        assert api[0]["text"] == pages[0] and api[1]["text"] == pages[-1] and api[0]["role"] == "tool"
+        call = await _json(client, "/api/trace/0/node/2/text?part=call-0")
+        assert call["text"] == '{"a": 2, "b": 3}' and call["parts"] == ["text", "call-0"]
+    finally:
+        await client.close()
+
+
+async def test_a_node_part_or_page_the_trace_lacks_is_a_404_page(tmp_path):
+    client = await _client(long_message_folder(tmp_path, long_text(250_000)))
+    try:
+        for url, status, said in [
+            ("/trace/0/node/6/text", 404, "this trace has no node &#x27;6&#x27;: its nodes are 0 to 5"),
+            ("/trace/0/node/x/text", 404, "no node &#x27;x&#x27;"),
+            ("/trace/0/node/3/text?page=0", 404, "page 0 is out of range: the text of node 3 has pages 1 to 3"),
+            ("/trace/0/node/3/text?page=4", 404, "pages 1 to 3"),
+            ("/trace/0/node/3/text?page=two", 400, "not a page number"),
+            ("/trace/0/node/3/text?part=call-0", 404, "node 3 has no text &#x27;call-0&#x27;: it has text"),
+            ("/trace/0/node/3/text?page=1&page=2", 400, "each once"),
+            ("/trace/0/node/3/text?line=2", 400, "not line"),
+            ("/trace/1/node/3/text", 404, "there is no trace 1"),
+        ]:
+            page = await _text(client, url, status)
+            assert said in page and "back to the run" in page, (url, page)
+        assert "pages 1 to 3" in (await _json(client, "/api/trace/0/node/3/text?page=9", 404))["error"]
+    finally:
+        await client.close()
+
+
+async def test_an_episode_members_long_message_is_paged_from_the_episode_and_the_member_page(tmp_path):
+    text = long_text(250_000)
+    path, node = long_member_folder(tmp_path, text)
+    client = await _client(path)
+    try:
+        reader = f"/episode/0/member/debater_a/node/{node}/text"
+        for url in ("/episode/0", "/episode/0/member/debater_a"):
+            page = await _text(client, url)
+            assert len(page.encode()) < 1_000_000 and f"{len(text) - TEXT_CAP:,} more characters" in page
+            assert f'href="{reader}?page=2"' in page, url
+        pages = [reader_pre(await _text(client, f"{reader}?page={k}")) for k in (1, 2, 3)]
+        assert "".join(pages) == text
+        assert (await _json(client, f"/api{reader}?page=3"))["text"] == pages[2]
+        await _text(client, f"{reader}?page=4", 404)
+        assert "no trace of a member &#x27;nobody&#x27;" in await _text(client, "/episode/0/member/nobody/node/0/text",
+                                                                          404)
+    finally:
+        await client.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 from tracegym.config.episode_log import EpisodeLog
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TraceError
-from tracegym.core.messages import ToolCall, assistant, system, tool, user
+from tracegym.core.messages import Message, ToolCall, assistant, system, tool, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
 from tracegym.core.trace import RewardScore, StopReason, Trace, Usage
@@ -25,9 +25,9 @@ NEWER = json.dumps({"schema_version": 99, "id": "from-the-future", "task": {"pro
 TAIL = b'{"schema_version": 1, "id": "cut-off", "taskset": "calc", "task": {"prom'
 
 
-def tool_trace(rollout_index: int = 0, *, policy_version: int | None = None) -> Trace:
-    """A multi-turn trace: system, user, a tool call and its result, an environment response, exact tokens with
-    logprobs, spans, two rewards and a metric."""
+def tool_trace(rollout_index: int = 0, *, policy_version: int | None = None, result: str = "5") -> Trace:
+    """A multi-turn trace: system, user, a tool call and its `result` (node 3), an environment response, exact
+    tokens with logprobs, spans, two rewards and a metric."""
     trace = Trace(task=TaskData(prompt="what is 2+3?", answer="5"), taskset="calc", rollout_index=rollout_index,
                   model="fake-model", stop_reason=StopReason.COMPLETED, usage=Usage(prompt_tokens=30,
                                                                                    completion_tokens=9))
@@ -38,7 +38,7 @@ def tool_trace(rollout_index: int = 0, *, policy_version: int | None = None) -> 
     call = ToolCall(id="c1", name="add", arguments='{"a": 2, "b": 3}')
     graph.add_model_turn(assistant(None, [call]), prompt_ids=[1, 2, 3], completion_ids=[4, 5],
                          completion_logprobs=[-0.1, -2.5], temperature=1.0, policy_version=policy_version)
-    graph.add(tool("5", tool_call_id="c1", name="add"))
+    graph.add(tool(result, tool_call_id="c1", name="add"))
     graph.add(user("Are you sure? Say it in words."))
     graph.add_model_turn(assistant("It is five (5)."), prompt_ids=[1, 2, 3, 4, 5, 6, 7], completion_ids=[8, 9],
                          completion_logprobs=[-0.3, -0.01], temperature=1.0, policy_version=policy_version)
@@ -85,6 +85,27 @@ def eval_folder(root: Path, *, broken: bool = True) -> Path:
         with log.traces.open("ab") as f:
             f.write(CORRUPT + NEWER + TAIL)
     return folder.path
+
+
+def long_message_folder(root: Path, text: str) -> Path:
+    """An eval run of one trace, `tool_trace`, whose tool result (node 3) is `text`."""
+    folder = RunFolder.create(root, "calc", "fake-model", run_id="run")
+    log = episode_log(folder.path)
+    log.append(Episode.solo(tool_trace(result=text)))
+    log.close()
+    return folder.path
+
+
+def long_member_folder(root: Path, text: str) -> tuple[Path, int]:
+    """A multi-agent eval run of one episode whose member `debater_a` was told `text` by `debater_b`; the id of
+    that node in debater_a's trace."""
+    folder = RunFolder.create(root, "debate", "fake-model", run_id="run")
+    episode = make_episode({"debater_a": 1.0, "debater_b": 0.0}, taskset="debate")
+    node = episode.traces["debater_a"].graph.add(Message(role="user", content=text, name="debater_b"))
+    log = episode_log(folder.path)
+    log.append(episode)
+    log.close()
+    return folder.path, node.id
 
 
 def episodes_folder(root: Path) -> Path:

@@ -27,11 +27,13 @@ from aiohttp import web
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import Trace
 from tracegym.train.rl_folder import RLFolder
-from tracegym.view.episode_page import episode_page
+from tracegym.view.episode_page import episode_page, member_url
+from tracegym.view.message_view import text_url
 from tracegym.view.page import layout
 from tracegym.view.row_query import QueryError, RowQuery
 from tracegym.view.run_folder_index import Row, RowError, RowKind, RunFolderIndex, RunKind
 from tracegym.view.run_page import run_page, select
+from tracegym.view.text_reader import TextPage, text_page, text_page_html
 from tracegym.view.tokens_view import token_text_for
 from tracegym.view.trace_page import trace_page
 
@@ -105,10 +107,14 @@ def make_app(index: RunFolderIndex, *, follow: bool = True, any_host: bool = Fal
     app.router.add_get("/trace/{n}", _trace_page)
     app.router.add_get("/episode/{n}", _episode_page)
     app.router.add_get("/episode/{n}/member/{member}", _member_page)
+    app.router.add_get("/trace/{n}/node/{node}/text", _text_page)
+    app.router.add_get("/episode/{n}/member/{member}/node/{node}/text", _text_page)
     app.router.add_get("/api/run", _api_run)
     app.router.add_get("/api/rows", _api_rows)
     app.router.add_get("/api/trace/{n}", _api_trace)
     app.router.add_get("/api/episode/{n}", _api_episode)
+    app.router.add_get("/api/trace/{n}/node/{node}/text", _api_text)
+    app.router.add_get("/api/episode/{n}/member/{member}/node/{node}/text", _api_text)
     app.router.add_get("/api/metrics", _api_metrics)
     app.router.add_static("/static/", STATIC)
     if follow:
@@ -163,7 +169,8 @@ async def _trace_page(request: web.Request) -> web.Response:
     nav = " ".join(link for link in (f'<a href="/trace/{n - 1}">← previous</a>' if n > 0 else "",
                                      f'<a href="/trace/{n + 1}">next →</a>' if n + 1 < count else "") if link)
     body = trace_page(trace, where=viewer.index.where(row), branch=branch, tokenizer=await viewer.tokenizer(trace),
-                      advantages=await viewer.branch_advantages(row, trace), json_url=f"/api/trace/{n}", nav=nav)
+                      advantages=await viewer.branch_advantages(row, trace), json_url=f"/api/trace/{n}", nav=nav,
+                      reader=f"/trace/{n}")
     return _html(layout(f"trace {n}", body, run=str(viewer.index.path)))
 
 
@@ -178,16 +185,50 @@ async def _episode_page(request: web.Request) -> web.Response:
 async def _member_page(request: web.Request) -> web.Response:
     viewer = _viewer(request)
     n, member = _number(request), request.match_info["member"]
+    row, trace = _member_trace(viewer, n, member)
+    nav = f'<a href="/episode/{n}">← episode {n}</a>'
+    body = trace_page(trace, where=viewer.index.where(row), branch=_branch(request, trace),
+                      tokenizer=await viewer.tokenizer(trace), advantages=await viewer.branch_advantages(row, trace),
+                      json_url=f"/api/episode/{n}", nav=nav, reader=member_url(n, member))
+    return _html(layout(f"episode {n} · {member}", body, run=str(viewer.index.path)))
+
+
+async def _text_page(request: web.Request) -> web.Response:
+    """The text reader: one page of one text of a message (`text_reader`) of a trace or an episode member's."""
+    viewer = _viewer(request)
+    row, trace, reader = _read_trace(viewer, request)
+    shown = _text_asked(request, trace)
+    body = text_page_html(shown, reader=reader, where=viewer.index.where(row),
+                          json_url="/api" + text_url(reader, shown.node.id, shown.part, shown.page))
+    return _html(layout(f"node {shown.node.id} · page {shown.page} of {shown.pages}", body,
+                        run=str(viewer.index.path)))
+
+
+def _member_trace(viewer: Viewer, n: int, member: str) -> tuple[Row, Trace]:
     row, episode = viewer.index.row(RowKind.EPISODE, n), viewer.index.episode(n)
     trace = episode.traces.get(member)
     if trace is None:
         raise RowError(f"episode {n} has no trace of a member {member!r} (members: {', '.join(episode.members)})",
                        404)
-    nav = f'<a href="/episode/{n}">← episode {n}</a>'
-    body = trace_page(trace, where=viewer.index.where(row), branch=_branch(request, trace),
-                      tokenizer=await viewer.tokenizer(trace), advantages=await viewer.branch_advantages(row, trace),
-                      json_url=f"/api/episode/{n}", nav=nav)
-    return _html(layout(f"episode {n} · {member}", body, run=str(viewer.index.path)))
+    return row, trace
+
+
+def _read_trace(viewer: Viewer, request: web.Request) -> tuple[Row, Trace, str]:
+    """The trace a text reader's URL names (`/trace/N/...` or `/episode/N/member/ID/...`), its row and its page's
+    URL."""
+    n = _number(request)
+    if "member" not in request.match_info:
+        return viewer.index.row(RowKind.TRACE, n), viewer.index.trace(n), f"/trace/{n}"
+    member = request.match_info["member"]
+    return *_member_trace(viewer, n, member), member_url(n, member)
+
+
+def _text_asked(request: web.Request, trace: Trace) -> TextPage:
+    params = request.query
+    unknown = sorted(set(params) - {"page", "part"})
+    if unknown or any(len(params.getall(k)) > 1 for k in params):
+        raise QueryError(f"the text reader takes page= and part=, each once; not {', '.join(unknown) or 'twice'}")
+    return text_page(trace, request.match_info["node"], params.get("part", "text"), params.get("page", "1"))
 
 
 # --- JSON --------------------------------------------------------------------------------------------------------
@@ -219,6 +260,11 @@ async def _api_trace(request: web.Request) -> web.Response:
 async def _api_episode(request: web.Request) -> web.Response:
     viewer = _viewer(request)
     return web.json_response(viewer.index.episode(_number(request)).model_dump(mode="json"))
+
+
+async def _api_text(request: web.Request) -> web.Response:
+    _, trace, _ = _read_trace(_viewer(request), request)
+    return web.json_response(_text_asked(request, trace).json())
 
 
 async def _api_metrics(request: web.Request) -> web.Response:

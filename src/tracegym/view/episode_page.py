@@ -18,8 +18,13 @@ def episode_page(episode: Episode, *, where: str, number_: int, json_url: str) -
                      else f'<span class="muted">{escape(m)} (no trace)</span>' for m in episode.members)
     return (f"<h1>{escape(title)}</h1><p class=\"muted\">{escape(where)} · <a href=\"{escape(json_url)}\">JSON</a>"
             f"</p><p>each member's trace: {links}</p>"
-            + fragment("episode view", episode_html, episode, episode.traces))
+            + fragment("episode view", episode_html, episode, episode.traces, lambda m: member_url(number_, m)))
+
+
+def member_url(number_: int, member: str) -> str:
+    """The URL of member `member`'s trace page of episode row `number_`."""
+    return f'/episode/{number_}/member/{quote(member, safe="")}'
 
 
 def _member_link(number_: int, member: str) -> str:
-    return f'<a href="/episode/{number_}/member/{escape(quote(member, safe=""))}">{escape(member)}</a>'
+    return f'<a href="{escape(member_url(number_, member))}">{escape(member)}</a>'

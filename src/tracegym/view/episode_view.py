@@ -9,30 +9,32 @@ member's `<think>` reasoning never reaches it, so it can never show there; in it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import TraceError
 from tracegym.core.trace import Trace
 from tracegym.envs.view import public_text
-from tracegym.view.message_view import message_html
+from tracegym.view.message_view import PREVIEW_CAP, message_html
 from tracegym.view.page import number
 
 VERDICT_WORD = "verdict:"
 """A judge's reply ends with a line `VERDICT: X` (`envs.multi_agent.verdict`); the line is shown as it was."""
 
 
-def episode_html(episode: Episode, traces: dict[str, Trace]) -> str:
+def episode_html(episode: Episode, traces: dict[str, Trace], reader: Callable[[str], str] | None = None) -> str:
     """`episode` as a `<section class="episode">`: a head (taskset, task, episode index, stop reason, the error
     that ended it), the verdict (the last `VERDICT:` line of any member's last public reply) as
     `<div class="verdict">`, a table of members (model, trains, reward, outcome, metrics), and one
     `<div class="member" data-member=ID>` column per member in seat order, from `traces[ID]` (else
     `episode.traces[ID]`; a member with neither shows that no trace was recorded). In a column, messages
     another member said carry `data-from=THAT_MEMBER`; nodes whose markup did not parse carry
-    `data-parse-error`."""
+    `data-parse-error`. A message too long to inline (`message_view.TEXT_CAP`) links to the text reader under
+    `reader(member)`, that member's trace page URL, when given."""
     found = {m: traces.get(m) or episode.traces.get(m) for m in episode.members}
     parts = [_head(episode), _verdict(found), _members_table(episode, found)]
-    columns = "".join(_column(episode, m, found[m]) for m in episode.members)
+    columns = "".join(_column(episode, m, found[m], reader(m) if reader else None) for m in episode.members)
     parts.append(f'<div class="members" style="--members: {len(episode.members)}">{columns}</div>')
     return f'<section class="episode" data-episode="{escape(episode.id)}">{"".join(parts)}</section>'
 
@@ -61,7 +63,7 @@ def _verdict(traces: dict[str, Trace | None]) -> str:
         lines = [line.strip() for line in said.splitlines() if VERDICT_WORD in line.lower()]
         if lines:
             return (f'<div class="verdict" data-member="{escape(member)}"><b>{escape(member)}</b>\'s verdict: '
-                    f'{escape(lines[-1])}</div>')
+                    f'{escape(lines[-1][:PREVIEW_CAP])}</div>')
     return ""
 
 
@@ -80,7 +82,7 @@ def _members_table(episode: Episode, traces: dict[str, Trace | None]) -> str:
     return f'<table class="members-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def _column(episode: Episode, member: str, trace: Trace | None) -> str:
+def _column(episode: Episode, member: str, trace: Trace | None, reader: str | None) -> str:
     reward, outcome = episode.rewards.get(member), episode.outcomes.get(member)
     head = (f'<div class="member-head"><b>{escape(member)}</b> · reward <span class="reward">{number(reward)}'
             f'</span>' + (f' · <span class="outcome">{escape(outcome.value)}</span>' if outcome else "") + "</div>")
@@ -89,7 +91,7 @@ def _column(episode: Episode, member: str, trace: Trace | None) -> str:
                f'this member.</p></div>'
     body = [_error_html(e) for e in trace.errors]
     for node in trace.graph.path():
-        html = message_html(node.message, node)
+        html = message_html(node.message, node, reader=reader)
         speaker = node.message.name if node.message.role == "user" and node.message.name in episode.members else None
         if speaker and speaker != member:
             html = f'<div class="said" data-from="{escape(speaker)}">{html}</div>'

@@ -23,7 +23,7 @@ from tracegym.core.messages import Message
 from tracegym.core.trace import Trace
 from tracegym.envs.proxy import same_message
 from tracegym.envs.view import public_text
-from tracegym.view.message_view import message_html, snippet_html
+from tracegym.view.message_view import PREVIEW_CAP, message_html, one_line, snippet_html
 from tracegym.view.tokens_view import TokenText
 
 SNIPPET = 100
@@ -70,10 +70,10 @@ def _sibling_fork(graph: MessageGraph, k: int, own: Node, source: int, shared: i
         return Fork(k, own.id, "resampled", source, shared,
                     f"the same conversation was sent again and answered anew: node {own.id} repeats node "
                     f"{before.id} ({role}) of branch {source}")
-    was = f" where branch {source} has {before.message.role} «{_snippet(_said(before.message), 60)}»" if before else ""
+    was = f" where branch {source} has {before.message.role} «{one_line(_said(before.message), 60)}»" if before else ""
     return Fork(k, own.id, "rewritten", source, shared,
                 f"the history was rewritten after its first {shared} messages: it goes on with {role} "
-                f"«{_snippet(_said(own.message), 60)}»{was}")
+                f"«{one_line(_said(own.message), 60)}»{was}")
 
 
 def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]], earlier: dict[int, int],
@@ -84,7 +84,7 @@ def _root_fork(graph: MessageGraph, k: int, root: Node, branches: list[list[int]
         a.message == b.message and not b.token_ids for a, b in zip(copied, mine, strict=False))
     if not is_copy:
         return Fork(k, root.id, "new-conversation", None, 0,
-                    f"a new conversation: its first message ({root.message.role} «{_snippet(_said(root.message), 60)}»)"
+                    f"a new conversation: its first message ({root.message.role} «{one_line(_said(root.message), 60)}»)"
                     " continues no earlier branch")
     source = earlier.get(copied[-1].id, 0)
     model = next((n for n in mine[len(copied):] if n.token_ids), None)
@@ -107,10 +107,11 @@ def _token_drift(old: list[int], node: Node, tokenizer: TokenText | None) -> str
 
 
 def graph_html(trace: Trace, branch_href: Callable[[int], str] | None = None,
-               tokenizer: TokenText | None = None) -> str:
+               tokenizer: TokenText | None = None, *, reader: str | None = None) -> str:
     """The message graph of `trace` as a `<section class="graph">`: one `<div class="branch" data-branch=K>` per
     branch (K as in `trace.graph.branches()`, the current one marked `data-current`), each listing the nodes it
-    does not share with an earlier branch as collapsed `<details class="node">` (the whole message inside).
+    does not share with an earlier branch as collapsed `<details class="node">` (the message inside, each of its
+    texts cut at `PREVIEW_CAP` characters, linking to the text reader at `reader`, the trace page's URL).
     A branch that forks opens with `<div class="fork" data-fork=KIND data-from-branch=J data-node=ID>` saying
     why (`forks`; with `tokenizer`, the differing tokens' text too). `branch_href(K)`, when given, links each
     branch (to its tokens view)."""
@@ -124,7 +125,7 @@ def graph_html(trace: Trace, branch_href: Callable[[int], str] | None = None,
     parts = []
     for k, ids in enumerate(branches):
         own = [i for i in ids if i not in seen]
-        parts.append(_branch_html(graph, k, ids, own, by_branch.get(k), head in ids, branch_href))
+        parts.append(_branch_html(graph, k, ids, own, by_branch.get(k), head in ids, branch_href, reader))
         seen.update(ids)
     count = f"{len(branches)} branches" if len(branches) > 1 else "1 branch"
     summary = f'<p class="graph-summary">{count}, {len(graph.nodes)} nodes</p>'
@@ -132,7 +133,7 @@ def graph_html(trace: Trace, branch_href: Callable[[int], str] | None = None,
 
 
 def _branch_html(graph: MessageGraph, k: int, ids: list[int], own: list[int], fork: Fork | None, current: bool,
-                 branch_href: Callable[[int], str] | None) -> str:
+                 branch_href: Callable[[int], str] | None, reader: str | None) -> str:
     nodes = [graph.nodes[i] for i in ids]
     tokens = sum(len(n.token_ids or []) for n in nodes)
     sampled = sum(sum(n.mask or []) for n in nodes)
@@ -154,12 +155,12 @@ def _branch_html(graph: MessageGraph, k: int, ids: list[int], own: list[int], fo
     if len(own) < len(ids):
         last_shared = ids[len(ids) - len(own) - 1]
         body.append(f'<p class="shared">shares nodes {ids[0]} to {last_shared} with an earlier branch</p>')
-    body += [_node_html(graph.nodes[i]) for i in own]
+    body += [_node_html(graph.nodes[i], reader) for i in own]
     marker = ' data-current="1"' if current else ""
     return f'<div class="branch" data-branch="{k}"{marker}>{head}{"".join(body)}</div>'
 
 
-def _node_html(node: Node) -> str:
+def _node_html(node: Node, reader: str | None) -> str:
     flags = " · sampled" if node.sampled else ""
     if node.token_ids:
         flags += f" · {len(node.token_ids)} tokens"
@@ -169,13 +170,13 @@ def _node_html(node: Node) -> str:
             f'<span class="snippet">{_snippet_html(node)}</span>'
             f'<span class="node-flags">{escape(flags)}</span>')
     return f'<details class="node role-{escape(node.message.role)}" data-node="{node.id}"><summary>{line}</summary>' \
-           f'{message_html(node.message, node)}</details>'
+           f'{message_html(node.message, node, cap=PREVIEW_CAP, reader=reader)}</details>'
 
 
 def _snippet_html(node: Node) -> str:
     if node.message.text:
         return snippet_html(node.message, SNIPPET)
-    return escape(_snippet(_calls(node), SNIPPET))
+    return escape(one_line(_calls(node), SNIPPET))
 
 
 def _said(message: Message) -> str:
@@ -187,6 +188,3 @@ def _calls(node: Node) -> str:
     return ", ".join(f"{c.name}({c.arguments})" for c in node.message.tool_calls)
 
 
-def _snippet(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -2,25 +2,71 @@
 calls with their arguments, a tool result's call), the one piece every page that shows a conversation uses.
 
 Every string from a trace goes through `html.escape`, so message text such as `<script>` is shown, never run.
+A page inlines at most `TEXT_CAP` characters of each of a message's texts (`text_parts`): past it, the head,
+how much more there is, and a link to the text reader (`text_reader`), which pages the whole text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from html import escape
 
 from tracegym.core.graph import Node
 from tracegym.core.messages import ImagePart, Message, ToolCall
 from tracegym.envs.view import PRIVATE_TAG, marked
 
+_WORD = re.compile(r"\S+")
 PRIVATE_TITLE = "private reasoning: never shown to the other members"
+TEXT_CAP = 100_000
+"""The most characters of one message's text a page inlines, and of its reasoning and of each tool call's
+arguments apart (one 70k-token tool result is ~300,000); the text reader shows a text this many a page."""
+PREVIEW_CAP = 10_000
+"""What the graph view inlines of a node's message: the conversation on the same page inlines up to
+`TEXT_CAP`, so a long message is not inlined whole twice."""
 
 
-def message_html(message: Message, node: Node | None = None, *, private_tag: str = PRIVATE_TAG) -> str:
+def text_parts(message: Message) -> dict[str, str]:
+    """The message's texts a page may cut, by the name the text reader takes: `text` (the content's text, images
+    left out), `reasoning` (its reasoning_content, when it has one), `call-K` (tool call K's arguments)."""
+    parts = {"text": message.text}
+    if message.reasoning_content is not None:
+        parts["reasoning"] = message.reasoning_content
+    parts.update({f"call-{k}": call.arguments for k, call in enumerate(message.tool_calls)})
+    return parts
+
+
+def page_count(chars: int) -> int:
+    """How many pages of the text reader a text of `chars` characters takes (an empty text: one empty page)."""
+    return max(1, -(-chars // TEXT_CAP))
+
+
+def text_url(reader: str, node: int, part: str = "text", page: int = 1) -> str:
+    """The text reader's page `page` of `part` (`text_parts`) of node `node`, for the trace page at `reader`
+    (`/trace/3`, `/episode/0/member/judge`)."""
+    return f"{reader}/node/{node}/text?page={page}" + (f"&part={part}" if part != "text" else "")
+
+
+def left_out_html(part: str, chars: int, shown: int, node: Node | None, reader: str | None) -> str:
+    """A `<div class="left-out">` saying how many of a text's `chars` characters are not shown after its first
+    `shown`, linking (when both `node` and `reader` are given) to the reader's page where the cut falls."""
+    said = f"{chars - shown:,} more characters not shown here ({chars:,} in all)"
+    if node is not None and reader is not None:
+        page = shown // TEXT_CAP + 1
+        href = escape(text_url(reader, node.id, part, page))
+        said += f': <a href="{href}">read them from page {page} of {page_count(chars)}</a>'
+    return f'<div class="left-out" data-part="{part}" data-left-out="{chars - shown}">… {said}</div>'
+
+
+def message_html(message: Message, node: Node | None = None, *, private_tag: str = PRIVATE_TAG,
+                 cap: int = TEXT_CAP, reader: str | None = None) -> str:
     """`message` as a `<div class="msg role-ROLE">`: a head (role, name, the call a tool result answers, and for a
     graph `node`: its id, whether the model sampled it, its policy version, its token count, a parse-error
     flag) and the body. An assistant's `<think>` blocks (`private_tag`) and its `reasoning_content` are wrapped
-    in `<span class="private">`; text keeps its line breaks (CSS `white-space: pre-wrap`)."""
+    in `<span class="private">`; text keeps its line breaks (CSS `white-space: pre-wrap`). Of each text longer
+    than `cap` characters only the head is shown, then a `left_out_html` line (a link to the text reader at
+    `reader`, the trace page's URL, when given with `node`)."""
     head = [f'<span class="role">{escape(message.role)}</span>']
     if message.name:
         head.append(f'<span class="name">{escape(message.name)}</span>')
@@ -32,11 +78,15 @@ def message_html(message: Message, node: Node | None = None, *, private_tag: str
         attrs = f' data-node="{node.id}"' + (' data-parse-error="1"' if node.parse_error else "")
     body = []
     if message.reasoning_content:
-        body.append(f'<div class="private" title="{PRIVATE_TITLE}">{escape(message.reasoning_content)}</div>')
-    text = _text_html(message, private_tag)
+        reasoning = message.reasoning_content
+        body.append(f'<div class="private" title="{PRIVATE_TITLE}">{escape(reasoning[:cap])}</div>')
+        body.append(_left_out("reasoning", reasoning, cap, node, reader))
+    text = _text_html(message, private_tag, cap)
     if text:
         body.append(f'<div class="msg-text">{text}</div>')
-    body += [_call_html(call) for call in message.tool_calls]
+    body.append(_left_out("text", message.text, cap, node, reader))
+    body += [_call_html(call, _left_out(f"call-{k}", call.arguments, cap, node, reader), cap)
+             for k, call in enumerate(message.tool_calls)]
     return (f'<div class="msg role-{escape(message.role)}"{attrs}><div class="msg-head">{" ".join(head)}</div>'
             f'{"".join(body)}</div>')
 
@@ -60,21 +110,57 @@ def snippet_html(message: Message, limit: int, *, private_tag: str = PRIVATE_TAG
     (a collapsed line of a list of messages)."""
     out, left = [], limit
     for run, private in _runs(message, private_tag):
-        flat = " ".join(run.split())
-        if left <= 0 or not flat:
-            continue
-        flat = flat if len(flat) <= left else flat[: left - 1] + "…"
-        left -= len(flat) + 1
-        out.append(_run_html(flat, private))
+        if left <= 0:
+            break
+        flat = one_line(run, left)
+        if flat:
+            left -= len(flat) + 1
+            out.append(_run_html(flat, private))
     return " ".join(out)
 
 
-def _text_html(message: Message, private_tag: str) -> str:
-    """The content, private runs marked on an assistant's text; images as a placeholder (never fetched)."""
+def one_line(text: str, limit: int) -> str:
+    """`text`'s words joined by single spaces, cut to `limit` characters (its last one then "…"); it reads the
+    text only as far as the line needs (a snippet of a 150 MB message costs what one of a short one does)."""
+    words, size = [], 0
+    for word in _WORD.finditer(text):
+        words.append(word.group())
+        size += len(words[-1]) + 1
+        if size > limit + 1:  # the words joined are longer than the line: it is cut
+            break
+    flat = " ".join(words)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _left_out(part: str, text: str, cap: int, node: Node | None, reader: str | None) -> str:
+    return left_out_html(part, len(text), cap, node, reader) if len(text) > cap else ""
+
+
+def _text_html(message: Message, private_tag: str, cap: int) -> str:
+    """The content's first `cap` characters, private runs marked on an assistant's text; images as a placeholder
+    (never fetched)."""
     if isinstance(message.content, list):
-        parts = [escape(p.text) if not isinstance(p, ImagePart) else _image_html(p) for p in message.content]
+        parts, left = [], cap
+        for p in message.content:
+            if isinstance(p, ImagePart):
+                parts.append(_image_html(p))
+            elif left > 0:
+                parts.append(escape(p.text[:left]))
+                left -= len(p.text)
         return "".join(parts)
-    return "".join(_run_html(run, private) for run, private in _runs(message, private_tag))
+    return "".join(_run_html(run, private) for run, private in _head(_runs(message, private_tag), cap))
+
+
+def _head(runs: list[tuple[str, bool]], cap: int) -> list[tuple[str, bool]]:
+    """The runs cut to their first `cap` characters in all (marked on the whole text: a closing tag past the cut
+    still marks what comes before it private)."""
+    out, left = [], cap
+    for run, private in runs:
+        if left <= 0:
+            break
+        out.append((run[:left], private))
+        left -= len(run)
+    return out
 
 
 def _runs(message: Message, private_tag: str) -> list[tuple[str, bool]]:
@@ -100,11 +186,13 @@ def _image_html(part: ImagePart) -> str:
     return f'<span class="image">[image: {escape(shown[:200])}]</span>'
 
 
-def _call_html(call: ToolCall) -> str:
-    """A tool call: its name, its id and its arguments (indented when they are JSON, raw when not)."""
-    try:
-        arguments = json.dumps(json.loads(call.arguments), indent=2, ensure_ascii=False)
-    except json.JSONDecodeError:
-        arguments = call.arguments
+def _call_html(call: ToolCall, left_out: str, cap: int) -> str:
+    """A tool call: its name, its id and its arguments (indented when they are JSON and still fit in `cap`
+    characters indented, raw when not; arguments past `cap` characters: their raw head, then `left_out`)."""
+    arguments = call.arguments[:cap]
+    if not left_out:
+        with contextlib.suppress(json.JSONDecodeError, RecursionError):  # deep nesting: shown raw
+            indented = json.dumps(json.loads(call.arguments), indent=2, ensure_ascii=False)
+            arguments = indented if len(indented) <= cap else arguments
     return (f'<div class="call"><span class="call-name">{escape(call.name)}</span> <code class="call-id">'
-            f'{escape(call.id)}</code><pre class="call-args">{escape(arguments)}</pre></div>')
+            f'{escape(call.id)}</code><pre class="call-args">{escape(arguments)}</pre>{left_out}</div>')

@@ -5,7 +5,9 @@ tokens the model sampled (mask 1), each with its sampling logprob. Training (`tr
 the sampled tokens of each node once per trace, and none to a turn whose markup did not parse; this view shows
 both: every token is a `<span class="t">`, a sampled one also `s` and a logprob bucket `l0` (p >= 0.9) to `l4`
 (p < 0.1), one that carries loss in training also `loss`. Its `title` says id, text and logprob (hover, no
-script needed); `data-id`, `data-lp` carry them for `viewer.js` (click).
+script needed); `data-id`, `data-lp` carry them for `viewer.js` (click). A node of more than
+`TOKENS_PER_NODE` tokens shows its first and last half of that many, and in between how many are left out, with
+links to the text reader of the messages they carry.
 
 `TokenText` turns ids into text pieces; `token_text_for(model)` loads one from a model directory's
 `tokenizer.json` (the `tokenizers` library: no torch, no transformers).
@@ -28,10 +30,14 @@ from tracegym.core.trace import Trace
 from tracegym.envs.view import marked
 from tracegym.models.embedded import SERVED_MODEL_NAME, default_cache_dir, is_complete
 from tracegym.train.samples import trace_samples
+from tracegym.view.message_view import text_parts, text_url
 from tracegym.view.page import number
 
 BUCKETS = (0.9, 0.5, 0.25, 0.1)
 """Probability floors of the logprob colours `l0` .. `l3`; a sampled token below the last one is `l4`."""
+TOKENS_PER_NODE = 2_000
+"""The most tokens of one node the view draws (each is a ~120-byte span): its first and its last half of it (a
+70k-token tool result in the next turn's prompt, or a flood of model output, stays a bounded page)."""
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -135,11 +141,14 @@ def _sentencepiece_bytes(token: str) -> bytes:
     return token.removeprefix("##").replace("▁", " ").encode()
 
 
-def tokens_html(trace: Trace, branch: int, tokenizer: TokenText | None, *, advantage: float | None = None) -> str:
+def tokens_html(trace: Trace, branch: int, tokenizer: TokenText | None, *, advantage: float | None = None,
+                reader: str | None = None) -> str:
     """Branch number `branch` (an index into `trace.graph.branches()`) as a `<section class="tokens-view">`: a
     summary (tokens, sampled, trained, mean sampled logprob, policy versions, `advantage` when given: an RL
-    run's), a legend, then the tokens, one `<span class="seg" data-node=ID>` per node that carries any. Pieces
-    come from `tokenizer` (None: each token shows its id). Raises IndexError for a branch the trace lacks."""
+    run's), a legend, then the tokens, one `<span class="seg" data-node=ID>` per node that carries any (at most
+    `TOKENS_PER_NODE` of them, the others counted in a `<span class="left-out">`, linking to the text reader at
+    `reader`, the trace page's URL, when given). Pieces come from `tokenizer` (None: each token shows its id).
+    Raises IndexError for a branch the trace lacks."""
     branches = trace.graph.branches()
     if not 0 <= branch < len(branches):
         raise IndexError(f"trace {trace.id} has {len(branches)} branches; there is no branch {branch}")
@@ -151,12 +160,16 @@ def tokens_html(trace: Trace, branch: int, tokenizer: TokenText | None, *, advan
     ids = [t for n in tokenized for t in n.token_ids or []]
     pieces: list[str | None] = tokenizer.pieces(ids) if tokenizer is not None else [None] * len(ids)
     loss, why_not = _loss_mask(trace, branch)
-    segments, start = [], 0
-    for node in tokenized:
-        count = len(node.token_ids or [])
+    segments, start, carried = [], 0, []
+    for node in path:
+        carried.append(node)  # a node's tokens render the messages since the last node that had tokens
+        if not node.token_ids:
+            continue
+        count = len(node.token_ids)
+        left_out = _left_out(node, carried, reader) if count > TOKENS_PER_NODE else ""
         segments.append(_segment(node, pieces[start : start + count], loss[start : start + count] if loss else None,
-                                 tokenizer))
-        start += count
+                                 tokenizer, left_out))
+        start, carried = start + count, []
     summary = _summary(trace, path, ids, loss, why_not, advantage, tokenizer)
     return (f'<section class="tokens-view" data-branch="{branch}">{summary}{_LEGEND}'
             f'<div class="tokens">{"".join(segments)}</div></section>')
@@ -172,18 +185,40 @@ def _loss_mask(trace: Trace, branch: int) -> tuple[list[bool] | None, str | None
     return mask, None if mask is not None else "no sample"
 
 
-def _segment(node: Node, pieces: list[str | None], loss: list[bool] | None, tokenizer: TokenText | None) -> str:
+def _segment(node: Node, pieces: list[str | None], loss: list[bool] | None, tokenizer: TokenText | None,
+             left_out: str) -> str:
+    """A node's tokens; `left_out` (when the node has more than TOKENS_PER_NODE) stands between their first and
+    last half."""
     ids, mask, logprobs = node.token_ids or [], node.mask or [], node.logprobs or []
     version = f" data-version=\"{node.policy_version}\"" if node.policy_version is not None else ""
     label = f"node {node.id} · {node.message.role}" + (f" · policy v{node.policy_version}" if version else "")
     special = tokenizer.special if tokenizer is not None else frozenset()
     private = _private(pieces) if node.message.role == "assistant" else set()
-    spans = [_token(t, pieces[i], i < len(mask) and mask[i] == 1, logprobs[i] if i < len(logprobs) else None,
-                    bool(loss and loss[i]), t in special, i in private) for i, t in enumerate(ids)]
+    half = TOKENS_PER_NODE // 2
+    shown = range(len(ids)) if not left_out else [*range(half), *range(len(ids) - half, len(ids))]
+    spans = [_token(ids[i], pieces[i], i < len(mask) and mask[i] == 1, logprobs[i] if i < len(logprobs) else None,
+                    bool(loss and loss[i]), ids[i] in special, i in private) for i in shown]
+    if left_out:
+        spans.insert(half, left_out)
     flag = ' data-parse-error="1"' if node.parse_error else ""
     # <wbr>: a line may break between two tokens, never inside one (unless one token is wider than the line)
     return (f'<span class="seg" data-node="{node.id}"{version}{flag}><span class="seg-mark" title="{escape(label)}">'
             f'{node.id}</span>{"<wbr/>".join(spans)}</span>')
+
+
+def _left_out(node: Node, carried: list[Node], reader: str | None) -> str:
+    """What stands for the middle tokens of a node over TOKENS_PER_NODE: how many, and links to the text of the
+    messages its tokens carry (`carried`: the node and those since the branch's last tokenized node; of each, its
+    longest text: its content, its reasoning or a tool call's arguments)."""
+    count, half = len(node.token_ids or []), TOKENS_PER_NODE // 2
+    said = (f"… {count - 2 * half:,} tokens of node {node.id} left out (its tokens {half + 1:,} to {count - half:,} "
+            f"of {count:,})")
+    if reader is not None:
+        longest = [(n, max(text_parts(n.message).items(), key=lambda p: len(p[1]))) for n in carried]
+        links = [f'<a href="{escape(text_url(reader, n.id, part))}">node {n.id} ({escape(n.message.role)})</a>'
+                 for n, (part, text) in longest if text]
+        said += f"; the text they carry: {', '.join(links)}" if links else ""
+    return f'<span class="left-out" data-left-out="{count - 2 * half}">{said} …</span>'
 
 
 def _private(pieces: list[str | None]) -> set[int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tracegym.core.trace import Trace
 from tracegym.view.graph_view import graph_html
-from tracegym.view.message_view import message_html
+from tracegym.view.message_view import TEXT_CAP, message_html
 from tracegym.view.page import fragment, key_values, note, number, section, table
 from tracegym.view.timeline import timeline_svg
 from tracegym.view.tokens_view import TokenText, tokens_html
@@ -23,10 +23,11 @@ def current_branch(trace: Trace) -> int:
 
 
 def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: TokenText | None,
-               advantages: dict[int, float], json_url: str, nav: str = "") -> str:
+               advantages: dict[int, float], json_url: str, nav: str = "", reader: str | None = None) -> str:
     """The body of a trace page. `branch` picks the branch shown (default: the current one); `advantages` holds
     the advantage each branch was trained with (an RL run), by branch index; `nav` is HTML (links to the
-    neighbouring traces)."""
+    neighbouring traces); `reader` is the page's own URL, under which the text reader pages a message too long
+    to inline (`message_view.TEXT_CAP`)."""
     branches = trace.branches
     chosen = current_branch(trace) if branch is None else branch
     title = f"task {trace.task_key} · rollout {trace.rollout_index}" + (f" · {trace.member}" if trace.member else "")
@@ -39,17 +40,27 @@ def trace_page(trace: Trace, *, where: str, branch: int | None, tokenizer: Token
             [f'<span class="err">{escape(e.kind.value)}</span>', escape(e.stage), number(e.turn),
              f"<pre class=raw>{escape(e.message)}</pre>"] for e in trace.errors]), id_="errors"))
     parts.append(section(f"Conversation (branch {chosen}; {len(branches)} in all)",
-                         _branch_links(len(branches), chosen) + _conversation(trace, branches[chosen] if branches
-                                                                              else []), id_="conversation"))
+                         _branch_links(len(branches), chosen)
+                         + _conversation(trace, branches[chosen] if branches else [], reader), id_="conversation"))
     parts.append(section("Timeline", fragment("timeline", timeline_svg, trace), id_="timeline"))
     parts.append(section("Message graph", fragment("message graph", graph_html, trace,
-                                                    lambda k: f"?branch={k}#tokens", tokenizer), id_="graph"))
+                                                    lambda k: f"?branch={k}#tokens", tokenizer, reader=reader),
+                         id_="graph"))
     parts.append(section("Tokens", fragment("tokens view", tokens_html, trace, chosen, tokenizer,
-                                            advantage=advantages.get(chosen)), id_="tokens"))
-    parts.append(section("Task", f"<details><summary>task data</summary><pre class=raw>"
-                                 f"{escape(json.dumps(trace.task.model_dump(mode='json'), indent=2))}</pre>"
-                                 "</details>"))
+                                            advantage=advantages.get(chosen), reader=reader), id_="tokens"))
+    parts.append(section("Task", _task(trace, json_url)))
     return "".join(parts)
+
+
+def _task(trace: Trace, json_url: str) -> str:
+    """The task data as indented JSON, its first TEXT_CAP characters (a huge prompt is also the first user
+    message's text, paged there)."""
+    data = json.dumps(trace.task.model_dump(mode="json"), indent=2)
+    more = ""
+    if len(data) > TEXT_CAP:
+        more = (f'<div class="left-out">… {len(data) - TEXT_CAP:,} more characters not shown here ({len(data):,} '
+                f'in all): the whole task is in the <a href="{escape(json_url)}">JSON</a></div>')
+    return f"<details><summary>task data</summary><pre class=raw>{escape(data[:TEXT_CAP])}</pre>{more}</details>"
 
 
 def _facts(trace: Trace, advantage: float | None) -> str:
@@ -86,12 +97,12 @@ def _branch_links(count: int, chosen: int) -> str:
     return f'<nav class="pages">branch {" ".join(links)}</nav>'
 
 
-def _conversation(trace: Trace, path: list[int]) -> str:
+def _conversation(trace: Trace, path: list[int], reader: str | None) -> str:
     """The messages along a branch; a user message after the prompt is the environment's response."""
     parts = []
     for position, i in enumerate(path):
         node = trace.graph.nodes[i]
-        html = message_html(node.message, node)
+        html = message_html(node.message, node, reader=reader)
         if node.message.role == "user" and position >= trace.prompt_length:
             html = f'<div class="env-response"><span class="muted">environment response</span>{html}</div>'
         parts.append(html)
