@@ -30,8 +30,9 @@ from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
 from tracegym.runtimes.process_sandbox import ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable, Sandbox
 
-PORT = 7007
-"""The echo servers' port on the far side."""
+PORT = 443
+"""The echo servers' port on the far side (below 1024, as most allowed ports are: the init needs the right to
+listen there)."""
 ECHO_SERVER = """
 import socket, sys, threading
 def serve(server):

@@ -139,6 +139,7 @@ class _Run:
     marker: str
     """The value of MARKER in this run's processes (`<sandbox id>/<run number>/`)."""
     egress: EgressRoute | None = None
+    """The allow-list's route the run was started with (what the init's counts are of)."""
     killed: bool = False
     """True once we killed it (wall limit, cancel)."""
 
@@ -425,27 +426,24 @@ def _read_status(fd: int) -> dict[str, Any] | None:
     if len(fields) != 4:
         return None
     exit_code, sig, cpu, left = (None if f == "-" else f for f in fields)
-    status: dict[str, Any] = {
-        "exit_code": None if exit_code is None else int(exit_code), "signal": None if sig is None else int(sig),
-        "cpu_s": float(cpu or 0), "left_running": int(left or 0), "start_error": lines[1] if len(lines) > 1 else ""}
-    used = lines[2].split() if len(lines) > 2 else []  # in a network namespace of the run's own
-    if used:
-        status["refused_connections"], status["egress_connections"] = int(used[0]), [int(n) for n in used[1:]]
-    return status
+    return {"exit_code": None if exit_code is None else int(exit_code), "signal": None if sig is None else int(sig),
+            "cpu_s": float(cpu or 0), "left_running": int(left or 0), "start_error": lines[1] if len(lines) > 1 else "",
+            "network": lines[2] if len(lines) > 2 else ""}
 
 
 def _note_network(result: ProgramResult, status: dict[str, Any] | None, route: EgressRoute | None,
                   limits: Limits) -> None:
-    """Put on `result` what the init counted in the run's own network namespace: what it refused, and the
-    connections to each allow-list entry (the init counts per destination, in the route's order)."""
-    if status is None or "refused_connections" not in status:
+    """Put on `result` what the init counted in the run's own network namespace (its report's third line: what
+    the namespace refused, then the connections to each destination of the route, in order)."""
+    counted = [int(n) for n in (status or {}).get("network", "").split()]
+    if not counted:  # the run shared the host's network, or its init never reported
         return
-    result.refused_connections = status["refused_connections"]
+    result.refused_connections = counted[0]
     if route is not None:
-        counts = dict.fromkeys(limits.egress, 0)
-        for (destination, _), count in zip(route.destinations, status["egress_connections"], strict=False):
-            counts[destination.entry] += count
-        result.egress_connections = counts
+        per_entry = dict.fromkeys(limits.egress, 0)
+        for (destination, _), count in zip(route.destinations, counted[1:], strict=False):
+            per_entry[destination.entry] += count
+        result.egress_connections = per_entry
 
 
 def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | None, timed_out: bool,
