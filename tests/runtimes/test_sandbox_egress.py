@@ -236,6 +236,18 @@ async def test_a_hostname_resolves_inside_to_its_allowed_address(far_side: FarSi
 
 
 @needs_root
+async def test_localhost_still_resolves_beside_an_allowed_hostname(far_side: FarSide, open_sandbox,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    async def look_up(_loop: object, _entry: str, _host: str, _port: int) -> list[str]:
+        return [far_side.allowed]
+
+    monkeypatch.setattr(egress, "_look_up", look_up)
+    box = await open_sandbox(allow(f"echo.far.test:{PORT}"))
+    result = await box.run(["python3", "-c", "import socket; print(socket.gethostbyname('localhost'))"])
+    assert result.ok and result.stdout.strip() == "127.0.0.1", result
+
+
+@needs_root
 async def test_the_result_counts_connections_per_entry_and_refusals(far_side: FarSide, open_sandbox) -> None:
     entries = (f"{far_side.allowed}:{PORT}", f"[{far_side.allowed6}]:{PORT}")
     box = await open_sandbox(allow(*entries))

@@ -32,6 +32,7 @@ there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import re
@@ -117,6 +118,19 @@ async def _look_up(loop: asyncio.AbstractEventLoop, entry: str, host: str, port:
         raise UsageError(f"egress entry {entry!r} does not resolve on this host: {why}") from None
     ordered = sorted(infos, key=lambda info: info[0] != socket.AF_INET)
     return list(dict.fromkeys(str(ipaddress.ip_address(str(info[4][0]).split("%")[0])) for info in ordered))
+
+
+def loopback_names(hosts: Path = Path("/etc/hosts")) -> list[str]:
+    """The lines of the host's hosts file that name a loopback address (localhost, the machine's own name), or
+    the usual two when it has none."""
+    lines = []
+    with contextlib.suppress(OSError):
+        for line in hosts.read_text(errors="replace").splitlines():
+            fields = line.split("#", 1)[0].split()
+            with contextlib.suppress(ValueError):
+                if len(fields) > 1 and ipaddress.ip_address(fields[0]).is_loopback:
+                    lines.append(" ".join(fields))
+    return lines or ["127.0.0.1 localhost", "::1 localhost"]
 
 
 @dataclass
@@ -206,12 +220,13 @@ class EgressRelay:
         return self._servers[key][1]
 
     def _hosts_file(self, destinations: list[Destination]) -> Path | None:
-        """A hosts file naming each allowed hostname's addresses (and localhost); None when none is a hostname."""
+        """A hosts file naming each allowed hostname's addresses first (the first match wins), then the host's
+        loopback names (localhost, its own name); None when no entry is a hostname."""
         named = [f"{d.address} {d.hostname}" for d in destinations if d.hostname is not None]
         if not named:
             return None
         path = self.folder / f"hosts-{len(self._routes)}"
-        path.write_text("\n".join(["127.0.0.1 localhost", "::1 localhost ip6-localhost", *named, ""]))
+        path.write_text("\n".join([*named, *loopback_names(), ""]))
         path.chmod(0o644)
         return path
 

@@ -160,8 +160,8 @@ def set_up_network(lines: list) -> tuple:
         kind, _, rest = line.partition(" ")
         if kind == "hosts":
             bind_hosts(rest)
-        elif kind == "userns":
-            userns = tuple(int(v) for v in rest.split())
+        elif kind == "userns":  # the C call looked up here, before the fork: the child only makes it
+            userns = (*(int(v) for v in rest.split()), *libc_call("unshare"))
     return counts, userns
 
 
@@ -234,10 +234,9 @@ def bind_hosts(path: str) -> None:
         raise OSError(f"could not bind {path} over /etc/hosts: {os.strerror(errno())}")
 
 
-def enter_user_namespace(uid: int, gid: int) -> None:
+def enter_user_namespace(uid: int, gid: int, unshare, errno) -> None:
     """In the forked child: enter a new user namespace as `uid`:`gid`, mapped onto our 0 (no capability of ours
-    reaches the namespaces we set up)."""
-    unshare, errno = libc_call("unshare")
+    reaches the namespaces we set up); `unshare` and `errno` are the C library's (`libc_call`)."""
     if unshare(0x10000000) != 0:  # CLONE_NEWUSER
         raise OSError(f"could not enter a user namespace: {os.strerror(errno())}")
     for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
