@@ -191,6 +191,7 @@ async def main(samples: int, count: int, megabytes: int, parts: set[str]) -> Non
             print(f"  {name + ', ' + label:48} {got['p50_ms']:6.3f} / {got['p99_ms']:6.3f}   {got['mb_s']:7.0f} MB/s")
     server.close()
     unix.close()
+    shutil.rmtree(proxy)
     if "init" in parts and os.geteuid() == 0 and shutil.which("unshare"):
         print(f"\nthe init's network set-up, timed inside it, us p50 ({samples} samples each): wall, CPU; then "
               "its child's start (fork, and the user namespace where asked)")

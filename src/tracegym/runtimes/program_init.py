@@ -9,11 +9,10 @@ ignores, applies the rlimits, drops to UID (when it is root and given one: every
 own, so RLIMIT_NPROC counts only its processes and it can signal nothing of the host's), changes to CWD and execs.
 The parent reaps every child it is given (as a PID namespace's init it inherits orphans) until the program ends,
 then writes to STATUS_FD one line `EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), a second with why the
-program could not start, if it could not, and, in a network namespace of the run's own, a third
-`REFUSED CONNECTIONS...` (what the namespace refused, and the connections accepted on each `egress` line, in
-order); and
-exits: as a namespace's init, its exit kills whatever the program left behind. When the host closes the other end
-of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
+program could not start, if it could not, and a third, in a network namespace of the run's own,
+`REFUSED CONNECTIONS...` (what the namespace refused, then the connections accepted on each `egress` line, in
+order); and exits: as a namespace's init, its exit kills whatever the program left behind. When the host closes
+the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
 
 NETWORK is `-` when the run shares the host's network. Otherwise the run has a network namespace of its own and
 NETWORK is `own` then one line per thing to set up in it before the program starts:
