@@ -285,9 +285,10 @@ async def test_the_proxy_forward_is_reached_beside_the_allow_list(far_side: FarS
 @needs_root
 async def test_a_run_without_egress_in_an_allow_list_sandbox_reaches_nothing(far_side: FarSide,
                                                                             open_sandbox) -> None:
-    box = await open_sandbox(QUICK)
     target = f"{far_side.allowed}:{PORT}"
-    assert (await probe(box, target, limits=QUICK))[target].startswith("refused: ")
+    box = await open_sandbox(allow(target))
+    assert (await probe(box, target))[target] == f"{far_side.allowed} ping"  # the route exists for this sandbox
+    assert (await probe(box, target, limits=QUICK))[target].startswith("refused: ")  # and is no run's but its own
 
 
 @needs_root
