@@ -302,6 +302,22 @@ async def test_the_program_holds_no_capability_under_an_allow_list(far_side: Far
     assert result.stdout.split() == ["0000000000000000", "2"]  # `ip`: RTNETLINK answers: Operation not permitted
 
 
+async def test_a_run_without_an_allow_list_counts_what_its_namespace_refused(open_sandbox, host_canary: int) -> None:
+    box = await open_sandbox(QUICK)
+    result = await box.run(["python3", "-c", PROBE, f"127.0.0.1:{host_canary}", "192.0.2.1:80"])
+    assert result.ok, result
+    assert (result.refused_connections, result.egress_connections) == (2, {})
+
+
+async def test_the_process_group_fallback_counts_nothing() -> None:
+    box = await LimitedProcess(QUICK, isolation="process-group").open()
+    try:
+        result = await box.run(["true"])
+        assert result.ok and result.refused_connections is None, result
+    finally:
+        await box.close()
+
+
 async def test_an_entry_that_does_not_resolve_is_a_start_error_naming_it(open_sandbox) -> None:
     entry = "no-such-host.invalid:80"
     box = await open_sandbox(QUICK)

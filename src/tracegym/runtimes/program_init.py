@@ -239,11 +239,14 @@ def enter_user_namespace(uid: int, gid: int, unshare, errno) -> None:
     if unshare(0x10000000) != 0:  # CLONE_NEWUSER
         raise OSError(f"could not enter a user namespace: {os.strerror(errno())}")
     for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
-        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
         try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise OSError(f"could not map the program's user namespace ({name} {line!r}): {exc.strerror}") from None
 
 
 def refused_connections() -> int:
