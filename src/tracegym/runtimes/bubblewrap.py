@@ -10,6 +10,9 @@ no_new_privs and drops every capability, starts a new session (no terminal to in
 cannot end its own sandbox early), and its exit ends every process left. As root, bwrap itself runs under the
 sandbox's own host uid (so RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces,
 which the probe checks.
+
+Under an egress allow-list (`Limits.egress`, see `runtimes.egress`) the init alone gets the capabilities to let
+the allowed destinations in, and the program none (`egress_flags`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tracegym.runtimes.egress import EgressRoute
 from tracegym.runtimes.process_sandbox import (
     PROBE_TIMEOUT_S,
     SCRATCH,
@@ -44,13 +48,34 @@ class BwrapConfinement(Confinement):
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
             flags += ["--ro-bind", folder, folder]
+        if launch.egress is not None:
+            flags += egress_flags(launch.egress)
         return [*flags, "--", *launch.init]
+
+    def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
+        # bwrap binds the hosts file; the program leaves the init's capabilities behind (see egress_flags)
+        ids = (uid, uid) if uid is not None else (os.getuid(), os.getgid())
+        return [f"userns {ids[0]} {ids[1]}"]
 
     def spawn_user(self, uid: int | None) -> int | None:
         return uid
 
     def init_drops_to(self, uid: int | None) -> int | None:
         return None
+
+
+def egress_flags(route: EgressRoute) -> list[str]:
+    """The `bwrap` flags of a run under an egress allow-list: the relay's folder and hosts file bound in, and the
+    init as root of bwrap's user namespace (the one that owns the network namespace) with CAP_NET_ADMIN, to add
+    the allowed addresses to the loopback, CAP_NET_BIND_SERVICE, to listen on ports below 1024 (443), and
+    CAP_SETFCAP, to map the program's own user namespace onto it. The program runs one user namespace further
+    down (`userns`, see `program_init`) as the uid it has without an allow-list, with no capability over the
+    namespaces above."""
+    folder = str(route.folder)
+    flags = ["--uid", "0", "--gid", "0", "--ro-bind", folder, folder]
+    for capability in ("CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP"):
+        flags += ["--cap-add", capability]
+    return flags if route.hosts is None else [*flags, "--ro-bind", str(route.hosts), "/etc/hosts"]
 
 
 def bwrap_flags(workdir: Path, network: bool, disk_mb: int) -> list[str]:

@@ -26,8 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tracegym.core.errors import UsageError
+from tracegym.runtimes.egress import EgressRelay, EgressRoute
 from tracegym.runtimes.processes import process_alive
-from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult
+from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult, RuntimeUnavailable
 from tracegym.runtimes.workdir import (
     READ_CAP_BYTES,
     WORKDIR_PREFIX,
@@ -73,6 +75,9 @@ class Launch:
     forward: Forward | None = None
     """The host service the init carries into the run's own network namespace (None: none, or the run shares
     the host's network)."""
+    egress: EgressRoute | None = None
+    """The allow-list's destinations the init carries into the run's own network namespace (None: no allow-list,
+    or the run shares the host's network)."""
 
 
 class Confinement:
@@ -87,7 +92,8 @@ class Confinement:
     """True when a run without `Limits.network` has a network namespace of its own (a Forward is then carried
     into it by the init); else it shares the host's and reaches a forwarded service there directly."""
     cannot_forward: str | None = None
-    """Why this runtime cannot carry a Forward (None: it can)."""
+    """Why this runtime cannot carry a Forward (None: it can); nor then an egress allow-list (the same init
+    carries both)."""
 
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
@@ -100,6 +106,12 @@ class Confinement:
     def init_drops_to(self, uid: int | None) -> int | None:
         """The uid the program init drops to before exec (None: it keeps the one it starts with)."""
         return uid
+
+    def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
+        """The init's NETWORK lines for an allow-list beyond its forwards (see `program_init`): here, the hosts
+        file bound over /etc/hosts by the init (root in the run's own mount namespace); a runtime whose wrapper
+        binds it itself says otherwise."""
+        return [] if route.hosts is None else [f"hosts {route.hosts}"]
 
     def spawn_env(self, env: Mapping[str, str]) -> dict[str, str]:
         """The environment the wrapper starts with: the program's (a wrapper that passes on only what it is
@@ -126,6 +138,8 @@ class _Run:
     status_r: int
     marker: str
     """The value of MARKER in this run's processes (`<sandbox id>/<run number>/`)."""
+    egress: EgressRoute | None = None
+    """The allow-list's route the run was started with (what the init's counts are of)."""
     killed: bool = False
     """True once we killed it (wall limit, cancel)."""
 
@@ -135,6 +149,7 @@ class ProcessSandbox:
 
     def __init__(self, confinement: Confinement, limits: Limits) -> None:
         self.confinement, self.limits = confinement, limits
+        self.refuse_egress(limits)
         self.id = f"{os.getpid()}-{secrets.token_hex(6)}"
         """`<owner pid>-<random>`: its processes' markers and its working directory's name start with it."""
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
@@ -146,6 +161,9 @@ class ProcessSandbox:
         self._running: set[_Run] = set()
         self._runs = 0
         self._closed = False
+        self.egress: EgressRelay | None = None
+        """The relay of this sandbox's egress allow-lists, from its first run under one (see `runtimes.egress`):
+        its `use` counts what each entry carried, failed and shed."""
 
     @property
     def workdir(self) -> Path:
@@ -160,6 +178,18 @@ class ProcessSandbox:
     def cannot_forward(self) -> str | None:
         return self.confinement.cannot_forward
 
+    def cannot_egress(self) -> str | None:
+        """Why this sandbox cannot enforce `Limits.egress`, or None when it can."""
+        if not self.confinement.network_namespace:
+            return ("its programs share the host's network (no network namespace of their own), where every "
+                    "host is reachable; use the bubblewrap runtime or the subprocess runtime with namespaces")
+        return self.confinement.cannot_forward
+
+    def refuse_egress(self, limits: Limits) -> None:
+        """RuntimeUnavailable naming `limits.egress` when it names hosts this sandbox cannot hold its programs to."""
+        if limits.egress and (why := self.cannot_egress()):
+            raise RuntimeUnavailable(f"this runtime cannot enforce limits.egress {list(limits.egress)}: {why}")
+
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
                   limits: Limits | None = None, forward: Forward | None = None) -> ProgramResult:
         if self._closed:
@@ -171,6 +201,10 @@ class ProcessSandbox:
             return ProgramResult(argv=list(argv), exit_code=None, start_error=self.confinement.cannot_forward)
         if limits.network or not self.confinement.network_namespace:
             forward = None  # the run shares the host's network: it reaches the service's own port there
+        try:
+            egress = await self._egress_route(limits)
+        except (UsageError, RuntimeUnavailable) as exc:
+            return ProgramResult(argv=list(argv), exit_code=None, start_error=str(exc))
         start = time.monotonic()
         status_r, status_w = os.pipe()
         lifeline_r, lifeline_w = os.pipe()  # our end stays open while we live; the init ends all at its EOF
@@ -178,7 +212,8 @@ class ProcessSandbox:
         marker = f"{self.id}/{self._runs}/"
         try:
             proc = await self._spawn(Launch(list(argv), [], self._workdir, limits, self._environment(env or {}, marker),
-                                            marker, self.uid, forward), stdin is not None, status_w, lifeline_r)
+                                            marker, self.uid, forward, egress), stdin is not None, status_w,
+                                     lifeline_r)
         except OSError as exc:  # the wrapper itself could not start: say so, as for a missing program
             os.close(status_r)
             os.close(lifeline_w)
@@ -186,7 +221,7 @@ class ProcessSandbox:
         finally:
             os.close(status_w)
             os.close(lifeline_r)
-        run = _Run(proc, status_r, marker)
+        run = _Run(proc, status_r, marker, egress)
         self._running.add(run)
         try:
             return await self._wait(run, list(argv), stdin, limits, start)
@@ -197,12 +232,35 @@ class ProcessSandbox:
             if run.killed:
                 await self.confinement.reap(marker)
 
+    async def _egress_route(self, limits: Limits) -> EgressRoute | None:
+        """The route of a run under `limits.egress`, the sandbox's relay made at its first (None: no allow-list).
+        UsageError naming an entry that does not resolve; RuntimeUnavailable where it cannot be enforced."""
+        if not limits.egress:
+            return None
+        self.refuse_egress(limits)
+        if self.egress is None:
+            self.egress = EgressRelay(self._workdir.parent / "egress", self.uid)
+        return await self.egress.route(limits.egress)
+
+    def _network(self, launch: Launch) -> str:
+        """The init's NETWORK argument (see `program_init`): what it sets up in the run's own network namespace."""
+        if launch.limits.network or not self.confinement.network_namespace:
+            return "-"
+        lines = ["own"]
+        if launch.forward is not None:
+            lines.append(f"forward 127.0.0.1 {launch.forward.port} {launch.forward.socket}")
+        if launch.egress is not None:
+            lines += [f"egress {d.address} {d.port} {path}" for d, path in launch.egress.destinations]
+            lines += self.confinement.egress_setup(launch.egress, self.uid)
+        if any("\n" in line for line in lines[1:]):
+            raise OSError(f"a socket path holds a line break: {lines[1:]}")
+        return "\n".join(lines)
+
     async def _spawn(self, launch: Launch, with_stdin: bool, status_w: int,
                      lifeline_r: int) -> asyncio.subprocess.Process:
         drops_to = self.confinement.init_drops_to(self.uid)
-        forward = "-" if launch.forward is None else f"{launch.forward.port}:{launch.forward.socket}"
         init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, str(status_w), str(lifeline_r),
-                "-" if drops_to is None else str(drops_to), str(self._workdir), forward,
+                "-" if drops_to is None else str(drops_to), str(self._workdir), self._network(launch),
                 *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
         launch = replace(launch, init=init)
         ids = spawn_as(self.confinement.spawn_user(self.uid))
@@ -254,6 +312,7 @@ class ProcessSandbox:
         result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
                           time.monotonic() - start)
         result.left_running = (status or {}).get("left_running") or swept
+        _note_network(result, status, run.egress, limits)
         return result
 
     async def close(self) -> None:
@@ -264,6 +323,8 @@ class ProcessSandbox:
             run.killed = True
             _kill_group(run.proc)
         self.sweep()
+        if self.egress is not None:
+            await self.egress.close()
         await self.confinement.release(self.id)
         if self.uid is not None and not self.confinement.private_tmp:
             _remove_files_of(self.uid)
@@ -366,7 +427,23 @@ def _read_status(fd: int) -> dict[str, Any] | None:
         return None
     exit_code, sig, cpu, left = (None if f == "-" else f for f in fields)
     return {"exit_code": None if exit_code is None else int(exit_code), "signal": None if sig is None else int(sig),
-            "cpu_s": float(cpu or 0), "left_running": int(left or 0), "start_error": lines[1] if len(lines) > 1 else ""}
+            "cpu_s": float(cpu or 0), "left_running": int(left or 0), "start_error": lines[1] if len(lines) > 1 else "",
+            "network": lines[2] if len(lines) > 2 else ""}
+
+
+def _note_network(result: ProgramResult, status: dict[str, Any] | None, route: EgressRoute | None,
+                  limits: Limits) -> None:
+    """Put on `result` what the init counted in the run's own network namespace (its report's third line: what
+    the namespace refused, then the connections to each destination of the route, in order)."""
+    counted = [int(n) for n in (status or {}).get("network", "").split()]
+    if not counted:  # the run shared the host's network, or its init never reported
+        return
+    result.refused_connections = counted[0]
+    if route is not None:
+        per_entry = dict.fromkeys(limits.egress, 0)
+        for (destination, _), count in zip(route.destinations, counted[1:], strict=False):
+            per_entry[destination.entry] += count
+        result.egress_connections = per_entry
 
 
 def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | None, timed_out: bool,

@@ -1,21 +1,30 @@
 """Program init: the first process of a sandbox; it limits, un-privileges and runs one program, and says how it ended.
 
-A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD FORWARD LIMIT... -- PROGRAM...`
-(UID `-` for none; FORWARD `PORT:SOCKET` or `-`; LIMITs in the order of LIMITS), wrapped in the runtime's
-namespaces. C modules only (builtin ones, plus `_socket` and `fcntl` when forwarding), no json and no tracegym
-import: it starts in the time of a bare interpreter, and any Python 3 the sandbox can execute runs it. It forks
-the program; in the child it resets the signals Python ignores, applies the rlimits, drops to UID (when it is
-root and given one: every sandbox gets a host uid of its own, so RLIMIT_NPROC counts only its processes and it can
-signal nothing of the host's), changes to CWD and execs. The parent reaps every child it is given (as a PID
-namespace's init it inherits orphans) until the program ends, then writes one line to STATUS_FD,
-`EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), and a second with why the program could not start, if
-it could not; and exits: as a namespace's init, its exit kills whatever the program left behind. When the host
-closes the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
+A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD NETWORK LIMIT... -- PROGRAM...`
+(UID `-` for none; NETWORK `-` or lines, below; LIMITs in the order of LIMITS), wrapped in the runtime's
+namespaces. C modules only (builtin ones, plus `_socket` and `fcntl` when forwarding, `_ctypes` when a hosts file
+or a user namespace is asked for), no json and no tracegym import: it starts in the time of a bare interpreter, and
+any Python 3 the sandbox can execute runs it. It forks the program; in the child it resets the signals Python
+ignores, applies the rlimits, drops to UID (when it is root and given one: every sandbox gets a host uid of its
+own, so RLIMIT_NPROC counts only its processes and it can signal nothing of the host's), changes to CWD and execs.
+The parent reaps every child it is given (as a PID namespace's init it inherits orphans) until the program ends,
+then writes to STATUS_FD one line `EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), a second with why the
+program could not start, if it could not, and a third, in a network namespace of the run's own,
+`REFUSED CONNECTIONS...` (what the namespace refused, then the connections accepted on each `egress` line, in
+order); and exits: as a namespace's init, its exit kills whatever the program left behind. When the host closes
+the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
 
-With FORWARD, before the program starts, the init brings the network namespace's loopback up and serves
-127.0.0.1:PORT from threads of its own, carrying each connection to the host's Unix socket SOCKET: the one way out
-of a sandbox without network (the interception proxy's). The listening socket is close-on-exec: the program never
-holds it.
+NETWORK is `-` when the run shares the host's network. Otherwise the run has a network namespace of its own and
+NETWORK is `own` then one line per thing to set up in it before the program starts:
+- `forward ADDRESS PORT SOCKET`: listen on ADDRESS:PORT (the loopback brought up, and ADDRESS added to it unless
+  it is a loopback address) from threads of our own, carrying each connection to the host's Unix socket SOCKET:
+  the interception proxy's, on 127.0.0.1. The listening sockets are close-on-exec: the program never holds them.
+- `egress ADDRESS PORT SOCKET`: the same for an allowed destination of an egress allow-list, at its own address
+  (see `runtimes.egress`), its connections counted.
+- `hosts PATH`: bind PATH over /etc/hosts (in the run's own mount namespace: the allow-list's hostnames).
+- `userns UID GID`: the program enters a user namespace of its own as UID:GID, mapped onto ours (0): under
+  bubblewrap the init alone holds the capability to add addresses (CAP_NET_ADMIN of the namespace's owner), and
+  the program, one user namespace further down, holds none over it.
 """
 
 import _signal as signal  # the C module: `signal` imports enum, which doubles our start-up
@@ -36,7 +45,7 @@ processes), and the unit each value is multiplied by."""
 
 
 def main() -> None:
-    status_fd, lifeline_fd, uid, cwd, forward = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], \
+    status_fd, lifeline_fd, uid, cwd, network = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], \
         sys.argv[5]
     limits = [int(v) for v in sys.argv[6:6 + len(LIMITS)]]
     argv = sys.argv[7 + len(LIMITS):]
@@ -44,30 +53,33 @@ def main() -> None:
     os.set_inheritable(status_fd, False)
     os.set_inheritable(lifeline_fd, False)
     _thread.start_new_thread(watch_lifeline, (lifeline_fd,))
-    if forward != "-":
-        port, socket_path = forward.split(":", 1)
+    counts, userns = [], None
+    if network != "-":
         try:
-            serve_forward(int(port), socket_path)
+            counts, userns = set_up_network(network.split("\n")[1:])
         except OSError as exc:
-            os.write(status_fd, f"- - 0 -\ncould not forward 127.0.0.1:{port} to {socket_path}: {exc}\n".encode())
+            os.write(status_fd, f"- - 0 -\n{exc}\n".encode())
             os._exit(1)
     exec_errors, exec_error_w = os.pipe()  # close-on-exec: EOF with no bytes means the exec succeeded
     pid = os.fork()
     if pid == 0:
         os.close(exec_errors)
-        start(argv, cwd, None if uid == "-" else int(uid), limits, exec_error_w)
+        start(argv, cwd, None if uid == "-" else int(uid), limits, exec_error_w, userns)
     os.close(exec_error_w)
     start_error = read_all(exec_errors).decode(errors="replace").replace("\n", " ")
     exit_code, sig, cpu = wait_for(pid)
     left = left_running() if os.getpid() == 1 else None
     line = " ".join("-" if v is None else str(v) for v in (exit_code, sig, cpu, left))
-    os.write(status_fd, f"{line}\n{start_error}\n".encode())
+    used = "" if network == "-" else " ".join(str(v) for v in (refused_connections(), *(c[0] for c in counts)))
+    os.write(status_fd, f"{line}\n{start_error}\n{used}\n".encode())
     os._exit(0)
 
 
-def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int) -> None:
+def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int, userns: tuple | None) -> None:
     """In the forked child: limits, credentials, working directory, then exec the program (never returns)."""
     try:
+        if userns is not None:
+            enter_user_namespace(*userns)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         for (which, unit), value in zip(LIMITS, limits, strict=False):
@@ -125,20 +137,138 @@ def read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def serve_forward(port: int, socket_path: str) -> None:
-    """Listen on 127.0.0.1:`port` (the loopback brought up first) and carry each connection to `socket_path`,
-    from threads of ours. OSError when it cannot (the program is then not started)."""
-    import _socket  # only a forwarding sandbox pays for it
+def set_up_network(lines: list) -> tuple:
+    """Set up the run's own network namespace as NETWORK's `lines` say (see the module): the connection count of
+    each forward (a one-item list its accepting thread adds to) and the user namespace the program is to enter
+    (None: none). OSError saying what could not be set up (the program is then not started)."""
+    counts, userns = [], None
+    forwards = [line.split(" ", 3) for line in lines if line.startswith(("forward ", "egress "))]
+    if forwards:
+        import _socket  # only a forwarding sandbox pays for it
 
-    loopback_up(_socket)
-    server = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
-    server.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", port))
-    server.listen(128)
-    _thread.start_new_thread(accept_forever, (_socket, server, socket_path))
+        loopback_up(_socket)
+        added = set()
+        for kind, address, port, socket_path in forwards:
+            if not address.startswith("127.") and address != "::1" and address not in added:
+                add_address(_socket, address)
+                added.add(address)
+            count = serve_forward(_socket, address, int(port), socket_path)
+            if kind == "egress":
+                counts.append(count)
+    for line in lines:
+        kind, _, rest = line.partition(" ")
+        if kind == "hosts":
+            bind_hosts(rest)
+        elif kind == "userns":  # the C call looked up here, before the fork: the child only makes it
+            userns = (*(int(v) for v in rest.split()), *libc_call("unshare"))
+    return counts, userns
 
 
-def loopback_up(sockets) -> None:  # the `_socket` module (imported only here and in serve_forward)
+def serve_forward(sockets, address: str, port: int, socket_path: str) -> list:
+    """Listen on `address`:`port` and carry each connection to `socket_path`, from threads of ours; the count of
+    connections accepted (a one-item list). OSError when it cannot."""
+    family = sockets.AF_INET6 if ":" in address else sockets.AF_INET
+    server = sockets.socket(family, sockets.SOCK_STREAM)
+    try:
+        server.setsockopt(sockets.SOL_SOCKET, sockets.SO_REUSEADDR, 1)
+        server.bind((address, port))
+        server.listen(128)
+    except OSError as exc:
+        server.close()
+        raise OSError(f"could not forward {address}:{port} to {socket_path}: {exc}") from None
+    count = [0]
+    _thread.start_new_thread(accept_forever, (sockets, server, socket_path, count))
+    return count
+
+
+def add_address(sockets, address: str) -> None:
+    """Add `address` to the loopback (one netlink RTM_NEWADDR: no `ip` needed); the kernel then routes it to us
+    alone. OSError when it cannot."""
+    family = sockets.AF_INET6 if ":" in address else sockets.AF_INET
+    packed = sockets.inet_pton(family, address)
+    flags = 0x02 | 0x80  # IFA_F_NODAD (usable at once), IFA_F_PERMANENT
+    body = (bytes((family, len(packed) * 8, flags, 0)) + sockets.if_nametoindex("lo").to_bytes(4, sys.byteorder)
+            + netlink_attribute(2, packed) + netlink_attribute(1, packed))  # IFA_LOCAL, IFA_ADDRESS
+    request = 0x1 | 0x4 | 0x200 | 0x400  # NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE
+    header = ((16 + len(body)).to_bytes(4, sys.byteorder) + (20).to_bytes(2, sys.byteorder)  # RTM_NEWADDR
+              + request.to_bytes(2, sys.byteorder) + (1).to_bytes(4, sys.byteorder) + bytes(4))
+    link = sockets.socket(sockets.AF_NETLINK, sockets.SOCK_RAW, 0)  # NETLINK_ROUTE
+    try:
+        link.sendto(header + body, (0, 0))
+        reply = link.recv(4096)  # NLMSG_ERROR: the header, then the (negative) errno, 0 for the ack
+    finally:
+        link.close()
+    error = -int.from_bytes(reply[16:20], sys.byteorder, signed=True)
+    if error:
+        raise OSError(f"could not add {address} to the sandbox's loopback: {os.strerror(error)}")
+
+
+def netlink_attribute(kind: int, data: bytes) -> bytes:
+    return ((4 + len(data)).to_bytes(2, sys.byteorder) + kind.to_bytes(2, sys.byteorder) + data
+            + bytes(-len(data) % 4))
+
+
+def libc_call(name: str):
+    """The C library's function `name`, returning an int (errno kept: `_ctypes.get_errno()`), through `_ctypes`
+    alone (the `ctypes` package costs a few milliseconds of imports)."""
+    import _ctypes
+
+    class Library:
+        _handle = _ctypes.dlopen(None, 2)  # type: ignore[arg-type]  # RTLD_NOW: the process's own symbols
+
+    class Int(_ctypes._SimpleCData):
+        _type_ = "i"
+
+    class Function(_ctypes.CFuncPtr):
+        _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+        _restype_ = Int
+
+    return Function((name, Library())), _ctypes.get_errno  # type: ignore[arg-type]  # any object with a _handle
+
+
+def bind_hosts(path: str) -> None:
+    """Bind `path` over /etc/hosts (we are root in the run's own mount namespace). OSError when we cannot."""
+    mount, errno = libc_call("mount")
+    if mount(path.encode(), b"/etc/hosts", None, 0x1000, None) != 0:  # MS_BIND
+        raise OSError(f"could not bind {path} over /etc/hosts: {os.strerror(errno())}")
+
+
+def enter_user_namespace(uid: int, gid: int, unshare, errno) -> None:
+    """In the forked child: enter a new user namespace as `uid`:`gid`, mapped onto our 0 (no capability of ours
+    reaches the namespaces we set up); `unshare` and `errno` are the C library's (`libc_call`)."""
+    if unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        raise OSError(f"could not enter a user namespace: {os.strerror(errno())}")
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
+        try:
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise OSError(f"could not map the program's user namespace ({name} {line!r}): {exc.strerror}") from None
+
+
+def refused_connections() -> int:
+    """What this network namespace refused so far: sends with no route (Ip, Ip6 OutNoRoutes), TCP connections
+    reset for want of a listener (Tcp AttemptFails), datagrams to no socket (Udp NoPorts, Udp6NoPorts)."""
+    counted = {"Ip:OutNoRoutes", "Tcp:AttemptFails", "Udp:NoPorts", "Ip6OutNoRoutes", "Udp6NoPorts"}
+    total = 0
+    try:
+        with open("/proc/net/snmp") as table:
+            lines = table.read().split("\n")
+        for names, values in zip(lines[::2], lines[1::2], strict=False):  # a header line, then its values
+            proto = names.split(" ", 1)[0]
+            total += sum(int(v) for n, v in zip(names.split()[1:], values.split()[1:], strict=False)
+                         if proto + n in counted)
+        with open("/proc/net/snmp6") as table:
+            total += sum(int(v) for n, v in (line.split() for line in table if line.strip()) if n in counted)
+    except (OSError, ValueError):
+        pass  # a kernel without IPv6 has no snmp6: what was counted stands
+    return total
+
+
+def loopback_up(sockets) -> None:  # the `_socket` module (imported only when forwarding)
     """Bring `lo` up when it is down (a new network namespace's is; bubblewrap's is already up)."""
     import fcntl
 
@@ -154,10 +284,11 @@ def loopback_up(sockets) -> None:  # the `_socket` module (imported only here an
         probe.close()
 
 
-def accept_forever(sockets, server, socket_path: str) -> None:
-    """Each connection to `server`, carried both ways to the Unix socket at `socket_path`."""
+def accept_forever(sockets, server, socket_path: str, count: list) -> None:
+    """Each connection to `server`, carried both ways to the Unix socket at `socket_path` (and counted)."""
     while True:
         fd, _ = server._accept()  # the C socket's accept: a descriptor (close-on-exec)
+        count[0] += 1
         client = sockets.socket(sockets.AF_INET, sockets.SOCK_STREAM, 0, fd)
         client.setsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY, 1)
         upstream = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)

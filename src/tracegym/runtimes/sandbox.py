@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
+from tracegym.runtimes.egress import parse_entry
 from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 
@@ -44,6 +45,24 @@ class Limits(BaseModel):
     and, under bubblewrap, each of its private /tmp, /var/tmp and /dev/shm; host RAM, used only as filled."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
+    egress: tuple[str, ...] = ()
+    """Without `network`, the `HOST:PORT`s (TCP) the program may still reach: IPv4 addresses, IPv6 addresses in
+    brackets or hostnames (looked up on the host); nothing else routes (see `runtimes.egress`). Only runtimes with
+    a network namespace and a program init can enforce it: the others refuse it, naming it."""
+
+    @field_validator("egress")
+    @classmethod
+    def _well_formed(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            parse_entry(entry)  # ValueError naming the entry
+        return entries
+
+    @model_validator(mode="after")
+    def _egress_without_network(self) -> Limits:
+        if self.network and self.egress:
+            raise ValueError(f"egress {list(self.egress)} is an allow-list for a sandbox without network; with "
+                             "network=True the program reaches every host already (drop one of them)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -76,6 +95,12 @@ class ProgramResult(BaseModel):
     """Processes the program started that were still running when it ended (the sandbox killed them: a daemon)."""
     start_error: str | None = None
     """Why the program could not start at all (no such command, not executable)."""
+    egress_connections: dict[str, int] = Field(default_factory=dict)
+    """Per entry of `Limits.egress`, the connections the program opened to it (0 for an entry it never used)."""
+    refused_connections: int | None = None
+    """What the run's own network namespace refused: connections and datagrams with no route out, TCP connections
+    nothing listened for (the host's 127.0.0.1 ports among them), datagrams to no socket. None where the run shares
+    the host's network or its runtime has no program init (nothing counted)."""
 
     @property
     def ok(self) -> bool:
