@@ -106,9 +106,9 @@ class Confinement:
         told adds what it needs itself)."""
         return dict(env)
 
-    def exit_status(self, returncode: int | None) -> dict[str, Any] | None:
-        """How the program ended, read from the wrapper's exit status where no program init reports it (a
-        container engine's); None: read the init's report."""
+    def exit_status(self, returncode: int | None, marker: str) -> dict[str, Any] | None:
+        """How run `marker`'s program ended (it was not killed), where the init's report does not reach the status
+        pipe (a container's: read from its own file, else the engine's exit status); None: read the pipe."""
         return None
 
     async def reap(self, marker: str) -> None:
@@ -249,7 +249,7 @@ class ProcessSandbox:
             swept = len(left)
         (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
-        status = self.confinement.exit_status(proc.returncode) if not timed_out else None
+        status = self.confinement.exit_status(proc.returncode, run.marker) if not timed_out else None
         status = status or _read_status(run.status_r)
         result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
                           time.monotonic() - start)

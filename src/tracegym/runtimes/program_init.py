@@ -11,6 +11,8 @@ namespace's init it inherits orphans) until the program ends, then writes one li
 `EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), and a second with why the program could not start, if
 it could not; and exits: as a namespace's init, its exit kills whatever the program left behind. When the host
 closes the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
+STATUS_FD and LIFELINE_FD may be paths instead (a container's, bound in from the host): a file to write the report
+to, and a FIFO the host holds open.
 
 With FORWARD, before the program starts, the init brings the network namespace's loopback up and serves
 127.0.0.1:PORT from threads of its own, carrying each connection to the host's Unix socket SOCKET: the one way out
@@ -33,11 +35,13 @@ LIMITS = (
 )
 """The rlimits given on the command line, in order (CPU seconds, address space MB, file size MB, open files,
 processes), and the unit each value is multiplied by."""
+STATUS_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+"""How a STATUS given as a path is opened."""
 
 
 def main() -> None:
-    status_fd, lifeline_fd, uid, cwd, forward = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], \
-        sys.argv[5]
+    status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], os.O_RDONLY)
+    uid, cwd, forward = sys.argv[3], sys.argv[4], sys.argv[5]
     limits = [int(v) for v in sys.argv[6:6 + len(LIMITS)]]
     argv = sys.argv[7 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
@@ -63,6 +67,16 @@ def main() -> None:
     line = " ".join("-" if v is None else str(v) for v in (exit_code, sig, cpu, left))
     os.write(status_fd, f"{line}\n{start_error}\n".encode())
     os._exit(0)
+
+
+def channel(given: str, flags: int) -> int:
+    """STATUS_FD or LIFELINE_FD: a descriptor we inherited, or a path to open (a container's: the engine passes no
+    descriptor on; the lifeline is then a FIFO, whose writer gone reads as EOF, even before we open it)."""
+    if given.isdigit():
+        return int(given)
+    fd = os.open(given, flags | os.O_NONBLOCK, 0o600)  # a FIFO's read end opens without waiting for a writer
+    os.set_blocking(fd, True)
+    return fd
 
 
 def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int) -> None:
