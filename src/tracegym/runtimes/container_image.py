@@ -8,7 +8,7 @@ lists or package cache, no docs, man pages or locales) and loaded with `ENGINE i
 error. `build_image` returns at once when the image is already in the store; two processes building at once take
 turns (a file lock), so the second finds the first's.
 
-    python -m tracegym.runtimes.container_image [--engine podman] [--image NAME] [--mirror URL]
+    tracegym image [--engine podman] [--image NAME] [--mirror URL]
 
 Measured on the machine this was written on (2 loaded cores, deb.debian.org): about 50 s to build, 121 MB in the
 store; a second call returns in about 40 ms.
@@ -16,7 +16,6 @@ store; a second call returns in about 40 ms.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import fcntl
@@ -48,7 +47,7 @@ TRIMMED = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/
 ENGINE_TIMEOUT_S = 600.0
 """How long one engine command of the build (the import) may take."""
 LOCK = Path(tempfile.gettempdir()) / "tracegym-container-image.lock"
-BUILD_HINT = "build it with `python -m tracegym.runtimes.container_image`"
+BUILD_HINT = "build it with `tracegym image` (as root; about a minute, from Debian packages)"
 
 
 @dataclass(frozen=True)
@@ -202,28 +201,3 @@ def _unmount_under(folder: Path) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     for point in sorted(points, key=len, reverse=True):
         libc.umount2(point.encode(), 2)  # MNT_DETACH
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Build the image (when it is not there) and say where it is, its size and the time taken."""
-    from tracegym.runtimes.container import ENGINES, detect_engine  # the runtime imports this module
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine", choices=ENGINES, help="the engine whose store gets it (default: detected)")
-    parser.add_argument("--image", default=IMAGE, help=f"the name to give it (default {IMAGE})")
-    parser.add_argument("--mirror", help="the Debian mirror (default: the one this host's apt uses)")
-    args = parser.parse_args(argv)
-    engine, why = (args.engine, "") if args.engine else detect_engine()
-    if engine is None:
-        parser.exit(1, f"no container engine answers here: {why}\n")
-    try:
-        built = build_image(engine, args.image, args.mirror)
-    except RuntimeUnavailable as exc:
-        parser.exit(1, f"{exc}\n")
-    how = f"built in {built.build_s:.1f} s" if built.build_s else "already there"
-    print(f"{built.image} in {built.engine}'s store: {built.size_bytes / 1e6:.0f} MB, {how}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
