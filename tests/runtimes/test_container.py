@@ -9,10 +9,12 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from runtime_helpers import wait_until
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
@@ -22,6 +24,7 @@ from tracegym.envs.rollout import rollout
 from tracegym.envs.scorers import reward
 from tracegym.envs.task import Task
 from tracegym.runtimes.container import (
+    _SWEPT,
     LABEL,
     RUN_MOUNT,
     Container,
@@ -30,6 +33,8 @@ from tracegym.runtimes.container import (
     detect_engine,
     find_engine,
     missing_image,
+    owner_of,
+    remove_abandoned_containers,
 )
 from tracegym.runtimes.container_image import (
     BUILD_HINT,
@@ -149,7 +154,7 @@ def test_a_run_is_the_engine_running_the_program_init_confined(tmp_path: Path) -
     command = confinement.wrap(Launch(["python3", "x.py"], init, workdir, limits, env, "abc/3/", 1234567,
                                       Forward(8080, Path("/tmp/proxy-folder/proxy.sock"))))
     flags = " ".join(command)
-    for flag in ("run --rm -i --pull never", "--network none", "--memory 300m --memory-swap 300m", "--pids-limit 52",
+    for flag in ("run -i --pull never", "--network none", "--memory 300m --memory-swap 300m", "--pids-limit 52",
                  "--cap-drop ALL --cap-add SETUID --cap-add SETGID", "--security-opt no-new-privileges",
                  "--read-only", "--tmpfs /tmp:size=64m", f"-v {workdir}:{workdir}", f"-v {tmp_path}/run-3:{RUN_MOUNT}",
                  "-v /tmp/proxy-folder:/tmp/proxy-folder:ro", "--name tracegym-abc-3", f"--label {LABEL}=abc"):
@@ -267,3 +272,34 @@ async def test_an_agent_program_in_a_container_reaches_the_proxy_and_nothing_els
     assert trace.reward == 1.0 and task.program.calls == 1
     assert "canary refused" in task.program.result.stdout and hits == []
     assert trace.graph.nodes[-1].token_ids  # the exact tokens, as from any runtime
+
+
+def test_a_container_is_known_by_its_owner_process_from_its_name() -> None:
+    assert owner_of("tracegym-4242-0a1b2c3d4e5f-7") == 4242
+    assert owner_of("tracegym-sandbox-x") == owner_of("someone-else-1") == 0
+
+
+@pytest.mark.slow
+async def test_the_containers_of_a_killed_host_are_removed_by_the_next_process(container_image: BuiltImage,
+                                                                                tmp_path: Path) -> None:
+    """A host process dies by SIGKILL mid-run: its container ends (the lifeline), and the next process's first
+    sandbox removes what the engine kept of it."""
+    script = tmp_path / "host.py"
+    script.write_text("import asyncio\nfrom tracegym.runtimes.container import Container\nasync def main():\n"
+                      "    box = await Container().open()\n    print(box.id, flush=True)\n"
+                      "    await box.run(['sleep', '60'])\nasyncio.run(main())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    host = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True)
+    engine = container_image.engine
+    try:
+        assert host.stdout is not None
+        name = f"tracegym-{host.stdout.readline().strip()}-1"
+        state = [engine, "container", "inspect", "--format", "{{.State.Status}}", name]
+        assert wait_until(lambda: "running" in subprocess.run(state, capture_output=True, text=True).stdout.lower())
+    finally:
+        host.kill()
+        host.wait()
+    assert wait_until(lambda: "exited" in subprocess.run(state, capture_output=True, text=True).stdout.lower())
+    _SWEPT.discard(engine)
+    assert name in await remove_abandoned_containers(engine)
+    assert subprocess.run(state, capture_output=True, text=True).stdout.strip() == ""

@@ -2,7 +2,7 @@
 that answers (detected by `ENGINE info`'s exit status: a docker client whose daemon is down says so), and the image
 is in the engine's store (never pulled: `runtimes.container_image` builds the default one from Debian packages).
 
-Each run is one `ENGINE run --rm --pull never` of the image, whose first process is tracegym's program init (the
+Each run is one `ENGINE run --pull never` of the image, whose first process is tracegym's program init (the
 image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port, the status
 report). The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
@@ -15,9 +15,10 @@ The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` onl
 report and its lifeline are files of the run's own folder beside the working directory, bound in at `RUN_MOUNT` and
 closed to the program (mode 0700, root's; the program runs as the sandbox's uid): the init writes its report to
 `status`, and reads the FIFO `lifeline`, whose one writer is this process: when it dies, even by SIGKILL, the init
-reads EOF and ends the container (killing the engine's client would not: the engine keeps the container). A
-container the engine keeps after a wall-clock kill or a cancel is removed by name, and every container of the
-sandbox by label at close.
+reads EOF and ends the container (killing the engine's client would not: the engine keeps the container). A run
+ends when its container does (not `--rm`: the engine's removal would hold it back, and count against its wall-clock
+limit); one killed (wall limit, cancel) is removed at once, the others all at the sandbox's close in one engine
+call, and those of a process that died before closing its sandboxes by the next process's first sandbox.
 
 Measured here (podman 4.3 + runc, Debian 12, 2 loaded cores, as root): see the README's sandbox table and
 `benchmarks/sandbox_start.py`; tested by the escape battery and the sandbox contract (tests/runtimes) and a
@@ -48,6 +49,7 @@ from tracegym.runtimes.process_sandbox import (
     ProcessSandbox,
     _read_status,
 )
+from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 ENGINES = ("podman", "docker")
@@ -58,9 +60,9 @@ CLIENT_VARIABLES = ("PATH", "HOME", "TMPDIR", "DOCKER_HOST", "DOCKER_CONFIG", "D
 """The host's variables the engine's client runs with (its own: where its config, store and daemon are). Nothing
 of the program's environment reaches the client: a root client told HOME or TMPDIR is the sandbox's working
 directory would read config from it and write there."""
-REMOVE = {"podman": ("rm", "-f", "-t", "0")}
-"""How an engine removes a running container at once (podman's `rm -f` waits 10 s for SIGTERM first); else
-`rm -f`."""
+REMOVE = {"podman": ("rm", "-f", "-i", "-t", "0")}
+"""How an engine removes containers at once, running or not, skipping any it does not have (podman's `rm -f` would
+wait 10 s for SIGTERM first); else `rm -f`."""
 LABEL = "tracegym.sandbox"
 RUN_MOUNT = "/run/tracegym-init"
 """Where a run's own folder (the init's `status` report, its `lifeline` FIFO) is bound in the container."""
@@ -123,11 +125,14 @@ class ContainerConfinement(Confinement):
         self.kind = Path(engine).name
         """The engine's name (`podman`, `docker`): which of its flags apply."""
         self._runs: dict[str, _RunFiles] = {}
+        self._started: list[str] = []
+        """The containers of the sandbox's runs: the engine keeps each after its end, until the close."""
 
     def wrap(self, launch: Launch) -> list[str]:
         limits, sandbox_id = launch.limits, launch.marker.split("/")[0]
         files = self._open_run(launch)
-        command = [self.engine, "run", "--rm", "-i", "--pull", "never",
+        self._started.append(container_name(launch.marker))
+        command = [self.engine, "run", "-i", "--pull", "never",
                    "--name", container_name(launch.marker), "--label", f"{LABEL}={sandbox_id}",
                    "--log-driver", "none", "--network", "host" if limits.network else "none",
                    "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
@@ -187,24 +192,55 @@ class ContainerConfinement(Confinement):
         return None
 
     async def reap(self, marker: str) -> None:
-        self._close_run(marker)
+        self._close_run(marker)  # its lifeline let go: the init ends the container from inside
         await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), container_name(marker))
 
     async def release(self, sandbox_id: str) -> None:
+        """Every container of the sandbox removed (in one engine call: not `run --rm`, whose removal would hold
+        each run's end back by the engine's teardown, and count against its wall-clock limit)."""
         for marker in list(self._runs):
             self._close_run(marker)
-        listed = await self._engine("ps", "-aq", "--filter", f"label={LABEL}={sandbox_id}")
-        if listed.split():
-            await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), *listed.split())
+        started, self._started = self._started, []
+        if started:
+            await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), *started)
 
     async def _engine(self, *args: str) -> str:
-        """Run one engine command to its end; its stdout ('' when it failed: cleanup is best effort)."""
-        with contextlib.suppress(OSError):
-            proc = await asyncio.create_subprocess_exec(self.engine, *args, stdout=subprocess.PIPE,
-                                                        stderr=subprocess.DEVNULL)
-            out, _ = await proc.communicate()
-            return out.decode() if proc.returncode == 0 else ""
-        return ""
+        return await engine_command(self.engine, *args)
+
+
+async def engine_command(engine: str, *args: str) -> str:
+    """Run one engine command to its end; its stdout ('' when it failed: cleanup is best effort)."""
+    with contextlib.suppress(OSError):
+        proc = await asyncio.create_subprocess_exec(engine, *args, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.DEVNULL)
+        out, _ = await proc.communicate()
+        return out.decode() if proc.returncode == 0 else ""
+    return ""
+
+
+_SWEPT: set[str] = set()
+"""The engines whose abandoned containers this process removed (once each)."""
+
+
+async def remove_abandoned_containers(engine: str) -> list[str]:
+    """Remove the sandbox containers whose owner process is gone (killed before its sandboxes closed: each
+    container's init ended it, the engine keeps its record); the ones removed. Once per process and engine, at
+    its first sandbox."""
+    if engine in _SWEPT:
+        return []
+    _SWEPT.add(engine)
+    listed = await engine_command(engine, "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}")
+    abandoned = [name for name in listed.split() if owner_of(name) and not process_alive(owner_of(name))]
+    if abandoned:
+        await engine_command(engine, *REMOVE.get(Path(engine).name, ("rm", "-f")), *abandoned)
+    return abandoned
+
+
+def owner_of(name: str) -> int:
+    """The pid of the process whose sandbox started container `name` (`tracegym-<pid>-<random>-<run>`); 0 when the
+    name is not one of ours."""
+    owner = name.removeprefix("tracegym-").split("-", 1)[0]
+    return int(owner) if name.startswith("tracegym-") and owner.isdigit() else 0
 
 
 ENVIRON_PRELUDE = (f"import os\nos.environb.clear()\nos.environb.update(v.split(b'=', 1) for v in "
@@ -259,6 +295,7 @@ class Container:
             raise RuntimeUnavailable(f"runtime {self.name!r} is unavailable on this host: {reason}")
         engine, _ = detect_engine()
         assert engine is not None
+        await remove_abandoned_containers(engine)
         return ProcessSandbox(ContainerConfinement(engine, self.image), self.limits)
 
 
