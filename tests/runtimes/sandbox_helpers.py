@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tracegym.runtimes.catalog import runtime_for
+from tracegym.runtimes.container import detect_engine
 from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
 from tracegym.runtimes.sandbox import Limits, Runtime
 
@@ -15,13 +16,17 @@ QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, ope
 
 def runtimes(limits: Limits = QUICK) -> list[object]:
     """pytest params: the subprocess runtime as detected, its process-group fallback when that is not the one
-    detected, and bubblewrap; each skipped where this host lacks it."""
+    detected, bubblewrap, and the container runtime (slow: its image is built once per session, see conftest.py);
+    each skipped where this host lacks it."""
     params: list[object] = [pytest.param(runtime_for("subprocess", limits), id=f"subprocess-{detect_isolation()}")]
     if detect_isolation() != "process-group":
         params.append(pytest.param(LimitedProcess(limits, isolation="process-group"), id="subprocess-process-group"))
     bwrap = runtime_for("bubblewrap", limits)
     params.append(pytest.param(bwrap, id="bubblewrap",
                                marks=pytest.mark.skipif(bool(bwrap.unavailable()), reason=str(bwrap.unavailable()))))
+    engine, why = detect_engine()
+    params.append(pytest.param(runtime_for("container", limits), id="container",
+                               marks=[pytest.mark.slow, pytest.mark.skipif(engine is None, reason=why)]))
     return params
 
 

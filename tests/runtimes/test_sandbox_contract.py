@@ -90,10 +90,9 @@ async def test_runtime_for_names_every_runtime_and_refuses_others() -> None:
 
 
 async def test_a_runtime_the_host_lacks_says_which_and_why() -> None:
-    container = Container()
+    container = Container(image="tracegym-no-such-image:none")  # no engine here, or no such image in its store
     reason = container.unavailable()
-    if reason is None:
-        pytest.skip("this host has a working container engine")
+    assert reason is not None
     with pytest.raises(RuntimeUnavailable) as raised:
         await container.open()
     assert str(raised.value).startswith("runtime 'container' is unavailable on this host: ")
@@ -103,29 +102,3 @@ async def test_a_runtime_the_host_lacks_says_which_and_why() -> None:
 
 def test_on_linux_the_subprocess_runtime_is_available() -> None:
     assert runtime_for("subprocess").unavailable() is None or not sys.platform.startswith("linux")
-
-
-def test_a_container_run_is_confined_by_the_engines_own_flags() -> None:
-    """Unit-level only: this host has no container engine to run one (see the README)."""
-    from pathlib import Path
-
-    from tracegym.runtimes.container import ContainerConfinement
-    from tracegym.runtimes.process_sandbox import Launch
-    from tracegym.runtimes.sandbox import Limits
-
-    engine = ContainerConfinement("docker", "python:3.12-slim")
-    limits = Limits(memory_mb=300, processes=20, cpu_seconds=4, file_size_mb=2, open_files=50, disk_mb=64)
-    launch = Launch(["python3", "x.py"], [], Path("/tmp/w"), limits, {"PATH": "/usr/bin", "SECRET_FREE": "1"},
-                    "abc/3/", 1234567)
-    command = engine.wrap(launch)
-    assert command[:2] == ["docker", "run"] and command[-3:] == ["python:3.12-slim", "python3", "x.py"]
-    flags = " ".join(command)
-    for flag in ("--network none", "--memory 300m", "--pids-limit 20", "--ulimit cpu=4:5", "--ulimit fsize=2097152",
-                 "--user 1234567:1234567", "--cap-drop ALL", "--read-only", "--tmpfs /tmp:size=64m",
-                 "-v /tmp/w:/tmp/w", "-w /tmp/w", "--name tracegym-abc-3", "--label tracegym.sandbox=abc", "-e PATH",
-                 "-e SECRET_FREE"):
-        assert flag in flags, flag
-    assert "/usr/bin" not in flags  # values reach the container from the client's environment, not argv
-    assert engine.exit_status(0) == {"exit_code": 0, "signal": None, "cpu_s": 0.0}
-    assert engine.exit_status(137) == {"exit_code": None, "signal": 9, "cpu_s": 0.0}
-    assert "no such program" in engine.exit_status(127)["start_error"]  # type: ignore[index]

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
     "serve": ("tracegym.cli.serve", "serve a taskset to env clients (ZMQ) and print the bound address"),
     "view": ("tracegym.cli.view", "browse a run folder's traces, episodes and curves in a local web page"),
+    "image": ("tracegym.cli.image", "build the container runtime's sandbox image from Debian packages (never pulled)"),
 }
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a full disk (or a spent quota): one line, not a traceback."""

@@ -92,8 +92,8 @@ class ProgramHarness:
     rollout's `setup:program` stage (under `Timeouts.setup`). The program runs under `limits`:
     `limits.wall_seconds` is its time limit; `limits.network` is off by default: the program reaches the proxy
     all the same, at 127.0.0.1 on its own loopback, which the sandbox carries to the proxy's Unix socket and
-    nowhere else (so it cannot reach the model server's admin routes or the env server). The container runtime
-    cannot carry it: a program harness under it fails at `setup:program` saying so."""
+    nowhere else (so it cannot reach the model server's admin routes or the env server). A runtime that cannot
+    carry it (`Sandbox.cannot_forward`) fails at `setup:program` saying so."""
 
     command: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)

@@ -94,6 +94,8 @@ class Confinement:
     cannot_forward: str | None = None
     """Why this runtime cannot carry a Forward (None: it can); nor then an egress allow-list (the same init
     carries both)."""
+    cannot_egress: str | None = None
+    """Why this runtime cannot enforce an egress allow-list though it can carry a Forward (None: it can)."""
 
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
@@ -118,9 +120,9 @@ class Confinement:
         told adds what it needs itself)."""
         return dict(env)
 
-    def exit_status(self, returncode: int | None) -> dict[str, Any] | None:
-        """How the program ended, read from the wrapper's exit status where no program init reports it (a
-        container engine's); None: read the init's report."""
+    def exit_status(self, returncode: int | None, marker: str) -> dict[str, Any] | None:
+        """How run `marker`'s program ended (it was not killed), where the init's report does not reach the status
+        pipe (a container's: read from its own file, else the engine's exit status); None: read the pipe."""
         return None
 
     async def reap(self, marker: str) -> None:
@@ -183,7 +185,7 @@ class ProcessSandbox:
         if not self.confinement.network_namespace:
             return ("its programs share the host's network (no network namespace of their own), where every "
                     "host is reachable; use the bubblewrap runtime or the subprocess runtime with namespaces")
-        return self.confinement.cannot_forward
+        return self.confinement.cannot_forward or self.confinement.cannot_egress
 
     def refuse_egress(self, limits: Limits) -> None:
         """RuntimeUnavailable naming `limits.egress` when it names hosts this sandbox cannot hold its programs to."""
@@ -307,7 +309,7 @@ class ProcessSandbox:
             swept = len(left)
         (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
-        status = self.confinement.exit_status(proc.returncode) if not timed_out else None
+        status = self.confinement.exit_status(proc.returncode, run.marker) if not timed_out else None
         status = status or _read_status(run.status_r)
         result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
                           time.monotonic() - start)

@@ -13,6 +13,8 @@ program could not start, if it could not, and a third, in a network namespace of
 `REFUSED CONNECTIONS...` (what the namespace refused, then the connections accepted on each `egress` line, in
 order); and exits: as a namespace's init, its exit kills whatever the program left behind. When the host closes
 the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
+STATUS_FD and LIFELINE_FD may be paths instead (a container's, bound in from the host): a file to write the report
+to, and a FIFO the host holds open.
 
 NETWORK is `-` when the run shares the host's network. Otherwise the run has a network namespace of its own and
 NETWORK is `own` then one line per thing to set up in it before the program starts:
@@ -42,11 +44,13 @@ LIMITS = (
 )
 """The rlimits given on the command line, in order (CPU seconds, address space MB, file size MB, open files,
 processes), and the unit each value is multiplied by."""
+STATUS_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+"""How a STATUS given as a path is opened."""
 
 
 def main() -> None:
-    status_fd, lifeline_fd, uid, cwd, network = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], \
-        sys.argv[5]
+    status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], os.O_RDONLY)
+    uid, cwd, network = sys.argv[3], sys.argv[4], sys.argv[5]
     limits = [int(v) for v in sys.argv[6:6 + len(LIMITS)]]
     argv = sys.argv[7 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
@@ -73,6 +77,16 @@ def main() -> None:
     used = "" if network == "-" else " ".join(str(v) for v in (refused_connections(), *(c[0] for c in counts)))
     os.write(status_fd, f"{line}\n{start_error}\n{used}\n".encode())
     os._exit(0)
+
+
+def channel(given: str, flags: int) -> int:
+    """STATUS_FD or LIFELINE_FD: a descriptor we inherited, or a path to open (a container's: the engine passes no
+    descriptor on; the lifeline is then a FIFO, whose writer gone reads as EOF, even before we open it)."""
+    if given.isdigit():
+        return int(given)
+    fd = os.open(given, flags | os.O_NONBLOCK, 0o600)  # a FIFO's read end opens without waiting for a writer
+    os.set_blocking(fd, True)
+    return fd
 
 
 def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int, userns: tuple | None) -> None:
