@@ -158,7 +158,9 @@ for _ in range(children):
         try:
             held = bytearray(mb << 20)
             held[::4096] = b"\\1" * len(range(0, mb << 20, 4096))  # every page touched: resident
-            rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:"))
+            # proportional: pages shared with the siblings (the interpreter's) count once in all, as the kernel's
+            # own accounting (a memory cgroup) counts them
+            rss = next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.startswith("Pss:"))
             os.write(reports_w, f"{rss // 1024}\\n".encode())
             os.read(release_r, 1)  # hold it until every sibling has reported
         finally:

@@ -45,6 +45,7 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("supplementary_group", ALL, ("user",), "supplementary groups are kept: a 0660 group socket and file reached"),
         ("scratch_leftovers", SUBPROCESS, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
         ("disk_cap", ALL, USERS, "no one cap over workdir, /tmp, /var/tmp, /dev/shm (not root: none on the workdir)"),
+        ("disk_cap", ("container",), ("root",), "the container's /tmp, /var/tmp, /dev/shm are tmpfs of disk_mb each"),
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),
         ("proc_environ", GROUP, USERS, "/proc/*/cmdline (and the user's environ) readable"),
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),

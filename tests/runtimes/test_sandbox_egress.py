@@ -344,7 +344,7 @@ async def test_the_process_group_fallback_refuses_an_allow_list_naming_egress() 
 
 
 def test_the_container_runtime_refuses_an_allow_list_naming_egress() -> None:
-    with pytest.raises(RuntimeUnavailable, match=r"limits\.egress.*program init"):
+    with pytest.raises(RuntimeUnavailable, match=r"limits\.egress.*loopback"):
         ProcessSandbox(ContainerConfinement("podman", "image"), allow("10.0.0.1:80"))
 
 
