@@ -293,7 +293,7 @@ async def test_closing_the_admission_closes_what_the_pool_never_handed_out() -> 
 
 
 def test_the_defaults_follow_the_host() -> None:
-    assert (default_starting(2), default_starting(16), default_starting(256)) == (4, 32, 64)
+    assert (default_starting(1), default_starting(2), default_starting(256)) == (8, 16, 64)
     assert (default_reserve_mb(2048), default_reserve_mb(65536), default_reserve_mb(1 << 20)) == (512, 6553, 8192)
 
 

@@ -23,7 +23,7 @@ rollout is recorded as failed, its siblings go on; an open that finishes late is
 With `warm_pool` > 0, sandboxes are opened ahead per runtime (`runtimes.warm_pool`) and a start takes one; the
 first open of a runtime is cold and starts its pool.
 
-The defaults come from the host (`AdmissionConfig`): 2 x CPU cores starting at once (4 to 64), a reserve of a
+The defaults come from the host (`AdmissionConfig`): 8 x CPU cores starting at once (8 to 64), a reserve of a
 tenth of the memory (512 MB to 8 GB). The state is per event loop and process (`admission()`): an env server's
 workers each keep their own start cap and memory ledger; the live MemAvailable check sees the others' use.
 """
@@ -63,8 +63,9 @@ class AdmissionConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     starting: int = Field(default_factory=lambda: default_starting(os.cpu_count() or 1), gt=0)
-    """Sandboxes starting at once (open and first program launch): 2 x CPU cores, at least 4, at most 64 (4 on a
-    2-core machine, 64 from 32 cores)."""
+    """Sandboxes starting at once (open and first program launch): 8 x CPU cores, at least 8, at most 64 (16 on a
+    2-core machine, 64 from 8 cores): a start mostly waits (on the kernel, an engine, the program's interpreter
+    loading), so a few per core keep the cores busy without a burst reaching the kernel or an engine at once."""
     jitter_s: float = Field(0.05, ge=0)
     """Longest random delay before a start that arrives while others start or queue (0: none)."""
     start_hold_s: float = Field(1.0, ge=0)
@@ -82,7 +83,7 @@ class AdmissionConfig(BaseModel):
 
 def default_starting(cores: int) -> int:
     """Sandboxes starting at once on a host with `cores` CPU cores."""
-    return max(4, min(64, 2 * cores))
+    return max(8, min(64, 8 * cores))
 
 
 def default_reserve_mb(total_mb: int) -> int:
