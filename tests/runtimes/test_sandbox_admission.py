@@ -260,6 +260,15 @@ async def test_overcommit_counts_each_cap_at_a_fraction() -> None:
     assert admission.committed_mb == 2000
 
 
+async def test_a_runtime_without_limits_is_admitted_uncounted_and_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    runtime = FakeRuntime()
+    del runtime.limits
+    admission = Admission(quiet(), memory=fixed_memory(100, 0))  # no memory at all: only an uncounted one starts
+    await admission.open(runtime)
+    assert admission.committed_mb == 0
+    assert "runtime 'fake' states no Limits: its sandboxes are not counted" in caplog.text
+
+
 # --- the warm pool -----------------------------------------------------------------------------------------------
 
 async def test_the_pool_hands_out_each_sandbox_once_and_refills() -> None:

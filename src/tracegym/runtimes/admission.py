@@ -20,8 +20,10 @@ Waiting for memory, for a start slot and the open itself share one budget, `setu
 with a SandboxSetupTimeout naming the runtime, the budget and what it was waiting for (an infrastructure error: the
 rollout is recorded as failed, its siblings go on; an open that finishes late is closed, never leaked).
 
-With `warm_pool` > 0, sandboxes are opened ahead per runtime (`runtimes.warm_pool`) and a start takes one; the
-first open of a runtime is cold and starts its pool.
+With `warm_pool` > 0, sandboxes are opened ahead per runtime (`runtimes.warm_pool`) and a start takes one at once
+(no jitter, no start slot: its first program's launch still takes one); the first open of a runtime is cold and
+starts its pool. A runtime without `Limits` states no memory cap: its sandboxes are not counted (said once in the
+log).
 
 The defaults come from the host (`AdmissionConfig`): 8 x CPU cores starting at once (8 to 64), a reserve of a
 tenth of the memory (512 MB to 8 GB). The state is per event loop and process (`admission()`): an env server's
@@ -142,6 +144,7 @@ class Admission:
         self.committed_mb = 0.0
         """The admitted sandboxes' memory caps (each over `memory_overcommit`), until they close."""
         self._baseline_mb: int | None = None
+        self._uncounted: set[str] = set()
         self._pools: dict[object, WarmPool] = {}
 
     async def open(self, runtime: Runtime) -> AdmittedSandbox:
@@ -165,7 +168,11 @@ class Admission:
         """What a sandbox of `runtime` commits; SandboxRefused when not even an empty host could hold it."""
         limits = getattr(runtime, "limits", None)
         if not isinstance(limits, Limits):
-            return 0.0  # a runtime without Limits states no cap: nothing to count
+            if runtime.name not in self._uncounted:
+                self._uncounted.add(runtime.name)
+                log.warning("runtime %r states no Limits: its sandboxes are not counted against the host's memory",
+                            runtime.name)
+            return 0.0
         need = limits.memory_mb / self.config.memory_overcommit
         host = self._memory()
         room = host.total_mb - self.config.memory_reserve_mb
