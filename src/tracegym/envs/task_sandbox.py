@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tracegym.core.errors import ToolError, UsageError
+from tracegym.runtimes.admission import Admission, admission
 from tracegym.runtimes.sandbox import ProgramResult, Runtime, Sandbox
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,18 +58,21 @@ def sandboxed_source(fn: Callable[..., Any]) -> str | None:
 
 
 class TaskSandbox:
-    """A rollout's sandbox of one runtime: opened once, on first use (RuntimeUnavailable when the runtime
-    cannot run here), closed by `close`; concurrent first uses share one opening."""
+    """A rollout's sandbox of one runtime: opened once, on first use, through `admission` (the event loop's, see
+    `runtimes.admission`: every rollout's sandbox passes this one gate, whatever runtime its task returns), closed
+    by `close`; concurrent first uses share one opening. An open that fails raises (RuntimeUnavailable when the
+    runtime cannot run here; SandboxRefused, SandboxSetupTimeout from admission): the rollout fails, not its
+    siblings."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    def __init__(self, runtime: Runtime, admission: Admission | None = None) -> None:
+        self.runtime, self.admission = runtime, admission
         self._sandbox: Sandbox | None = None
         self._lock = asyncio.Lock()
 
     async def get(self) -> Sandbox:
         async with self._lock:
             if self._sandbox is None:
-                self._sandbox = await self.runtime.open()
+                self._sandbox = await (self.admission or admission()).open(self.runtime)
             return self._sandbox
 
     async def close(self) -> None:
