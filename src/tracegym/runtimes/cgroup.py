@@ -14,12 +14,15 @@ owner is under), named `tracegym-sandbox-<sandbox id>`:
 Detection (`placement()`, once per process) says where, or why no cgroup can be made here (not root and nothing
 delegated, the controllers missing); a sandbox then caps memory and processes per process only, and says so.
 
-How a program enters it, with no race: the host opens each cgroup's `cgroup.procs` (a descriptor opened by root,
-or by the owner of a delegated subtree, may move a process whoever writes it), and the program init's forked child
+How a program enters it, with no race: the host opens each cgroup's entry file (a descriptor opened by root, or by
+the owner of a delegated subtree, may move a process whoever writes it), and the program init's forked child
 writes `0` (itself) to each before it drops privileges and execs the program: the program and everything it
 starts are inside from their first instruction. The init stays outside (the caps are the program's alone), and the
-descriptors are closed before the exec. A program cannot move itself out: every other cgroup's `cgroup.procs`
-belongs to root (or to us), and it runs under a uid that may not write them.
+descriptors are closed before the exec. A program cannot move itself out: every other cgroup's files belong to
+root (or to us), and it runs under a uid that may not write them. The entry file is v1's `tasks` (the child is
+single-threaded, so moving its thread moves it; `cgroup.procs` moves a thread group under a global lock whose
+release waits an RCU grace period: 8-10 ms per run here, against 0.08 ms), and v2's `cgroup.procs` (which takes
+that lock unless the hierarchy is mounted with `favordynmods`; not measured: this host has no v2 controllers).
 
 What fired: an OOM kill in the cgroup (v1 `memory.oom_control`'s `oom_kill`, v2 `memory.events`) is the memory
 cap; a fork it refused (`pids.events`' `max`) is the processes cap. Memory counts every page the sandbox's
@@ -79,11 +82,13 @@ class _Files:
     oom: tuple[str, str]
     """The file and the key of the OOM-kill count."""
     memory_peak: str
+    entry: str
+    """The file a process writes `0` to to enter (see the module)."""
 
 
 _FILES = {1: _Files("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", ("memory.oom_control", "oom_kill"),
-                    "memory.max_usage_in_bytes"),
-          2: _Files("memory.max", "memory.swap.max", ("memory.events", "oom_kill"), "memory.peak")}
+                    "memory.max_usage_in_bytes", "tasks"),
+          2: _Files("memory.max", "memory.swap.max", ("memory.events", "oom_kill"), "memory.peak", "cgroup.procs")}
 
 
 class SandboxCgroup:
@@ -134,12 +139,12 @@ class SandboxCgroup:
         self.caps = (memory_mb, processes)
 
     def entry_fds(self) -> list[int]:
-        """Descriptors of each `cgroup.procs`, open for writing (close-on-exec); whoever writes `0` to them
-        enters it. The caller closes them."""
+        """Descriptors of each entry file, open for writing (close-on-exec); a single-threaded process that writes
+        `0` to them enters it. The caller closes them."""
         fds: list[int] = []
         try:
             for folder in self.folders:
-                fds.append(os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+                fds.append(os.open(folder / self._files.entry, os.O_WRONLY | os.O_CLOEXEC))
         except OSError:
             for fd in fds:
                 os.close(fd)

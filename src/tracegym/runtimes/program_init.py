@@ -5,7 +5,7 @@ PROGRAM...` (UID `-` for none; FORWARD `PORT:SOCKET` or `-`; CGROUP_FDS comma-se
 of LIMITS, 0 for none), wrapped in the runtime's namespaces. C modules only (builtin ones, plus `_socket` and
 `fcntl` when forwarding), no json and no tracegym import: it starts in the time of a bare interpreter, and any
 Python 3 the sandbox can execute runs it. It forks the program; in the child it enters the sandbox's cgroup
-(writing itself to each of CGROUP_FDS, descriptors of `cgroup.procs` the host opened: see `runtimes.cgroup`),
+(writing itself to each of CGROUP_FDS, descriptors of its entry files the host opened: see `runtimes.cgroup`),
 resets the signals Python ignores, applies the rlimits, drops to UID (when it is root and given one: every sandbox
 gets a host uid of its own, so RLIMIT_NPROC counts only its processes and it can signal nothing of the host's),
 changes to CWD and execs. The parent reaps every child it is given (as a PID namespace's init it inherits orphans)
