@@ -6,7 +6,9 @@ namespaces, program init and limits before the program runs. The baseline is the
 `asyncio.create_subprocess_exec` with no sandbox. `open` is the separate cost of `Runtime.open` (a working
 directory, the uid, the cgroup). Each runtime is measured with the sandbox's cgroup (`runtimes.cgroup`, where this
 host lets us make one) and without (cgroups turned off for this process), in alternating blocks, so the columns
-compare under the same load. Runtimes this host lacks are listed with the reason.
+compare under the same load; and what entering a cgroup costs a fresh process, writing itself to v1's `tasks` (what
+the program init does) against `cgroup.procs`, one entry every 50 ms as runs come. Runtimes this host lacks are
+listed with the reason.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/sandbox_start.py [--samples 200]
 """
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -103,6 +106,35 @@ async def compare(runtime: Runtime, samples: int, blocks: int = 4) -> dict[bool,
     return {on: (*percentiles(times[on]), statistics.median(opens[on]) * 1e3) for on in (True, False)}
 
 
+def entry_cost(entry: str, samples: int) -> tuple[float, float]:
+    """p50 and p99 ms of a fresh child writing `0` to `entry` in a sandbox cgroup of each hierarchy, spaced 50 ms."""
+    where = cgroup.placement()
+    assert not isinstance(where, str)
+    made = cgroup.SandboxCgroup.make(where, f"{os.getpid()}-benchmark", 256, 16)
+    fds = [os.open(folder / entry, os.O_WRONLY) for folder in made.folders]
+    times = []
+    try:
+        for _ in range(samples):
+            took_r, took_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                start = time.perf_counter()
+                for fd in fds:
+                    os.write(fd, b"0")
+                os.write(took_w, str(time.perf_counter() - start).encode())
+                os._exit(0)
+            os.close(took_w)
+            times.append(float(os.read(took_r, 64)))
+            os.close(took_r)
+            os.waitpid(pid, 0)
+            time.sleep(0.05)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        made.remove()
+    return percentiles(times)
+
+
 def candidates() -> list[tuple[str, Runtime]]:
     found: list[tuple[str, Runtime]] = [(f"subprocess ({detect_isolation()})", runtime_for("subprocess")),
                                         (f"{FALLBACK} (fallback, by name)", runtime_for(FALLBACK))]
@@ -113,6 +145,10 @@ async def main(samples: int) -> None:
     logging.basicConfig(level=logging.ERROR)  # the warnings that cgroups are off, once per runtime, are expected
     where = cgroup.placement()
     print(f"cgroups: {where if isinstance(where, str) else f'v{where.version} under {where.memory}, {where.pids}'}")
+    if not isinstance(where, str) and where.version == 1:
+        for entry in ("tasks", "cgroup.procs"):
+            p50, p99 = entry_cost(entry, 40)
+            print(f"entering by {entry:12}: p50 {p50:6.2f} ms, p99 {p99:6.2f} ms")
     base50, base99 = await measure(plain_start, samples)
     print(f"{'runtime':34} {'cgroup':>6} {'p50 ms':>8} {'p99 ms':>8} {'x plain p50':>12} {'open+close ms':>14}")
     print(f"{'plain subprocess (no sandbox)':34} {'-':>6} {base50:8.1f} {base99:8.1f} {1.0:12.1f} {'-':>14}")
