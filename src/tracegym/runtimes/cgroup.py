@@ -133,7 +133,7 @@ class SandboxCgroup:
             try:
                 path.write_text(value)
             except FileNotFoundError:
-                if path != swap[0]:  # the swap file is missing where the kernel does not account swap: no swap
+                if path != swap[0]:  # missing where the kernel does not account swap: swap is then not capped
                     raise
         (self.pids / "pids.max").write_text(str(processes))
         self.caps = (memory_mb, processes)
