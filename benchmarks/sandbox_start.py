@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from tracegym.runtimes.admission import Admission, AdmissionConfig, host_memory
 from tracegym.runtimes.catalog import RUNTIMES, runtime_for
-from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
+from tracegym.runtimes.limited_process import FALLBACK, detect_isolation
 from tracegym.runtimes.sandbox import Limits, Runtime, Sandbox
 
 PROGRAM = ["date", "+%s.%N"]
@@ -111,10 +111,9 @@ def percentiles(values: list[float]) -> tuple[float, float]:
 
 
 def candidates(limits: Limits | None = None) -> list[tuple[str, Runtime]]:
-    found: list[tuple[str, Runtime]] = [(f"subprocess ({detect_isolation()})", runtime_for("subprocess", limits))]
-    if detect_isolation() != "process-group":
-        found.append(("subprocess (process-group fallback)", LimitedProcess(limits, isolation="process-group")))
-    return found + [(name, runtime_for(name, limits)) for name in RUNTIMES if name != "subprocess"]
+    found: list[tuple[str, Runtime]] = [(f"subprocess ({detect_isolation()})", runtime_for("subprocess", limits)),
+                                        (f"{FALLBACK} (fallback, by name)", runtime_for(FALLBACK, limits))]
+    return found + [(name, runtime_for(name, limits)) for name in RUNTIMES if name not in ("subprocess", FALLBACK)]
 
 
 async def start_table(samples: int) -> None:

@@ -186,6 +186,17 @@ def test_a_harness_that_cannot_work_is_refused_when_it_is_made(make, said):
     assert said in str(raised.value)
 
 
+@pytest.mark.parametrize("argument", ["--api-key={api_key}", "{base_url}"])
+def test_a_harness_command_naming_the_proxy_key_is_refused_for_the_environment(argument):
+    with pytest.raises(UsageError) as raised:
+        ProgramHarness(["agent", argument])
+    assert "OPENAI_API_KEY" in str(raised.value) and "environment only" in str(raised.value)
+
+
+def test_a_harness_env_value_may_name_the_proxy_key():
+    assert ProgramHarness(["agent"], env={"AGENT_API_KEY": "{api_key}", "AGENT_URL": "{base_url}"}).env
+
+
 async def test_the_program_is_told_the_proxy_and_the_task_and_nothing_of_the_hosts_environment(monkeypatch):
     monkeypatch.setenv("HOST_SECRET", "s3cret")
     show = ONE_CALL.replace("print(", "print(sorted(k for k in os.environ if k != 'PWD'), ")

@@ -6,7 +6,7 @@ import pytest
 
 from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.container import detect_engine
-from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
+from tracegym.runtimes.limited_process import FALLBACK, LimitedProcess, detect_isolation
 from tracegym.runtimes.sandbox import Limits, Runtime
 
 QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, open_files=64, processes=16,
@@ -15,12 +15,13 @@ QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, ope
 
 
 def runtimes(limits: Limits = QUICK) -> list[object]:
-    """pytest params: the subprocess runtime as detected, its process-group fallback when that is not the one
-    detected, bubblewrap, and the container runtime (slow: its image is built once per session, see conftest.py);
-    each skipped where this host lacks it."""
-    params: list[object] = [pytest.param(runtime_for("subprocess", limits), id=f"subprocess-{detect_isolation()}")]
-    if detect_isolation() != "process-group":
-        params.append(pytest.param(LimitedProcess(limits, isolation="process-group"), id="subprocess-process-group"))
+    """pytest params: the subprocess runtime as detected (skipped where this host has no namespaces: it then
+    refuses to open), its process-group fallback asked for by name, bubblewrap, and the container runtime (slow: its
+    image is built once per session, see conftest.py); each skipped where this host lacks it."""
+    sub = runtime_for("subprocess", limits)
+    params: list[object] = [pytest.param(sub, id=f"subprocess-{detect_isolation()}", marks=pytest.mark.skipif(
+        bool(sub.unavailable()), reason=str(sub.unavailable())))]
+    params.append(pytest.param(runtime_for(FALLBACK, limits), id="subprocess-process-group"))
     bwrap = runtime_for("bubblewrap", limits)
     params.append(pytest.param(bwrap, id="bubblewrap",
                                marks=pytest.mark.skipif(bool(bwrap.unavailable()), reason=str(bwrap.unavailable()))))
@@ -32,4 +33,4 @@ def runtimes(limits: Limits = QUICK) -> list[object]:
 
 def isolated(runtime: Runtime) -> bool:
     """True when the runtime gives network and PID namespaces (not the process-group fallback)."""
-    return not (isinstance(runtime, LimitedProcess) and runtime.isolation == "process-group")
+    return not (isinstance(runtime, LimitedProcess) and runtime.isolation == FALLBACK)

@@ -78,7 +78,8 @@ async def test_escape_memory_hog(sandbox: Sandbox) -> None:
     result = await sandbox.run([PY, "-c", hog], limits=QUICK.model_copy(update={"wall_seconds": 30.0,
                                                                                 "cpu_seconds": 30}))
     ended_by(result, "memory")
-    assert "MemoryError" in result.stderr
+    if result.memory_scope == "process":  # RLIMIT_AS: the allocation failed; a cgroup's cap OOM-kills instead
+        assert "MemoryError" in result.stderr
     await still_works(sandbox)
 
 

@@ -9,8 +9,10 @@ and the files it left in its working directory are the task's `program` (a `Prog
 the directory is removed after scoring.
 
 Any CLI agent plugs in through the command template: each argument (and each `env` value) may name
-`{prompt}` (the task's last user message), `{base_url}` and `{api_key}` (the proxy), `{model}`, `{workdir}`
-and `{task_key}`. The program also gets `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_MODEL`, which the
+`{prompt}` (the task's last user message), `{model}`, `{workdir}` and `{task_key}`; an `env` value may also name
+`{base_url}` and `{api_key}` (the proxy), which a command argument may not: the key (also in the base URL's path)
+reaches the program through its environment only, never its command line, which other processes can read in
+/proc. The program also gets `OPENAI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_MODEL`, which the
 OpenAI SDKs read, plus `TRACEGYM_PROMPT`, `TRACEGYM_MESSAGES` (the task's prompt as OpenAI messages, JSON) and
 `TRACEGYM_TASK_KEY` (the rollout's task key). It runs without network: `127.0.0.1` at the proxy's port is carried
 to the proxy and nowhere else (see ProgramHarness).
@@ -40,6 +42,8 @@ PLACEHOLDERS = ("prompt", "base_url", "api_key", "model", "workdir", "task_key")
 """The names a command template may use (`{prompt}`, ...)."""
 _BEFORE_THE_PROXY = ("prompt", "model", "workdir", "task_key")
 """The names a setup command may use (it runs before the proxy has a key for the rollout)."""
+KEYED = ("api_key", "base_url")
+"""The names that carry the rollout's proxy key (the base URL holds it in its path): environment only."""
 WALL_GRACE_S = 10.0
 """How long past its wall limit the program stage waits for the runtime to end the program itself."""
 
@@ -105,6 +109,7 @@ class ProgramHarness:
         if isinstance(self.command, str) or not self.command:
             raise UsageError(f"harness command must be a non-empty list of arguments, not {self.command!r}")
         _check_template("harness command", self.command, PLACEHOLDERS)
+        _refuse_keys_on_argv(self.command)
         _check_template("harness env", list(self.env.values()), PLACEHOLDERS)
         _check_template("harness setup", self.setup, _BEFORE_THE_PROXY)
 
@@ -215,6 +220,18 @@ def _env(values: Mapping[str, str]) -> dict[str, str]:
 
 def _fill(template: str, values: Mapping[str, str]) -> str:
     return template.format_map(values)
+
+
+def _refuse_keys_on_argv(command: Sequence[str]) -> None:
+    """A UsageError for a command argument naming the proxy's key (`{api_key}`, or `{base_url}`, which holds it)."""
+    for part in command:
+        named = [name for _, name, _, _ in string.Formatter().parse(part) if name in KEYED]
+        if named:
+            raise UsageError(
+                f"harness command: {part!r} names {{{named[0]}}}, which carries the rollout's proxy key; a command "
+                f"line is readable by other processes (/proc/PID/cmdline), so the key reaches the program through "
+                f"its environment only: have it read OPENAI_API_KEY and OPENAI_BASE_URL (always set), or name "
+                f"{{{named[0]}}} in `env` (e.g. env={{'AGENT_API_KEY': '{{api_key}}'}})")
 
 
 def _check_template(what: str, parts: Sequence[str], known: Sequence[str]) -> None:

@@ -1,5 +1,6 @@
-"""Catalog: the runtimes by name (`subprocess`, `bubblewrap`, `container`), each built with the limits its
-programs run under."""
+"""Catalog: the runtimes by name (`subprocess`, `bubblewrap`, `container`, and `process-group`: the subprocess
+runtime without namespaces, which runs only when asked for by this name), each built with the limits its programs
+run under."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from collections.abc import Callable
 from tracegym.core.errors import UsageError
 from tracegym.runtimes.bubblewrap import Bubblewrap
 from tracegym.runtimes.container import Container
-from tracegym.runtimes.limited_process import LimitedProcess
+from tracegym.runtimes.limited_process import FALLBACK, LimitedProcess
 from tracegym.runtimes.sandbox import Limits, Runtime
 
 RUNTIMES: dict[str, Callable[[Limits], Runtime]] = {
     "subprocess": LimitedProcess,
     "bubblewrap": Bubblewrap,
     "container": Container,
+    FALLBACK: lambda limits: LimitedProcess(limits, isolation=FALLBACK),
 }
 """Every runtime name and what builds it."""
 

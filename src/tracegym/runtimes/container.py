@@ -123,6 +123,7 @@ class ContainerConfinement(Confinement):
     """`ENGINE run` of one image per run, the program init its first process."""
 
     private_tmp = True
+    sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
     cannot_egress = ("the container's init has no right to add the allowed addresses to its loopback, and the "
                      "egress relay's sockets are not bound into it; use the bubblewrap runtime or the subprocess "
                      "runtime with namespaces")

@@ -15,28 +15,45 @@ What each isolation guarantees (the strongest this host allows is detected once 
 - `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces, entered through a
   user namespace; the program keeps our uid, so it can write what we can, and RLIMIT_NPROC counts our other
   processes too (it is set to their number now plus the limit).
-- `process-group` (no namespaces): a session and process group of its own; a wall-clock kill or a cancel kills
-  the group, and every process still carrying the run's marker in its environment is found in /proc and killed
-  (a daemon that leaves the group *and* clears its environment escapes this); no network isolation (so
-  `Limits.egress` is refused, naming it); as root, the program still runs under a uid of its own.
+- `process-group` (no namespaces): only when asked for by name (the runtime `process-group`, or
+  `LimitedProcess(isolation="process-group")`); where namespaces are missing, the `subprocess` runtime refuses
+  to open rather than fall back to it silently, and asked for, it warns once per process. A session and process
+  group of its own; when the program ends, the init kills the group, and a wall-clock kill or a cancel kills it
+  too; every process still carrying the run's marker in its environment (or, as root, in the sandbox's cgroup or
+  under its uid) is found and killed (not root, a daemon that leaves the group *and* clears its environment
+  escapes this). It does not isolate the network (every port of the host is reachable), other processes' /proc
+  (same-uid processes' environments and command lines are readable when not root) or signals (not root, the
+  program may kill any of our processes), so `Limits.egress` is refused, naming it. As root, the program still
+  runs under a uid of its own.
 
-In all three: rlimits on CPU seconds, address space, file size, open files and processes; a wall-clock limit;
-a fresh working directory per sandbox, removed at close; an environment with nothing of the host's.
+In all three: rlimits on CPU seconds, file size, open files and processes; a wall-clock limit; a fresh working
+directory per sandbox, removed at close; an environment with nothing of the host's. As root, a cgroup per sandbox
+caps the memory and the processes of all its programs together (`runtimes.cgroup`); elsewhere, unless a cgroup
+subtree is delegated to us, memory is capped per process (RLIMIT_AS), which the result's `memory_scope` and one
+warning in the log say.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
 import sys
-from typing import Literal
+from typing import Final, Literal
 
 from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 
 Isolation = Literal["namespaces", "user-namespaces", "process-group"]
+FALLBACK: Final = "process-group"
+"""The catalog name (and isolation) of the fallback without namespaces, which runs only when asked for by it."""
+FALLBACK_LACKS = ("the network (every port of the host is reachable), other processes' /proc (not root: the "
+                  "environments and command lines of our own processes, rollout keys included, are readable) and "
+                  "signals (not root: the program can kill any of our processes)")
+"""What the process-group fallback does not isolate."""
+log = logging.getLogger(__name__)
 
 
 class NamespaceConfinement(Confinement):
@@ -73,30 +90,49 @@ def _no_new_privs() -> list[str]:
     return ["setpriv", "--no-new-privs", "--"] if shutil.which("setpriv") else []
 
 
-@functools.cache
 def detect_isolation() -> Isolation:
     """The strongest isolation this host allows, tried once per process."""
-    if not shutil.which("unshare"):
+    if no_namespaces():
         return "process-group"
+    return "namespaces" if os.geteuid() == 0 else "user-namespaces"
+
+
+@functools.cache
+def no_namespaces() -> str | None:
+    """Why `unshare` cannot give a program namespaces here, or None when it can; tried once per process."""
+    if not shutil.which("unshare"):
+        return "unshare is not installed (Debian/Ubuntu: util-linux)"
     as_root = os.geteuid() == 0
     probe = [*unshare_flags(as_root, network=False), "--", "true"]
     try:
-        ok = subprocess.run(probe, capture_output=True, timeout=PROBE_TIMEOUT_S).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        return "process-group"
-    return "namespaces" if as_root else "user-namespaces"
+        done = subprocess.run(probe, capture_output=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare could not run: {exc}"
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        needs = "" if as_root else " (not root, it needs unprivileged user namespaces)"
+        return f"unshare cannot make namespaces here{needs}: {said[-1] if said else done.returncode}"
+    return None
+
+
+@functools.cache
+def warn_fallback() -> None:
+    """Say once per process that the process-group fallback is in use and what it does not isolate."""
+    log.warning("the %r sandbox runtime (asked for by name) has no namespaces: it does not isolate %s; use it only "
+                "for programs you trust", FALLBACK, FALLBACK_LACKS)
 
 
 class LimitedProcess:
-    """The `subprocess` runtime: see the module docstring for what each isolation guarantees."""
+    """The `subprocess` runtime (named `process-group` when it is asked for that isolation): see the module
+    docstring for what each isolation guarantees."""
 
     name = "subprocess"
 
     def __init__(self, limits: Limits | None = None, *, isolation: Isolation | None = None) -> None:
         self.limits = limits or Limits()
         self._isolation = isolation
+        if isolation == FALLBACK:
+            self.name = FALLBACK
 
     @property
     def isolation(self) -> Isolation:
@@ -106,12 +142,17 @@ class LimitedProcess:
     def unavailable(self) -> str | None:
         if not sys.platform.startswith("linux"):
             return f"it needs Linux (/proc, rlimits, namespaces); this is {sys.platform}"
+        if self.isolation == FALLBACK and self._isolation != FALLBACK:
+            return (f"{no_namespaces()}. Without namespaces it would run programs in a process group, which does not "
+                    f"isolate {FALLBACK_LACKS}; to run them so all the same, ask for it by name: the runtime "
+                    f"{FALLBACK!r} (runtime_for({FALLBACK!r}, limits)), or LimitedProcess(isolation={FALLBACK!r})")
         return None
 
     async def open(self) -> ProcessSandbox:
         reason = self.unavailable()
         if reason:
             raise RuntimeUnavailable(f"runtime {self.name!r} is unavailable on this host: {reason}")
-        if self.isolation == "process-group":
+        if self.isolation == FALLBACK:
+            warn_fallback()
             return ProcessSandbox(GroupConfinement(), self.limits)
         return ProcessSandbox(NamespaceConfinement(as_root=self.isolation == "namespaces"), self.limits)

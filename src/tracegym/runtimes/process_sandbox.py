@@ -2,9 +2,15 @@
 where we are root, and programs run through the program init inside the runtime's confinement.
 
 A runtime differs from another only in its Confinement: the command that wraps the init (namespaces, bubblewrap,
-a container) and how it is spawned. Everything else is here, once: the scrubbed environment, the bounded
-capture of stdout and stderr, the wall-clock limit, how an ending is read (`ProgramResult.limit`), and the
-sweep that leaves no process and no file of the sandbox behind.
+a container) and how it is spawned. Everything else is here, once: the sandbox's cgroup (`runtimes.cgroup`: one
+cap on the memory and one on the processes of all its programs together, where the host lets us make one), the
+scrubbed environment, the bounded capture of stdout and stderr, the wall-clock limit, how an ending is read
+(`ProgramResult.limit`), and the sweep that leaves no process and no file of the sandbox behind.
+
+A run ends when its program does: the wrapper's exit is awaited, not its pipes' end (a process the program left
+holding stdout would otherwise hold the run: Python 3.11's `Process.wait()` waits for both); what the program left
+is then killed (by the PID namespace's end, or by the init killing its process group and a sweep by marker, uid
+and cgroup) and counted in `left_running`.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import random
 import secrets
@@ -24,9 +31,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tracegym.core.errors import UsageError
+from tracegym.runtimes.cgroup import REMOVE_WITHIN_S, Counts, SandboxCgroup, make_cgroup
 from tracegym.runtimes.egress import EgressRelay, EgressRoute
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult, RuntimeUnavailable
@@ -57,6 +65,7 @@ _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out
 _PROCESS_SIGNS = ("Resource temporarily unavailable", "BlockingIOError", "fork: retry")
 _FILE_SIZE_SIGNS = ("File too large",)
 _DISK_SIGNS = ("No space left on device",)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,9 @@ class Confinement:
     carries both)."""
     cannot_egress: str | None = None
     """Why this runtime cannot enforce an egress allow-list though it can carry a Forward (None: it can)."""
+    sandbox_cgroup: bool = True
+    """True when the sandbox's programs run under the program init on this host, so a cgroup of ours can hold
+    them (False where the runtime's engine makes its own: a container's)."""
 
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
@@ -137,6 +149,8 @@ class _Run:
     """One program run in flight: its wrapper process and the pipes to its init."""
 
     proc: asyncio.subprocess.Process
+    wrapper: _ExitProtocol
+    """Its protocol: `exited` when the wrapper exits (whoever still holds its pipes)."""
     status_r: int
     marker: str
     """The value of MARKER in this run's processes (`<sandbox id>/<run number>/`)."""
@@ -160,6 +174,13 @@ class ProcessSandbox:
         self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb)
         """`disk_capped`: whether the working directory is a tmpfs capped at `limits.disk_mb` (see
         `runtimes.workdir`)."""
+        self.cgroup: SandboxCgroup | None = None
+        """Its cgroup (see `runtimes.cgroup`); None where none could be made (memory and processes are then
+        capped per process: `memory_scope`)."""
+        if confinement.sandbox_cgroup:
+            self.cgroup, why = make_cgroup(self.id, limits.memory_mb, limits.processes)
+            if why:
+                warn_caps_per_process(why)
         self._running: set[_Run] = set()
         self._runs = 0
         self._closed = False
@@ -192,6 +213,12 @@ class ProcessSandbox:
         if limits.egress and (why := self.cannot_egress()):
             raise RuntimeUnavailable(f"this runtime cannot enforce limits.egress {list(limits.egress)}: {why}")
 
+    @property
+    def memory_scope(self) -> Literal["sandbox", "process"]:
+        """What `Limits.memory_mb` and `processes` cap: `sandbox` (all its processes together: its cgroup, or a
+        container engine's) or `process` (each process alone: rlimits)."""
+        return "sandbox" if self.cgroup is not None or not self.confinement.sandbox_cgroup else "process"
+
     async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
                   limits: Limits | None = None, forward: Forward | None = None) -> ProgramResult:
         if self._closed:
@@ -212,25 +239,29 @@ class ProcessSandbox:
         lifeline_r, lifeline_w = os.pipe()  # our end stays open while we live; the init ends all at its EOF
         self._runs += 1
         marker = f"{self.id}/{self._runs}/"
+        cgroup_fds: list[int] = []
         try:
-            proc = await self._spawn(Launch(list(argv), [], self._workdir, limits, self._environment(env or {}, marker),
-                                            marker, self.uid, forward, egress), stdin is not None, status_w,
-                                     lifeline_r)
+            cgroup_fds, counts = self._enter_cgroup(limits)
+            proc, wrapper = await self._spawn(
+                Launch(list(argv), [], self._workdir, limits, self._environment(env or {}, marker), marker, self.uid,
+                       forward, egress), stdin is not None, status_w, lifeline_r, cgroup_fds)
         except OSError as exc:  # the wrapper itself could not start: say so, as for a missing program
             os.close(status_r)
             os.close(lifeline_w)
             return ProgramResult(argv=list(argv), exit_code=None, start_error=f"{type(exc).__name__}: {exc}")
         finally:
-            os.close(status_w)
-            os.close(lifeline_r)
-        run = _Run(proc, status_r, marker, egress)
+            for fd in (status_w, lifeline_r, *cgroup_fds):
+                os.close(fd)
+        run = _Run(proc, wrapper, status_r, marker, egress)
         self._running.add(run)
         try:
-            return await self._wait(run, list(argv), stdin, limits, start)
+            return await self._wait(run, list(argv), stdin, limits, start, counts)
         finally:
             self._running.discard(run)
             os.close(lifeline_w)
             os.close(status_r)
+            if wrapper.exited.done():  # else the wrapper is still being killed: its transport closes itself
+                wrapper.transport.close()
             if run.killed:
                 await self.confinement.reap(marker)
 
@@ -258,19 +289,40 @@ class ProcessSandbox:
             raise OSError(f"a socket path holds a line break: {lines[1:]}")
         return "\n".join(lines)
 
-    async def _spawn(self, launch: Launch, with_stdin: bool, status_w: int,
-                     lifeline_r: int) -> asyncio.subprocess.Process:
+    def _enter_cgroup(self, limits: Limits) -> tuple[list[int], Counts]:
+        """The descriptors that put a run's program in the sandbox's cgroup, capped at the run's `memory_mb` and
+        `processes` (runs in flight at once share it, under the largest caps they ask for), and its counts now;
+        none without a cgroup. OSError when the cgroup cannot be capped so (v1: its files already hold more)."""
+        cgroup = self.cgroup
+        if cgroup is None:
+            return [], Counts()
+        memory, processes = limits.memory_mb, limits.processes
+        if self._running and cgroup.caps is not None:
+            memory, processes = max(memory, cgroup.caps[0]), max(processes, cgroup.caps[1])
+        try:
+            cgroup.cap(memory, processes)
+        except OSError as exc:
+            raise OSError(f"the sandbox's cgroup cannot be capped at memory_mb={memory}, processes={processes}: "
+                          f"{exc}") from None
+        return cgroup.entry_fds(), cgroup.counts()
+
+    async def _spawn(self, launch: Launch, with_stdin: bool, status_w: int, lifeline_r: int,
+                     cgroup_fds: list[int]) -> tuple[asyncio.subprocess.Process, _ExitProtocol]:
+        """The wrapper started, and its protocol (which says when it exits)."""
         drops_to = self.confinement.init_drops_to(self.uid)
         init = [sandbox_python(), "-I", "-S", "-c", INIT_SOURCE, str(status_w), str(lifeline_r),
                 "-" if drops_to is None else str(drops_to), str(self._workdir), self._network(launch),
-                *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
+                ",".join(map(str, cgroup_fds)) or "-", *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
         launch = replace(launch, init=init)
         ids = spawn_as(self.confinement.spawn_user(self.uid))
-        return await asyncio.create_subprocess_exec(
-            *self.confinement.wrap(launch),
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitProtocol(loop), *self.confinement.wrap(launch),
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=self.confinement.spawn_env(launch.env), start_new_session=True, pass_fds=(status_w, lifeline_r), **ids)
+            env=self.confinement.spawn_env(launch.env), start_new_session=True,
+            pass_fds=(status_w, lifeline_r, *cgroup_fds), **ids)
+        return asyncio.subprocess.Process(transport, protocol, loop), protocol
 
     def _environment(self, extra: Mapping[str, str], marker: str) -> dict[str, str]:
         """Nothing of the host's environment: a fixed base, the caller's `env`, and the run's marker."""
@@ -278,21 +330,25 @@ class ProcessSandbox:
         return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home, **extra, MARKER: marker}
 
     def _rlimits(self, limits: Limits) -> list[int]:
-        """The init's rlimits, in its order. RLIMIT_NPROC counts every process of a uid: exact under a uid of our
-        own, else the user's processes now plus the limit (approximate: the user's other processes come and go)."""
+        """The init's rlimits, in its order (0: none). RLIMIT_NPROC counts every process of a uid: exact under a
+        uid of our own, else the user's processes now plus the limit (approximate: the user's other processes come
+        and go). RLIMIT_AS only where no cgroup caps memory: the cgroup caps what is used, while an address-space
+        cap refuses what is merely reserved (a JVM's heap, V8's cages, Go's arenas: such programs would not
+        start)."""
         own_uid = self.uid is not None
         processes = limits.processes + (3 if own_uid else _processes_of(os.getuid()))  # + init and wrapper
-        return [limits.cpu_seconds, limits.memory_mb, limits.file_size_mb, limits.open_files, processes]
+        address_space = 0 if self.cgroup is not None else limits.memory_mb
+        return [limits.cpu_seconds, address_space, limits.file_size_mb, limits.open_files, processes]
 
     async def _wait(self, run: _Run, argv: list[str], stdin: bytes | None, limits: Limits,
-                    start: float) -> ProgramResult:
+                    start: float, counts: Counts) -> ProgramResult:
         proc = run.proc
         assert proc.stdout is not None and proc.stderr is not None
         out, err = _Capture(proc.stdout, limits.output_bytes), _Capture(proc.stderr, limits.output_bytes)
         feed = asyncio.ensure_future(_feed(proc.stdin, stdin))
         timed_out, swept = False, 0
-        try:
-            await asyncio.wait_for(proc.wait(), limits.wall_seconds)
+        try:  # the wrapper's exit, not its pipes' end (a leftover may hold them: it is killed below)
+            await asyncio.wait_for(asyncio.shield(run.wrapper.exited), limits.wall_seconds)
         except TimeoutError:
             timed_out = run.killed = True
             _kill_group(proc)
@@ -303,17 +359,21 @@ class ProcessSandbox:
                 task.cancel()
             raise
         if not self.confinement.kills_on_init_exit:  # outside a PID namespace, what the program started outlives it
-            alone = self._running == {run}  # the sandbox's uid is this run's alone: sweep by it too
-            left = sandbox_processes(run.marker, self.uid if alone else None)
-            _kill_all(left)
+            alone = self._running == {run}  # the sandbox's uid and cgroup are this run's alone: sweep by them too
+            left = set(sandbox_processes(run.marker, self.uid if alone else None))
+            if alone and self.cgroup is not None:
+                left.update(self.cgroup.members())
+            _kill_all(sorted(left))
             swept = len(left)
         (stdout, out_cut), (stderr, err_cut) = await out.finish(READ_GRACE_S), await err.finish(READ_GRACE_S)
         feed.cancel()
         status = self.confinement.exit_status(proc.returncode, run.marker) if not timed_out else None
         status = status or _read_status(run.status_r)
+        fired = self.cgroup.counts().fired_since(counts) if self.cgroup is not None else []
         result = classify(argv, status, proc.returncode, timed_out, stdout, stderr, out_cut, err_cut, limits,
-                          time.monotonic() - start)
-        result.left_running = (status or {}).get("left_running") or swept
+                          time.monotonic() - start, fired)
+        result.left_running = max((status or {}).get("left_running") or 0, swept)
+        result.memory_scope = self.memory_scope
         _note_network(result, status, run.egress, limits)
         return result
 
@@ -328,16 +388,31 @@ class ProcessSandbox:
         if self.egress is not None:
             await self.egress.close()
         await self.confinement.release(self.id)
+        if self.cgroup is not None:
+            await self._remove_cgroup(self.cgroup)
         if self.uid is not None and not self.confinement.private_tmp:
             _remove_files_of(self.uid)
         remove_workdir(self._workdir.parent, onerror=_force_remove)
 
     def sweep(self) -> list[int]:
-        """SIGKILL every process of this sandbox still alive (found by its uid or its environment marker);
-        their pids. Under a PID namespace none should be left: this is the proof, and the fallback's reaper."""
-        found = sandbox_processes(f"{self.id}/", self.uid)
-        _kill_all(found)
-        return found
+        """SIGKILL every process of this sandbox still alive (found by its uid, its environment marker or its
+        cgroup); their pids. Under a PID namespace none should be left: this is the proof, and the fallback's
+        reaper."""
+        found = set(sandbox_processes(f"{self.id}/", self.uid))
+        found.update(self.cgroup.members() if self.cgroup is not None else [])
+        _kill_all(sorted(found))
+        return sorted(found)
+
+    async def _remove_cgroup(self, cgroup: SandboxCgroup) -> None:
+        """Remove the sandbox's cgroup once the processes killed in it are gone (a leftover is logged; the next
+        process's first sandbox removes it as abandoned)."""
+        deadline = time.monotonic() + REMOVE_WITHIN_S
+        while not cgroup.remove():
+            if time.monotonic() > deadline:
+                log.warning("sandbox %s: its cgroup %s still holds processes %s after %.0f s; left for the next "
+                            "process to remove", self.id, cgroup.memory, cgroup.members(), REMOVE_WITHIN_S)
+                return
+            await asyncio.sleep(0.01)
 
 
 @functools.cache
@@ -351,6 +426,33 @@ def remove_abandoned_workdirs() -> list[Path]:
             remove_workdir(folder, onerror=_force_remove)
             removed.append(folder)
     return removed
+
+
+@functools.cache
+def warn_caps_per_process(why: str) -> None:
+    """Say once per process (per reason) that sandboxes cap memory and processes per process only."""
+    log.warning("sandboxes cap memory_mb and processes per process (rlimits), not per sandbox: no cgroup can be "
+                "made here: %s. A sandbox's processes together may hold memory_mb times processes.", why)
+
+
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's subprocess protocol, plus `exited`, done when the process exits whoever still holds its pipes
+    (`Process.wait()` also waits for the pipes' end), and its `transport`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=1 << 16, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.SubprocessTransport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self.transport = transport
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
 def spawn_as(uid: int | None) -> dict[str, Any]:
@@ -450,9 +552,10 @@ def _note_network(result: ProgramResult, status: dict[str, Any] | None, route: E
 
 def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | None, timed_out: bool,
              stdout: bytes, stderr: bytes, out_cut: bool, err_cut: bool, limits: Limits,
-             duration: float) -> ProgramResult:
-    """How a run ended, as a ProgramResult. The wall limit and signals are certain; memory, processes and file
-    size are read from the program's own complaint on stderr (it got ENOMEM, EAGAIN or EFBIG and said so)."""
+             duration: float, fired: Sequence[str] = ()) -> ProgramResult:
+    """How a run ended, as a ProgramResult. The wall limit, signals and the caps a cgroup saw fire (`fired`, in
+    a run that did not end cleanly) are certain; without a cgroup, memory, processes and file size are read from
+    the program's own complaint on stderr (it got ENOMEM, EAGAIN or EFBIG and said so)."""
     err_text = stderr.decode(errors="replace")
     result = ProgramResult(argv=argv, exit_code=None, stdout=stdout.decode(errors="replace"), stderr=err_text,
                            stdout_truncated=out_cut, stderr_truncated=err_cut, duration_s=duration)
@@ -464,15 +567,19 @@ def classify(argv: list[str], status: dict[str, Any] | None, returncode: int | N
         result.start_error = status["start_error"]
         return result
     result.exit_code, result.signal = status.get("exit_code"), status.get("signal")
-    result.limit = _limit_hit(result, float(status.get("cpu_s") or 0.0), limits)
+    result.limit = _limit_hit(result, float(status.get("cpu_s") or 0.0), limits, fired)
     return result
 
 
-def _limit_hit(result: ProgramResult, cpu_s: float, limits: Limits) -> str | None:
-    if result.signal == signal.SIGXCPU or (result.signal == signal.SIGKILL and cpu_s >= limits.cpu_seconds):
+def _limit_hit(result: ProgramResult, cpu_s: float, limits: Limits, fired: Sequence[str]) -> str | None:
+    if result.signal == signal.SIGXCPU:
         return "cpu"
     if result.signal == signal.SIGXFSZ:
         return "file_size"
+    if result.exit_code != 0 and fired:  # an OOM kill or a refused fork in the sandbox's cgroup, and it failed
+        return fired[0]
+    if result.signal == signal.SIGKILL and cpu_s >= limits.cpu_seconds:
+        return "cpu"
     if result.exit_code != 0:
         tail = result.stderr[-4000:]
         for limit, signs in (("memory", _MEMORY_SIGNS), ("processes", _PROCESS_SIGNS),

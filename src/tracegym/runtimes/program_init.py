@@ -1,18 +1,21 @@
 """Program init: the first process of a sandbox; it limits, un-privileges and runs one program, and says how it ended.
 
-A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD NETWORK LIMIT... -- PROGRAM...`
-(UID `-` for none; NETWORK `-` or lines, below; LIMITs in the order of LIMITS), wrapped in the runtime's
-namespaces. C modules only (builtin ones, plus `_socket` and `fcntl` when forwarding, `_ctypes` when a hosts file
-or a user namespace is asked for), no json and no tracegym import: it starts in the time of a bare interpreter, and
-any Python 3 the sandbox can execute runs it. It forks the program; in the child it resets the signals Python
-ignores, applies the rlimits, drops to UID (when it is root and given one: every sandbox gets a host uid of its
-own, so RLIMIT_NPROC counts only its processes and it can signal nothing of the host's), changes to CWD and execs.
-The parent reaps every child it is given (as a PID namespace's init it inherits orphans) until the program ends,
-then writes to STATUS_FD one line `EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), a second with why the
-program could not start, if it could not, and a third, in a network namespace of the run's own,
-`REFUSED CONNECTIONS...` (what the namespace refused, then the connections accepted on each `egress` line, in
-order); and exits: as a namespace's init, its exit kills whatever the program left behind. When the host closes
-the other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
+A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD NETWORK CGROUP_FDS LIMIT... --
+PROGRAM...` (UID `-` for none; NETWORK `-` or lines, below; CGROUP_FDS comma-separated or `-`; LIMITs in the order
+of LIMITS, 0 for none), wrapped in the runtime's namespaces. C modules only (builtin ones, plus `_socket` and
+`fcntl` when forwarding, `_ctypes` when a hosts file or a user namespace is asked for), no json and no tracegym
+import: it starts in the time of a bare interpreter, and any Python 3 the sandbox can execute runs it. It forks the
+program; in the child it enters the sandbox's cgroup (writing itself to each of CGROUP_FDS, descriptors of its entry
+files the host opened: see `runtimes.cgroup`), resets the signals Python ignores, applies the rlimits, drops to UID
+(when it is root and given one: every sandbox gets a host uid of its own, so RLIMIT_NPROC counts only its processes
+and it can signal nothing of the host's), changes to CWD and execs. The parent reaps every child it is given (as a
+PID namespace's init it inherits orphans) until the program ends, then writes to STATUS_FD one line
+`EXIT_CODE SIGNAL CPU_SECONDS LEFT_RUNNING` (`-` for none), a second with why the program could not start, if it
+could not, and a third, in a network namespace of the run's own, `REFUSED CONNECTIONS...` (what the namespace
+refused, then the connections accepted on each `egress` line, in order); and exits: as a namespace's init, its exit
+kills whatever the program left behind; outside a PID namespace (the process-group fallback) it kills its process
+group, itself last, while it still leads it (so the group id cannot have been reused). When the host closes the
+other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
 STATUS_FD and LIFELINE_FD may be paths instead (a container's, bound in from the host): a file to write the report
 to, and a FIFO the host holds open.
 
@@ -51,11 +54,14 @@ STATUS_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
 def main() -> None:
     status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], os.O_RDONLY)
     uid, cwd, network = sys.argv[3], sys.argv[4], sys.argv[5]
-    limits = [int(v) for v in sys.argv[6:6 + len(LIMITS)]]
-    argv = sys.argv[7 + len(LIMITS):]
+    cgroups = [] if sys.argv[6] == "-" else [int(fd) for fd in sys.argv[6].split(",")]
+    limits = [int(v) for v in sys.argv[7:7 + len(LIMITS)]]
+    argv = sys.argv[8 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
     os.set_inheritable(status_fd, False)
     os.set_inheritable(lifeline_fd, False)
+    for fd in cgroups:
+        os.set_inheritable(fd, False)
     _thread.start_new_thread(watch_lifeline, (lifeline_fd,))
     counts, userns = [], None
     if network != "-":
@@ -68,14 +74,19 @@ def main() -> None:
     pid = os.fork()
     if pid == 0:
         os.close(exec_errors)
-        start(argv, cwd, None if uid == "-" else int(uid), limits, exec_error_w, userns)
+        start(argv, cwd, None if uid == "-" else int(uid), limits, cgroups, exec_error_w, userns)
     os.close(exec_error_w)
+    for fd in cgroups:
+        os.close(fd)
     start_error = read_all(exec_errors).decode(errors="replace").replace("\n", " ")
     exit_code, sig, cpu = wait_for(pid)
-    left = left_running() if os.getpid() == 1 else None
+    as_init = os.getpid() == 1
+    left = left_running(as_init)
     line = " ".join("-" if v is None else str(v) for v in (exit_code, sig, cpu, left))
     used = "" if network == "-" else " ".join(str(v) for v in (refused_connections(), *(c[0] for c in counts)))
     os.write(status_fd, f"{line}\n{start_error}\n{used}\n".encode())
+    if not as_init and os.getpgrp() == os.getpid():  # no namespace ends what the program left: we end our group
+        os.killpg(0, signal.SIGKILL)
     os._exit(0)
 
 
@@ -89,14 +100,24 @@ def channel(given: str, flags: int) -> int:
     return fd
 
 
-def start(argv: list, cwd: str, uid: int | None, limits: list, exec_error_w: int, userns: tuple | None) -> None:
-    """In the forked child: limits, credentials, working directory, then exec the program (never returns)."""
+def start(argv: list, cwd: str, uid: int | None, limits: list, cgroups: list, exec_error_w: int,
+          userns: tuple | None) -> None:
+    """In the forked child: the cgroup, limits, credentials, working directory, then exec the program (never
+    returns)."""
     try:
+        for fd in cgroups:
+            try:
+                os.write(fd, b"0")
+            except OSError as exc:
+                raise OSError(f"could not enter the sandbox's cgroup: {exc}") from None
+            os.close(fd)
         if userns is not None:
             enter_user_namespace(*userns)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         for (which, unit), value in zip(LIMITS, limits, strict=False):
+            if not value:
+                continue  # none (the address space where a cgroup caps memory)
             # soft below hard for CPU: SIGXCPU first (a program may report it), SIGKILL a second later
             hard = value * unit + (1 if which == resource.RLIMIT_CPU else 0)
             resource.setrlimit(which, (value * unit, hard))
@@ -128,17 +149,18 @@ def wait_for(pid: int) -> tuple:
                     round(usage.ru_utime + usage.ru_stime, 3))
 
 
-def left_running() -> int:
-    """As a PID namespace's init: how many processes besides us are still alive (the program's leftovers, which
-    our exit kills)."""
-    count = 0
+def left_running(as_init: bool) -> int:
+    """How many of the program's processes are still alive: as a PID namespace's init, every process besides us
+    (our exit kills them); else the other live members of our process group (we kill them)."""
+    me, group, count = str(os.getpid()), str(os.getpgrp()), 0
     for name in os.listdir("/proc"):
-        if name.isdigit() and name != "1":
+        if name.isdigit() and name != me:
             try:
                 with open(f"/proc/{name}/stat") as stat:
-                    count += stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+                    fields = stat.read().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
+            count += fields[0] not in ("Z", "X") and (as_init or fields[2] == group)
     return count
 
 

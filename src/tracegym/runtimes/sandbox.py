@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,7 +23,8 @@ from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 class Limits(BaseModel):
     """What one program may use. Every limit is enforced per program run, not per sandbox, but `disk_mb`: the
-    sandbox's files outlive its runs, so the limits it was opened with cap them."""
+    sandbox's files outlive its runs, so the limits it was opened with cap them. `memory_mb` and `processes` cap
+    a run's processes all together where the sandbox has a cgroup (`ProgramResult.memory_scope` says which)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     wall_seconds: float = Field(60.0, gt=0)
@@ -31,13 +32,15 @@ class Limits(BaseModel):
     cpu_seconds: int = Field(60, gt=0)
     """CPU time of each process (RLIMIT_CPU)."""
     memory_mb: int = Field(1024, gt=0)
-    """Address space of each process (RLIMIT_AS)."""
+    """Memory of all the program's processes together, no swap (the sandbox's cgroup: see `runtimes.cgroup`; the
+    files it writes to a tmpfs count, they are RAM); where no cgroup can be made, the address space of each
+    process (RLIMIT_AS)."""
     file_size_mb: int = Field(64, gt=0)
     """Largest file a process may write (RLIMIT_FSIZE)."""
     open_files: int = Field(256, gt=0)
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     processes: int = Field(64, gt=0)
-    """Processes the program may have at once (RLIMIT_NPROC, or the PID cgroup where there is one)."""
+    """Processes (threads count) the program may have at once: its cgroup's `pids.max`, and RLIMIT_NPROC."""
     output_bytes: int = Field(1_000_000, gt=0)
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
     disk_mb: int = Field(1024, gt=0)
@@ -101,6 +104,9 @@ class ProgramResult(BaseModel):
     """What the run's own network namespace refused: connections and datagrams with no route out, TCP connections
     nothing listened for (the host's 127.0.0.1 ports among them), datagrams to no socket. None where the run shares
     the host's network or its runtime has no program init (nothing counted)."""
+    memory_scope: Literal["sandbox", "process"] = "sandbox"
+    """What `Limits.memory_mb` and `processes` capped: the sandbox's processes all together (its cgroup, or a
+    container engine's), or each process alone (rlimits: no cgroup could be made on this host)."""
 
     @property
     def ok(self) -> bool:
