@@ -35,8 +35,8 @@ ALL = (*SUBPROCESS, "bubblewrap")
 KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
     (row, runtime_id, user): leak
     for row, runtime_ids, users, leak in (
-        ("aggregate_memory", ALL, USERS, "memory_mb is RLIMIT_AS per process: 6 children held 1.2 GB under 512 MB"),
-        ("aggregate_memory_default", ALL, USERS, "the default 1024 MB is per process: 6 children held 1.2 GB"),
+        ("aggregate_memory", ALL, ("user",), "not root: memory_mb is RLIMIT_AS per process (no cgroup of ours)"),
+        ("aggregate_memory_default", ALL, ("user",), "not root: the default 1024 MB is per process (no cgroup)"),
         ("grader_readable", ALL, USERS, "function_problems.py, the tracegym package and the checkout are readable"),
         ("hidden_tests_listable", SUBPROCESS, USERS, "the host's /tmp (a hidden-tests folder in it) is visible"),
         ("home_secret", SUBPROCESS, ("user",), "the user's home and its 0600 secret are readable"),
@@ -51,7 +51,6 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),
         ("daemon_left", GROUP, ("user",), "a setsid daemon with an empty environment survives"),
         ("path_socket", ALL, USERS, "0777 sockets under /run/lock and /run (and /tmp outside bwrap) connectable"),
-        ("pipe_holding_child", GROUP, USERS, "a child holding stdout holds the run to the wall"),
         ("device_nodes", SUBPROCESS, USERS, "the host's /dev (every device node) is visible"),
         ("reward_hack", NAMESPACED, USERS, "the reply exec's the readable function_problems.py and scores 1.0"),
     )
