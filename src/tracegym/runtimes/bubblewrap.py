@@ -19,12 +19,11 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tracegym.runtimes.process_sandbox import (
     PROBE_TIMEOUT_S,
-    SCRATCH,
     UID_RANGE,
     Confinement,
     Launch,
@@ -32,19 +31,19 @@ from tracegym.runtimes.process_sandbox import (
     spawn_as,
 )
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.sandbox_view import Kind, Mount, mounts
+from tracegym.runtimes.workdir import make_workdir, remove_workdir
 
 
 class BwrapConfinement(Confinement):
-    """`bwrap` around the init: read-only host, private scratch folders, the working directory writable."""
+    """`bwrap` around the init, building the sandbox's view (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
 
     def wrap(self, launch: Launch) -> list[str]:
-        flags = bwrap_flags(launch.workdir, launch.limits.network, launch.limits.disk_mb)
-        if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
-            folder = str(launch.forward.socket.parent)
-            flags += ["--ro-bind", folder, folder]
-        return [*flags, "--", *launch.init]
+        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
+        view = mounts(launch.workdir, launch.limits, forward)
+        return [*bwrap_flags(view, launch.workdir, launch.limits.network), "--", *launch.init]
 
     def spawn_user(self, uid: int | None) -> int | None:
         return uid
@@ -53,16 +52,23 @@ class BwrapConfinement(Confinement):
         return None
 
 
-def bwrap_flags(workdir: Path, network: bool, disk_mb: int) -> list[str]:
-    """The `bwrap` command line (without the command) for a sandbox with this working directory."""
-    flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
-             "--dev", "/dev", "--proc", "/proc"]
-    if network:
-        flags.append("--share-net")
-    home = Path.home()
-    for folder in (*SCRATCH, *([str(home)] if home != Path("/") and home.is_dir() else [])):
-        flags += ["--size", str(disk_mb << 20), "--tmpfs", folder]
-    return [*flags, "--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+_FLAGS: dict[Kind, Callable[[Mount], list[str]]] = {
+    "ro": lambda m: ["--ro-bind", m.source, m.target], "rw": lambda m: ["--bind", m.source, m.target],
+    "device": lambda m: ["--dev-bind", m.source, m.target], "empty": lambda m: ["--tmpfs", m.target],
+    "symlink": lambda m: ["--symlink", m.source, m.target], "devfs": lambda m: ["--dev", m.target],
+    "proc": lambda m: ["--proc", m.target]}
+"""The bwrap flags that make each kind of mount of a view."""
+
+
+def bwrap_flags(view: list[Mount], workdir: Path, network: bool) -> list[str]:
+    """The `bwrap` command line (without the command) that builds `view` and starts in `workdir`."""
+    flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session",
+             *(["--share-net"] if network else [])]
+    for mount in view:
+        flags += _FLAGS[mount.kind](mount)
+    for target in (*(m.target for m in view if m.kind == "empty"), "/"):  # last: mounts inside need them writable
+        flags += ["--remount-ro", target]
+    return [*flags, "--chdir", str(workdir)]
 
 
 @functools.cache
@@ -72,15 +78,15 @@ def probe() -> str | None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     root = os.geteuid() == 0
     uid = random.randrange(*UID_RANGE) if root else None
-    with tempfile.TemporaryDirectory(prefix="tracegym-bwrap-probe-") as folder:
-        if uid is not None:
-            os.chown(folder, uid, uid)
-        ids = spawn_as(uid)
-        try:
-            done = subprocess.run([*bwrap_flags(Path(folder), network=False, disk_mb=1), "--", "true"],
-                                  capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap could not start: {exc}"
+    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1)
+    try:
+        view = mounts(workdir, Limits())
+        done = subprocess.run([*bwrap_flags(view, workdir, network=False), "--", "true"],
+                              capture_output=True, timeout=PROBE_TIMEOUT_S, **spawn_as(uid))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not start: {exc}"
+    finally:
+        remove_workdir(workdir.parent)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         why = said[-1] if said else f"exit status {done.returncode}"

@@ -33,20 +33,30 @@ import sys
 from typing import Literal
 
 from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.program_init import VIEW_OPTION, encode_view
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.sandbox_view import expand_devfs, mounts
+from tracegym.runtimes.workdir import VIEW_ROOT
 
 Isolation = Literal["namespaces", "user-namespaces", "process-group"]
 
 
 class NamespaceConfinement(Confinement):
-    """`unshare` wraps the init in PID, mount (for /proc) and network namespaces; a user namespace too when we
-    are not root."""
+    """`unshare` wraps the init in PID, mount and network namespaces (a user namespace too when we are not root);
+    the init builds the sandbox's view in its mount namespace (see `runtimes.sandbox_view`)."""
+
+    private_tmp = True
 
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root
 
     def wrap(self, launch: Launch) -> list[str]:
-        return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), *launch.init]
+        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
+        view = expand_devfs(mounts(launch.workdir, launch.limits, forward))
+        spec = encode_view(str(launch.workdir.parent / VIEW_ROOT), [(m.kind, m.target, m.source) for m in view])
+        python, *init = launch.init
+        return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), python,
+                "-X", f"{VIEW_OPTION}={spec}", *init]
 
 
 class GroupConfinement(Confinement):
