@@ -1,15 +1,17 @@
-"""Bubblewrap: the `bubblewrap` runtime; programs run inside `bwrap` (Debian's `bubblewrap`) with the host's
-filesystem read-only, a private /tmp and working directory, no network and a PID namespace of their own.
+"""Bubblewrap: the `bubblewrap` runtime; programs run inside `bwrap` (Debian's `bubblewrap`), seeing only the
+sandbox view (`runtimes.sandbox_view`), with no network and a PID namespace of their own.
 
 Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; `Limits.network` keeps the
-host's network). The host's root is bound read-only; /tmp, /var/tmp, /dev/shm and the host user's home are
-empty tmpfs; /dev and /proc are the sandbox's own; only the working directory is bound writable. bwrap sets
-no_new_privs and drops every capability, starts a new session (no terminal to inject into) and, with
-`--die-with-parent`, kills the whole sandbox when it dies. The program init is the namespace's pid 1
-(`--as-pid-1`): it reaps what the program orphans, the kernel ignores the program's signals to it (a program
-cannot end its own sandbox early), and its exit ends every process left. As root, bwrap itself runs under the
-sandbox's own host uid (so RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces,
-which the probe checks.
+host's network). The view: the system folders read-only, /etc without its secrets, bwrap's own minimal /dev (and
+the nodes `Limits.devices` names, bound with `--dev-bind`) and /proc, an empty read-only /run and /var/run, the
+sandbox's own /tmp, /var/tmp, /dev/shm and home and its working directory (one tmpfs of `disk_mb` where we are
+root: see `runtimes.workdir`), what `Limits.read_only` names, read-only, and nothing of tracegym, its venv, the
+project or the host's home; the root itself is read-only. bwrap sets no_new_privs and drops every capability,
+starts a new session (no terminal to inject into) and, with `--die-with-parent`, kills the whole sandbox when it
+dies. The program init is the namespace's pid 1 (`--as-pid-1`): it reaps what the program orphans, the kernel
+ignores the program's signals to it (a program cannot end its own sandbox early), and its exit ends every process
+left. As root, bwrap itself runs under the sandbox's own host uid (so RLIMIT_NPROC counts only its processes);
+that needs unprivileged user namespaces, which the probe checks.
 """
 
 from __future__ import annotations

@@ -6,18 +6,22 @@ What each isolation guarantees (the strongest this host allows is detected once 
 - `namespaces` (we are root): `unshare` gives the program a PID namespace (the program init is its pid 1: its
   exit, a wall-clock kill or a cancel ends every process of the sandbox, `setsid` daemons included), a network
   namespace with only a loopback that is down (no connection leaves it, 127.0.0.1 included; `Limits.network`
-  keeps the host's network) and a mount namespace for its own /proc (the host's processes are invisible).
-  The program runs under a host uid of its own with no capabilities and no_new_privs, so it can write only its
-  working directory and the world-writable folders (what its uid left in /tmp, /var/tmp and /dev/shm is removed
-  at close), read only what any user may read, and signal none of the host's processes; RLIMIT_NPROC counts
-  its processes alone.
-- `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces, entered through a
-  user namespace; the program keeps our uid, so it can write what we can, and RLIMIT_NPROC counts our other
+  keeps the host's network) and a mount namespace in which the init builds the sandbox view before the program
+  starts (`runtimes.sandbox_view`: the system folders read-only, /etc without its secrets, a minimal /dev and
+  the nodes `Limits.devices` names, its own /proc, empty /run, its own /tmp, /var/tmp, /dev/shm and home sharing
+  the working directory's disk cap, what `Limits.read_only` names; nothing of tracegym, its venv, the project,
+  the host's home or its Unix sockets), then pivots into it. The program runs under a host uid of its own with
+  no capabilities and no_new_privs, so it can write only its working directory and its own scratch folders, and
+  signal none of the host's processes; RLIMIT_NPROC counts its processes alone.
+- `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces and view, entered
+  through a user namespace; the program keeps our uid (as the namespace's root, every capability dropped for
+  good before it starts, so it cannot undo a mount), its files are uncapped, and RLIMIT_NPROC counts our other
   processes too (it is set to their number now plus the limit).
 - `process-group` (no namespaces): a session and process group of its own; a wall-clock kill or a cancel kills
   the group, and every process still carrying the run's marker in its environment is found in /proc and killed
-  (a daemon that leaves the group *and* clears its environment escapes this); no network isolation; as root,
-  the program still runs under a uid of its own.
+  (a daemon that leaves the group *and* clears its environment escapes this); no network isolation and no view
+  (it sees the host's filesystem and /dev; `Limits.read_only` and `Limits.devices` change nothing); as root, the
+  program still runs under a uid of its own.
 
 In all three: rlimits on CPU seconds, address space, file size, open files and processes; a wall-clock limit;
 a fresh working directory per sandbox, removed at close; an environment with nothing of the host's.

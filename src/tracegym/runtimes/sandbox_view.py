@@ -42,7 +42,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _NEEDED = ("/usr/local/bin", "/usr/local/lib")
 """Folders a hidden path may not contain: where the sandbox's programs and their libraries are."""
 
-_NAMEABLE_INSIDE = ("the host's home", "the host process's working directory")
+_NAMEABLE_INSIDE = ("the host's home", "the host process's working directory", "the env server's venv")
 
 Kind = Literal["ro", "rw", "device", "empty", "symlink", "devfs", "proc"]
 
@@ -85,8 +85,9 @@ def expand_devfs(view: Iterable[Mount]) -> list[Mount]:
 
 
 def refusal(path: str) -> str | None:
-    """Why a sandbox may not see host `path` (it is a hidden path, or lies inside the tracegym package, the
-    project or the env server's venv), or None when it may (a folder inside the host's home may be named)."""
+    """Why a sandbox may not see host `path` (it is a hidden path, or lies inside the tracegym package or the
+    project), or None when it may: a folder inside the host's home or the env server's venv may be named (its
+    site-packages, say, for an agent's libraries; whatever hidden path lies inside stays hidden)."""
     real = Path(path).resolve()
     for hidden, what in hidden_paths().items():
         if real == hidden or (real.is_relative_to(hidden) and what not in _NAMEABLE_INSIDE):
