@@ -86,8 +86,8 @@ def _host_home() -> Path | None:
 @functools.cache
 def _warn_uncapped(disk_mb: int) -> None:
     logging.getLogger(__name__).warning(
-        "not root: sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by "
-        "Limits.disk_mb (%d MB here); only root may mount the tmpfs that caps them", disk_mb)
+        "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb (%d MB "
+        "here): this process may not mount the tmpfs that caps them (only root may)", disk_mb)
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> bool:
