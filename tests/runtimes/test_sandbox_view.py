@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sandbox_helpers import QUICK, isolated, runtimes
 
 import tracegym as tg
+from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.sandbox import Limits, Runtime, Sandbox
 from tracegym.runtimes.sandbox_view import DEVICES, hidden_paths
 from tracegym.runtimes.workdir import make_workdir, remove_workdir
@@ -207,8 +208,8 @@ async def test_the_reward_hack_reading_the_grader_scores_zero(runtime: str) -> N
     from the project's folder) and 0 on every task in the sandbox."""
     families = 5
     taskset = PythonFunctions({"runtime": runtime, "num_tasks": families, "wall_seconds": 20.0})
-    if taskset.task_class(taskset[0]).runtime().unavailable():  # type: ignore[call-arg]
-        pytest.skip(f"no {runtime} here")
+    if reason := runtime_for(runtime).unavailable():
+        pytest.skip(reason)
     traces = await tg.evaluate(taskset, ScriptedModel(rule=lambda _: f"```python\n{HACK}\n```"),
                                num_tasks=families, rollouts=1)
     assert [t.reward for t in traces] == [0.0] * families, [t.errors for t in traces]
