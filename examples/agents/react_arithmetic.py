@@ -5,9 +5,10 @@ tracegym's interception proxy, so the trace holds every call's exact tokens.
     tracegym eval examples/agents/react_arithmetic.py:ReactArithmetic -n 4 -r 2
 
 The reward reads the answer the agent wrote to `answer.txt` in its working directory; a metric says whether it
-used its `calculate` tool. The sandbox runs programs under a uid of its own with the system's PATH, so the agent
-runs on the system's `python3` (this machine's virtualenv interpreter lives in a folder other users cannot read),
-given the folder the `openai` package is installed in on its PYTHONPATH. That folder holds compiled modules
+used its `calculate` tool. The sandbox runs programs under a uid of its own with the system's PATH and sees none of
+the project or its virtualenv, so the agent is installed in each rollout's working directory and runs on the
+system's `python3`, given the folder the `openai` package is installed in, bound read-only (`Limits.read_only`;
+tracegym stays hidden in it), on its PYTHONPATH. That folder holds compiled modules
 (pydantic-core), which load only in an interpreter of the same ABI: when the system's `python3` is another
 version, importing this module says so, with what to do, instead of the agent failing in every rollout.
 """
@@ -51,9 +52,9 @@ class ReactArithmeticTask(tg.Task[ExpressionData, ArithmeticConfig]):
     """One expression, solved by the ReAct agent."""
 
     max_turns = 8
-    harness = ProgramHarness(["python3", str(AGENT), "--stream", "--max-steps", "6"],
-                             env={"PYTHONPATH": OPENAI_HOME},
-                             limits=Limits(wall_seconds=300, memory_mb=4096))
+    harness = ProgramHarness(["python3", AGENT.name, "--stream", "--max-steps", "6"],
+                             env={"PYTHONPATH": OPENAI_HOME}, files=lambda task: {AGENT.name: AGENT.read_text()},
+                             limits=Limits(wall_seconds=300, memory_mb=4096, read_only=(OPENAI_HOME,)))
 
     @tg.reward
     def exact(self, trace: tg.Trace) -> float:

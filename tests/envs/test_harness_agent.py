@@ -57,7 +57,8 @@ async def test_the_react_agent_solves_the_example_taskset_through_the_proxy(serv
         task_class = taskset.task_class
         harness = task_class.harness
         monkeypatch.setattr(task_class, "harness", ProgramHarness(
-            [a for a in harness.command if a != "--stream"], env=harness.env, limits=harness.limits))
+            [a for a in harness.command if a != "--stream"], env=harness.env, files=harness.files,
+            limits=harness.limits))
     traces = await tg.evaluate(taskset, endpoint(server), num_tasks=1, rollouts=2)
     for trace in traces:
         assert_solved_with_exact_tokens(trace, server)

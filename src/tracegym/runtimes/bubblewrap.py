@@ -1,15 +1,17 @@
-"""Bubblewrap: the `bubblewrap` runtime; programs run inside `bwrap` (Debian's `bubblewrap`) with the host's
-filesystem read-only, a private /tmp and working directory, no network and a PID namespace of their own.
+"""Bubblewrap: the `bubblewrap` runtime; programs run inside `bwrap` (Debian's `bubblewrap`), seeing only the
+sandbox view (`runtimes.sandbox_view`), with no network and a PID namespace of their own.
 
 Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; `Limits.network` keeps the
-host's network). The host's root is bound read-only; /tmp, /var/tmp, /dev/shm and the host user's home are
-empty tmpfs; /dev and /proc are the sandbox's own; only the working directory is bound writable. bwrap sets
-no_new_privs and drops every capability, starts a new session (no terminal to inject into) and, with
-`--die-with-parent`, kills the whole sandbox when it dies. The program init is the namespace's pid 1
-(`--as-pid-1`): it reaps what the program orphans, the kernel ignores the program's signals to it (a program
-cannot end its own sandbox early), and its exit ends every process left. As root, bwrap itself runs under the
-sandbox's own host uid (so RLIMIT_NPROC counts only its processes); that needs unprivileged user namespaces,
-which the probe checks.
+host's network). The view: the system folders read-only, /etc without its secrets, bwrap's own minimal /dev (and
+the nodes `Limits.devices` names, bound with `--dev-bind`) and /proc, an empty read-only /run and /var/run, the
+sandbox's own /tmp, /var/tmp, /dev/shm and home and its working directory (one tmpfs of `disk_mb` where we are
+root: see `runtimes.workdir`), what `Limits.read_only` names, read-only, and nothing of tracegym, its venv, the
+project or the host's home; the root itself is read-only. bwrap sets no_new_privs and drops every capability,
+starts a new session (no terminal to inject into) and, with `--die-with-parent`, kills the whole sandbox when it
+dies. The program init is the namespace's pid 1 (`--as-pid-1`): it reaps what the program orphans, the kernel
+ignores the program's signals to it (a program cannot end its own sandbox early), and its exit ends every process
+left. As root, bwrap itself runs under the sandbox's own host uid (so RLIMIT_NPROC counts only its processes);
+that needs unprivileged user namespaces, which the probe checks.
 
 Under an egress allow-list (`Limits.egress`, see `runtimes.egress`) the init alone gets the capabilities to let
 the allowed destinations in, and the program none (`egress_flags`).
@@ -22,13 +24,12 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tracegym.runtimes.egress import EgressRoute
 from tracegym.runtimes.process_sandbox import (
     PROBE_TIMEOUT_S,
-    SCRATCH,
     UID_RANGE,
     Confinement,
     Launch,
@@ -36,21 +37,20 @@ from tracegym.runtimes.process_sandbox import (
     spawn_as,
 )
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.sandbox_view import Kind, Mount, mounts
+from tracegym.runtimes.workdir import make_workdir, remove_workdir
 
 
 class BwrapConfinement(Confinement):
-    """`bwrap` around the init: read-only host, private scratch folders, the working directory writable."""
+    """`bwrap` around the init, building the sandbox's view (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
 
     def wrap(self, launch: Launch) -> list[str]:
-        flags = bwrap_flags(launch.workdir, launch.limits.network, launch.limits.disk_mb)
-        if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
-            folder = str(launch.forward.socket.parent)
-            flags += ["--ro-bind", folder, folder]
-        if launch.egress is not None:
-            flags += egress_flags(launch.egress)
-        return [*flags, "--", *launch.init]
+        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
+        view = mounts(launch.workdir, launch.limits, forward)
+        extra = egress_flags(launch.egress) if launch.egress is not None else []
+        return [*bwrap_flags(view, launch.workdir, launch.limits.network, extra), "--", *launch.init]
 
     def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
         # bwrap binds the hosts file; the program leaves the init's capabilities behind (see egress_flags)
@@ -78,16 +78,25 @@ def egress_flags(route: EgressRoute) -> list[str]:
     return flags if route.hosts is None else [*flags, "--ro-bind", str(route.hosts), "/etc/hosts"]
 
 
-def bwrap_flags(workdir: Path, network: bool, disk_mb: int) -> list[str]:
-    """The `bwrap` command line (without the command) for a sandbox with this working directory."""
-    flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
-             "--dev", "/dev", "--proc", "/proc"]
-    if network:
-        flags.append("--share-net")
-    home = Path.home()
-    for folder in (*SCRATCH, *([str(home)] if home != Path("/") and home.is_dir() else [])):
-        flags += ["--size", str(disk_mb << 20), "--tmpfs", folder]
-    return [*flags, "--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+_FLAGS: dict[Kind, Callable[[Mount], list[str]]] = {
+    "ro": lambda m: ["--ro-bind", m.source, m.target], "rw": lambda m: ["--bind", m.source, m.target],
+    "device": lambda m: ["--dev-bind", m.source, m.target], "empty": lambda m: ["--tmpfs", m.target],
+    "symlink": lambda m: ["--symlink", m.source, m.target], "devfs": lambda m: ["--dev", m.target],
+    "proc": lambda m: ["--proc", m.target]}
+"""The bwrap flags that make each kind of mount of a view."""
+
+
+def bwrap_flags(view: list[Mount], workdir: Path, network: bool, extra: Sequence[str] = ()) -> list[str]:
+    """The `bwrap` command line (without the command) that builds `view`, with `extra` flags (an allow-list's),
+    and starts in `workdir`."""
+    flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session",
+             *(["--share-net"] if network else [])]
+    for mount in view:
+        flags += _FLAGS[mount.kind](mount)
+    flags += extra  # before the remounts: its mountpoints are made in folders still writable
+    for target in (*(m.target for m in view if m.kind == "empty"), "/"):  # last: mounts inside need them writable
+        flags += ["--remount-ro", target]
+    return [*flags, "--chdir", str(workdir)]
 
 
 @functools.cache
@@ -97,15 +106,15 @@ def probe() -> str | None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     root = os.geteuid() == 0
     uid = random.randrange(*UID_RANGE) if root else None
-    with tempfile.TemporaryDirectory(prefix="tracegym-bwrap-probe-") as folder:
-        if uid is not None:
-            os.chown(folder, uid, uid)
-        ids = spawn_as(uid)
-        try:
-            done = subprocess.run([*bwrap_flags(Path(folder), network=False, disk_mb=1), "--", "true"],
-                                  capture_output=True, timeout=PROBE_TIMEOUT_S, **ids)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap could not start: {exc}"
+    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1)
+    try:
+        view = mounts(workdir, Limits())
+        done = subprocess.run([*bwrap_flags(view, workdir, network=False), "--", "true"],
+                              capture_output=True, timeout=PROBE_TIMEOUT_S, **spawn_as(uid))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not start: {exc}"
+    finally:
+        remove_workdir(workdir.parent)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         why = said[-1] if said else f"exit status {done.returncode}"

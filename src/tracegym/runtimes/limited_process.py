@@ -3,17 +3,19 @@ own where the machine allows, else in a process group of their own.
 
 What each isolation guarantees (the strongest this host allows is detected once per process):
 
-- `namespaces` (we are root): `unshare` gives the program a PID namespace (the program init is its pid 1: its
-  exit, a wall-clock kill or a cancel ends every process of the sandbox, `setsid` daemons included), a network
-  namespace with only a loopback that is down (no connection leaves it, 127.0.0.1 included; `Limits.network`
-  keeps the host's network; `Limits.egress` lets named hosts and ports through, see `runtimes.egress`) and a
-  mount namespace for its own /proc (the host's processes are invisible).
-  The program runs under a host uid of its own with no capabilities and no_new_privs, so it can write only its
-  working directory and the world-writable folders (what its uid left in /tmp, /var/tmp and /dev/shm is removed
-  at close), read only what any user may read, and signal none of the host's processes; RLIMIT_NPROC counts
-  its processes alone.
-- `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces, entered through a
-  user namespace; the program keeps our uid, so it can write what we can, and RLIMIT_NPROC counts our other
+- `namespaces` (we are root): `unshare` gives the program a PID namespace (the program init is its pid 1: its exit, a
+  wall-clock kill or a cancel ends every process of the sandbox, `setsid` daemons included), a network namespace with
+  only a loopback that is down (no connection leaves it, 127.0.0.1 included; `Limits.network` keeps the host's
+  network; `Limits.egress` lets named hosts and ports through, see `runtimes.egress`) and a mount namespace in which
+  the init builds the sandbox view before the program starts (`runtimes.sandbox_view`: the system folders read-only,
+  /etc without its secrets, a minimal /dev and the nodes `Limits.devices` names, its own /proc, empty /run, its own
+  /tmp, /var/tmp, /dev/shm and home sharing the working directory's disk cap, what `Limits.read_only` names; nothing
+  of tracegym, its venv, the project, the host's home or its Unix sockets), then pivots into it. The program runs
+  under a host uid of its own with no capabilities and no_new_privs, so it can write only its working directory and
+  its own scratch folders, and signal none of the host's processes; RLIMIT_NPROC counts its processes alone.
+- `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces and view, entered
+  through a user namespace; the program keeps our uid (as the namespace's root, every capability dropped for
+  good before it starts, so it cannot undo a mount), its files are uncapped, and RLIMIT_NPROC counts our other
   processes too (it is set to their number now plus the limit).
 - `process-group` (no namespaces): only when asked for by name (the runtime `process-group`, or
   `LimitedProcess(isolation="process-group")`); where namespaces are missing, the `subprocess` runtime refuses
@@ -23,8 +25,9 @@ What each isolation guarantees (the strongest this host allows is detected once 
   under its uid) is found and killed (not root, a daemon that leaves the group *and* clears its environment
   escapes this). It does not isolate the network (every port of the host is reachable), other processes' /proc
   (same-uid processes' environments and command lines are readable when not root) or signals (not root, the
-  program may kill any of our processes), so `Limits.egress` is refused, naming it. As root, the program still
-  runs under a uid of its own.
+  program may kill any of our processes), so `Limits.egress` is refused, naming it; and it has no view: it sees
+  the host's filesystem and /dev (`Limits.read_only` and `Limits.devices` change nothing). As root, the program
+  still runs under a uid of its own.
 
 In all three: rlimits on CPU seconds, file size, open files and processes; a wall-clock limit; a fresh working
 directory per sandbox, removed at close; an environment with nothing of the host's. As root, a cgroup per sandbox
@@ -44,7 +47,10 @@ import sys
 from typing import Final, Literal
 
 from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.program_init import VIEW_OPTION, encode_view
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.sandbox_view import expand_devfs, mounts
+from tracegym.runtimes.workdir import VIEW_ROOT
 
 Isolation = Literal["namespaces", "user-namespaces", "process-group"]
 FALLBACK: Final = "process-group"
@@ -57,14 +63,21 @@ log = logging.getLogger(__name__)
 
 
 class NamespaceConfinement(Confinement):
-    """`unshare` wraps the init in PID, mount (for /proc) and network namespaces; a user namespace too when we
-    are not root."""
+    """`unshare` wraps the init in PID, mount and network namespaces (a user namespace too when we are not root);
+    the init builds the sandbox's view in its mount namespace (see `runtimes.sandbox_view`)."""
+
+    private_tmp = True
 
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root
 
     def wrap(self, launch: Launch) -> list[str]:
-        return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), *launch.init]
+        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
+        view = expand_devfs(mounts(launch.workdir, launch.limits, forward))
+        spec = encode_view(str(launch.workdir.parent / VIEW_ROOT), [(m.kind, m.target, m.source) for m in view])
+        python, *init = launch.init
+        return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), python,
+                "-X", f"{VIEW_OPTION}={spec}", *init]
 
 
 class GroupConfinement(Confinement):

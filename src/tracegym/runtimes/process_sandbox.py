@@ -40,6 +40,7 @@ from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult, RuntimeUnavailable
 from tracegym.runtimes.workdir import (
     READ_CAP_BYTES,
+    SCRATCH,
     WORKDIR_PREFIX,
     make_workdir,
     read_file,
@@ -54,9 +55,6 @@ MARKER = "TRACEGYM_SANDBOX"
 UID_RANGE = (1_000_000, 2_000_000_000)
 """Host uids handed to sandboxes when we are root: far above any account's, one random draw per sandbox."""
 INIT_SOURCE = (Path(__file__).parent / "program_init.py").read_text()
-SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
-"""The world-writable folders: where a sandbox without a private /tmp can leave files (what its uid left there is
-removed at close); private, size-capped tmpfs under bubblewrap."""
 PROBE_TIMEOUT_S = 10.0
 """How long a runtime's probe of this host (a trial sandbox, the container engine's `info`) may take."""
 READ_GRACE_S = 1.0
@@ -172,8 +170,8 @@ class ProcessSandbox:
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
         self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb)
-        """`disk_capped`: whether the working directory is a tmpfs capped at `limits.disk_mb` (see
-        `runtimes.workdir`)."""
+        """`disk_capped`: whether the sandbox's files (working directory, and where namespaced its /tmp, /var/tmp,
+        /dev/shm and home) share one tmpfs capped at `limits.disk_mb` (see `runtimes.workdir`)."""
         self.cgroup: SandboxCgroup | None = None
         """Its cgroup (see `runtimes.cgroup`); None where none could be made (memory and processes are then
         capped per process: `memory_scope`)."""

@@ -30,6 +30,14 @@ NETWORK is `own` then one line per thing to set up in it before the program star
 - `userns UID GID`: the program enters a user namespace of its own as UID:GID, mapped onto ours (0): under
   bubblewrap the init alone holds the capability to add addresses (CAP_NET_ADMIN of the namespace's owner), and
   the program, one user namespace further down, holds none over it.
+
+With `-X tracegym-view=SPEC` (the subprocess runtime's namespace modes), before the program starts, the init builds
+the sandbox's view (see `runtimes.sandbox_view`; SPEC as `encode_view` writes it): in its own mount namespace it
+mounts a tmpfs on ROOT, makes each mount of the view under it (every mountpoint made one component at a time,
+never through a link, then mounted through its descriptor), pivots into it and detaches the host's root. When
+the program keeps the init's uid (a user namespace's root), it then drops every capability for good (bounding
+set, ambient, securebits), so the program cannot undo a mount. Only then does it load `_ctypes` (not `ctypes`,
+which costs several times more).
 """
 
 import _signal as signal  # the C module: `signal` imports enum, which doubles our start-up
@@ -38,6 +46,9 @@ import os
 import resource
 import sys
 
+VIEW_OPTION = "tracegym-view"
+"""The interpreter's -X option that carries the view to build (absent: the init builds none)."""
+_FIELD, _RECORD = "\x1f", "\x1e"
 LIMITS = (
     (resource.RLIMIT_CPU, 1),
     (resource.RLIMIT_AS, 1 << 20),
@@ -69,6 +80,13 @@ def main() -> None:
             counts, userns = set_up_network(network.split("\n")[1:])
         except OSError as exc:
             os.write(status_fd, f"- - 0 -\n{exc}\n".encode())
+            os._exit(1)
+    view = sys._xoptions.get(VIEW_OPTION)
+    if view is not None:
+        try:
+            build_view(view, drop_capabilities=uid == "-")
+        except OSError as exc:
+            os.write(status_fd, f"- - 0 -\ncould not build the sandbox's view: {exc}\n".encode())
             os._exit(1)
     exec_errors, exec_error_w = os.pipe()  # close-on-exec: EOF with no bytes means the exec succeeded
     pid = os.fork()
@@ -347,6 +365,145 @@ def pump(source, sink) -> None:
         sink.shutdown(1)  # SHUT_WR
     except OSError:
         pass
+
+
+def encode_view(root: str, mounts: list) -> str:
+    """The -X value that asks the init to build, on folder `root`, the view made of `mounts` ((kind, target,
+    source) each: see `runtimes.sandbox_view.Mount`). ValueError for a path holding a separator."""
+    fields = [root, *(field for mount in mounts for field in mount)]
+    if any(_FIELD in field or _RECORD in field for field in fields):
+        raise ValueError(f"a path of the sandbox's view holds a control character: {fields!r}")
+    return _RECORD.join([root, *(_FIELD.join(mount) for mount in mounts)])
+
+
+class _Libc:
+    """The libc calls building a view needs, through `_ctypes` (errno kept, as `ctypes.CDLL(use_errno=True)`)."""
+
+    def __init__(self) -> None:
+        import _ctypes
+
+        class Int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class Function(_ctypes.CFuncPtr):
+            _flags_ = 1 | 8  # FUNCFLAG_CDECL | FUNCFLAG_USE_ERRNO
+            _restype_ = Int
+
+        self._handle = _ctypes.dlopen(None, 2)  # type: ignore[arg-type]  # None: the process's own symbols (libc)
+        self.long = type("Long", (_ctypes._SimpleCData,), {"_type_": "l"})
+        self._errno = _ctypes.get_errno
+        for name in ("mount", "umount2", "pivot_root", "prctl", "capset"):
+            setattr(self, "_" + name, Function((name, self)))  # type: ignore[arg-type]  # any object with _handle
+
+    def call(self, name: str, *args, what: str = "") -> None:
+        """Call libc `name`; OSError (naming `what`) when it fails."""
+        if getattr(self, "_" + name)(*args) != 0:
+            errno = self._errno()
+            raise OSError(errno, f"{name} {what}: {os.strerror(errno)}".strip())
+
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
+_ST_TO_MS = ((0x1, 0x1), (0x2, 0x2), (0x4, 0x4), (0x8, 0x8), (0x400, 0x400), (0x800, 0x800), (0x1000, 0x200000))
+"""statvfs flags -> the mount flags a read-only remount must keep (a user namespace may not clear them)."""
+_O_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def build_view(spec: str, drop_capabilities: bool) -> None:
+    """Build the view `spec` describes (see `encode_view`), pivot into it; drop every capability when asked."""
+    libc = _Libc()
+    root, *records = spec.split(_RECORD)
+    libc.call("mount", b"tracegym-view", root.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755",
+              what=root)
+    read_only = []
+    for record in records:
+        kind, target, source = record.split(_FIELD)
+        folder = kind in ("empty", "proc") or (kind in ("ro", "rw") and os.path.isdir(source))
+        if kind == "symlink":
+            parent, name = target.rsplit("/", 1)
+            fd = mountpoint(root, parent, folder=True)
+            try:
+                os.symlink(source, name, dir_fd=fd)
+            finally:
+                os.close(fd)
+            continue
+        fd = mountpoint(root, target, folder)
+        try:
+            at = f"/proc/self/fd/{fd}".encode()
+            if kind == "empty":
+                libc.call("mount", b"tracegym-empty", at, b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=64k,mode=0755",
+                          what=target)
+            else:
+                libc.call("mount", (source or "/proc").encode(), at, None, _MS_BIND | (_MS_REC if folder else 0), None,
+                          what=f"{source or '/proc'} on {target}")
+        finally:
+            os.close(fd)
+        if kind in ("ro", "empty"):
+            read_only.append((target, folder))
+    for target, folder in read_only:
+        remount_read_only(libc, root, target, folder)
+    old = root + "/.old"
+    os.mkdir(old, 0o700)
+    libc.call("pivot_root", root.encode(), old.encode(), what=root)
+    os.chdir("/")
+    libc.call("umount2", b"/.old", 2, what="the host's root")  # MNT_DETACH
+    os.rmdir("/.old")
+    remount_read_only(libc, "", "/")
+    if drop_capabilities:
+        drop_all_capabilities(libc)
+
+
+def mountpoint(root: str, target: str, folder: bool) -> int:
+    """An O_PATH descriptor of `root` + `target`, each missing component made (a folder, or an empty file last
+    unless `folder`); OSError where a component is a link (a program may have left one in its /tmp)."""
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    parts = [part for part in target.split("/") if part]
+    try:
+        for index, part in enumerate(parts):
+            directory = folder or index < len(parts) - 1
+            try:
+                inner = os.open(part, _O_PATH, dir_fd=fd)
+            except FileNotFoundError:
+                if directory:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                else:
+                    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=fd))
+                inner = os.open(part, _O_PATH, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+            mode = os.fstat(fd).st_mode
+            if (mode & 0o170000 == 0o040000) != directory or mode & 0o170000 == 0o120000:
+                raise OSError(20, "a link or another kind of file is in the way")  # ENOTDIR
+    except OSError as exc:
+        os.close(fd)
+        raise OSError(exc.errno, f"cannot make the mountpoint {target}: {exc.strerror}") from None
+    return fd
+
+
+def remount_read_only(libc, root: str, target: str, folder: bool = True) -> None:  # a _Libc
+    """Make the mount at `root` + `target` read-only, nosuid and nodev, keeping the flags it must keep."""
+    fd = mountpoint(root, target, folder) if target != "/" else os.open("/", _O_PATH | os.O_DIRECTORY)
+    try:
+        at = f"/proc/self/fd/{fd}"
+        kept = os.statvfs(at).f_flag
+        flags = sum(ms for st, ms in _ST_TO_MS if kept & st)
+        libc.call("mount", None, at.encode(), None,
+                  _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | flags, None, what=target)
+    finally:
+        os.close(fd)
+
+
+def drop_all_capabilities(libc) -> None:  # a _Libc
+    """Lose every capability for good: securebits locked (uid 0 gains none at exec), the bounding and ambient
+    sets emptied, then the effective, permitted and inheritable sets."""
+    long = libc.long
+    libc.call("prctl", long(28), long(0xEF), long(0), long(0), long(0), what="PR_SET_SECUREBITS")
+    with open("/proc/sys/kernel/cap_last_cap") as file:
+        last = int(file.read())
+    for cap in range(last + 1):
+        libc.call("prctl", long(24), long(cap), long(0), long(0), long(0), what="PR_CAPBSET_DROP")
+    libc.call("prctl", long(47), long(4), long(0), long(0), long(0), what="PR_CAP_AMBIENT_CLEAR_ALL")
+    header = (0x20080522).to_bytes(4, sys.byteorder) + bytes(4)  # _LINUX_CAPABILITY_VERSION_3, this process
+    libc.call("capset", header, bytes(24), what="(no capabilities)")
 
 
 def watch_lifeline(fd: int) -> None:

@@ -9,6 +9,8 @@ process the sandbox started, daemons included, and removes the working directory
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
 from tracegym.runtimes.egress import parse_entry
+from tracegym.runtimes.sandbox_view import refusal
 from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 
@@ -44,8 +47,9 @@ class Limits(BaseModel):
     output_bytes: int = Field(1_000_000, gt=0)
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
     disk_mb: int = Field(1024, gt=0)
-    """Bytes the sandbox's files may take in all: its working directory (a size-capped tmpfs, where we are root)
-    and, under bubblewrap, each of its private /tmp, /var/tmp and /dev/shm; host RAM, used only as filled."""
+    """Megabytes the sandbox's files may take in all: its working directory, /tmp, /var/tmp, /dev/shm and home
+    share one tmpfs of this size where we are root (host RAM, used only as filled); uncapped elsewhere (see
+    `runtimes.workdir`)."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
     egress: tuple[str, ...] = ()
@@ -66,6 +70,34 @@ class Limits(BaseModel):
             raise ValueError(f"egress {list(self.egress)} is an allow-list for a sandbox without network; with "
                              "network=True the program reaches every host already (drop one of them)")
         return self
+    read_only: tuple[str, ...] = ()
+    """Host paths (agent code, its venv) the sandbox sees read-only at the same path; each must exist. Namespaced
+    sandboxes see no other host path but the system folders (see `runtimes.sandbox_view`)."""
+    devices: tuple[str, ...] = ()
+    """Host device nodes (e.g. `/dev/nvidia0`) the sandbox's /dev shows beside its minimal set (null, zero, full,
+    random, urandom, tty); each must exist and be a device."""
+
+    @field_validator("read_only")
+    @classmethod
+    def _existing_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            if not os.path.isabs(path) or not os.path.exists(path):
+                raise ValueError(f"{path!r} is not an existing absolute path on this host")
+            if why := refusal(path):
+                raise ValueError(why)
+        return paths
+
+    @field_validator("devices")
+    @classmethod
+    def _device_nodes(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError as exc:
+                raise ValueError(f"{path!r} does not exist on this host ({exc.strerror})") from None
+            if not os.path.isabs(path) or not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)):
+                raise ValueError(f"{path!r} is not a device node (an absolute path to a character or block device)")
+        return paths
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Workdir: a sandbox's working directory as the host reaches into it, never following a link a program left there.
+"""Workdir: a sandbox's folder on the host (its working directory and its private /tmp, /var/tmp, /dev/shm and
+home) and the host's reads and writes in the working directory, never following a link a program left there.
 
 The host runs as root while a sandbox's program owns its working directory, so every host-side read or write in
 it goes through here: the directory is `<temp>/tracegym-sandbox-<id>/work`, its parent ours and mode 0711 (the
@@ -7,15 +8,20 @@ time relative to the directory's descriptor with O_NOFOLLOW, a file is written b
 creating it anew with O_EXCL (a symlink or hard link the program planted is replaced, never written through), and
 a read takes only a regular file, up to a size cap (a FIFO cannot block us, /dev/zero cannot flood us).
 
-Where we are root, `work` is a tmpfs of its own capped at `Limits.disk_mb` (mounted on the host, so the host reads
-what the program left, and unmounted at removal): a program that fills it gets ENOSPC, not the host's disk.
-Elsewhere (not root, or no right to mount) it is a plain folder, uncapped.
+Beside `work` the folder holds what a namespaced sandbox binds in place of the host's scratch folders (`tmp`,
+`var-tmp`, `shm`, `home`: see `private_folders`) and `view`, where the subprocess runtime's init builds the
+sandbox's root. Where we are root, the whole folder is one tmpfs capped at `Limits.disk_mb` (mounted on the host,
+so the host reads what the program left, and unmounted at removal, leftovers and all): a program that fills its
+working directory, /tmp, /var/tmp, /dev/shm and home together gets ENOSPC, not the host's disk. Elsewhere (not
+root: no right to mount) it is a plain folder, uncapped, which the log says once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import logging
 import os
 import shutil
 import stat
@@ -29,37 +35,74 @@ WORKDIR_PREFIX = "tracegym-sandbox-"
 its working directory is `work` inside."""
 READ_CAP_BYTES = 16 << 20
 """Most bytes `read_file` returns unless told otherwise."""
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+"""The world-writable folders: where a sandbox without a mount namespace can leave files (what its uid left there
+is removed at close); a namespaced sandbox has its own (`private_folders`)."""
+_PRIVATE = dict(zip(SCRATCH, ("tmp", "var-tmp", "shm"), strict=True))
+_SANDBOX_HOME = "home"
+VIEW_ROOT = "view"
+"""The folder, beside `work`, on which the subprocess runtime's init mounts the root it builds for the program."""
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 
 
 def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int) -> tuple[Path, bool]:
-    """A new working directory for sandbox `sandbox_id`, owned by its `uid` (when given), inside a folder of ours
-    it cannot rename or replace; and whether it is capped at `disk_mb` (a tmpfs: where we may mount one)."""
+    """A new sandbox folder and its working directory, owned by its `uid` (when given), inside a folder of ours
+    it cannot rename or replace; and whether the folder is capped at `disk_mb` (a tmpfs: where we may mount one)."""
     folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
     os.chmod(folder, 0o711)
+    capped = os.geteuid() == 0 and _mount_tmpfs(folder, disk_mb)
+    if not capped:
+        _warn_uncapped(disk_mb)
     workdir = folder / "work"
-    workdir.mkdir(mode=0o700)
-    capped = os.geteuid() == 0 and _mount_tmpfs(workdir, disk_mb, uid)
-    if uid is not None and not capped:
-        os.chown(workdir, uid, uid)
+    for name, mode, owner in (("work", 0o700, uid), (_SANDBOX_HOME, 0o700, uid), (VIEW_ROOT, 0o700, None),
+                              *((name, 0o1777, None) for name in _PRIVATE.values())):
+        (folder / name).mkdir()
+        os.chmod(folder / name, mode)  # after mkdir: the umask does not apply
+        if owner is not None:
+            os.chown(folder / name, owner, owner)
+    for inside, source in private_folders(workdir):  # the workdir's path, where a private folder hides it
+        if workdir.is_relative_to(inside):
+            (source / workdir.relative_to(inside)).mkdir(mode=0o755, parents=True)
     return workdir, capped
 
 
-def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> bool:
-    """Mount a tmpfs of `size_mb` on `path`, owned by `uid`; False when the host does not let us."""
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    options = f"size={size_mb}m,mode=0700{owner}".encode()
+def private_folders(workdir: Path) -> list[tuple[Path, Path]]:
+    """What a namespaced sandbox sees in place of the host's /tmp, /var/tmp, /dev/shm and home: (the path
+    inside, the folder of the sandbox's bound there), in the order they are bound."""
+    folder = workdir.parent
+    found = [(Path(inside), folder / name) for inside, name in _PRIVATE.items()]
+    home = _host_home()
+    return found if home is None else [*found, (home, folder / _SANDBOX_HOME)]
+
+
+@functools.cache
+def _host_home() -> Path | None:
+    """The host user's home, when it is a folder of its own (not /)."""
+    home = Path.home()
+    return home if home != Path("/") and home.is_dir() else None
+
+
+@functools.cache
+def _warn_uncapped(disk_mb: int) -> None:
+    logging.getLogger(__name__).warning(
+        "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb (%d MB "
+        "here): this process may not mount the tmpfs that caps them (only root may)", disk_mb)
+
+
+def _mount_tmpfs(path: Path, size_mb: int) -> bool:
+    """Mount a tmpfs of `size_mb` on `path` (root's, mode 0711); False when the host does not let us."""
+    options = f"size={size_mb}m,mode=0711".encode()
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.mount(b"tracegym-sandbox", bytes(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) == 0
 
 
 def remove_workdir(folder: Path, onerror: Callable[..., Any] | None = None) -> None:
-    """Remove a sandbox's folder (`<temp>/tracegym-sandbox-<id>-*`): its working directory unmounted first, when
-    it is a tmpfs of its own."""
-    work = folder / "work"
-    if os.path.ismount(work):
-        ctypes.CDLL(None, use_errno=True).umount2(bytes(work), _MNT_DETACH)
+    """Remove a sandbox's folder (`<temp>/tracegym-sandbox-<id>-*`), unmounted first when it is a tmpfs of its own
+    (or, as made by an older version, its working directory is)."""
+    for mounted in (folder / "work", folder):
+        if os.path.ismount(mounted):
+            ctypes.CDLL(None, use_errno=True).umount2(bytes(mounted), _MNT_DETACH)
     shutil.rmtree(folder, onerror=onerror)
 
 
