@@ -146,6 +146,7 @@ def test_a_run_is_the_engine_running_the_program_init_confined(tmp_path: Path) -
     of that folder, never on the command line or in the client's environment."""
     workdir = tmp_path / "work"
     workdir.mkdir()
+    run = tmp_path.with_name(f"{tmp_path.name}-run-3")  # beside the sandbox's folder, named after it
     confinement = ContainerConfinement("/usr/bin/podman", IMAGE)
     limits = Limits(memory_mb=300, processes=20, open_files=50, disk_mb=64)
     env = {"PATH": "/usr/bin", "HOME": str(workdir), "OPENAI_API_KEY": "key-s3cret", MARKER: "abc/3/"}
@@ -156,17 +157,17 @@ def test_a_run_is_the_engine_running_the_program_init_confined(tmp_path: Path) -
     flags = " ".join(command)
     for flag in ("run -i --pull never", "--network none", "--memory 300m --memory-swap 300m", "--pids-limit 52",
                  "--cap-drop ALL --cap-add SETUID --cap-add SETGID", "--security-opt no-new-privileges",
-                 "--read-only", "--tmpfs /tmp:size=64m", f"-v {workdir}:{workdir}", f"-v {tmp_path}/run-3:{RUN_MOUNT}",
+                 "--read-only", "--tmpfs /tmp:size=64m", f"-v {workdir}:{workdir}", f"-v {run}:{RUN_MOUNT}",
                  "-v /tmp/proxy-folder:/tmp/proxy-folder:ro", "--name tracegym-abc-3", f"--label {LABEL}=abc"):
         assert flag in flags, flag
     assert command[command.index(IMAGE) + 1:] == container_init(init)
     assert container_init(init)[5:7] == [f"{RUN_MOUNT}/status", f"{RUN_MOUNT}/lifeline"]
     assert "s3cret" not in flags and "-e" not in command
-    assert (tmp_path / "run-3" / "environ").read_bytes().split(b"\0")[2] == b"OPENAI_API_KEY=key-s3cret"
+    assert (run / "environ").read_bytes().split(b"\0")[2] == b"OPENAI_API_KEY=key-s3cret"
     client = confinement.spawn_env(env)
     assert client[MARKER] == "abc/3/" and client.get("HOME") != str(workdir) and "OPENAI_API_KEY" not in client
     assert "could not run the container" in confinement.exit_status(125, "abc/3/")["start_error"]  # type: ignore
-    assert not (tmp_path / "run-3").exists()  # the run's folder goes with its end
+    assert not run.exists()  # the run's folder goes with its end
 
 
 # --- real containers (slow) -----------------------------------------------------------------------------------

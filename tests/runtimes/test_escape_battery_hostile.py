@@ -30,34 +30,35 @@ USERS = ("root", "user")
 PATH_SOCKET_FOLDERS = ("/run/lock", "/run", "/tmp")
 GROUP = ("subprocess-process-group",)
 SUBPROCESS = ("subprocess", *GROUP)
-NAMESPACED = ("subprocess", "bubblewrap")
 ALL = (*SUBPROCESS, "bubblewrap")
 KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
     (row, runtime_id, user): leak
     for row, runtime_ids, users, leak in (
         ("aggregate_memory", ALL, ("user",), "not root: memory_mb is RLIMIT_AS per process (no cgroup of ours)"),
         ("aggregate_memory_default", ALL, ("user",), "not root: the default 1024 MB is per process (no cgroup)"),
-        ("grader_readable", ALL, USERS, "function_problems.py, the tracegym package and the checkout are readable"),
-        ("hidden_tests_listable", SUBPROCESS, USERS, "the host's /tmp (a hidden-tests folder in it) is visible"),
-        ("home_secret", SUBPROCESS, ("user",), "the user's home and its 0600 secret are readable"),
-        ("sibling_workdir", SUBPROCESS, ("user",), "a sibling sandbox's workdir (same uid) is readable"),
-        ("same_uid_socket", SUBPROCESS, ("user",), "the user's own sockets in /tmp and its home are connectable"),
-        ("supplementary_group", ALL, ("user",), "supplementary groups are kept: a 0660 group socket and file reached"),
-        ("scratch_leftovers", SUBPROCESS, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
-        ("disk_cap", ALL, USERS, "no one cap over workdir, /tmp, /var/tmp, /dev/shm (not root: none on the workdir)"),
+        ("grader_readable", GROUP, USERS, "no view: function_problems.py, the tracegym package, the checkout"),
+        ("hidden_tests_listable", GROUP, USERS, "no view: the host's /tmp (a hidden-tests folder in it) is visible"),
+        ("home_secret", GROUP, ("user",), "no view: the user's home and its 0600 secret are readable"),
+        ("sibling_workdir", GROUP, ("user",), "no view: a sibling sandbox's workdir (same uid) is readable"),
+        ("same_uid_socket", GROUP, ("user",), "no view: the user's own sockets in /tmp and its home are connectable"),
+        ("supplementary_group", GROUP, ("user",), "no view: a 0660 group-owned socket and file are reached"),
+        ("scratch_leftovers", GROUP, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
+        ("disk_cap", ALL, ("user",), "not root: the sandbox's files are uncapped (no tmpfs of ours)"),
+        ("disk_cap", GROUP, ("root",), "no view: /tmp, /var/tmp, /dev/shm are the host's, outside the cap"),
         ("disk_cap", ("container",), ("root",), "the container's /tmp, /var/tmp, /dev/shm are tmpfs of disk_mb each"),
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),
         ("proc_environ", GROUP, USERS, "/proc/*/cmdline (and the user's environ) readable"),
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),
         ("daemon_left", GROUP, ("user",), "a setsid daemon with an empty environment survives"),
-        ("path_socket", ALL, USERS, "0777 sockets under /run/lock and /run (and /tmp outside bwrap) connectable"),
-        ("device_nodes", SUBPROCESS, USERS, "the host's /dev (every device node) is visible"),
-        ("reward_hack", NAMESPACED, USERS, "the reply exec's the readable function_problems.py and scores 1.0"),
+        ("path_socket", GROUP, USERS, "no view: 0777 sockets under /run/lock, /run and /tmp connectable"),
+        ("device_nodes", GROUP, USERS, "no view: the host's /dev (every device node) is visible"),
     )
     for runtime_id in runtime_ids for user in users
 }
-"""(row, runtime id, user) -> what leaks there today (issue 32, measured on this branch's base); remove an entry as
-its fix lands (its test then passes; while the entry stays, a pass fails as an unexpected one)."""
+"""(row, runtime id, user) -> what leaks there today: what the process-group fallback does not isolate (it is only
+given when asked for by name, with a warning), and what an unprivileged user cannot cap (no cgroup, no tmpfs of
+ours). Remove an entry as its fix lands (its test then passes; while the entry stays, a pass fails as an
+unexpected one)."""
 
 
 class Escaped(AssertionError):

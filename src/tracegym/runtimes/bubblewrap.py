@@ -14,7 +14,7 @@ left. As root, bwrap itself runs under the sandbox's own host uid (so RLIMIT_NPR
 that needs unprivileged user namespaces, which the probe checks.
 
 Under an egress allow-list (`Limits.egress`, see `runtimes.egress`) the init alone gets the capabilities to let
-the allowed destinations in, and the program none (`egress_flags`).
+the allowed destinations in, and the program none (`EGRESS_FLAGS`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tracegym.runtimes.process_sandbox import (
     Confinement,
     Launch,
     ProcessSandbox,
+    socket_folders,
     spawn_as,
 )
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
@@ -47,13 +48,13 @@ class BwrapConfinement(Confinement):
     private_tmp = True
 
     def wrap(self, launch: Launch) -> list[str]:
-        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
-        view = mounts(launch.workdir, launch.limits, forward)
-        extra = egress_flags(launch.egress) if launch.egress is not None else []
+        view = mounts(launch.workdir, launch.limits, socket_folders(launch),
+                      None if launch.egress is None else launch.egress.hosts)
+        extra = EGRESS_FLAGS if launch.egress is not None else []
         return [*bwrap_flags(view, launch.workdir, launch.limits.network, extra), "--", *launch.init]
 
     def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
-        # bwrap binds the hosts file; the program leaves the init's capabilities behind (see egress_flags)
+        # the hosts file is in the view; the program leaves the init's capabilities behind (EGRESS_FLAGS)
         ids = (uid, uid) if uid is not None else (os.getuid(), os.getgid())
         return [f"userns {ids[0]} {ids[1]}"]
 
@@ -64,18 +65,13 @@ class BwrapConfinement(Confinement):
         return None
 
 
-def egress_flags(route: EgressRoute) -> list[str]:
-    """The `bwrap` flags of a run under an egress allow-list: the relay's folder and hosts file bound in, and the
-    init as root of bwrap's user namespace (the one that owns the network namespace) with CAP_NET_ADMIN, to add
-    the allowed addresses to the loopback, CAP_NET_BIND_SERVICE, to listen on ports below 1024 (443), and
-    CAP_SETFCAP, to map the program's own user namespace onto it. The program runs one user namespace further
-    down (`userns`, see `program_init`) as the uid it has without an allow-list, with no capability over the
-    namespaces above."""
-    folder = str(route.folder)
-    flags = ["--uid", "0", "--gid", "0", "--ro-bind", folder, folder]
-    for capability in ("CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP"):
-        flags += ["--cap-add", capability]
-    return flags if route.hosts is None else [*flags, "--ro-bind", str(route.hosts), "/etc/hosts"]
+EGRESS_FLAGS = ["--uid", "0", "--gid", "0", "--cap-add", "CAP_NET_ADMIN", "--cap-add", "CAP_NET_BIND_SERVICE",
+                "--cap-add", "CAP_SETFCAP"]
+"""The `bwrap` flags of a run under an egress allow-list (its relay's folder and hosts file are in the view): the
+init as root of bwrap's user namespace (the one that owns the network namespace) with CAP_NET_ADMIN, to add the
+allowed addresses to the loopback, CAP_NET_BIND_SERVICE, to listen on ports below 1024 (443), and CAP_SETFCAP, to
+map the program's own user namespace onto it. The program runs one user namespace further down (`userns`, see
+`program_init`) as the uid it has without an allow-list, with no capability over the namespaces above."""
 
 
 _FLAGS: dict[Kind, Callable[[Mount], list[str]]] = {

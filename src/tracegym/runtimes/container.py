@@ -156,9 +156,11 @@ class ContainerConfinement(Confinement):
         return [*command, self.image, *container_init(launch.init)]
 
     def _open_run(self, launch: Launch) -> _RunFiles:
-        """The run's folder beside the working directory (ours, 0700), its lifeline FIFO made and held open by us
-        (read and write: the init's read end opens at once, and reads EOF only when we are gone)."""
-        folder = launch.workdir.parent / f"run-{launch.marker.strip('/').split('/')[-1]}"
+        """The run's folder (ours, 0700; beside the sandbox's folder, whose disk the program may fill, and named
+        after it, so a dead owner's is swept as its sandbox folders are), its lifeline FIFO made and held open by
+        us (read and write: the init's read end opens at once, and reads EOF only when we are gone)."""
+        sandbox = launch.workdir.parent
+        folder = sandbox.with_name(f"{sandbox.name}-run-{launch.marker.strip('/').split('/')[-1]}")
         folder.mkdir(mode=0o700)
         os.mkfifo(folder / "lifeline", 0o600)
         environ = b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items())

@@ -46,7 +46,8 @@ import subprocess
 import sys
 from typing import Final, Literal
 
-from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox
+from tracegym.runtimes.egress import EgressRoute
+from tracegym.runtimes.process_sandbox import PROBE_TIMEOUT_S, Confinement, Launch, ProcessSandbox, socket_folders
 from tracegym.runtimes.program_init import VIEW_OPTION, encode_view
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 from tracegym.runtimes.sandbox_view import expand_devfs, mounts
@@ -71,9 +72,12 @@ class NamespaceConfinement(Confinement):
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root
 
+    def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
+        return []  # the hosts file is in the view
+
     def wrap(self, launch: Launch) -> list[str]:
-        forward = None if launch.forward is None else launch.forward.socket.parent  # the init carries a port to it
-        view = expand_devfs(mounts(launch.workdir, launch.limits, forward))
+        view = expand_devfs(mounts(launch.workdir, launch.limits, socket_folders(launch),
+                                   None if launch.egress is None else launch.egress.hosts))
         spec = encode_view(str(launch.workdir.parent / VIEW_ROOT), [(m.kind, m.target, m.source) for m in view])
         python, *init = launch.init
         return [*unshare_flags(self.as_root, launch.limits.network), "--", *_no_new_privs(), python,

@@ -40,6 +40,7 @@ from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult, RuntimeUnavailable
 from tracegym.runtimes.workdir import (
     READ_CAP_BYTES,
+    RELAY,
     SCRATCH,
     WORKDIR_PREFIX,
     make_workdir,
@@ -85,6 +86,13 @@ class Launch:
     egress: EgressRoute | None = None
     """The allow-list's destinations the init carries into the run's own network namespace (None: no allow-list,
     or the run shares the host's network)."""
+
+
+def socket_folders(launch: Launch) -> list[Path]:
+    """The host folders of the Unix sockets a run's init reaches from inside its sandbox: the proxy's (a Forward)
+    and its egress relay's."""
+    forward = [] if launch.forward is None else [launch.forward.socket.parent]
+    return forward + ([] if launch.egress is None else [launch.egress.folder])
 
 
 class Confinement:
@@ -270,7 +278,7 @@ class ProcessSandbox:
             return None
         self.refuse_egress(limits)
         if self.egress is None:
-            self.egress = EgressRelay(self._workdir.parent / "egress", self.uid)
+            self.egress = EgressRelay(self._workdir.parent / RELAY, self.uid)
         return await self.egress.route(limits.egress)
 
     def _network(self, launch: Launch) -> str:

@@ -19,7 +19,7 @@ import functools
 import glob
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -59,13 +59,16 @@ class Mount:
     source: str = ""
 
 
-def mounts(workdir: Path, limits: Limits, forward: Path | None = None) -> list[Mount]:
-    """The view of a sandbox whose working directory is `workdir`, under `limits`, reaching the Unix socket folder
-    `forward` (when given), in the order its mounts are made."""
+def mounts(workdir: Path, limits: Limits, sockets: Sequence[Path] = (), hosts: Path | None = None) -> list[Mount]:
+    """The view of a sandbox whose working directory is `workdir`, under `limits`, reaching the Unix socket folders
+    `sockets` (the proxy's, an egress relay's), with `hosts` over /etc/hosts (an allow-list's names), in the order
+    its mounts are made."""
     private = [Mount("rw", str(inside), str(source)) for inside, source in private_folders(workdir)]
-    named = [Mount("ro", path, path) for path in (*limits.read_only, *([str(forward)] if forward else []))]
+    named = [Mount("ro", path, path) for path in (*limits.read_only, *map(str, sockets))]
     devices = [Mount("device", path, path) for path in limits.devices]
-    return [*_host_view(), *private, *named, Mount("rw", str(workdir), str(workdir)), *_hidden_in(named), *devices]
+    names = [Mount("ro", "/etc/hosts", str(hosts))] if hosts is not None else []
+    return [*_host_view(), *names, *private, *named, Mount("rw", str(workdir), str(workdir)), *_hidden_in(named),
+            *devices]
 
 
 def expand_devfs(view: Iterable[Mount]) -> list[Mount]:

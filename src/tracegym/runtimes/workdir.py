@@ -61,10 +61,15 @@ def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int) -> tuple[Path, 
         os.chmod(folder / name, mode)  # after mkdir: the umask does not apply
         if owner is not None:
             os.chown(folder / name, owner, owner)
-    for inside, source in private_folders(workdir):  # the workdir's path, where a private folder hides it
-        if workdir.is_relative_to(inside):
-            (source / workdir.relative_to(inside)).mkdir(mode=0o755, parents=True)
+    for inside, source in private_folders(workdir):  # the host paths bound in, where a private folder hides them
+        for path in (workdir, folder / RELAY):
+            if path.is_relative_to(inside):
+                (source / path.relative_to(inside)).mkdir(mode=0o755, parents=True)
     return workdir, capped
+
+
+RELAY = "egress"
+"""The sandbox folder's subfolder an egress allow-list's relay keeps its sockets in (see `runtimes.egress`)."""
 
 
 def private_folders(workdir: Path) -> list[tuple[Path, Path]]:
