@@ -23,34 +23,13 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import ChatMLRenderer
 from tracegym.models.token_client import TokenClient
 from tracegym.testing import FakeOpenAIServer, reply, tool_call
+from tracegym.testing.char_tokenizer import CharTokenizer
 
 QUESTION = [{"role": "user", "content": "q"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
 SCRIPT = ["Let me see: 2 < 3, and <b>bold</b> stays.", reply("adding", tool_call("add", {"a": 2, "b": 3}, id="c1")),
           "It is 5."]
-
-
-class CharTokenizer:
-    """A ChatML tokenizer of one token per character (its code point + 10); the three special tokens are 1-3."""
-
-    special = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 3}
-    eos_token_id, unk_token_id, chat_template = 3, 0, ""
-
-    def convert_tokens_to_ids(self, token: str) -> int:
-        return self.special.get(token, 0)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids, at = [], 0
-        while at < len(text):
-            token = next((t for t in self.special if text.startswith(t, at)), text[at])
-            ids.append(self.special[token] if token in self.special else ord(token) + 10)
-            at += len(token)
-        return ids
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        names = {v: k for k, v in self.special.items()}
-        return "".join(names[t] if t in names else chr(t - 10) for t in ids)
 
 
 @pytest.fixture(scope="module")
