@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import shutil
 import tempfile
@@ -54,6 +55,7 @@ from tracegym.envs.rollout import CALLS_ABANDONED, Ended, Rollout
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.runtimes.sandbox import Forward
 
+log = logging.getLogger(__name__)
 FINISHED_KEYS_KEPT = 4096
 """Keys of finished rollouts remembered, so that a late call hears 404 (finished) rather than 401 (unknown)."""
 
@@ -213,6 +215,9 @@ class InterceptionProxy:
         if not program_call.stream:
             return web.json_response(completion_body(response, lease.rollout.model.name))
         await relay.finish(response, usage_of(response) if program_call.include_usage else None)
+        if relay.diverged:  # the program's next call resends what it was shown, and forks there
+            log.warning("a streamed reply changed after part of it was shown (the parse of the whole reply differs "
+                        "from the parse so far); the program holds what it was shown, the trace the whole reply")
         return relay.response or web.Response()
 
     async def _models(self, http: web.Request) -> web.Response:

@@ -4,8 +4,8 @@ parsed, to the request's `ReplyStream` as they arrive.
 A client that streams hands the transport a `StreamedReply` built from its wire format's fold (`ChatChunks`,
 `CompletionChunks`: chunk by chunk, the body an unstreamed call returns) and its own parse. When the stream ends,
 the client parses the folded body exactly as it parses an unstreamed reply: what a call records is decided in that
-one place, streamed or not. While it streams, each chunk that adds to the reply is parsed the same way, and the
-reply so far goes to the stream (which holds back what may still change).
+one place, streamed or not. While it streams, after each network read whose chunks added to the reply, the body so
+far is parsed the same way and the reply so far goes to the stream (which holds back what may still change).
 """
 
 from __future__ import annotations
@@ -35,17 +35,21 @@ class StreamedReply:
     def __init__(self, stream: ReplyStream, fold: Callable[[], Fold],
                  parse: Callable[[dict[str, Any]], ModelResponse]) -> None:
         self.stream, self._new, self._parse = stream, fold, parse
-        self._fold = fold()
+        self._fold, self._grew = fold(), False
 
     @property
     def shown(self) -> bool:
         return self.stream.shown
 
     def restart(self) -> None:
-        self._fold = self._new()
+        self._fold, self._grew = self._new(), False
 
-    async def read(self, chunk: dict[str, Any]) -> None:
-        if self._fold.add(chunk):
+    def read(self, chunk: dict[str, Any]) -> None:
+        self._grew = self._fold.add(chunk) or self._grew
+
+    async def arrived(self) -> None:
+        if self._grew:
+            self._grew = False
             await self.stream.update(self._parse(self._fold.body()))
 
     def body(self) -> dict[str, Any]:

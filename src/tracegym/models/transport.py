@@ -148,8 +148,12 @@ class ChunkReader(Protocol):
         """A new attempt begins: forget the chunks of the last."""
         ...
 
-    async def read(self, chunk: dict[str, Any]) -> None:
+    def read(self, chunk: dict[str, Any]) -> None:
         """One `data:` event's JSON object, as it arrives."""
+        ...
+
+    async def arrived(self) -> None:
+        """The chunks that arrived together have been read (one show per network read, not one per chunk)."""
         ...
 
     def body(self) -> dict[str, Any]:
@@ -245,12 +249,14 @@ async def _read_events(url: str, content: aiohttp.StreamReader, reader: ChunkRea
         for event in events:
             data = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
             if data == b"[DONE]":
+                await reader.arrived()
                 return
             if data:
                 chunk = json_object(url, data.decode("utf-8", errors="replace"))
                 if "error" in chunk or chunk.get("object") == "error":
                     raise _stream_error(url, chunk)
-                await reader.read(chunk)
+                reader.read(chunk)
+        await reader.arrived()
     raise Unavailable(url, None, "ended its stream before [DONE]")
 
 
