@@ -48,9 +48,14 @@ class StreamedReply:
         self._grew = self._fold.add(chunk) or self._grew
 
     async def arrived(self) -> None:
-        if self._grew:
-            self._grew = False
-            await self.stream.update(self._parse(self._fold.body()))
+        if not self._grew:
+            return
+        self._grew = False
+        try:
+            partial = self._parse(self._fold.body())
+        except Exception:  # a reply cut mid-markup may not parse yet: the whole reply's parse decides (and raises)
+            return
+        await self.stream.update(partial)
 
     def body(self) -> dict[str, Any]:
         return self._fold.body()
