@@ -90,7 +90,7 @@ class Relay:
     `finish` the rest, `fail` an error event; `response` is the HTTP response once anything was sent."""
 
     def __init__(self, http: web.Request, model: str) -> None:
-        self.http = http
+        self.http, self.model = http, model
         self.head = {"id": f"chatcmpl-tg{next(_ids)}", "object": "chat.completion.chunk",
                      "created": int(time.time()), "model": model}
         self.stops: Sequence[str] = ()

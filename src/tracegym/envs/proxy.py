@@ -210,15 +210,9 @@ class InterceptionProxy:
         except CallRefused as refused:
             if relay is None or not relay.shown:
                 return refused.response()
-            await relay.fail(refused.body())
+            await relay.fail(refused.body())  # part of the reply was sent: a status can no longer be
             return relay.response or web.Response()
-        if not program_call.stream:
-            return web.json_response(completion_body(response, lease.rollout.model.name))
-        await relay.finish(response, usage_of(response) if program_call.include_usage else None)
-        if relay.diverged:  # the program's next call resends what it was shown, and forks there
-            log.warning("a streamed reply changed after part of it was shown (the parse of the whole reply differs "
-                        "from the parse so far); the program holds what it was shown, the trace the whole reply")
-        return relay.response or web.Response()
+        return await _reply(relay, response, program_call)
 
     async def _models(self, http: web.Request) -> web.Response:
         try:
@@ -297,6 +291,17 @@ class InterceptionProxy:
             rollout.error_from(exc, "model")
             lease.end(StopReason.after(exc))
             raise _refusal_for(exc) from None
+
+
+async def _reply(relay: Relay, response: ModelResponse, call: ProgramCall) -> web.StreamResponse:
+    """The reply as one body, or the rest of its stream (`relay`)."""
+    if not call.stream:
+        return web.json_response(completion_body(response, relay.model))
+    await relay.finish(response, usage_of(response) if call.include_usage else None)
+    if relay.diverged:  # the program's next call resends what it was shown, and forks there
+        log.warning("a streamed reply changed after part of it was shown (the parse of the whole reply differs from "
+                    "the parse so far); the program holds what it was shown, the trace the whole reply")
+    return relay.response or web.Response()
 
 
 def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any] | None) -> None:
