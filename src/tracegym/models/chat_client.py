@@ -9,6 +9,9 @@ retries and backoff included, and is never retried. When the endpoint returns th
 response. Tool calls are kept with their raw argument text: malformed JSON is surfaced when the call runs. When
 the endpoint's tool parser fails (vLLM's hermes parser then returns the `<tool_call>` blocks as plain content),
 the blocks are parsed here instead, so a malformed call still reaches the rollout as a (failing) tool call.
+A request with a `stream` is streamed (`models.streaming`): vLLM's chunks (content, reasoning and tool-call
+deltas, each chunk's `token_ids` and `logprobs`, the first's `prompt_token_ids`, the usage) are folded into the
+body the unstreamed call returns, and parsed by the same `parse_response`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.endpoint_client import EndpointClient
 from tracegym.models.renderer import parse_hermes
+from tracegym.models.streaming import StreamedReply
 from tracegym.models.transport import Refused, Reply, Transport
 
 _TOKEN_FIELDS = ("return_token_ids", "logprobs")
@@ -43,7 +47,8 @@ class ChatClient(EndpointClient):
         await self.transport.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        """One chat completion, retried on transient failures; raises tracegym errors."""
+        """One chat completion, retried on transient failures (streamed to `request.stream` when it has one);
+        raises tracegym errors."""
         reply = await self._post(request)
         return parse_response(reply.data, require_tokens=self.endpoint.tokens == "on",
                               tools_offered=bool(request.tools), policy_version=reply.policy_version)
@@ -51,8 +56,13 @@ class ChatClient(EndpointClient):
     async def _post(self, request: ModelRequest) -> Reply:
         asked = self._ask_tokens  # concurrent requests may all be rejected: each that asked tries again
         body = request_body(self.endpoint.model, request, tokens=asked)
+        reader = None
+        if request.stream is not None:
+            body.update(stream=True, stream_options={"include_usage": True})
+            tools = bool(request.tools)
+            reader = StreamedReply(request.stream, ChatChunks, lambda b: parse_response(b, tools_offered=tools))
         try:
-            return await self.transport.post("/chat/completions", body)
+            return await self.transport.post("/chat/completions", body, reader)
         except Refused as exc:
             rejected = exc.status == 400 and any(name in exc.detail for name in _TOKEN_FIELDS)
             if rejected and self.endpoint.tokens == "auto" and asked:
@@ -115,6 +125,64 @@ def parse_response(data: dict[str, Any], *, require_tokens: bool = False, tools_
         completion_logprobs=_logprobs(choice.get("logprobs")),
         policy_version=policy_version,
     )
+
+
+class ChatChunks:
+    """`chat.completion.chunk` events folded into the `chat.completion` body they stream (choice 0)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.text: dict[str, list[str]] = {}
+        """Each text field of the message (`content`, `reasoning`, `reasoning_content`): its pieces."""
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+
+    def add(self, chunk: dict[str, Any]) -> bool:
+        for key in ("id", "created", "model", "prompt_token_ids", "usage"):
+            if chunk.get(key) is not None:
+                self.head[key] = chunk[key]
+        grew = False
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) == 0:
+                grew = self._add_choice(choice) or grew
+        return grew
+
+    def _add_choice(self, choice: dict[str, Any]) -> bool:
+        delta = choice.get("delta") or {}
+        grew = False
+        for field in ("content", "reasoning", "reasoning_content"):
+            if delta.get(field):
+                self.text.setdefault(field, []).append(delta[field])
+                grew = True
+        for call in delta.get("tool_calls") or []:
+            self._add_call(call)
+            grew = True
+        if choice.get("token_ids"):
+            self.choice.setdefault("token_ids", []).extend(choice["token_ids"])
+            grew = True
+        entries = (choice.get("logprobs") or {}).get("content")
+        if entries:
+            self.choice.setdefault("logprobs", {"content": []})["content"].extend(entries)
+        for key in ("finish_reason", "stop_reason"):
+            if choice.get(key) is not None:
+                self.choice[key] = choice[key]
+        return grew
+
+    def _add_call(self, delta: dict[str, Any]) -> None:
+        call = self.calls.setdefault(delta.get("index", len(self.calls)),
+                                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        if delta.get("id"):
+            call["id"] = delta["id"]
+        function = delta.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+    def body(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        message.update({field: "".join(pieces) for field, pieces in self.text.items()})
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return {**self.head, "object": "chat.completion", "choices": [{**self.choice, "message": message}]}
 
 
 def _unparsed_tool_calls(message: Message) -> Message:

@@ -24,6 +24,10 @@ class ModelRequest:
     session: str | None = None
     """The affinity key: requests with the same one go to the same server of a several-server endpoint, so its
     prefix cache is reused (the rollout loop sets its trace id; an episode its episode id). None: any server."""
+    stream: ReplyStream | None = field(default=None, compare=False, repr=False)
+    """Where a client that streams shows the reply while it is sampled (the interception proxy's relay to a
+    program that asked for `stream: true`); a client that does not stream ignores it, and the caller shows the
+    whole reply once the call returns. What the call records is its returned response either way."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,20 @@ class ModelResponse:
     completion_logprobs: list[float] | None = None
     policy_version: int | None = None
     """The policy version that served this reply, when the endpoint reports it (`models.policy_version`)."""
+
+
+class ReplyStream(Protocol):
+    """Where a streaming model client shows a reply as it grows (`ModelRequest.stream`)."""
+
+    @property
+    def shown(self) -> bool:
+        """Whether any of the reply was shown: a failure after that is not retried (`transport.StreamCut`)."""
+        ...
+
+    async def update(self, partial: ModelResponse) -> None:
+        """The reply so far, parsed as the whole reply will be (the part that may still change, say the start of
+        a tool call's markup, is for the stream to hold back)."""
+        ...
 
 
 @runtime_checkable

@@ -11,7 +11,8 @@ retried on the others. A server taken out is probed on the same clock and put ba
 stay where they moved. Retries are bounded: at most `max(max_retries + 1, number of servers)` attempts per request,
 each one HTTP attempt (the per-server clients do not retry: the router does, elsewhere first); only when every
 server is out does a retry wait out the transport's backoff, on the server taken out longest ago. HTTP 429 is
-retried after the backoff without taking the server out.
+retried after the backoff without taking the server out. A streamed request is not retried once part of its reply
+was shown (the transport's `StreamCut`: it cannot be taken back).
 
 >>> endpoint = Endpoint(base_url="http://a:8000/v1", model="m", replicas=("http://b:8000/v1",))
 >>> router = make_client(endpoint)  # doctest: +SKIP   (connect.make_client: a Router over both servers)
@@ -32,7 +33,7 @@ from tracegym.core.errors import InfrastructureError, TracegymError
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.endpoint_client import EndpointClient
-from tracegym.models.transport import Unavailable, backoff_delay, served_models
+from tracegym.models.transport import StreamCut, Unavailable, backoff_delay, served_models
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +175,10 @@ class Router(EndpointClient):
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if task in self._lost and not (current is not None and current.cancelling()):
-                lost = ServerLost(f"{server.url} was taken out (it stopped answering) with this request in flight")
-                raise lost from None
+                what = "was taken out (it stopped answering) with this request in flight"
+                if request.stream is not None and request.stream.shown:  # a retry's reply could not be shown
+                    raise StreamCut(server.url, what) from None
+                raise ServerLost(f"{server.url} {what}") from None
             raise
         finally:
             server.inflight.discard(task)

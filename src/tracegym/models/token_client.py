@@ -6,7 +6,10 @@ rendered and the message graph forks if the render does not extend the branch. v
 with a token-id prompt, returning the sampled ids (`return_token_ids`) and their logprobs; the assistant
 message (content, tool calls) is parsed from those ids, never from re-tokenized text. A matched stop string
 stays in the ids (they are what was sampled) but not in the message, as with vLLM's chat endpoint. HTTP,
-retries and error mapping are the transport's (`models.transport`), as for the chat client.
+retries and error mapping are the transport's (`models.transport`), as for the chat client. A request with a
+`stream` is streamed (`models.streaming`): each chunk's `token_ids` and `logprobs.token_logprobs` are folded into
+the body the unstreamed call returns, parsed by the same `parse_completion`; the message shown as it grows is the
+renderer's parse of the ids so far.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.endpoint_client import EndpointClient
 from tracegym.models.renderer import Renderer
+from tracegym.models.streaming import StreamedReply
 from tracegym.models.transport import Transport, served_models
 
 
@@ -45,7 +49,11 @@ class TokenClient(EndpointClient):
         body = completion_body(self.endpoint.model, request, prompt_ids, self.renderer.stop_token_ids)
         if body["max_tokens"] is None:  # vLLM's completions would stop at 16; ask for the rest of the context
             body["max_tokens"] = await self._context_length()
-        reply = await self.transport.post("/completions", body)
+        reader = None
+        if request.stream is not None:
+            body["stream"] = True
+            reader = StreamedReply(request.stream, CompletionChunks, lambda b: self.parse_completion(b, prompt_ids))
+        reply = await self.transport.post("/completions", body, reader)
         include_stop_str = bool(body.get("include_stop_str_in_output"))
         return self.parse_completion(reply.data, prompt_ids, include_stop_str=include_stop_str,
                                      policy_version=reply.policy_version)
@@ -125,6 +133,39 @@ def _sampled(data: dict[str, Any]) -> tuple[dict[str, Any], list[int], list[floa
         raise ModelError(f"the completion has no logprob for sampled token {missing[0]} "
                          f"({len(missing)} of {len(logprobs)} missing); training needs every one")
     return choice, completion_ids, [lp for lp in logprobs if lp is not None]
+
+
+class CompletionChunks:
+    """`text_completion` stream events folded into the completions body they stream (choice 0)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.text: list[str] = []
+        self.choice: dict[str, Any] = {"index": 0, "token_ids": [], "logprobs": {"token_logprobs": []},
+                                       "finish_reason": None, "stop_reason": None}
+
+    def add(self, chunk: dict[str, Any]) -> bool:
+        for key in ("id", "created", "model", "usage"):
+            if chunk.get(key) is not None:
+                self.head[key] = chunk[key]
+        grew = False
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            self.text.append(choice.get("text") or "")
+            ids = choice.get("token_ids") or []
+            self.choice["token_ids"].extend(ids)
+            self.choice["logprobs"]["token_logprobs"].extend((choice.get("logprobs") or {}).get("token_logprobs")
+                                                             or [])
+            for key in ("finish_reason", "stop_reason", "prompt_token_ids"):
+                if choice.get(key) is not None:
+                    self.choice[key] = choice[key]
+            grew = grew or bool(ids)
+        return grew
+
+    def body(self) -> dict[str, Any]:
+        choice = {**self.choice, "text": "".join(self.text)}
+        return {**self.head, "object": "text_completion", "choices": [choice]}
 
 
 def completion_body(model: str, request: ModelRequest, prompt_ids: list[int], stop_ids: list[int]) -> dict[str, Any]:

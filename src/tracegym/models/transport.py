@@ -10,6 +10,13 @@ loop, each attempt under `asyncio.timeout(endpoint.timeout)`, `Unavailable` retr
 with jittered exponential backoff, and the policy version the server stamped on the reply read from its headers.
 `call` is the sync one (urllib) for weight sync and the vLLM probes: one attempt, since their callers either
 poll or must fail loudly. `served_models` is the one place an endpoint's `/models` list is asked for.
+
+A streamed request (`post(..., reader=...)`, the body asking `stream: true`) is read as server-sent events, each
+`data:` chunk handed to the `ChunkReader` as it arrives, under the same policy and the same per-attempt timeout
+(the whole reply's); an endpoint that answers with the whole reply instead is read as unstreamed. A failure
+before the reader showed anything of the reply is retried as any other, the reader restarted; after, it is a
+`StreamCut`, never retried: what was shown cannot be taken back, and a retry would sample another reply. An
+`error` event in the stream is the failure its code names, as an HTTP error status is.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -53,6 +60,18 @@ class Unavailable(InfrastructureError):
 
     def __reduce__(self) -> tuple[type, tuple[str, int | None, str]]:
         return Unavailable, (self.url, self.status, self.what)  # picklable, as exceptions crossing processes are
+
+
+class StreamCut(InfrastructureError):
+    """A streamed reply failed after part of it was shown to the caller's caller: not retried (see the module)."""
+
+    def __init__(self, url: str, what: str) -> None:
+        super().__init__(f"{url} {what}, after part of the streamed reply was shown (not retried: it cannot be "
+                         f"taken back)")
+        self.url, self.what = url, what
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return StreamCut, (self.url, self.what)
 
 
 class Refused(ModelError):
@@ -116,6 +135,32 @@ def backoff_delay(first: float, attempt: int) -> float:
     return first * 2**attempt * random.uniform(0.5, 1.5)
 
 
+class ChunkReader(Protocol):
+    """What reads a streamed reply: its chunks, attempt by attempt, folded into the body the same request gets
+    unstreamed (the models' `streaming.StreamedReply`)."""
+
+    @property
+    def shown(self) -> bool:
+        """Whether any of the reply reached the caller's caller: a failure after that is a `StreamCut`."""
+        ...
+
+    def restart(self) -> None:
+        """A new attempt begins: forget the chunks of the last."""
+        ...
+
+    def read(self, chunk: dict[str, Any]) -> None:
+        """One `data:` event's JSON object, as it arrives."""
+        ...
+
+    async def arrived(self) -> None:
+        """The chunks that arrived together have been read (one show per network read, not one per chunk)."""
+        ...
+
+    def body(self) -> dict[str, Any]:
+        """The chunks read, folded into the body the request gets unstreamed."""
+        ...
+
+
 @dataclass(frozen=True)
 class Reply:
     """A 2xx JSON reply and the policy version the server stamped on it (None when it does not report one)."""
@@ -158,26 +203,33 @@ class Transport:
         if session is not None:
             await session.close()
 
-    async def post(self, route: str, body: dict[str, Any]) -> Reply:
-        """POST `body` to `base_url + route` until an attempt succeeds or the retries run out. Only `Unavailable`
-        is retried: a cancellation (a caller's deadline) ends the call at once, in flight or in backoff."""
+    async def post(self, route: str, body: dict[str, Any], reader: ChunkReader | None = None) -> Reply:
+        """POST `body` to `base_url + route` until an attempt succeeds or the retries run out; with `reader`, the
+        reply is streamed through it (see the module). Only `Unavailable` is retried: a cancellation (a caller's
+        deadline) ends the call at once, in flight or in backoff."""
         url = self.base_url + route
         attempts = self.endpoint.max_retries + 1
         for attempt in range(attempts):
             try:
-                return await self._attempt(url, body)
+                return await self._attempt(url, body, reader)
             except Unavailable as exc:
+                if reader is not None and reader.shown:
+                    raise StreamCut(url, exc.what) from None
                 if attempt == attempts - 1:
                     raise exc.after(attempts) from None
                 await self._sleep(backoff_delay(self.endpoint.backoff, attempt))
         raise AssertionError("unreachable")
 
-    async def _attempt(self, url: str, body: dict[str, Any]) -> Reply:
+    async def _attempt(self, url: str, body: dict[str, Any], reader: ChunkReader | None) -> Reply:
         """One POST under the endpoint's per-attempt timeout; aiohttp's exceptions become the policy's errors."""
         try:
             async with asyncio.timeout(self.endpoint.timeout), self._session().post(url, json=body) as http:
-                text = await http.text()
                 status, version = http.status, policy_version.read(http.headers)
+                if reader is not None and 200 <= status < 300 and http.content_type == "text/event-stream":
+                    reader.restart()
+                    await _read_events(url, http.content, reader)
+                    return Reply(reader.body(), version)
+                text = await http.text()
         except TimeoutError:
             raise Unavailable(url, None, f"gave no reply within {self.endpoint.timeout:g} s (TimeoutError)") from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
@@ -185,6 +237,35 @@ class Transport:
         if not 200 <= status < 300:
             raise failure(url, status, text)
         return Reply(json_object(url, text), version)
+
+
+async def _read_events(url: str, content: aiohttp.StreamReader, reader: ChunkReader) -> None:
+    """Hand each `data:` event of a server-sent stream to `reader` until `[DONE]`; an `error` event raises the
+    failure its code names (a stream that ends without `[DONE]` was cut: `Unavailable`)."""
+    pending = b""
+    async for piece in content.iter_any():
+        pending += piece
+        *events, pending = pending.replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            data = b"\n".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+            if data == b"[DONE]":
+                await reader.arrived()
+                return
+            if data:
+                chunk = json_object(url, data.decode("utf-8", errors="replace"))
+                if "error" in chunk or chunk.get("object") == "error":
+                    raise _stream_error(url, chunk)
+                reader.read(chunk)
+        await reader.arrived()
+    raise Unavailable(url, None, "ended its stream before [DONE]")
+
+
+def _stream_error(url: str, chunk: dict[str, Any]) -> TracegymError:
+    """The failure an `error` event names: its code as the HTTP status it stands for (else a server error)."""
+    error = chunk.get("error", chunk)
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    return failure(url, status, json.dumps(chunk))
 
 
 def call(url: str, body: dict[str, Any] | None = None, *, timeout: float, api_key: str | None = None) -> str:

@@ -8,14 +8,19 @@ the server cuts them; `start()` after `stop()` serves again on the same port. Gi
 vLLM's `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
 empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the renderer's
 completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept through the stop
-string, text cut before it, `stop_reason` set) and at `max_tokens`. It runs its own event loop in a thread, so sync
-and async tests can both use it.
+string, text cut before it, `stop_reason` set) and at `max_tokens`. A request with `stream: true` is answered as
+vLLM streams it: server-sent chunks (chat: the content one character a chunk with its UTF-8 bytes as the chunk's
+`token_ids`, then the tool calls and the finish reason; completions: one token a chunk; the usage last when
+`stream_options.include_usage`), `chunk_delay` seconds apart, held after `hold_after` chunks until `release` is
+set, the connection dropped after `cut_after` chunks, when those are set. It runs its own event loop in a thread,
+so sync and async tests can both use it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +63,13 @@ class FakeOpenAIServer:
         self.policy_version: int | None = None
         """When set, every reply carries it in vLLM's policy-version header (read when the request arrives, as
         `models.policy_version`'s middleware does); set it mid-test to move the policy on."""
+        self.chunk_delay = 0.0
+        """Seconds between the chunks of a streamed reply."""
+        self.cut_after: int | None = None
+        """When set, a streamed reply's connection is dropped after this many chunks (a server that died)."""
+        self.hold_after: int | None = None
+        """When set, a streamed reply waits after this many chunks until `release` is set (a model mid-sample)."""
+        self.release = threading.Event()
         self.hung = False
         """While True, every request (a model call, `/models`, `/health`) waits, unanswered."""
         self.requests: list[dict[str, Any]] = []
@@ -149,7 +161,7 @@ class FakeOpenAIServer:
             return body, _error(self.fail_status, "scripted failure")
         return body, None
 
-    async def _chat(self, http: web.Request) -> web.Response:
+    async def _chat(self, http: web.Request) -> web.StreamResponse:
         version = self.policy_version
         body, failed = await self._admit(http)
         if failed is not None:
@@ -166,7 +178,10 @@ class FakeOpenAIServer:
         message = await self.script.resolve(request)
         if isinstance(message, Fail):
             return _error(message.status, message.message)
-        return web.json_response(self._completion(body, message, prompt_ids), headers=_version_header(version))
+        reply = self._completion(body, message, prompt_ids)
+        if body.get("stream"):
+            return await self._stream(http, _chat_chunks(body, reply, message), _version_header(version))
+        return web.json_response(reply, headers=_version_header(version))
 
     def _completion(self, body: dict[str, Any], message: Message, prompt_ids: list[int]) -> dict[str, Any]:
         completion_ids = encode(render_body(message))
@@ -192,7 +207,7 @@ class FakeOpenAIServer:
                                               for t in completion_ids]}
         return out
 
-    async def _token_completion(self, http: web.Request) -> web.Response:
+    async def _token_completion(self, http: web.Request) -> web.StreamResponse:
         version = self.policy_version
         body, failed = await self._admit(http)
         if failed is not None:
@@ -206,7 +221,53 @@ class FakeOpenAIServer:
         message = await self.script.resolve(self._token_request(prompt))
         if isinstance(message, Fail):
             return _error(message.status, message.message)
-        return web.json_response(self._token_choice(body, message, prompt), headers=_version_header(version))
+        reply = self._token_choice(body, message, prompt)
+        if body.get("stream"):
+            return await self._stream(http, self._completion_chunks(body, reply, prompt), _version_header(version))
+        return web.json_response(reply, headers=_version_header(version))
+
+    async def _stream(self, http: web.Request, chunks: list[dict[str, Any]],
+                      headers: dict[str, str]) -> web.StreamResponse:
+        """`chunks` as server-sent events, `chunk_delay` apart (the connection dropped after `cut_after`)."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await response.prepare(http)
+        for index, chunk in enumerate(chunks):
+            if self.cut_after is not None and index >= self.cut_after:
+                if http.transport is not None:
+                    http.transport.close()
+                return response
+            if index and self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+            while index == self.hold_after and not self.release.is_set():
+                await asyncio.sleep(0.01)
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _completion_chunks(self, body: dict[str, Any], reply: dict[str, Any],
+                           prompt: list[int]) -> list[dict[str, Any]]:
+        """A completions reply as vLLM streams it: one sampled id a chunk (the prompt's ids in the first, when
+        asked), the finish and stop reasons in the last."""
+        assert self.renderer is not None
+        choice, head = reply["choices"][0], {k: reply[k] for k in ("id", "object", "created", "model")}
+        ids, text, chunks = choice["token_ids"], choice["text"], []
+        shown = 0
+        for k, token in enumerate(ids):
+            last = k == len(ids) - 1
+            upto = len(text) if last else min(len(self.renderer.decode(ids[: k + 1])), len(text))
+            piece: dict[str, Any] = {"index": 0, "text": text[shown:upto], "token_ids": [token],
+                                     "logprobs": {"tokens": [f"token_id:{token}"], "token_logprobs": [-0.5],
+                                                  "top_logprobs": [], "text_offset": []},
+                                     "finish_reason": choice["finish_reason"] if last else None,
+                                     "stop_reason": choice["stop_reason"] if last else None}
+            if k == 0 and body.get("return_token_ids"):
+                piece["prompt_token_ids"] = prompt
+            shown = max(shown, upto)
+            chunks.append({**head, "choices": [piece]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**head, "choices": [], "usage": reply["usage"]})
+        return chunks
 
     def _token_request(self, prompt: list[int]) -> ModelRequest:
         """The request a script sees: one empty assistant message per earlier turn (counted by the renderer's
@@ -236,6 +297,38 @@ class FakeOpenAIServer:
                 "model": self.model, "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                           "total_tokens": len(prompt) + len(ids)}}
+
+
+def _chat_chunks(body: dict[str, Any], reply: dict[str, Any], message: Message) -> list[dict[str, Any]]:
+    """A chat reply as vLLM streams it: the role (and the prompt's ids, when asked), the content one character
+    a chunk with its bytes as ids, then the tool calls, the rest of the ids and the finish reason; the usage last
+    when asked."""
+    choice = reply["choices"][0]
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    ids, logprobs = choice.get("token_ids"), choice.get("logprobs")
+
+    def chunk(delta: dict[str, Any], taken: int, upto: int, **fields: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, **fields}
+        if ids is not None:
+            out["token_ids"] = ids[taken:upto]
+        if logprobs is not None:
+            out["logprobs"] = {"content": logprobs["content"][taken:upto]}
+        return {**head, "choices": [out]}
+
+    first = chunk({"role": "assistant", "content": ""}, 0, 0)
+    if "prompt_token_ids" in reply:
+        first["prompt_token_ids"] = reply["prompt_token_ids"]
+    chunks, taken = [first], 0
+    for char in message.text:
+        size = len(char.encode())
+        chunks.append(chunk({"content": char}, taken, taken + size))
+        taken += size
+    calls = [{"index": i, **c} for i, c in enumerate(choice["message"].get("tool_calls") or [])]
+    chunks.append(chunk({"tool_calls": calls} if calls else {}, taken, len(encode(render_body(message))),
+                        finish_reason=choice["finish_reason"]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    return chunks
 
 
 def _stop_string(renderer: Renderer, ids: list[int], stop: Any, include: bool) -> tuple[int, str, str] | None:

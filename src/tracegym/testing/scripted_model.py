@@ -1,7 +1,9 @@
 """Scripted model: an in-process model client that answers from a Script, optionally with toy token ids.
 
 With `tokens=True` it renders messages to text with a tiny ChatML-like template and uses UTF-8 bytes as
-token ids, so traces carry exact prompt/completion ids and logprobs just as from vLLM.
+token ids, so traces carry exact prompt/completion ids and logprobs just as from vLLM. With `prefix_stable=False`
+the template renders earlier assistant turns under another header than the one sampled after (as templates that
+rewrite past turns do, e.g. dropping their reasoning), so no prompt extends the previous prompt + completion.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ def render_body(message: Message) -> str:
     return f"{message.text}{calls}{END}"
 
 
-def render(messages: Sequence[Message]) -> str:
-    """The toy template: each message as `<|role|>\\n body`, then the generation prompt."""
-    return "".join(f"<|{m.role}|>\n{render_body(m)}" for m in messages) + GENERATION_PROMPT
+def render(messages: Sequence[Message], *, prefix_stable: bool = True) -> str:
+    """The toy template: each message as `<|role|>\\n body`, then the generation prompt; not `prefix_stable`,
+    earlier assistant turns open with `<|assistant:earlier|>` instead."""
+    def header(m: Message) -> str:
+        return "assistant:earlier" if m.role == "assistant" and not prefix_stable else m.role
+
+    return "".join(f"<|{header(m)}|>\n{render_body(m)}" for m in messages) + GENERATION_PROMPT
 
 
 def encode(text: str) -> list[int]:
@@ -38,8 +44,10 @@ class ScriptedModel:
     flight at once in `most_in_flight` (for tests of concurrency bounds)."""
 
     def __init__(self, script: Sequence[Entry] | None = None, rule: Callable[[ModelRequest], Entry] | None = None,
-                 *, name: str = "scripted", tokens: bool = False, finish_reason: str | None = None) -> None:
+                 *, name: str = "scripted", tokens: bool = False, finish_reason: str | None = None,
+                 prefix_stable: bool = True) -> None:
         self.script = Script(script, rule)
+        self.prefix_stable = prefix_stable
         self._name = name
         self.tokens = tokens
         self.finish_reason = finish_reason
@@ -67,7 +75,7 @@ class ScriptedModel:
             self.in_flight -= 1
         if isinstance(message, Fail):
             raise message.error
-        prompt = render(request.messages)
+        prompt = render(request.messages, prefix_stable=self.prefix_stable)
         completion = render_body(message)
         finish = self.finish_reason or ("tool_calls" if message.tool_calls else "stop")
         if not self.tokens:

@@ -95,6 +95,9 @@ def _node_flags(node: Node) -> list[str]:
     flags = [f'<span class="node-id">node {node.id}</span>']
     if node.sampled:
         flags.append('<span class="flag sampled">sampled</span>')
+    if node.copy_of is not None:
+        flags.append(f'<span class="flag copy" title="a fork copied it here: its tokens are in the next prompt">'
+                     f'copy of node {node.copy_of}</span>')
     if node.policy_version is not None:
         flags.append(f'<span class="flag version">policy v{node.policy_version}</span>')
     if node.token_ids:
