@@ -87,14 +87,20 @@ def expand_devfs(view: Iterable[Mount]) -> list[Mount]:
     return spelled
 
 
+PACKAGE = "the tracegym package"
+"""What `hidden_paths` calls the package folder: nothing inside it may be named, wherever it lies."""
+
+
 def refusal(path: str) -> str | None:
     """Why a sandbox may not see host `path` (it is a hidden path, or lies inside the tracegym package or the
     project), or None when it may: a folder inside the host's home or the env server's venv may be named (its
     site-packages, say, for an agent's libraries; whatever hidden path lies inside stays hidden)."""
-    real = Path(path).resolve()
-    for hidden, what in hidden_paths().items():
-        if real == hidden or (real.is_relative_to(hidden) and what not in _NAMEABLE_INSIDE):
-            return f"{path!r} is {what} or lies inside it ({hidden}), which no sandbox may see"
+    real, hidden = Path(path).resolve(), hidden_paths()
+    in_nameable = any(real != h and real.is_relative_to(h) for h, what in hidden.items() if what in _NAMEABLE_INSIDE)
+    for place, what in hidden.items():
+        inside = real.is_relative_to(place) and what not in _NAMEABLE_INSIDE
+        if real == place or (inside and (what == PACKAGE or not in_nameable)):  # the venv may lie in the project
+            return f"{path!r} is {what} or lies inside it ({place}), which no sandbox may see"
     return None
 
 
@@ -104,7 +110,7 @@ def hidden_paths() -> dict[Path, str]:
     its source, the env server's prefix, the host's home and working directory (those that exist and hold none
     of the system folders)."""
     project = next((p for p in _PACKAGE.parents if (p / "pyproject.toml").is_file()), None)
-    found = [(_PACKAGE, "the tracegym package"), (project, "the project's source"),
+    found = [(_PACKAGE, PACKAGE), (project, "the project's source"),
              (Path(sys.prefix).resolve(), "the env server's venv"), (Path.home().resolve(), "the host's home"),
              (Path.cwd().resolve(), "the host process's working directory")]
     hidden: dict[Path, str] = {}
