@@ -134,10 +134,10 @@ def test_a_malformed_frame_gets_an_error_reply_and_is_counted(server):
     assert server.stats["malformed"] == before + 1
 
 
-async def test_an_oversized_request_gets_an_error_reply(endpoint):
-    with running_server(max_frame_bytes=100_000) as small:
-        async with EnvClient(small.bound) as client:
-            with pytest.raises(RemoteError, match="limit"):
+async def test_an_oversized_request_is_refused_with_the_servers_limit(endpoint):
+    with running_server(max_request_bytes=100_000) as small:
+        async with EnvClient(small.bound) as client:  # it asks the server's limit before sending past 64 KiB
+            with pytest.raises(UsageError, match="100000-byte limit"):
                 await client.run(TaskData(prompt="x" * 150_000), endpoint)
             assert (await client.health())["ok"]
 

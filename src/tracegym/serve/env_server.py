@@ -34,11 +34,14 @@ from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.runtimes.processes import Parent
+from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES, Budget
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server, shared_secret
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, START_TIMEOUT, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.task_rows import TaskRows
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
+    MAX_PENDING_CHECK,
+    OVER_BUDGET,
     PROTOCOL,
     SECRET_ENV,
     Request,
@@ -56,13 +59,13 @@ SUPERVISE_EVERY = 0.1
 AUDIT_EVERY = 2.0
 """Most seconds between asking each busy worker which requests it still runs (a lost one is re-dispatched; a
 worker that does not answer within `worker_timeout` is taken as hung and killed)."""
-MAX_PENDING_CHECK = 10_000
-"""Most request ids one health ping may ask about."""
 WORKER_TIMEOUT = 60.0
 """Default seconds a busy worker may leave "which requests do you hold?" unanswered before it is killed as hung."""
 FRAME_MARGIN = 64 * 1024
 """Bytes past the request size limit a single frame may have before libzmq cuts its connection unanswered: room
 for a request's envelope, so a request just over the limit is answered `TooLarge` rather than cut."""
+ZERO_COPY_BYTES = 64 * 1024
+"""Payloads at least this long go to a worker without a copy (libzmq sends from the server's own bytes)."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -73,7 +76,9 @@ class InFlight:
 
     client: bytes
     id: str
-    payload: bytes
+    payload: bytes | memoryview
+    size: int = 0
+    """Bytes it counts against its client's budget and the server's (header and payload, as received)."""
     worker: bytes | None = None
     kills: int = 0
     """Times a worker died (or hung) running it and nothing else: each names it as the cause."""
@@ -88,9 +93,10 @@ class EnvServer:
 
     def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
                  address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
-                 log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
+                 log_dir: Path | None = None, max_request_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
                  worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
-                 max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
+                 max_abandoned_threads: int = MAX_ABANDONED_THREADS, max_open_bytes: int = MAX_OPEN_BYTES,
+                 max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.rows = TaskRows(self.taskset)
@@ -98,7 +104,10 @@ class EnvServer:
         self.secret = shared_secret(secret)
         if not is_loopback(address) and not self.secret:
             raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
-        self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
+        self.log_dir, self.max_request_bytes, self.max_redispatch = log_dir, max_request_bytes, max_redispatch
+        self.budget = Budget.for_server(secret=bool(self.secret), open_bytes=max_open_bytes, peer_bytes=max_peer_bytes,
+                                        server_bytes=max_server_bytes)
+        self.budget.check_fits(max_request_bytes)
         if worker_timeout <= 0:
             raise UsageError(f"worker_timeout must be positive, got {worker_timeout}")
         self.worker_timeout, self.max_abandoned_threads = worker_timeout, max_abandoned_threads
@@ -123,9 +132,9 @@ class EnvServer:
         self.frontend = self._socket(zmq.ROUTER)
         # A frame past this hard cap (handshake commands included) is cut by libzmq as its header arrives, before
         # its sender is known or authenticated: it costs no memory and cannot be answered (it shows as a closed
-        # connection). So one connection, authenticated or not, makes the server hold at most about one request's
-        # worth; a frame within the margin past the limit is still answered (`TooLarge`).
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes + FRAME_MARGIN)
+        # connection). A frame within the margin past the limit is still answered (`TooLarge`). The cap is per
+        # frame: libzmq takes in a message of many frames whole; only the handshake (a secret) keeps that out.
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, self.max_request_bytes + FRAME_MARGIN)
         if self.secret:  # peers without it are refused in the handshake: none of their messages is handed over
             self._gatekeeper = Gatekeeper(self._ctx, self.secret)
             guard_server(self.frontend, self.secret)
@@ -170,7 +179,7 @@ class EnvServer:
                 if self.backend in events:
                     self._drain(self.backend, self._on_worker)
                 if self.frontend in events:
-                    self._drain(self.frontend, self._on_client)
+                    self._drain(self.frontend, self._on_client, copy=False)
                 if self.connections in events:
                     self._drain(self.connections, self._on_connection)
                 if self._gatekeeper is not None and self._gatekeeper.socket in events:
@@ -198,25 +207,28 @@ class EnvServer:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     @staticmethod
-    def _drain(sock: zmq.Socket, handle: Any, most: int = 1000) -> None:
+    def _drain(sock: zmq.Socket, handle: Any, most: int = 1000, copy: bool = True) -> None:
         for _ in range(most):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return
             handle(frames)
 
     # --- clients -----------------------------------------------------------------------------------------
-    def _on_client(self, frames: list[bytes]) -> None:
-        client = frames[0]
+    def _on_client(self, message: list[zmq.Frame]) -> None:
+        """Answer (or route) one client message, its frames as libzmq holds them: a large payload is never copied,
+        and one refused is freed as soon as it is dropped."""
+        client = message[0].bytes
+        frames = [f.bytes if len(f) < ZERO_COPY_BYTES else f.buffer for f in message[1:]]
         try:
-            request = decode_request(frames[1:], max_bytes=self.max_frame_bytes)
+            request = decode_request(frames, max_bytes=self.max_request_bytes)
         except WireError as exc:
             self.stats["oversized" if exc.error_type == "TooLarge" else "malformed"] += 1
             self._send(client, error_reply(exc.request_id, exc.error_type, str(exc), ErrorKind.TASK))
             return
         if request.method == "run":
-            self._submit(client, request)
+            self._submit(client, request, len(frames[0]) + len(frames[1]))
         elif request.method == "cancel":
             self._cancel(client, request)
         elif request.method == "rows":
@@ -250,9 +262,10 @@ class EnvServer:
         queued = len(self.pending) + sum(len(group) for group in self.suspects)
         suspects = sum(1 for record in self.inflight.values() if record.suspect)
         return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
-                "in_flight": len(self.inflight), "queued": queued, "suspects": suspects, "stats": dict(self.stats)}
+                "in_flight": len(self.inflight), "queued": queued, "suspects": suspects,
+                "held_bytes": self.budget.held_total, "stats": dict(self.stats)}
 
-    def _unknown(self, client: bytes, payload: bytes) -> dict[str, Any]:
+    def _unknown(self, client: bytes, payload: bytes | memoryview) -> dict[str, Any]:
         """For a health ping listing the client's pending request ids: those this server has no record of."""
         try:
             pending = unpack(payload).get("pending")
@@ -274,19 +287,26 @@ class EnvServer:
                 "description": ts.description,
                 "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
                 "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic,
-                "max_request_bytes": self.max_frame_bytes}
+                "max_request_bytes": self.max_request_bytes, "budget_bytes": self.budget.per_peer,
+                "server_budget_bytes": self.budget.total}
 
-    def _submit(self, client: bytes, request: Request) -> None:
+    def _submit(self, client: bytes, request: Request, size: int) -> None:
         if (client, request.id) in self.index:
             self._send(client, error_reply(request.id, "BadRequest", "request id already in flight", ErrorKind.TASK))
             return
         if self.pool.failing and not self.pool.counts()["ready"]:
             self._send(client, error_reply(request.id, "WorkersFailing", self._failing_message()))
             return
+        refusal = self.budget.refusal(client, size)
+        if refusal is not None:  # dropped here: what the server holds stays within its budget
+            self.stats["over_budget"] += 1
+            self._send(client, error_reply(request.id, OVER_BUDGET, refusal))
+            return
         self.stats["run_requests"] += 1
         self._keys += 1
         key = self._keys.to_bytes(8, "big")
-        self.inflight[key] = InFlight(client, request.id, request.payload)
+        self.inflight[key] = InFlight(client, request.id, request.payload, size)
+        self.budget.take(client, size)
         self.index[(client, request.id)] = key
         self._dispatch(key)
 
@@ -307,6 +327,7 @@ class EnvServer:
     def _answer(self, key: bytes, frames: list[bytes]) -> None:
         record = self.inflight.pop(key)
         self.index.pop((record.client, record.id), None)
+        self.budget.release(record.client, record.size)
         if record.worker is not None:
             self.pool.release(record.worker, key)
         else:  # queued (cancelled, or a dead worker's reply that arrived after its death was handled)
@@ -335,15 +356,16 @@ class EnvServer:
 
     def _send_run(self, handle: WorkerHandle, key: bytes) -> bool:
         record = self.inflight[key]
-        if not self._to_worker(handle.name, [RUN, key, record.id.encode(), record.payload]):
+        if not self._to_worker(handle.name, [RUN, key, record.id.encode(), record.payload],
+                               copy=len(record.payload) < ZERO_COPY_BYTES):
             return False
         record.worker = handle.name
         self.pool.assign(handle, key)
         return True
 
-    def _to_worker(self, name: bytes, frames: list[bytes]) -> bool:
+    def _to_worker(self, name: bytes, frames: list[bytes | memoryview], copy: bool = True) -> bool:
         try:
-            self.backend.send_multipart([name, *frames], zmq.NOBLOCK)
+            self.backend.send_multipart([name, *frames], zmq.NOBLOCK, copy=copy)
             return True
         except zmq.ZMQError:  # the worker is gone (ROUTER_MANDATORY): supervision will notice
             return False
