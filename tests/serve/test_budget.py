@@ -9,7 +9,7 @@ import pytest
 import zmq
 from serve_helpers import running_server, task, wait_for
 
-from tracegym import Endpoint, TaskData, UsageError
+from tracegym import Endpoint, InfrastructureError, TaskData, UsageError
 from tracegym.serve import EnvClient, EnvServer, PoolSize, RemoteError, budget, local_server
 from tracegym.serve.budget import Budget
 from tracegym.serve.env_server_choice import WorkerPoolChoice
@@ -186,3 +186,13 @@ async def test_a_request_over_the_servers_size_limit_is_refused_by_the_client_be
                 await client.run(TaskData(prompt="x" * 300_000), endpoint)
             assert (await client.run(task("fine"), endpoint))[0].ok
             assert small.stats["connections_closed"] == 0  # nothing was cut: it never left the client
+
+
+async def test_a_request_the_server_cuts_unanswered_ends_at_the_next_ping_rather_than_hang(endpoint):
+    with running_server(max_request_bytes=100_000) as small:
+        async with EnvClient(small.bound, request_timeout=60, liveness_timeout=30) as client:
+            client.hosts[0].server_limit = 10**9  # as if it had not asked: the frame leaves, and ZMQ cuts it
+            with pytest.raises(InfrastructureError, match="no record .* cut the connection"):
+                await asyncio.wait_for(client.run(TaskData(prompt="x" * 300_000), endpoint), 20)
+            assert (await client.run(task("after"), endpoint))[0].ok  # the link is back
+        assert small.stats["connections_closed"] >= 1

@@ -250,7 +250,8 @@ class Connection:
             future = self.waiting.pop(request_id, None) if request_id in asked else None
             if future is not None and not future.done():
                 future.set_exception(HostLost(
-                    f"env server at {self.address} has no record of request {request_id} (lost; was it restarted?)"))
+                    f"env server at {self.address} has no record of request {request_id} (lost: it was restarted, "
+                    "or it cut the connection, as it does a frame over its size limit)"))
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:
