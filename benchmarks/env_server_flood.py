@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+
 import zmq
+from old_code import code_from
 
 from tracegym import Endpoint, TaskData
 from tracegym.models.client import ModelRequest
@@ -116,23 +118,8 @@ async def _normal(address: str, endpoint: Endpoint) -> str:
         return f"{type(exc).__name__}"
 
 
-@contextlib.contextmanager
-def pythonpath(src: str | None) -> Iterator[None]:
-    """The server child runs the code under `src` (None: this checkout's)."""
-    before = os.environ.get("PYTHONPATH")
-    if src is not None:
-        os.environ["PYTHONPATH"] = src
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = before
-
-
 def measure(src: str | None, extra: list[str], attack: Callable[[str], int], endpoint: Endpoint) -> str:
-    with pythonpath(src), local_server(SPEC, {}, workers=1, extra_args=extra) as address:
+    with code_from(src), local_server(SPEC, {}, workers=1, extra_args=extra) as address:
         pid = asyncio.run(_pid(address))
         idle = status_mib(pid, "VmRSS")
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM (peak RSS) counts from here
