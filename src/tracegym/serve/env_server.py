@@ -2,12 +2,15 @@
 
 The server process only routes and supervises. `run` payloads go unread to the least-loaded worker over a
 backend ROUTER (ipc), and the worker's packed reply goes back to the client unread. Every request gets exactly
-one reply. A worker that dies is noticed on the next supervision tick (0.1 s) and a replacement starts. Which
-of its requests killed it is unknown, so each becomes a *suspect*: suspects rerun in two halves, each group on a
-worker reserved for it (nothing else runs there), so every further death narrows the cause down until a request
-kills a worker it ran on alone. That poison request is answered with a `WorkerDied` error (kind `task`: it is
-the task's code that ends its process) once it has done so `max_redispatch` + 1 times; its neighbours finish,
-and the other workers keep serving new requests meanwhile. Busy workers are asked every few seconds which
+one reply, and a request counts against its client's byte budget and the server's until then (`serve.budget`).
+A worker that dies is noticed on the next supervision tick (0.1 s); a warm spare takes its place at once and a
+new spare starts (`serve.pool`). Which of its requests killed it is unknown, so each becomes a *suspect*: they
+rerun together on a worker reserved for them (nothing else runs there: the spare, idle, takes them at once), and
+should that worker die too, in two halves, each group on a worker of its own, so every further death narrows the
+cause down until a request kills a worker it ran on alone. That poison request is answered with a `WorkerDied`
+error (kind `task`: it is the task's code that ends its process) once it has done so `max_redispatch` + 1 times;
+its neighbours finish, and the other workers keep serving new requests meanwhile. Busy workers are asked every
+few seconds which
 requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
 the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's; a
 starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
@@ -262,8 +265,9 @@ class EnvServer:
         queued = len(self.pending) + sum(len(group) for group in self.suspects)
         suspects = sum(1 for record in self.inflight.values() if record.suspect)
         return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
-                "in_flight": len(self.inflight), "queued": queued, "suspects": suspects,
-                "held_bytes": self.budget.held_total, "stats": dict(self.stats)}
+                "spares": self.pool.spare_pids(), "in_flight": len(self.inflight), "queued": queued,
+                "suspects": suspects, "held_bytes": self.budget.held_total,
+                "stats": {**self.stats, "spares_promoted": self.pool.promoted}}
 
     def _unknown(self, client: bytes, payload: bytes | memoryview) -> dict[str, Any]:
         """For a health ping listing the client's pending request ids: those this server has no record of."""
@@ -285,7 +289,7 @@ class EnvServer:
                 "members": [m.id for m in multi_agent_class(ts).seats] if is_multi_agent(ts) else [],
                 "defaults": _defaults(ts),
                 "description": ts.description,
-                "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
+                "workers": self.pool.counts()["ready"], "spare_workers": self.size.spares, "min_workers": self.size.min,
                 "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic,
                 "max_request_bytes": self.max_request_bytes, "budget_bytes": self.budget.per_peer,
                 "server_budget_bytes": self.budget.total}
@@ -379,13 +383,13 @@ class EnvServer:
                 return
 
     def _place_suspects(self) -> None:
-        """Send each waiting group of suspects, the next first, to an idle worker reserved for it; a reserved
-        worker with nothing left to run goes back to serving every request."""
+        """Send each waiting group of suspects, the next first, to an idle worker reserved for it; once none waits,
+        a reserved worker that runs no suspect (idle, or still draining) goes back to serving every request."""
         while self.suspects:
             if not self.suspects[0]:
                 self.suspects.popleft()
                 continue
-            handle = self._reserved_idle()
+            handle = self._isolation_worker()
             if handle is None:
                 break
             group = self.suspects.popleft()
@@ -394,26 +398,35 @@ class EnvServer:
                 if not self._send_run(handle, key):  # it is gone: supervision will notice
                     self.suspects.appendleft(group[n:])
                     return
-        for handle in self.pool.workers.values():
-            if handle.isolating and not handle.jobs and not self.suspects:
-                handle.isolating = False
+        if not self.suspects:
+            for handle in self.pool.workers.values():
+                if handle.isolating and not self._runs_suspects(handle):
+                    handle.isolating = False
 
-    def _reserved_idle(self) -> WorkerHandle | None:
-        """An idle worker reserved for suspects, reserving one if fewer than half the ready workers (at least
-        one) are: an idle worker, or else the least loaded, which drains first (nothing new is sent to it); but
-        while a replacement is starting, wait for it rather than drain a busy worker. None: none idle yet."""
+    def _isolation_worker(self) -> WorkerHandle | None:
+        """An idle worker for the next group of suspects: one reserved already, else a spare (promoted: it takes
+        the place of the worker that died), else an idle one, reserved now (in place of a reserved worker still
+        draining, when there is one). Failing those, while fewer than half the ready workers (at least one) are
+        reserved, the least loaded is reserved to drain (nothing new is sent to it) and the group waits: for it,
+        or for whichever worker comes idle first (a spare that starts, say). None: none idle yet."""
         reserved = [h for h in self.pool.workers.values() if h.isolating and h.ready and not h.retiring]
         idle = next((h for h in reserved if not h.jobs), None)
         if idle is not None:
             return idle
-        counts = self.pool.counts()
-        if len(reserved) >= max(1, counts["ready"] // 2):
-            return None
-        handle = self.pool.pick()
-        if handle is None or (handle.jobs and counts["starting"]):
+        handle = self.pool.take_spare() or self.pool.pick()
+        draining = [h for h in reserved if not self._runs_suspects(h)]
+        if handle is not None and not handle.jobs:
+            for other in draining[:1]:
+                other.isolating = False  # the idle one takes its turn: it goes back to serving
+            handle.isolating = True
+            return handle
+        if handle is None or draining or len(reserved) >= max(1, self.pool.counts()["ready"] // 2):
             return None
         handle.isolating = True
-        return None if handle.jobs else handle
+        return None
+
+    def _runs_suspects(self, handle: WorkerHandle) -> bool:
+        return any((record := self.inflight.get(key)) is not None and record.suspect for key in handle.jobs)
 
     def _on_worker(self, frames: list[bytes]) -> None:
         name, kind = frames[0], frames[1] if len(frames) > 1 else b""
@@ -517,18 +530,23 @@ class EnvServer:
     def _worker_exited(self, handle: WorkerHandle) -> None:
         """Queue a dead (or hung, killed) worker's requests again as suspects. When it ran one request alone,
         that one is named as the cause and, past `max_redispatch` retries, answered with a task error. When it
-        ran several, none is blamed: they rerun in two halves, each group alone on a reserved worker, so the next
-        death narrows the cause down. Retries are counted per request: a neighbour's count never moves."""
+        ran several, none is blamed: they rerun together on a reserved worker (most deaths are not their doing:
+        the OOM killer, a kill -9, a lost node), and when they were suspects already (that worker died too), in
+        two halves, each group alone on a reserved worker, so the next death narrows the cause down. Retries are
+        counted per request: a neighbour's count never moves."""
         if handle.hung:  # counted in workers_hung when it was killed
             why = f"a worker hung (no answer for {self.worker_timeout:g} s, killed) running this request"
         else:
             self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
             why = f"a worker died (exit {handle.proc.returncode}) running this request"
         keys = [k for k in sorted(handle.jobs) if (r := self.inflight.get(k)) is not None and r.worker == handle.name]
+        suspected = any(self.inflight[key].suspect for key in keys)
         for key in keys:
             self.inflight[key].worker, self.inflight[key].suspect = None, True
         if keys == [handle.solo]:
             self._blame(keys[0], why)
+        elif keys and not suspected:
+            self._requeue(keys)
         elif keys:
             half = (len(keys) + 1) // 2
             for group in (keys[half:], keys[:half]):  # each to the front: the first half runs first

@@ -40,6 +40,10 @@ class WorkerPoolChoice(BaseModel):
     grow_at: float = Field(default=PoolSize.model_fields["grow_at"].default, gt=0)
     """Requests in flight per worker past which an elastic pool starts another worker; requests past it wait at
     the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
+    spare_workers: int = Field(default=PoolSize.model_fields["spares"].default, ge=0)
+    """Warm workers kept ready beside the pool (given no work): when a worker dies (or an elastic pool grows), a
+    spare takes its place, and the dead worker's requests, at once instead of after a worker's start (a second or
+    more), while a new spare starts behind it. Each costs a worker's memory at idle."""
     worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
     """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered (its event loop
     blocked, e.g. by an async tool that blocks) before it is taken as hung, killed and replaced, and its requests
@@ -81,8 +85,9 @@ class WorkerPoolChoice(BaseModel):
     def size(self) -> PoolSize:
         """The worker pool's size policy."""
         if self.elastic:
-            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at)
-        return PoolSize.static(self.workers)
+            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at,
+                                          spares=self.spare_workers)
+        return PoolSize.static(self.workers, spares=self.spare_workers)
 
     def serve_args(self) -> list[str]:
         """These options as `tracegym serve` flags (for an env server a command starts as a child process, or in
