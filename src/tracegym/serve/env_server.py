@@ -10,10 +10,9 @@ should that worker die too, in two halves, each group on a worker of its own, so
 cause down until a request kills a worker it ran on alone. That poison request is answered with a `WorkerDied`
 error (kind `task`: it is the task's code that ends its process) once it has done so `max_redispatch` + 1 times;
 its neighbours finish, and the other workers keep serving new requests meanwhile. Busy workers are asked every
-few seconds which
-requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
-the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's; a
-starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
+few seconds which requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a
+worker that leaves the question unanswered for `worker_timeout` is killed as hung, its requests then handled like
+a dead worker's; a starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
 """
 
 from __future__ import annotations
