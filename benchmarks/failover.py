@@ -1,4 +1,4 @@
-"""Benchmark: failover times, from a lost inference server or env host to its rollouts completing elsewhere.
+"""Benchmark: failover times, from a lost inference server, env host or env-server worker to its rollouts completing.
 
 Inference servers (two fake OpenAI servers, every call 0.5 s, behind the router): one is killed (its connections
 close) or hangs (still connected, never answers: found by the router's probe) while 8 sessions have a turn in
@@ -8,7 +8,16 @@ cut off the network (no FIN: found by the client's liveness timeout) while 3 rol
 case prints when the lost work was seen lost, when the last of it completed elsewhere, and the same run's time
 without a loss, side by side.
 
+Env-server workers (a local `tracegym serve` of 2 workers, every rollout 0.3 s in setup, 200 rollouts at 16 at a
+time, one request each): one worker is killed (kill -9) mid-eval, then `--gap` seconds later the other one. For each
+kill, when every request sent before it was running again (`rerun`: the latest start of a rollout sent before the
+kill that started after it) and answered (`done`), and the whole eval's time; each eval must end 200/200 with no
+duplicate. Then the same eval with one task whose setup kills its worker (a crash-looping task): its 4 rollouts
+fail, blamed, and the other 196 succeed. With `--old-src` (another checkout's `src`) the old code runs the same
+cases in the same run, side by side.
+
     .venv/bin/python benchmarks/failover.py [--liveness 2.0] [--probe-every 0.5 --probe-timeout 1.0]
+        [--old-src /tmp/old/src] [--gap 1.0] [--repeats 3] [--only workers]
 """
 
 from __future__ import annotations
@@ -17,15 +26,22 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
-from tracegym import Endpoint
+sys.path.insert(0, str(Path(__file__).parent))
+from old_code import code_from
+
+from tracegym import Endpoint, TaskData
 from tracegym.core.messages import user
 from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelRequest
 from tracegym.models.router import Router
-from tracegym.serve import EnvClient
+from tracegym.serve import EnvClient, RemoteError
 from tracegym.serve.local_server import local_server
 from tracegym.serve.wire import SECRET_ENV
 from tracegym.testing import FakeOpenAIServer, Stall
@@ -118,17 +134,117 @@ async def inference_servers(every: float, timeout: float) -> None:
         print(f"{name:>22}  {seen:>8.2f}s  {done:>7.2f}s", flush=True)
 
 
+# --- env-server workers ----------------------------------------------------------------------------------------
+WORKER_ROLLOUT_S = 0.3
+
+
+class Rollout(NamedTuple):
+    """One rollout as the benchmark saw it; times are wall-clock seconds (`started`: the trace's own start, in the
+    worker that ran it last)."""
+
+    task: str
+    index: int
+    ok: bool
+    sent: float
+    started: float
+    answered: float
+
+
+async def worker_case(address: str, endpoint: Endpoint, gap: float | None, poison: str | None = None) -> str:
+    """One eval of 200 rollouts (50 tasks x 4) through the server at `address`; with `gap`, its two original
+    workers are killed `gap` s apart once 40 rollouts are done. One line: per kill when everything sent before it
+    ran again and was answered, the eval's time, ok / total, duplicates."""
+    rows = [TaskData(id=f"echo-{n}", prompt=f"Say w{n}.", answer=f"w{n}") for n in range(50)]
+    done: list[Rollout] = []
+    gate = asyncio.Semaphore(16)
+    async with EnvClient(address, per_request=1, request_timeout=120) as client:
+        while (health := await client.health())["workers"]["ready"] < 2:
+            await asyncio.sleep(0.05)
+        originals = [p for p in health["pids"] if p not in health.get("spares", [])]
+
+        async def one(row: TaskData, index: int) -> None:
+            async with gate:
+                sent = time.time()
+                try:
+                    [trace] = await client.run(row, endpoint, rollout_indices=[index])
+                except RemoteError:  # a request that kept killing its worker: a failed rollout, blamed
+                    done.append(Rollout(str(row.id), index, False, sent, time.time(), time.time()))
+                    return
+                done.append(Rollout(str(row.id), index, trace.ok, sent, trace.started_at, time.time()))
+
+        start = time.time()
+        run = asyncio.gather(*(one(row, i) for row in rows for i in range(4)))
+        kills: list[float] = []
+        if gap is not None:
+            await _when(lambda: len(done) >= 40, 60)
+            for pid in originals[:2]:
+                os.kill(pid, signal.SIGKILL)
+                kills.append(time.time())
+                await asyncio.sleep(gap)
+        await run
+        health = await client.health()
+    took = time.time() - start
+    keys = {(r.task, r.index) for r in done}
+    ok = sum(r.ok for r in done)
+    line = [f"{_recovery(done, kills)}", f"{took:6.2f}s", f"{ok}/{len(done)}", f"{len(done) - len(keys)} dup"]
+    if poison is not None:
+        failed = sorted({r.task for r in done if not r.ok})
+        line.append(f"failed: {', '.join(failed) or 'none'}, {health['stats'].get('workers_died', 0)} deaths")
+    return "  ".join(line)
+
+
+def _recovery(done: list[Rollout], kills: list[float]) -> str:
+    """Per kill: the latest start (`rerun`) and answer (`done`) of a rollout sent before it that started (for the
+    last time) after it, in seconds from the kill: when everything it held up ran again, and was answered."""
+    if not kills:
+        return " " * 26 * 2
+    cells = []
+    for kill in kills:
+        held = [(r.started, r.answered) for r in done if r.sent < kill <= r.started]
+        rerun = max((s - kill for s, _ in held), default=0.0)
+        answered = max((a - kill for _, a in held), default=0.0)
+        cells.append(f"{rerun:5.2f}s/{answered:5.2f}s ({len(held):>2})")
+    return "  ".join(cells)
+
+
+async def env_workers(old_src: str | None, gaps: list[float], repeats: int) -> None:
+    print(f"\nenv-server workers (2 workers, rollouts of {WORKER_ROLLOUT_S:g} s, 200 at 16 at a time; the two "
+          "original workers killed `gap` s apart)")
+    print(f"{'code':>4}  {'case':>18}  {'1st kill: rerun/done (n)':>24}  {'2nd kill: rerun/done (n)':>24}  "
+          "  eval       ok    dups")
+    with FakeOpenAIServer(["ok"]) as model:
+        endpoint = Endpoint(base_url=model.base_url, model=model.model, api_key_env=None, max_retries=0)
+        sides = [("old", old_src), ("new", None)] if old_src else [("new", None)]
+        cases: list[tuple[str, float | None, str | None]] = [("no kill", None, None)]
+        for gap in gaps:
+            cases += [(f"kills {gap:g} s apart", gap, None)] * repeats
+        cases += [("crash-looping", None, "echo-7")]
+        for case, kill_gap, poison in cases:
+            for side, src in sides:
+                options = {"setup_sleep": WORKER_ROLLOUT_S, **({"poison_task": poison} if poison else {})}
+                with code_from(src), local_server(SPEC, options, workers=2) as address:
+                    line = await worker_case(address, endpoint, kill_gap, poison)
+                print(f"{side:>4}  {case:>18}  {line}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--liveness", type=float, default=2.0, help="the env client's liveness timeout (s)")
     parser.add_argument("--probe-every", type=float, default=0.5, help="the router's health_every (s)")
     parser.add_argument("--probe-timeout", type=float, default=1.0, help="the router's probe_timeout (s)")
+    parser.add_argument("--old-src", help="`src` of an old checkout: its env servers run the worker cases too")
+    parser.add_argument("--gap", type=float, nargs="+", default=[1.0], help="seconds between the two worker kills")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the two-kill case per side")
+    parser.add_argument("--only", choices=["inference", "hosts", "workers"], help="run one section")
     args = parser.parse_args()
-    asyncio.run(inference_servers(args.probe_every, args.probe_timeout))
-    if available():
+    if args.only in (None, "inference"):
+        asyncio.run(inference_servers(args.probe_every, args.probe_timeout))
+    if args.only in (None, "hosts") and available():
         asyncio.run(env_hosts(args.liveness))
-    else:
+    elif args.only in (None, "hosts"):
         print("\nenv hosts: skipped (needs root and iproute2 for network namespaces)")
+    if args.only in (None, "workers"):
+        asyncio.run(env_workers(args.old_src, args.gap, args.repeats))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def running_server(options: dict | None = None, spec: str = SPEC, **kwargs: Any)
 
 
 def worker_pids(server: EnvServer) -> list[int]:
-    return [h.proc.pid for h in server.pool.workers.values() if h.ready]
+    """The pids of the workers that serve (ready, spares apart)."""
+    return [h.proc.pid for h in server.pool.workers.values() if h.ready and not h.spare]
 
 
 def wait_ready(server: EnvServer, count: int, timeout: float = 30.0) -> bool:

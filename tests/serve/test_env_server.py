@@ -19,7 +19,7 @@ from tracegym.testing.echo import Echo
 async def test_health_reports_ready_workers(server):
     async with EnvClient(server.bound) as client:
         health = await client.health()
-    assert health["ok"] and health["workers"]["ready"] == 1 and len(health["pids"]) == 1
+    assert health["ok"] and health["workers"]["ready"] == 1 and len(set(health["pids"]) - set(health["spares"])) == 1
 
 
 async def test_info_describes_the_taskset(server):
@@ -134,10 +134,10 @@ def test_a_malformed_frame_gets_an_error_reply_and_is_counted(server):
     assert server.stats["malformed"] == before + 1
 
 
-async def test_an_oversized_request_gets_an_error_reply(endpoint):
-    with running_server(max_frame_bytes=100_000) as small:
-        async with EnvClient(small.bound) as client:
-            with pytest.raises(RemoteError, match="limit"):
+async def test_an_oversized_request_is_refused_with_the_servers_limit(endpoint):
+    with running_server(max_request_bytes=100_000) as small:
+        async with EnvClient(small.bound) as client:  # it asks the server's limit before sending past 64 KiB
+            with pytest.raises(UsageError, match="100000-byte limit"):
                 await client.run(TaskData(prompt="x" * 150_000), endpoint)
             assert (await client.health())["ok"]
 

@@ -50,3 +50,15 @@ def test_a_saved_choice_with_its_defaults_written_out_validates_again():
     """A run folder's config has every default written out (an eval's `--resume` reads it back)."""
     saved = EnvServerChoice(address="tcp://h:5555").model_dump(mode="json")
     assert EnvServerChoice.model_validate(saved).address == ["tcp://h:5555"]
+
+
+@pytest.mark.parametrize("options", [{}, {"elastic": True}])
+def test_the_spare_workers_reach_the_pool_static_or_elastic(options):
+    assert EnvServerChoice(**options).size().spares == 1
+    choice = EnvServerChoice(spare_workers=0, **options)
+    assert choice.size().spares == 0 and "--spare-workers" in choice.serve_args()
+
+
+def test_the_byte_limits_are_refused_with_an_address_like_the_pool_options():
+    with pytest.raises(ValidationError, match="`max_open_bytes`"):
+        EnvServerChoice(address="tcp://h:5555", max_open_bytes="1GiB")

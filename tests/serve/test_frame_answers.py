@@ -13,7 +13,7 @@ LIMIT = 100_000
 
 @pytest.fixture(scope="module")
 def small():
-    with running_server(max_frame_bytes=LIMIT) as server:
+    with running_server(max_request_bytes=LIMIT) as server:
         yield server
 
 
@@ -37,7 +37,7 @@ def test_a_request_over_the_limit_is_answered_with_a_typed_error_and_counted(sma
 
 
 def test_a_frame_over_the_sockets_hard_cap_is_counted_though_its_sender_cannot_be_answered():
-    with running_server(max_frame_bytes=LIMIT) as server, zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
+    with running_server(max_request_bytes=LIMIT) as server, zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 0)  # its own server: no other connection's close can count
         cut = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(server.bound)

@@ -18,9 +18,11 @@ async def test_local_server_serves_and_leaves_no_process(tmp_path, endpoint):
     with local_server(SPEC, {"num_tasks": 3}, workers=2, log_dir=tmp_path) as address:
         async with EnvClient(address) as client:
             assert await client.run(task("hi"), endpoint)
-            pids = (await client.health())["pids"]
-    assert len(pids) == 2 and not [p for p in pids if alive(p)]
-    assert {p.name for p in tmp_path.iterdir()} == {"server.log", "worker-w1.log", "worker-w2.log"}
+            while not (health := await client.health())["spares"]:  # two workers, then the spare behind them
+                await asyncio.sleep(0.05)
+            pids = health["pids"]
+    assert len(pids) == 3 and not [p for p in pids if alive(p)]
+    assert {p.name for p in tmp_path.iterdir()} == {"server.log", "worker-w1.log", "worker-w2.log", "worker-w3.log"}
     assert not [p for p in tmp_path.iterdir() if "Traceback" in p.read_text()]
 
 
@@ -29,7 +31,7 @@ def test_sigint_stops_server_and_workers_without_tracebacks():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         address = _read_address(proc, proc.stdout)
-        assert wait_for(lambda: len(ready_pids(address)) == 2, 20)
+        assert wait_for(lambda: len(ready_pids(address)) == 3, 20)  # two workers and the spare
         pids = ready_pids(address)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group gets it
         _, err = proc.communicate(timeout=15)
@@ -40,14 +42,15 @@ def test_sigint_stops_server_and_workers_without_tracebacks():
 
 
 def ready_pids(address: str) -> list[int]:
-    """The server's worker pids once every worker is ready, else []."""
+    """The server's worker pids (its spare's too) once every worker is ready, else []."""
 
     async def ask() -> dict:
         async with EnvClient(address) as client:
             return await client.health()
 
     health = asyncio.run(ask())
-    return health["pids"] if health["workers"]["ready"] == len(health["pids"]) else []
+    workers = health["workers"]
+    return health["pids"] if workers["ready"] + workers["spare"] == len(health["pids"]) else []
 
 
 def test_a_local_server_whose_parent_is_killed_stops_with_its_workers():

@@ -124,8 +124,16 @@ def test_requests_of_a_worker_that_died_shared_become_suspects_and_none_is_blame
     dies(unserved, fake_worker(unserved, b"w8", b"a", b"b", b"c", b"d", b"e"))
     assert [r.kills for r in unserved.inflight.values()] == [0] * 5  # all still owed a reply
     assert all(r.suspect and r.worker is None for r in unserved.inflight.values())
-    assert [list(g) for g in unserved.suspects] == [[b"a", b"b", b"c"], [b"d", b"e"]]  # halves, each run alone
+    assert [list(g) for g in unserved.suspects] == [[b"a", b"b", b"c", b"d", b"e"]]  # together, on a worker alone
     assert not unserved.pending and unserved.stats["redispatched"] == 5
+
+
+def test_suspects_whose_isolated_worker_died_too_rerun_in_halves(unserved):
+    dies(unserved, fake_worker(unserved, b"w8", b"a", b"b", b"c", b"d", b"e"))
+    unserved.suspects.clear()
+    dies(unserved, fake_worker(unserved, b"w9", b"a", b"b", b"c", b"d", b"e"))  # the group killed it: halves
+    assert [list(g) for g in unserved.suspects] == [[b"a", b"b", b"c"], [b"d", b"e"]]
+    assert [r.kills for r in unserved.inflight.values()] == [0] * 5
 
 
 def test_a_request_that_kills_the_worker_it_ran_alone_on_is_failed_after_its_own_retries(unserved):
@@ -155,13 +163,14 @@ async def test_a_poison_task_fails_only_its_own_rollouts_and_the_pool_keeps_serv
                                                             concurrency=60)]
             [after] = await client.run(task("after"), endpoint)
             health = await client.health()
+        whole = await asyncio.to_thread(wait_for, lambda: server.pool.counts()["ready"] == workers, 30)
     failed = sorted(t.task.id for t in traces if not t.ok)
     assert failed == ["poison", "poison"] and len(traces) == 60 and after.ok
     poison = next(t for t in traces if not t.ok)
     assert poison.failure == "worker_died" and "alone, 2 times" in poison.errors[0].message
     assert health["stats"]["poison_requests"] == 1 and health["stats"]["workers_died"] >= 2
     assert (health["in_flight"], health["queued"], health["suspects"]) == (0, 0, 0)
-    assert health["workers"] == {"ready": workers, "starting": 0, "retiring": 0, "isolating": 0}
+    assert (health["workers"]["retiring"], health["workers"]["isolating"]) == (0, 0) and whole  # (once started)
 
 
 @pytest.mark.parametrize("how", ["segfault", "kill"])
@@ -229,3 +238,85 @@ def test_a_worker_marked_for_replacement_answers_its_other_requests_and_stops_on
     assert (b"w8", STOP) not in sent and unserved.inflight[b"b"].worker == b"w8"
     unserved._on_worker([b"w8", REPLY, b"b", b"x", b"x"])
     assert (b"w8", STOP) in sent and not unserved.inflight  # both answered, then stopped
+
+
+# --- recovery: a warm spare takes a dead worker's requests; a second death waits for no fresh process ----------
+@pytest.fixture
+def routed(unserved, monkeypatch):
+    """`unserved`, its messages to workers recorded as (worker, kind, key) instead of sent."""
+    sent: list[tuple[bytes, bytes, bytes | None]] = []
+    monkeypatch.setattr(unserved, "_to_worker",
+                        lambda name, frames, copy=True: sent.append((name, frames[0], frames[1] if len(frames) > 1
+                                                                     else None)) or True)
+    unserved.sent = sent
+    return unserved
+
+
+def spare_worker(server: EnvServer, name: bytes) -> WorkerHandle:
+    handle = fake_worker(server, name)
+    handle.spare = True
+    return handle
+
+
+def starting_worker(server: EnvServer, name: bytes) -> WorkerHandle:
+    handle = WorkerHandle(name, subprocess.Popen(["sleep", "30"]), started=time.monotonic())
+    server.pool.workers[name] = handle
+    return handle
+
+
+def test_a_dead_workers_requests_run_at_once_on_the_spare_together(routed):
+    fake_worker(routed, b"w1", b"a", b"b", b"c")
+    fake_worker(routed, b"w2", b"x")
+    spare = spare_worker(routed, b"s1")
+    dies(routed, routed.pool.workers[b"w1"])
+    routed._flush_pending()
+    assert {k: r.worker for k, r in routed.inflight.items() if r.suspect} == {b"a": b"s1", b"b": b"s1", b"c": b"s1"}
+    assert spare.isolating and not spare.spare and routed.pool.promoted == 1  # one of the pool now
+    assert not routed.suspects and not routed.pending and routed.stats["isolated_runs"] == 1
+    assert routed.pool.pick() is routed.pool.workers[b"w2"]  # new work goes on to the others meanwhile
+
+
+def test_a_second_death_while_the_new_spare_starts_does_not_wait_for_it(routed):
+    fake_worker(routed, b"w1", b"a", b"b")
+    fake_worker(routed, b"w2", b"x", b"y")
+    spare_worker(routed, b"s1")
+    dies(routed, routed.pool.workers[b"w1"])
+    routed._flush_pending()  # a, b on s1
+    starting_worker(routed, b"s2")  # the new spare, not ready: the second death must not wait for it
+    fake_worker(routed, b"w3", b"n")  # a busy worker, serving on (half the ready workers are reserved: s1)
+    dies(routed, routed.pool.workers[b"w2"])
+    routed._flush_pending()
+    assert [list(g) for g in routed.suspects] == [[b"x", b"y"]] and not routed.pool.workers[b"w3"].isolating
+    routed._on_worker([b"s1", REPLY, b"a", b"h", b"p"])
+    routed._on_worker([b"s1", REPLY, b"b", b"h", b"p"])  # s1 is idle first: it takes the second group
+    assert (routed.inflight[b"x"].worker, routed.inflight[b"y"].worker) == (b"s1", b"s1")
+    assert not routed.pool.workers[b"s2"].ready and not routed.suspects
+
+
+def test_an_idle_worker_takes_the_turn_of_a_reserved_one_still_draining(routed):
+    fake_worker(routed, b"w1", b"a", b"b")
+    fake_worker(routed, b"w2", b"n")
+    dies(routed, routed.pool.workers[b"w1"])  # no spare: w2 is reserved to drain
+    routed._flush_pending()
+    assert routed.pool.workers[b"w2"].isolating and routed.suspects
+    fresh = fake_worker(routed, b"w3")  # a replacement says ready before w2 drained
+    routed._flush_pending()
+    assert (routed.inflight[b"a"].worker, routed.inflight[b"b"].worker) == (b"w3", b"w3") and fresh.isolating
+    assert not routed.pool.workers[b"w2"].isolating  # back to serving at once
+
+
+async def test_a_killed_workers_requests_are_taken_over_by_the_warm_spare(endpoint):
+    with running_server(size=PoolSize(min=1, spares=1)) as server:
+        assert wait_for(lambda: server.pool.counts()["spare"] == 1, 30), "the spare did not start"
+        [spare] = [h for h in server.pool.workers.values() if h.spare]
+        async with EnvClient(server.bound) as client:
+            jobs = [asyncio.create_task(client.run(task(f"sleep-1.{i}"), endpoint)) for i in range(4)]
+            await asyncio.to_thread(wait_for, lambda: len(server.inflight) == 4 and not server.pending, 5)
+            [worker] = [h for h in server.pool.workers.values() if h.jobs]
+            os.kill(worker.proc.pid, signal.SIGKILL)
+            taken = await asyncio.to_thread(  # dispatched to the spare, which was ready before the death
+                wait_for, lambda: all(r.worker == spare.name for r in list(server.inflight.values())), 10)
+            traces = await asyncio.wait_for(asyncio.gather(*jobs), 20)
+        assert taken and all(t[0].ok for t in traces)
+        assert server.stats["redispatched"] == 4 and server.pool.promoted == 1 and server.stats["isolated_runs"] == 1
+        assert wait_for(lambda: server.pool.counts()["spare"] == 1, 30)  # a new one behind it

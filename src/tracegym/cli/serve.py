@@ -70,7 +70,9 @@ def run(args: list[str]) -> int:
         return serve_openenv(cfg)
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
-                       max_abandoned_threads=cfg.max_abandoned_threads)
+                       max_abandoned_threads=cfg.max_abandoned_threads, max_request_bytes=cfg.max_request_bytes,
+                       max_open_bytes=cfg.max_open_bytes, max_peer_bytes=cfg.max_peer_bytes,
+                       max_server_bytes=cfg.max_server_bytes)
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())

@@ -24,12 +24,16 @@ from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import InfrastructureError, StageTimeout, UsageError
 from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal
-from tracegym.serve.wire import decode_reply, encode_request
+from tracegym.serve.wire import MAX_PENDING_CHECK, decode_reply, encode_request
 
 PING_AFTER = 1.0
 """Seconds of silence, with requests in flight, after which the client pings the server."""
-INTERNAL = ("ping", "cancel-")
-"""How the ids of the connection's own requests (liveness pings, cancels of abandoned runs) begin."""
+INTERNAL = ("ping", "cancel-", "limit-")
+"""How the ids of the connection's own requests (liveness pings, cancels of abandoned runs, asking the server's size
+limit) begin."""
+ASK_LIMIT_ABOVE = 64 * 1024
+"""Bytes past which a request waits until the server has said its size limit (once per connection): a frame more
+than 64 KiB past that limit is cut by the server's ZMQ unanswered, so it is refused here instead."""
 LINK_EVENTS = HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
 """The socket events a connection acts on."""
 
@@ -48,12 +52,17 @@ class Connection:
         self.waiting: dict[str, asyncio.Future[Any]] = {}
         self.up = True
         """False from a lost link (or a failed connection attempt) until a handshake succeeds again."""
+        self.server_limit: int | None = None
+        """The server's request size limit, once it said it (`info`)."""
         self._pings = itertools.count()
         self._ctx: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._events: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
+        self._asking: asyncio.Future[Any] | None = None
+        self._answered = asyncio.Event()
+        """Set (and replaced) whenever a reply arrives: what a request refused as over budget waits for."""
 
     @property
     def load(self) -> int:
@@ -94,19 +103,35 @@ class Connection:
     # --- requests ----------------------------------------------------------------------------------------
     def send(self, method: str, payload: Any, request_id: str, limit: int) -> asyncio.Future[Any]:
         """Send one request; the future its reply (or failure) will settle."""
-        socket = self.connect()
         frames = encode_request(request_id, method, payload)
         if sum(len(f) for f in frames) > limit:
             raise UsageError(f"{method} request is over the {limit}-byte limit")
+        return self._send(frames, request_id)
+
+    def _send(self, frames: list[bytes], request_id: str) -> asyncio.Future[Any]:
+        socket = self.connect()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
         socket.send_multipart(frames, copy=len(frames[1]) < 65536)
         return future
 
+    async def answered(self, timeout: float) -> None:
+        """Return once a reply arrives (any request's), or after `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), timeout)
+
     async def request(self, method: str, payload: Any, request_id: str, timeout: float, limit: int) -> Any:
         """One request's result (an error reply is returned as its RemoteError); past `timeout` a StageTimeout;
-        a cancelled caller abandons it (a `run` is cancelled on the server too)."""
-        future = self.send(method, payload, request_id, limit)
+        a cancelled caller abandons it (a `run` is cancelled on the server too). A request over `limit` or the
+        server's own limit is a UsageError, before it is sent."""
+        frames = encode_request(request_id, method, payload)
+        size = sum(len(f) for f in frames)
+        if size > ASK_LIMIT_ABOVE and self.server_limit is None:
+            await self._ask_limit(timeout)
+        limit = min(limit, self.server_limit or limit)
+        if size > limit:
+            raise UsageError(f"{method} request is over the {limit}-byte limit")
+        future = self._send(frames, request_id)
         timer = asyncio.get_running_loop().call_later(timeout, self._expire, request_id, method, timeout)
         try:
             return await future
@@ -118,6 +143,17 @@ class Connection:
             raise
         finally:
             timer.cancel()
+
+    async def _ask_limit(self, timeout: float) -> None:
+        """Learn the server's request size limit, asking once for every request that waits for it (left unknown
+        when the server does not say)."""
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(
+                self.request("info", None, f"limit-{next(self._pings)}", timeout, ASK_LIMIT_ABOVE))
+        with contextlib.suppress(Exception):  # the request itself then meets whatever went wrong
+            info = await asyncio.wait_for(asyncio.shield(self._asking), timeout)
+            if isinstance(info, dict) and isinstance(info.get("max_request_bytes"), int):
+                self.server_limit = info["max_request_bytes"]
 
     def _expire(self, request_id: str, method: str, timeout: float) -> None:
         future = self.waiting.get(request_id)
@@ -150,6 +186,8 @@ class Connection:
             self._heard, self.up = time.monotonic(), True  # whatever answers is there
             for frames in batch:
                 self._resolve(frames)
+            self._answered.set()
+            self._answered = asyncio.Event()
 
     def _resolve(self, frames: list[bytes]) -> None:
         try:
@@ -201,7 +239,7 @@ class Connection:
         """Ask the server whether it is alive and which of our pending requests it has no record of (lost, e.g.
         to a server restart): those fail now instead of at their timeout. The server read them before the ping and
         answers in order, so a pending id it does not know has no reply on the way."""
-        pending = [k for k in self.waiting if not k.startswith(INTERNAL)]
+        pending = [k for k in self.waiting if not k.startswith(INTERNAL)][:MAX_PENDING_CHECK]  # the oldest
         ping = self.send("health", {"pending": pending}, f"ping{next(self._pings)}", 2**30)
         ping.add_done_callback(lambda done: self._fail_unknown(done, set(pending)))
 
@@ -212,7 +250,8 @@ class Connection:
             future = self.waiting.pop(request_id, None) if request_id in asked else None
             if future is not None and not future.done():
                 future.set_exception(HostLost(
-                    f"env server at {self.address} has no record of request {request_id} (lost; was it restarted?)"))
+                    f"env server at {self.address} has no record of request {request_id} (lost: it was restarted, "
+                    "or it cut the connection, as it does a frame over its size limit)"))
 
 
 def _ignore(future: asyncio.Future[Any]) -> None:

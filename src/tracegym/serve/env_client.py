@@ -55,7 +55,7 @@ from tracegym.serve.curve import shared_secret
 from tracegym.serve.run_request import RunRequest
 from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.serve.task_rows import MAX_ROWS
-from tracegym.serve.wire import MAX_FRAME_BYTES, RemoteError
+from tracegym.serve.wire import MAX_FRAME_BYTES, OVER_BUDGET, RemoteError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,6 +86,8 @@ class EnvClient:
         """One connection per env server."""
         self.moved = 0
         """Requests re-sent to another server after theirs was lost."""
+        self.resent = 0
+        """Requests sent again after the server refused them as over its budget."""
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-{id(self):x}-"
         self._holding: dict[str, Connection] = {}
@@ -116,8 +118,7 @@ class EnvClient:
             tried.append(host)
             self._holding[request_id] = host
             try:
-                result = await host.request(method, payload, request_id, max(0.0, deadline - loop.time()),
-                                            self.max_request_bytes)
+                result = await self._on(host, method, payload, request_id, deadline)
             except HostLost as exc:
                 if method not in MOVABLE or len(tried) == len(self.hosts):
                     raise
@@ -129,6 +130,20 @@ class EnvClient:
             if isinstance(result, RemoteError):
                 raise result
             return result
+
+    async def _on(self, host: Connection, method: str, payload: Any, request_id: str, deadline: float) -> Any:
+        """One request's result from `host`; a request refused as over the server's budget while others of ours
+        are out there is sent again once one of them is answered (the budget bounds what the server holds, and
+        ours frees as it answers), until the deadline."""
+        loop = asyncio.get_running_loop()
+        while True:
+            result = await host.request(method, payload, request_id, max(0.0, deadline - loop.time()),
+                                        self.max_request_bytes)
+            if not (isinstance(result, RemoteError) and result.type == OVER_BUDGET and host.load
+                    and loop.time() < deadline):
+                return result
+            self.resent += 1
+            await host.answered(deadline - loop.time())
 
     def _pick(self, tried: list[Connection]) -> Connection:
         """The least-loaded server not tried yet, preferring those whose link is up."""
@@ -150,6 +165,7 @@ class EnvClient:
         limit = info.get("max_request_bytes")
         if isinstance(limit, int):  # a larger request would be cut unanswered or refused: refuse it here, at once
             self.max_request_bytes = min(self.max_request_bytes, limit)
+            host.server_limit = limit
         return info
 
     async def check_serves(self, taskset: Taskset) -> None:

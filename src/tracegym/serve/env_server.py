@@ -2,15 +2,17 @@
 
 The server process only routes and supervises. `run` payloads go unread to the least-loaded worker over a
 backend ROUTER (ipc), and the worker's packed reply goes back to the client unread. Every request gets exactly
-one reply. A worker that dies is noticed on the next supervision tick (0.1 s) and a replacement starts. Which
-of its requests killed it is unknown, so each becomes a *suspect*: suspects rerun in two halves, each group on a
-worker reserved for it (nothing else runs there), so every further death narrows the cause down until a request
-kills a worker it ran on alone. That poison request is answered with a `WorkerDied` error (kind `task`: it is
-the task's code that ends its process) once it has done so `max_redispatch` + 1 times; its neighbours finish,
-and the other workers keep serving new requests meanwhile. Busy workers are asked every few seconds which
-requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a worker that leaves
-the question unanswered for `worker_timeout` is killed as hung, its requests then handled like a dead worker's; a
-starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
+one reply, and a request counts against its client's byte budget and the server's until then (`serve.budget`).
+A worker that dies is noticed on the next supervision tick (0.1 s); a warm spare takes its place at once and a
+new spare starts (`serve.pool`). Which of its requests killed it is unknown, so each becomes a *suspect*: they
+rerun together on a worker reserved for them (nothing else runs there: the spare, idle, takes them at once), and
+should that worker die too, in two halves, each group on a worker of its own, so every further death narrows the
+cause down until a request kills a worker it ran on alone. That poison request is answered with a `WorkerDied`
+error (kind `task`: it is the task's code that ends its process) once it has done so `max_redispatch` + 1 times;
+its neighbours finish, and the other workers keep serving new requests meanwhile. Busy workers are asked every
+few seconds which requests they hold: one they lost is re-dispatched (at most `max_redispatch` times), and a
+worker that leaves the question unanswered for `worker_timeout` is killed as hung, its requests then handled like
+a dead worker's; a starting worker not ready within `worker_timeout` (at least 60 s) is killed as a failed start.
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.runtimes.processes import Parent
+from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES, Budget
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server, shared_secret
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, START_TIMEOUT, PoolSize, WorkerHandle, WorkerPool
 from tracegym.serve.task_rows import TaskRows
 from tracegym.serve.wire import (
     MAX_FRAME_BYTES,
+    MAX_PENDING_CHECK,
+    OVER_BUDGET,
     PROTOCOL,
     SECRET_ENV,
     Request,
@@ -56,13 +61,13 @@ SUPERVISE_EVERY = 0.1
 AUDIT_EVERY = 2.0
 """Most seconds between asking each busy worker which requests it still runs (a lost one is re-dispatched; a
 worker that does not answer within `worker_timeout` is taken as hung and killed)."""
-MAX_PENDING_CHECK = 10_000
-"""Most request ids one health ping may ask about."""
 WORKER_TIMEOUT = 60.0
 """Default seconds a busy worker may leave "which requests do you hold?" unanswered before it is killed as hung."""
 FRAME_MARGIN = 64 * 1024
 """Bytes past the request size limit a single frame may have before libzmq cuts its connection unanswered: room
 for a request's envelope, so a request just over the limit is answered `TooLarge` rather than cut."""
+ZERO_COPY_BYTES = 64 * 1024
+"""Payloads at least this long go to a worker without a copy (libzmq sends from the server's own bytes)."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 
@@ -73,7 +78,9 @@ class InFlight:
 
     client: bytes
     id: str
-    payload: bytes
+    payload: bytes | memoryview
+    size: int = 0
+    """Bytes it counts against its client's budget and the server's (header and payload, as received)."""
     worker: bytes | None = None
     kills: int = 0
     """Times a worker died (or hung) running it and nothing else: each names it as the cause."""
@@ -88,9 +95,10 @@ class EnvServer:
 
     def __init__(self, taskset_id: str, taskset_options: dict[str, Any] | None = None, *,
                  address: str = "tcp://127.0.0.1:0", size: PoolSize | None = None, secret: str | None = None,
-                 log_dir: Path | None = None, max_frame_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
+                 log_dir: Path | None = None, max_request_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
                  worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
-                 max_abandoned_threads: int = MAX_ABANDONED_THREADS) -> None:
+                 max_abandoned_threads: int = MAX_ABANDONED_THREADS, max_open_bytes: int = MAX_OPEN_BYTES,
+                 max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.rows = TaskRows(self.taskset)
@@ -98,7 +106,10 @@ class EnvServer:
         self.secret = shared_secret(secret)
         if not is_loopback(address) and not self.secret:
             raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
-        self.log_dir, self.max_frame_bytes, self.max_redispatch = log_dir, max_frame_bytes, max_redispatch
+        self.log_dir, self.max_request_bytes, self.max_redispatch = log_dir, max_request_bytes, max_redispatch
+        self.budget = Budget.for_server(secret=bool(self.secret), open_bytes=max_open_bytes, peer_bytes=max_peer_bytes,
+                                        server_bytes=max_server_bytes)
+        self.budget.check_fits(max_request_bytes)
         if worker_timeout <= 0:
             raise UsageError(f"worker_timeout must be positive, got {worker_timeout}")
         self.worker_timeout, self.max_abandoned_threads = worker_timeout, max_abandoned_threads
@@ -123,9 +134,9 @@ class EnvServer:
         self.frontend = self._socket(zmq.ROUTER)
         # A frame past this hard cap (handshake commands included) is cut by libzmq as its header arrives, before
         # its sender is known or authenticated: it costs no memory and cannot be answered (it shows as a closed
-        # connection). So one connection, authenticated or not, makes the server hold at most about one request's
-        # worth; a frame within the margin past the limit is still answered (`TooLarge`).
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes + FRAME_MARGIN)
+        # connection). A frame within the margin past the limit is still answered (`TooLarge`). The cap is per
+        # frame: libzmq takes in a message of many frames whole; only the handshake (a secret) keeps that out.
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, self.max_request_bytes + FRAME_MARGIN)
         if self.secret:  # peers without it are refused in the handshake: none of their messages is handed over
             self._gatekeeper = Gatekeeper(self._ctx, self.secret)
             guard_server(self.frontend, self.secret)
@@ -170,7 +181,7 @@ class EnvServer:
                 if self.backend in events:
                     self._drain(self.backend, self._on_worker)
                 if self.frontend in events:
-                    self._drain(self.frontend, self._on_client)
+                    self._drain(self.frontend, self._on_client, copy=False)
                 if self.connections in events:
                     self._drain(self.connections, self._on_connection)
                 if self._gatekeeper is not None and self._gatekeeper.socket in events:
@@ -198,25 +209,28 @@ class EnvServer:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     @staticmethod
-    def _drain(sock: zmq.Socket, handle: Any, most: int = 1000) -> None:
+    def _drain(sock: zmq.Socket, handle: Any, most: int = 1000, copy: bool = True) -> None:
         for _ in range(most):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return
             handle(frames)
 
     # --- clients -----------------------------------------------------------------------------------------
-    def _on_client(self, frames: list[bytes]) -> None:
-        client = frames[0]
+    def _on_client(self, message: list[zmq.Frame]) -> None:
+        """Answer (or route) one client message, its frames as libzmq holds them: a large payload is never copied,
+        and one refused is freed as soon as it is dropped."""
+        client = message[0].bytes
+        frames = [f.bytes if len(f) < ZERO_COPY_BYTES else f.buffer for f in message[1:]]
         try:
-            request = decode_request(frames[1:], max_bytes=self.max_frame_bytes)
+            request = decode_request(frames, max_bytes=self.max_request_bytes)
         except WireError as exc:
             self.stats["oversized" if exc.error_type == "TooLarge" else "malformed"] += 1
             self._send(client, error_reply(exc.request_id, exc.error_type, str(exc), ErrorKind.TASK))
             return
         if request.method == "run":
-            self._submit(client, request)
+            self._submit(client, request, len(frames[0]) + len(frames[1]))
         elif request.method == "cancel":
             self._cancel(client, request)
         elif request.method == "rows":
@@ -250,9 +264,11 @@ class EnvServer:
         queued = len(self.pending) + sum(len(group) for group in self.suspects)
         suspects = sum(1 for record in self.inflight.values() if record.suspect)
         return {"ok": True, "pid": os.getpid(), "workers": self.pool.counts(), "pids": self.pool.pids(),
-                "in_flight": len(self.inflight), "queued": queued, "suspects": suspects, "stats": dict(self.stats)}
+                "spares": self.pool.spare_pids(), "in_flight": len(self.inflight), "queued": queued,
+                "suspects": suspects, "held_bytes": self.budget.held_total,
+                "stats": {**self.stats, "spares_promoted": self.pool.promoted}}
 
-    def _unknown(self, client: bytes, payload: bytes) -> dict[str, Any]:
+    def _unknown(self, client: bytes, payload: bytes | memoryview) -> dict[str, Any]:
         """For a health ping listing the client's pending request ids: those this server has no record of."""
         try:
             pending = unpack(payload).get("pending")
@@ -272,21 +288,28 @@ class EnvServer:
                 "members": [m.id for m in multi_agent_class(ts).seats] if is_multi_agent(ts) else [],
                 "defaults": _defaults(ts),
                 "description": ts.description,
-                "workers": self.pool.counts()["ready"], "min_workers": self.size.min,
+                "workers": self.pool.counts()["ready"], "spare_workers": self.size.spares, "min_workers": self.size.min,
                 "max_workers": self.size.max or self.size.min, "elastic": self.size.elastic,
-                "max_request_bytes": self.max_frame_bytes}
+                "max_request_bytes": self.max_request_bytes, "budget_bytes": self.budget.per_peer,
+                "server_budget_bytes": self.budget.total}
 
-    def _submit(self, client: bytes, request: Request) -> None:
+    def _submit(self, client: bytes, request: Request, size: int) -> None:
         if (client, request.id) in self.index:
             self._send(client, error_reply(request.id, "BadRequest", "request id already in flight", ErrorKind.TASK))
             return
         if self.pool.failing and not self.pool.counts()["ready"]:
             self._send(client, error_reply(request.id, "WorkersFailing", self._failing_message()))
             return
+        refusal = self.budget.refusal(client, size)
+        if refusal is not None:  # dropped here: what the server holds stays within its budget
+            self.stats["over_budget"] += 1
+            self._send(client, error_reply(request.id, OVER_BUDGET, refusal))
+            return
         self.stats["run_requests"] += 1
         self._keys += 1
         key = self._keys.to_bytes(8, "big")
-        self.inflight[key] = InFlight(client, request.id, request.payload)
+        self.inflight[key] = InFlight(client, request.id, request.payload, size)
+        self.budget.take(client, size)
         self.index[(client, request.id)] = key
         self._dispatch(key)
 
@@ -307,6 +330,7 @@ class EnvServer:
     def _answer(self, key: bytes, frames: list[bytes]) -> None:
         record = self.inflight.pop(key)
         self.index.pop((record.client, record.id), None)
+        self.budget.release(record.client, record.size)
         if record.worker is not None:
             self.pool.release(record.worker, key)
         else:  # queued (cancelled, or a dead worker's reply that arrived after its death was handled)
@@ -335,15 +359,16 @@ class EnvServer:
 
     def _send_run(self, handle: WorkerHandle, key: bytes) -> bool:
         record = self.inflight[key]
-        if not self._to_worker(handle.name, [RUN, key, record.id.encode(), record.payload]):
+        if not self._to_worker(handle.name, [RUN, key, record.id.encode(), record.payload],
+                               copy=len(record.payload) < ZERO_COPY_BYTES):
             return False
         record.worker = handle.name
         self.pool.assign(handle, key)
         return True
 
-    def _to_worker(self, name: bytes, frames: list[bytes]) -> bool:
+    def _to_worker(self, name: bytes, frames: list[bytes | memoryview], copy: bool = True) -> bool:
         try:
-            self.backend.send_multipart([name, *frames], zmq.NOBLOCK)
+            self.backend.send_multipart([name, *frames], zmq.NOBLOCK, copy=copy)
             return True
         except zmq.ZMQError:  # the worker is gone (ROUTER_MANDATORY): supervision will notice
             return False
@@ -357,13 +382,13 @@ class EnvServer:
                 return
 
     def _place_suspects(self) -> None:
-        """Send each waiting group of suspects, the next first, to an idle worker reserved for it; a reserved
-        worker with nothing left to run goes back to serving every request."""
+        """Send each waiting group of suspects, the next first, to an idle worker reserved for it; once none waits,
+        a reserved worker that runs no suspect (idle, or still draining) goes back to serving every request."""
         while self.suspects:
             if not self.suspects[0]:
                 self.suspects.popleft()
                 continue
-            handle = self._reserved_idle()
+            handle = self._isolation_worker()
             if handle is None:
                 break
             group = self.suspects.popleft()
@@ -372,26 +397,35 @@ class EnvServer:
                 if not self._send_run(handle, key):  # it is gone: supervision will notice
                     self.suspects.appendleft(group[n:])
                     return
-        for handle in self.pool.workers.values():
-            if handle.isolating and not handle.jobs and not self.suspects:
-                handle.isolating = False
+        if not self.suspects:
+            for handle in self.pool.workers.values():
+                if handle.isolating and not self._runs_suspects(handle):
+                    handle.isolating = False
 
-    def _reserved_idle(self) -> WorkerHandle | None:
-        """An idle worker reserved for suspects, reserving one if fewer than half the ready workers (at least
-        one) are: an idle worker, or else the least loaded, which drains first (nothing new is sent to it); but
-        while a replacement is starting, wait for it rather than drain a busy worker. None: none idle yet."""
+    def _isolation_worker(self) -> WorkerHandle | None:
+        """An idle worker for the next group of suspects: one reserved already, else a spare (promoted: it takes
+        the place of the worker that died), else an idle one, reserved now (in place of a reserved worker still
+        draining, when there is one). Failing those, while fewer than half the ready workers (at least one) are
+        reserved, the least loaded is reserved to drain (nothing new is sent to it) and the group waits: for it,
+        or for whichever worker comes idle first (a spare that starts, say). None: none idle yet."""
         reserved = [h for h in self.pool.workers.values() if h.isolating and h.ready and not h.retiring]
         idle = next((h for h in reserved if not h.jobs), None)
         if idle is not None:
             return idle
-        counts = self.pool.counts()
-        if len(reserved) >= max(1, counts["ready"] // 2):
-            return None
-        handle = self.pool.pick()
-        if handle is None or (handle.jobs and counts["starting"]):
+        handle = self.pool.take_spare() or self.pool.pick()
+        draining = [h for h in reserved if not self._runs_suspects(h)]
+        if handle is not None and not handle.jobs:
+            for other in draining[:1]:
+                other.isolating = False  # the idle one takes its turn: it goes back to serving
+            handle.isolating = True
+            return handle
+        if handle is None or draining or len(reserved) >= max(1, self.pool.counts()["ready"] // 2):
             return None
         handle.isolating = True
-        return None if handle.jobs else handle
+        return None
+
+    def _runs_suspects(self, handle: WorkerHandle) -> bool:
+        return any((record := self.inflight.get(key)) is not None and record.suspect for key in handle.jobs)
 
     def _on_worker(self, frames: list[bytes]) -> None:
         name, kind = frames[0], frames[1] if len(frames) > 1 else b""
@@ -495,18 +529,23 @@ class EnvServer:
     def _worker_exited(self, handle: WorkerHandle) -> None:
         """Queue a dead (or hung, killed) worker's requests again as suspects. When it ran one request alone,
         that one is named as the cause and, past `max_redispatch` retries, answered with a task error. When it
-        ran several, none is blamed: they rerun in two halves, each group alone on a reserved worker, so the next
-        death narrows the cause down. Retries are counted per request: a neighbour's count never moves."""
+        ran several, none is blamed: they rerun together on a reserved worker (most deaths are not their doing:
+        the OOM killer, a kill -9, a lost node), and when they were suspects already (that worker died too), in
+        two halves, each group alone on a reserved worker, so the next death narrows the cause down. Retries are
+        counted per request: a neighbour's count never moves."""
         if handle.hung:  # counted in workers_hung when it was killed
             why = f"a worker hung (no answer for {self.worker_timeout:g} s, killed) running this request"
         else:
             self.stats["workers_retired" if handle.retiring else "workers_died"] += 1
             why = f"a worker died (exit {handle.proc.returncode}) running this request"
         keys = [k for k in sorted(handle.jobs) if (r := self.inflight.get(k)) is not None and r.worker == handle.name]
+        suspected = any(self.inflight[key].suspect for key in keys)
         for key in keys:
             self.inflight[key].worker, self.inflight[key].suspect = None, True
         if keys == [handle.solo]:
             self._blame(keys[0], why)
+        elif keys and not suspected:
+            self._requeue(keys)
         elif keys:
             half = (len(keys) + 1) // 2
             for group in (keys[half:], keys[:half]):  # each to the front: the first half runs first

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator
 
+from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES
 from tracegym.serve.env_server import WORKER_TIMEOUT
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
-from tracegym.serve.wire import Addresses
+from tracegym.serve.wire import MAX_FRAME_BYTES, Addresses
 
 ELASTIC_ONLY = ("max_workers", "idle_seconds", "grow_at")
 """Options of an elastic pool only (a static pool has none of them)."""
 
 
 class WorkerPoolChoice(BaseModel):
-    """The worker pool of an env server and its workers' limits: `tracegym serve`'s `--workers`, `--elastic`, ...,
-    and the same keys in the sections of the commands that start env servers."""
+    """The worker pool of an env server, its workers' limits and the bytes of requests it takes in: `tracegym
+    serve`'s `--workers`, `--elastic`, `--max-request-bytes`, ..., and the same keys in the sections of the commands
+    that start env servers. Byte sizes take units: `64MiB`, `1GiB`."""
 
     model_config = ConfigDict(extra="forbid")
     workers: int | None = Field(default=None, gt=0)
@@ -38,6 +40,10 @@ class WorkerPoolChoice(BaseModel):
     grow_at: float = Field(default=PoolSize.model_fields["grow_at"].default, gt=0)
     """Requests in flight per worker past which an elastic pool starts another worker; requests past it wait at
     the server for the new worker (rather than crowd the busy ones) while the pool can still grow."""
+    spare_workers: int = Field(default=PoolSize.model_fields["spares"].default, ge=0)
+    """Warm workers kept ready beside the pool (given no work): when a worker dies (or an elastic pool grows), a
+    spare takes its place, and the dead worker's requests, at once instead of after a worker's start (a second or
+    more), while a new spare starts behind it. Each costs a worker's memory at idle."""
     worker_timeout: float = Field(default=WORKER_TIMEOUT, gt=0)
     """Seconds a busy worker may leave the server's "which requests do you hold?" unanswered (its event loop
     blocked, e.g. by an async tool that blocks) before it is taken as hung, killed and replaced, and its requests
@@ -46,6 +52,19 @@ class WorkerPoolChoice(BaseModel):
     max_abandoned_threads: int = Field(default=MAX_ABANDONED_THREADS, ge=0)
     """Threads of hung sync calls (tools, scorers past their timeout) a worker may hold before it is replaced,
     once its requests are answered."""
+    max_request_bytes: ByteSize = Field(default=ByteSize(MAX_FRAME_BYTES), gt=0)
+    """Largest request (64 MiB: a task row with a long document is about 1 MB, a 2-megapixel image 3-5 MB as a
+    data URL); a larger one is answered `TooLarge`, and a frame more than 64 KiB past it is cut by ZMQ as its
+    header arrives, before the server reads it."""
+    max_open_bytes: ByteSize = Field(default=ByteSize(MAX_OPEN_BYTES), gt=0)
+    """Without a shared secret (any local process may connect, as often as it likes): the most bytes of `run`
+    requests received and not yet answered the server holds, per connection and in all; one past it is answered
+    `OverBudget` at once (an env client with other requests out waits for one to be answered and sends it again)."""
+    max_peer_bytes: ByteSize = Field(default=ByteSize(MAX_PEER_BYTES), gt=0)
+    """With a shared secret: the most bytes of `run` requests not yet answered the server holds per connection
+    (every connection proved the secret in its handshake)."""
+    max_server_bytes: ByteSize = Field(default=ByteSize(MAX_SERVER_BYTES), gt=0)
+    """With a shared secret: the most bytes of `run` requests not yet answered the server holds in all."""
 
     @field_validator("elastic")
     @classmethod
@@ -66,8 +85,9 @@ class WorkerPoolChoice(BaseModel):
     def size(self) -> PoolSize:
         """The worker pool's size policy."""
         if self.elastic:
-            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at)
-        return PoolSize.static(self.workers)
+            return PoolSize.elastic_up_to(self.max_workers, idle_s=self.idle_seconds, grow_at=self.grow_at,
+                                          spares=self.spare_workers)
+        return PoolSize.static(self.workers, spares=self.spare_workers)
 
     def serve_args(self) -> list[str]:
         """These options as `tracegym serve` flags (for an env server a command starts as a child process, or in

@@ -2,6 +2,9 @@
 
 Static pools keep `min` workers alive (a dead one is replaced at once). Elastic pools keep between `min` and
 `max`, growing by one whenever the load per worker passes `grow_at` and retiring a worker idle for `idle_s`.
+Beside them the pool keeps `spares` warm workers (started once the others are ready, given no work): when a
+worker dies, or the load calls for one more, a spare takes its place at once (a worker takes a second or more to
+start) and a new spare starts behind it.
 A worker that dies before saying ready, or is killed for not saying it within `start_timeout`, is a failed start:
 it delays the next start (backoff), so a broken taskset cannot spin, and until a worker is ready again no request
 waits for growth.
@@ -47,6 +50,9 @@ class PoolSize(BaseModel):
     """In-flight requests per worker above which an elastic pool starts another worker."""
     idle_s: float = Field(default=10.0, ge=0)
     """Seconds a worker of an elastic pool stays idle before it is retired."""
+    spares: int = Field(default=1, ge=0)
+    """Warm workers kept ready beside the pool, given no work until one takes a dead worker's place (or a growing
+    pool's next one) at once."""
 
     @model_validator(mode="after")
     def _max_not_below_min(self) -> PoolSize:
@@ -59,9 +65,9 @@ class PoolSize(BaseModel):
         return self.max is not None and self.max > self.min
 
     @classmethod
-    def static(cls, workers: int | None = None) -> PoolSize:
+    def static(cls, workers: int | None = None, **options: Any) -> PoolSize:
         """`workers` workers; None: one per CPU core, at most 8."""
-        return cls(min=workers or min(8, os.cpu_count() or 1))
+        return cls(min=workers or min(8, os.cpu_count() or 1), **options)
 
     @classmethod
     def elastic_up_to(cls, max_workers: int | None = None, **options: Any) -> PoolSize:
@@ -90,6 +96,8 @@ class WorkerHandle:
     """Reserved by the server for suspect requests (those of a worker that died): `pick()` never returns it."""
     solo: bytes | None = None
     """The job it has run with no other job beside it since that job was assigned (None: none such)."""
+    spare: bool = False
+    """A warm spare: ready, given no work (`pick()` never returns it) until it takes a place in the pool."""
 
 
 class WorkerPool:
@@ -101,6 +109,9 @@ class WorkerPool:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
         self.log_dir, self.max_abandoned_threads, self.start_timeout = log_dir, max_abandoned_threads, start_timeout
         self.workers: dict[bytes, WorkerHandle] = {}
+        self.promoted = 0
+        """Spares that took a place in the pool."""
+        self._wanted = size.min
         self._count = 0
         self._failed_starts = 0
         self._next_start = 0.0
@@ -134,8 +145,16 @@ class WorkerPool:
         if handle is None:
             return False
         handle.ready = True
+        handle.spare = len(self._serving()) > self._wanted and len(self._spares()) < self.size.spares
         self._failed_starts = 0
         return True
+
+    def _serving(self) -> list[WorkerHandle]:
+        """Workers that serve or are about to (ready or starting, not spares), neither retiring."""
+        return [h for h in self.workers.values() if not h.spare and not h.retiring]
+
+    def _spares(self) -> list[WorkerHandle]:
+        return [h for h in self.workers.values() if h.spare and not h.retiring]
 
     def stop_all(self, grace: float = 3.0) -> None:
         """SIGTERM every worker, wait up to `grace` seconds, then SIGKILL the rest and reap them all."""
@@ -149,7 +168,7 @@ class WorkerPool:
         their load starts (sent to a busy one, they would stay there once it is ready)."""
         best = None
         for handle in self.workers.values():
-            if handle.ready and not handle.retiring and not handle.isolating and (
+            if handle.ready and not handle.retiring and not handle.isolating and not handle.spare and (
                     best is None or len(handle.jobs) < len(best.jobs)):
                 best = handle
         if best is not None and len(best.jobs) >= self.size.grow_at and self._can_grow():
@@ -160,8 +179,16 @@ class WorkerPool:
         """Whether an elastic pool has fewer ready workers than its max and another one is sure to come (one
         starting, which says ready or is killed within `start_timeout`, or one to start): no start has failed since
         a worker was last ready. After a failed start nothing waits for growth: the busy workers take the load."""
-        ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
+        ready = sum(1 for h in self._serving() if h.ready)
         return self.size.elastic and ready < (self.size.max or 0) and not self._failed_starts
+
+    def take_spare(self) -> WorkerHandle | None:
+        """A ready spare, now one of the pool (a new spare starts behind it); None: none is ready."""
+        spare = next((h for h in self._spares() if h.ready), None)
+        if spare is not None:
+            spare.spare = False
+            self.promoted += 1
+        return spare
 
     def assign(self, handle: WorkerHandle, key: bytes) -> None:
         handle.solo = None if handle.jobs else key
@@ -198,21 +225,39 @@ class WorkerPool:
                     handle.proc.wait(1.0)
 
     def scale(self, load: int) -> list[WorkerHandle]:
-        """Start workers the load calls for (or to replace dead ones); returns idle workers to retire."""
-        live = [h for h in self.workers.values() if not h.retiring]
+        """Fill the places the load calls for (or dead workers left) from the spares, start workers for the rest,
+        then the spares behind them; returns idle workers to retire."""
         wanted = self.size.min
         if self.size.elastic:
             assert self.size.max is not None
             wanted = max(self.size.min, min(self.size.max, math.ceil(load / self.size.grow_at)))
-        starting = sum(1 for h in live if not h.ready)
-        missing = wanted - len(live)
+        self._wanted = wanted
+        self._balance(wanted)
+        serving = self._serving()
+        starting = sum(1 for h in serving if not h.ready)
+        missing = wanted - len(serving)
+        if missing <= 0 and not starting:  # the pool is whole: spares start behind it
+            missing = self.size.spares - len(self._spares())
         if missing > 0 and time.monotonic() >= self._next_start:
-            if self._failed_starts or (self.size.elastic and len(live) >= self.size.min):
+            if self._failed_starts or (self.size.elastic and len(serving) >= self.size.min):
                 missing = 1 if starting == 0 else 0  # grow (or retry a failing start) one worker at a time
             for _ in range(missing):
                 self.spawn()
             return []
-        return self._idle_to_retire(live, wanted) if self.size.elastic else []
+        return self._idle_to_retire(serving, wanted) if self.size.elastic else []
+
+    def _balance(self, wanted: int) -> None:
+        """Give places the pool lacks ready workers for to ready spares; an idle worker past them (a spare that
+        took suspects, its place since filled) becomes a spare again while spares are lacking."""
+        serving = [h for h in self._serving() if h.ready]
+        for _ in range(wanted - len(serving)):
+            spare = self.take_spare()
+            if spare is None:
+                return
+            spare.idle_since = time.monotonic()
+        extra = [h for h in serving if not h.jobs and not h.isolating][:max(0, len(serving) - wanted)]
+        for handle in extra[:max(0, self.size.spares - len(self._spares()))]:
+            handle.spare = True
 
     def _idle_to_retire(self, live: list[WorkerHandle], wanted: int) -> list[WorkerHandle]:
         now = time.monotonic()
@@ -228,12 +273,18 @@ class WorkerPool:
         return self._failed_starts >= 3
 
     def counts(self) -> dict[str, int]:
-        ready = sum(1 for h in self.workers.values() if h.ready and not h.retiring)
+        """Workers by state (`ready`: serving, spares apart)."""
+        ready = sum(1 for h in self._serving() if h.ready)
         return {"ready": ready, "starting": sum(1 for h in self.workers.values() if not h.ready),
                 "retiring": sum(1 for h in self.workers.values() if h.retiring),
-                "isolating": sum(1 for h in self.workers.values() if h.isolating and not h.retiring)}
+                "isolating": sum(1 for h in self.workers.values() if h.isolating and not h.retiring),
+                "spare": sum(1 for h in self._spares() if h.ready)}
 
     def pids(self) -> list[int]:
-        """Process ids of every worker (starting, ready or retiring)."""
+        """Process ids of every worker (starting, ready, spare or retiring)."""
         return [h.proc.pid for h in self.workers.values()]
+
+    def spare_pids(self) -> list[int]:
+        """Process ids of the ready spares."""
+        return [h.proc.pid for h in self._spares() if h.ready]
 

@@ -8,6 +8,7 @@ payload is msgpack bytes the server routes unread. A reply is `[header, payload]
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -19,7 +20,17 @@ from tracegym.core.errors import ErrorKind, FailureKind, TracegymError
 PROTOCOL = 1
 METHODS = ("health", "info", "rows", "run", "cancel")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Default limit on a request's total size; a larger one is answered with a `TooLarge` error."""
+"""Default limit on a request's total size; a larger one is answered with a `TooLarge` error. A big legitimate
+request is a task row with a long document (a 250k-token text is about 1 MB) or a few images as data URLs (a
+2-megapixel PNG is 2-4 MB, a third more in base64): 64 MiB is room for a dozen of those."""
+MAX_CONTROL_BYTES = 2 * 1024 * 1024
+"""Limit on the payload of a request other than `run` (`health`, `info`, `rows`, `cancel`), which the server reads
+itself: the largest, a liveness ping listing `MAX_PENDING_CHECK` request ids, is at most 1.3 MB."""
+MAX_PENDING_CHECK = 10_000
+"""Most request ids one health ping may ask about."""
+OVER_BUDGET = "OverBudget"
+"""The error type of a `run` request refused because the server already holds its budget of requests received
+and not yet answered (`serve.env_server`)."""
 MAX_ID_CHARS = 128
 SECRET_ENV = "TRACEGYM_ENV_SECRET"
 """Environment variable holding the shared secret (required to bind anywhere but loopback; see `serve.curve`)."""
@@ -53,7 +64,8 @@ class Request:
 
     id: str
     method: str
-    payload: bytes
+    payload: bytes | memoryview
+    """Unread; a large one is a view of the frame as ZMQ received it (not copied)."""
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -65,7 +77,7 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True)
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | memoryview) -> Any:
     """msgpack bytes as plain data; extension types (the only way to smuggle objects) are refused."""
     return msgpack.unpackb(data, raw=False, ext_hook=_no_ext, strict_map_key=False)
 
@@ -75,7 +87,7 @@ def encode_request(request_id: str, method: str, payload: Any = None) -> list[by
     return [pack({"id": request_id, "method": method}), pack(payload if payload is not None else {})]
 
 
-def decode_request(frames: list[bytes], *, max_bytes: int = MAX_FRAME_BYTES) -> Request:
+def decode_request(frames: Sequence[bytes | memoryview], *, max_bytes: int = MAX_FRAME_BYTES) -> Request:
     """Read and check one request; raises WireError saying what is wrong."""
     if len(frames) != 2:
         raise WireError(f"a request is 2 frames, got {len(frames)}")
@@ -88,10 +100,13 @@ def decode_request(frames: list[bytes], *, max_bytes: int = MAX_FRAME_BYTES) -> 
     method = header.get("method")
     if method not in METHODS:
         raise WireError(f"unknown method {method!r} (methods: {', '.join(METHODS)})", request_id)
+    if method != "run" and len(frames[1]) > MAX_CONTROL_BYTES:
+        raise WireError(f"a {method} request's payload is over the {MAX_CONTROL_BYTES}-byte limit", request_id,
+                        "TooLarge")
     return Request(request_id, method, frames[1])
 
 
-def _header(frame: bytes) -> dict[str, Any]:
+def _header(frame: bytes | memoryview) -> dict[str, Any]:
     if len(frame) > 4096:
         raise WireError("request header is over 4096 bytes")
     try:
