@@ -23,56 +23,12 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
+
+from sandbox_start import candidates, measure, open_cost, percentiles, plain_start, sandboxed_start
 
 from tracegym.runtimes import cgroup
-from tracegym.runtimes.catalog import RUNTIMES, runtime_for
-from tracegym.runtimes.limited_process import FALLBACK, detect_isolation
-from tracegym.runtimes.sandbox import Runtime, Sandbox
-
-PROGRAM = ["date", "+%s.%N"]
-
-
-async def plain_start() -> float:
-    """Seconds from the call to the first instruction of an unsandboxed subprocess."""
-    before = time.time()
-    proc = await asyncio.create_subprocess_exec(*PROGRAM, stdout=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
-    return float(out) - before
-
-
-def sandboxed_start(sandbox: Sandbox) -> Callable[[], Awaitable[float]]:
-    async def sample() -> float:
-        before = time.time()
-        result = await sandbox.run(PROGRAM)
-        assert result.ok, result
-        return float(result.stdout) - before
-
-    return sample
-
-
-async def open_cost(runtime: Runtime, samples: int) -> float:
-    """Median seconds of `open` + `close` of an empty sandbox."""
-    costs = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        sandbox = await runtime.open()
-        costs.append(time.perf_counter() - start)
-        await sandbox.close()
-    return statistics.median(costs)
-
-
-def percentiles(times: list[float]) -> tuple[float, float]:
-    """p50 and p99 in milliseconds."""
-    times = sorted(times)
-    return statistics.median(times) * 1e3, times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3
-
-
-async def measure(sample: Callable[[], Awaitable[float]], samples: int) -> tuple[float, float]:
-    """p50 and p99 in milliseconds, after five warm-up samples."""
-    for _ in range(5):
-        await sample()
-    return percentiles([await sample() for _ in range(samples)])
+from tracegym.runtimes.sandbox import Runtime
 
 
 @contextlib.contextmanager
@@ -104,7 +60,7 @@ async def compare(runtime: Runtime, samples: int, blocks: int = 4) -> dict[bool,
                 finally:
                     await sandbox.close()
                 opens[on].append(await open_cost(runtime, 5))
-    return {on: (*percentiles(times[on]), statistics.median(opens[on]) * 1e3) for on in (True, False)}
+    return {on: (*milliseconds(percentiles(times[on])), statistics.median(opens[on]) * 1e3) for on in (True, False)}
 
 
 def entry_cost(entry: str, samples: int) -> tuple[float, float]:
@@ -133,13 +89,11 @@ def entry_cost(entry: str, samples: int) -> tuple[float, float]:
         for fd in fds:
             os.close(fd)
         made.remove()
-    return percentiles(times)
+    return milliseconds(percentiles(times))
 
 
-def candidates() -> list[tuple[str, Runtime]]:
-    found: list[tuple[str, Runtime]] = [(f"subprocess ({detect_isolation()})", runtime_for("subprocess")),
-                                        (f"{FALLBACK} (fallback, by name)", runtime_for(FALLBACK))]
-    return found + [(name, runtime_for(name)) for name in RUNTIMES if name not in ("subprocess", FALLBACK)]
+def milliseconds(seconds: tuple[float, float]) -> tuple[float, float]:
+    return seconds[0] * 1e3, seconds[1] * 1e3
 
 
 async def main(samples: int) -> None:
