@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tracegym.runtimes.catalog import runtime_for
 from tracegym.runtimes.container import detect_engine
 from tracegym.runtimes.limited_process import FALLBACK, LimitedProcess, detect_isolation
+from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, Runtime
 
 QUICK = Limits(wall_seconds=3, cpu_seconds=2, memory_mb=256, file_size_mb=1, open_files=64, processes=16,
@@ -34,3 +38,16 @@ def runtimes(limits: Limits = QUICK) -> list[object]:
 def isolated(runtime: Runtime) -> bool:
     """True when the runtime gives network and PID namespaces (not the process-group fallback)."""
     return not (isinstance(runtime, LimitedProcess) and runtime.isolation == FALLBACK)
+
+
+def processes_with(token: str) -> list[int]:
+    """Live processes whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 from runtime_helpers import wait_until
-from sandbox_helpers import QUICK, isolated, runtimes
+from sandbox_helpers import QUICK, isolated, processes_with, runtimes
 
 from tracegym.runtimes.process_sandbox import remove_abandoned_workdirs, sandbox_processes
-from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, Sandbox
 
 PY = "python3"
@@ -37,19 +36,6 @@ async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
         left = sandbox_processes(f"{box.id}/", box.uid)  # type: ignore[attr-defined]
         assert not left, f"processes of the sandbox outlived its close: {left}"
         assert not box.workdir.exists()
-
-
-def processes_with(token: str) -> list[int]:
-    """Live processes whose command line holds `token`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if token.encode() in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 async def still_works(box: Sandbox) -> None:

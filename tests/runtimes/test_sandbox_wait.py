@@ -3,32 +3,16 @@ outside audit saw the process-group fallback wait 15 s for one, and report no li
 
 from __future__ import annotations
 
-import os
 import secrets
-from pathlib import Path
 
 import pytest
 from runtime_helpers import wait_until
-from sandbox_helpers import QUICK, runtimes
+from sandbox_helpers import QUICK, processes_with, runtimes
 
-from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Runtime
 
 WALL_S = 20.0
 """Far past what the program takes, and far short of what its child would hold the pipe for."""
-
-
-def processes_with(token: str) -> list[int]:
-    """Live processes whose command line holds `token`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if token.encode() in (entry / "cmdline").read_bytes() and process_alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize("runtime", runtimes(QUICK.model_copy(update={"wall_seconds": WALL_S})))
