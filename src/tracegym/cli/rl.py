@@ -12,6 +12,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.run_dir import owned
 from tracegym.config.toml_data import toml_ready
+from tracegym.core.errors import UsageError
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.launcher import launch, with_cpu_threads, with_model_paths
@@ -28,7 +29,12 @@ def run(args: list[str]) -> int:
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
     if config.mode == "opd" and config.teacher is not None:
-        check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
+        try:
+            check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
+        except UsageError as exc:  # a dry run shows the plan of a teacher still to be trained, and says so
+            if not config.dry_run:
+                raise
+            print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
     if config.dry_run and config.cluster == "local":
         print(resolved(config, plan_launch(config, Path(resume or config.output_dir / "<run-id>"))), end="")
         return 0
