@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("tracegym.cli.show", "print a run folder's summary and a few traces"),
     "rescore": ("tracegym.cli.rescore", "recompute rewards of a run's stored traces with the current code"),
     "list": ("tracegym.cli.list", "list known tasksets"),
+    "validate": ("tracegym.cli.validate", "check a taskset: each task's gold reply passes, an empty reply is not paid"),
     "rl": ("tracegym.cli.rl", "train a model with RL: vLLM, env servers, orchestrator and trainer"),
     "plot": ("tracegym.cli.plot", "write PNG curves of an RL run (reward, eval reward, lengths, staleness)"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
@@ -23,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a full disk (or a spent quota): one line, not a traceback."""
-OWN_HELP = {"eval", "rl", "inference", "serve"}
+OWN_HELP = {"eval", "rl", "inference", "serve", "validate"}
 """Commands whose config parser answers `--help` with every option; the others print their module docstring."""
 
 

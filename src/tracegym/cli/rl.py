@@ -10,6 +10,7 @@ import tomli_w
 
 from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
+from tracegym.cli.validate import preflight
 from tracegym.config.run_dir import owned
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
@@ -24,7 +25,8 @@ from tracegym.train.teacher import check_teacher
 def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
     resume, rest = pop_flag(args, "--resume")
-    config, warnings = parse_rl_args(rest)
+    checked = "--validate" in rest  # a pre-flight: the training environments' gold passes, a no-op is not paid
+    config, warnings = parse_rl_args([a for a in rest if a != "--validate"])
     config = config.model_copy(update={"trainer": with_cpu_threads(with_model_paths(config.trainer, config.model))})
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
@@ -35,6 +37,10 @@ def run(args: list[str]) -> int:
             if not config.dry_run:
                 raise
             print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
+    if checked and not preflight(config.orchestrator.train.envs):
+        print("tracegym rl: --validate: a training environment is not clean (above); nothing was started",
+              file=sys.stderr)
+        return 1
     if config.dry_run and config.cluster == "local":
         print(resolved(config, plan_launch(config, Path(resume or config.output_dir / "<run-id>"))), end="")
         return 0
