@@ -35,6 +35,7 @@ from tracegym.runtimes.container import (
     missing_image,
     owner_of,
     remove_abandoned_containers,
+    scratch_mounts,
 )
 from tracegym.runtimes.container_image import (
     BUILD_HINT,
@@ -48,6 +49,7 @@ from tracegym.runtimes.container_image import (
 )
 from tracegym.runtimes.process_sandbox import MARKER, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable
+from tracegym.runtimes.workdir import make_workdir, remove_workdir
 from tracegym.testing import ScriptedModel
 
 NO_DAEMON = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
@@ -168,6 +170,22 @@ def test_a_run_is_the_engine_running_the_program_init_confined(tmp_path: Path) -
     assert client[MARKER] == "abc/3/" and client.get("HOME") != str(workdir) and "OPENAI_API_KEY" not in client
     assert "could not run the container" in confinement.exit_status(125, "abc/3/")["start_error"]  # type: ignore
     assert not run.exists()  # the run's folder goes with its end
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root mounts the sandbox folder's tmpfs")
+def test_a_capped_sandbox_folder_lends_its_subfolders_as_the_containers_scratch_folders() -> None:
+    """Where the sandbox's folder is one tmpfs of disk_mb, /tmp, /var/tmp, /dev/shm and home are its subfolders
+    bound in (one cap with the working directory), not tmpfs of their own."""
+    workdir, capped = make_workdir("test-scratch", None, 16)
+    try:
+        flags = scratch_mounts(Launch([], [], workdir, Limits(disk_mb=16), {}, "x/1/", None))
+    finally:
+        remove_workdir(workdir.parent)
+    assert capped
+    assert "--tmpfs" not in flags and "--shm-size" not in flags
+    mounts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
+    for inside, name in (("/tmp", "tmp"), ("/var/tmp", "var-tmp"), ("/dev/shm", "shm")):
+        assert f"{workdir.parent / name}:{inside}:nosuid,nodev" in mounts
 
 
 # --- real containers (slow) -----------------------------------------------------------------------------------

@@ -6,9 +6,10 @@ Each run is one `ENGINE run --pull never` of the image, whose first process is t
 image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port, the status
 report). The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
-needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root with private
-tmpfs /tmp and /var/tmp and a /dev/shm of `Limits.disk_mb` each, the sandbox's working directory bound at the same
-path, the engine's memory cgroup (`memory_mb` for the whole run, no swap) and pids cgroup (`processes` plus the
+needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root, the
+sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
+subfolders of the sandbox's folder, the one tmpfs of `Limits.disk_mb` they all share with the working directory
+(not root: a private tmpfs of `disk_mb` each; see `scratch_mounts`), the engine's memory cgroup (`memory_mb` for the whole run, no swap) and pids cgroup (`processes` plus the
 init's own threads). The init is the container's pid 1: it reaps orphans, and its exit ends every process left.
 
 The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` only by number), so the init's status
@@ -55,6 +56,7 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.workdir import private_folders
 
 ENGINES = ("podman", "docker")
 """Tried in this order; the first that answers is used."""
@@ -144,9 +146,7 @@ class ContainerConfinement(Confinement):
                    "--name", container_name(launch.marker), "--label", f"{LABEL}={sandbox_id}",
                    "--log-driver", "none", "--network", "host" if limits.network else "none",
                    "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
-                   "--security-opt", "no-new-privileges", "--read-only",
-                   "--tmpfs", f"/tmp:size={limits.disk_mb}m", "--tmpfs", f"/var/tmp:size={limits.disk_mb}m",
-                   "--shm-size", f"{limits.disk_mb}m",
+                   "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
                    "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
                    "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
                    "-v", f"{launch.workdir}:{launch.workdir}", "-v", f"{files.folder}:{RUN_MOUNT}"]
@@ -266,6 +266,18 @@ def container_init(init: list[str]) -> list[str]:
     on the host (see `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE ...`)."""
     return [INIT_PYTHON, *init[1:4], ENVIRON_PRELUDE + init[4], f"{RUN_MOUNT}/status", f"{RUN_MOUNT}/lifeline",
             *init[7:]]
+
+
+def scratch_mounts(launch: Launch) -> list[str]:
+    """The container's /tmp, /var/tmp, /dev/shm and home: where the sandbox's folder is one tmpfs capped at
+    `disk_mb` (as root), its subfolders bound there, so they and the working directory share that one cap, and
+    what the program leaves there is the host's to read and goes with the folder; else (no tmpfs of ours) a
+    private tmpfs of `disk_mb` each."""
+    if not os.path.ismount(launch.workdir.parent):
+        size = launch.limits.disk_mb
+        return ["--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
+    return [flag for inside, source in private_folders(launch.workdir)
+            for flag in ("-v", f"{source}:{inside}:nosuid,nodev")]
 
 
 def ulimits(launch: Launch) -> list[str]:
