@@ -10,7 +10,8 @@ needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_pr
 sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
 subfolders of the sandbox's folder, the one tmpfs of `Limits.disk_mb` they all share with the working directory
 (not root: a private tmpfs of `disk_mb` each; see `scratch_mounts`), the engine's memory cgroup (`memory_mb` for
-the whole run, no swap) and pids cgroup (`processes` plus the init's own threads). The init is the container's pid 1: it reaps orphans, and its exit ends every process left.
+the whole run, no swap) and pids cgroup (`processes` plus the init's own threads). The init is the container's
+pid 1: it reaps orphans, and its exit ends every process left.
 
 The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` only by number), so the init's status
 report and its lifeline are files of the run's own folder beside the working directory, bound in at `RUN_MOUNT` and
