@@ -122,8 +122,20 @@ class _RunFiles:
     lifeline: int
 
 
+@dataclass
+class _Prepared:
+    """A container created ahead for a sandbox's next run (see `ContainerConfinement.wrap`): its name, its run
+    folder, the flags it was created with, and the engine's `create` (done when `poll()` says so)."""
+
+    name: str
+    files: _RunFiles
+    flags: list[str]
+    creating: subprocess.Popen[bytes]
+
+
 class ContainerConfinement(Confinement):
-    """`ENGINE run` of one image per run, the program init its first process."""
+    """`ENGINE run` of one image per run, the program init its first process; or, from a sandbox's second run on,
+    `ENGINE start` of a container created ahead for it (`ahead`)."""
 
     private_tmp = True
     sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
@@ -131,44 +143,109 @@ class ContainerConfinement(Confinement):
                      "egress relay's sockets are not bound into it; use the bubblewrap runtime or the subprocess "
                      "runtime with namespaces")
 
-    def __init__(self, engine: str, image: str) -> None:
-        self.engine, self.image = engine, image
+    def __init__(self, engine: str, image: str, *, ahead: bool = True) -> None:
+        self.engine, self.image, self.ahead = engine, image, ahead
         self.kind = Path(engine).name
         """The engine's name (`podman`, `docker`): which of its flags apply."""
         self._runs: dict[str, _RunFiles] = {}
+        self._names: dict[str, str] = {}
+        """Each run's container, by the run's marker."""
         self._started: list[str] = []
         """The containers of the sandbox's runs: the engine keeps each after its end, until the close."""
+        self._wraps = 0
+        self._prepared: _Prepared | None = None
 
     def wrap(self, launch: Launch) -> list[str]:
-        limits, sandbox_id = launch.limits, launch.marker.split("/")[0]
-        files = self._open_run(launch)
-        self._started.append(container_name(launch.marker))
-        command = [self.engine, "run", "-i", "--pull", "never",
-                   "--name", container_name(launch.marker), "--label", f"{LABEL}={sandbox_id}",
-                   "--log-driver", "none", "--network", "host" if limits.network else "none",
-                   "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
-                   "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
-                   "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
-                   "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
-                   "-v", f"{launch.workdir}:{launch.workdir}", "-v", f"{files.folder}:{RUN_MOUNT}"]
+        """The engine's `start` of the container prepared ahead, when it is created and made with this run's flags;
+        else its `run`. From the PREPARE_FROM-th run on, the next run's container is created ahead, in the
+        background (most sandboxes run one program: they never pay for a container they do not use)."""
+        flags = self._flags(launch)
+        self._wraps += 1
+        prepared = self._take(flags)
+        if prepared is not None:
+            files, name = prepared.files, prepared.name
+            _write_run(files.folder, launch, ahead=True)
+            command = [self.engine, "start", "-a", "-i", name]
+        else:
+            files, name = self._open_run(launch), container_name(launch.marker)
+            command = [self.engine, "run", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
+                       self.image, *container_init(launch.init)]
+        self._runs[launch.marker], self._names[launch.marker] = files, name
+        self._started.append(name)
+        if self.ahead and self._wraps >= PREPARE_FROM and self._prepared is None:
+            self._prepare(flags, launch)
+        return command
+
+    def _identity(self, name: str, launch: Launch) -> list[str]:
+        """The flags that name a run's container and mark it as the sandbox's."""
+        return ["-i", "--pull", "never", "--name", name, "--label", f"{LABEL}={launch.marker.split('/')[0]}"]
+
+    def _flags(self, launch: Launch) -> list[str]:
+        """The container's confinement for `launch` (all but its name and run folder)."""
+        limits = launch.limits
+        flags = ["--log-driver", "none", "--network", "host" if limits.network else "none",
+                 "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
+                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
+                 "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
+                 "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
+                 "-v", f"{launch.workdir}:{launch.workdir}"]
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
-            command += ["-v", f"{folder}:{folder}:ro"]
-        return [*command, self.image, *container_init(launch.init)]
+            flags += ["-v", f"{folder}:{folder}:ro"]
+        return flags
+
+    def _take(self, flags: list[str]) -> _Prepared | None:
+        """The prepared container, when its creation is done and it has `flags`; one that failed or has others
+        is let go (removed at the close); one still being created is kept for a later run."""
+        prepared = self._prepared
+        if prepared is None or prepared.creating.poll() is None:
+            return None
+        self._prepared = None
+        if prepared.creating.returncode == 0 and prepared.flags == flags:
+            return prepared
+        self._drop(prepared)
+        return None
+
+    def _prepare(self, flags: list[str], launch: Launch) -> None:
+        """Start creating the next run's container, with `flags` and a run folder of its own; its command is the
+        program init through BOOT_PRELUDE (the run's arguments are written to its folder when it is taken)."""
+        files = self._new_folder(launch.workdir.parent, f"p{self._wraps}")
+        name = f"tracegym-{launch.marker.split('/')[0]}-p{self._wraps}"
+        command = [self.engine, "create", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
+                   self.image, INIT_PYTHON, "-I", "-S", "-c", BOOT_PRELUDE]
+        environment = {k: os.environ[k] for k in CLIENT_VARIABLES if k in os.environ}
+        try:
+            creating = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, env=environment, start_new_session=True)
+        except OSError:
+            self._close_files(files)
+            return
+        self._prepared = _Prepared(name, files, flags, creating)
+
+    def _drop(self, prepared: _Prepared) -> None:
+        """Let a prepared container go: its folder now, the container itself at the close."""
+        self._close_files(prepared.files)
+        self._started.append(prepared.name)
 
     def _open_run(self, launch: Launch) -> _RunFiles:
-        """The run's folder (ours, 0700; beside the sandbox's folder, whose disk the program may fill, and named
+        """The run's folder and its files (see `_new_folder`), the run's environment written in it."""
+        files = self._new_folder(launch.workdir.parent, launch.marker.strip("/").split("/")[-1])
+        _write_run(files.folder, launch)
+        return files
+
+    def _new_folder(self, sandbox: Path, run: str) -> _RunFiles:
+        """A run's folder (ours, 0700; beside the sandbox's folder, whose disk the program may fill, and named
         after it, so a dead owner's is swept as its sandbox folders are), its lifeline FIFO made and held open by
         us (read and write: the init's read end opens at once, and reads EOF only when we are gone)."""
-        sandbox = launch.workdir.parent
-        folder = sandbox.with_name(f"{sandbox.name}-run-{launch.marker.strip('/').split('/')[-1]}")
+        folder = sandbox.with_name(f"{sandbox.name}-run-{run}")
         folder.mkdir(mode=0o700)
         os.mkfifo(folder / "lifeline", 0o600)
-        environ = b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items())
-        (folder / "environ").write_bytes(environ)
-        files = _RunFiles(folder, os.open(folder / "lifeline", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
-        self._runs[launch.marker] = files
-        return files
+        return _RunFiles(folder, os.open(folder / "lifeline", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+
+    @staticmethod
+    def _close_files(files: _RunFiles) -> None:
+        os.close(files.lifeline)
+        shutil.rmtree(files.folder, ignore_errors=True)
 
     def _close_run(self, marker: str) -> dict[str, Any] | None:
         """The init's report of run `marker` (None when it wrote none); its folder removed and its lifeline let go
@@ -176,7 +253,6 @@ class ContainerConfinement(Confinement):
         files = self._runs.pop(marker, None)
         if files is None:
             return None
-        os.close(files.lifeline)
         report = None
         with contextlib.suppress(OSError):
             fd = os.open(files.folder / "status", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -184,7 +260,7 @@ class ContainerConfinement(Confinement):
                 report = _read_status(fd)
             finally:
                 os.close(fd)
-        shutil.rmtree(files.folder, ignore_errors=True)
+        self._close_files(files)
         return report
 
     def spawn_env(self, env: Mapping[str, str]) -> dict[str, str]:
@@ -204,13 +280,17 @@ class ContainerConfinement(Confinement):
 
     async def reap(self, marker: str) -> None:
         self._close_run(marker)  # its lifeline let go: the init ends the container from inside
-        await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), container_name(marker))
+        await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), self._names.get(marker, container_name(marker)))
 
     async def release(self, sandbox_id: str) -> None:
         """Every container of the sandbox removed (in one engine call: not `run --rm`, whose removal would hold
         each run's end back by the engine's teardown, and count against its wall-clock limit)."""
         for marker in list(self._runs):
             self._close_run(marker)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:  # its creation finishes first (else the engine could make it after the removal)
+            await asyncio.to_thread(prepared.creating.wait)
+            self._drop(prepared)
         started, self._started = self._started, []
         if started:
             await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), *started)
@@ -261,6 +341,25 @@ folder, in place of the engine's defaults (the values never pass through the eng
 line; an env file could not hold a newline)."""
 
 
+BOOT_PRELUDE = ENVIRON_PRELUDE + (f"import sys\n_tg_init = open('{RUN_MOUNT}/argv', 'rb').read().split(b'\\0')\n"
+                                  "sys.argv = ['-c', *map(os.fsdecode, _tg_init[1:])]\n"
+                                  "exec(compile(_tg_init[0], '<init>', 'exec'))\n")
+"""The command of a container created ahead: the environment prelude, then the program init's source and
+arguments read from the run's folder (`argv`: NUL-separated, as `container_init` would have put them on the
+command line), written when a run takes the container."""
+PREPARE_FROM = 2
+"""The run of a sandbox from which the next run's container is created ahead (at this run's start)."""
+
+
+def _write_run(folder: Path, launch: Launch, *, ahead: bool = False) -> None:
+    """The run's environment (`environ`) and, for a container created ahead, the init's source and arguments
+    (`argv`), written to its folder: read by the preludes inside, never on the engine's command line."""
+    (folder / "environ").write_bytes(b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items()))
+    if ahead:
+        init = [launch.init[4], *container_init(launch.init)[5:]]
+        (folder / "argv").write_bytes(b"\0".join(os.fsencode(arg) for arg in init))
+
+
 def container_init(init: list[str]) -> list[str]:
     """The program init's command as the container runs it: the image's interpreter, the environment prelude,
     and the run's files at RUN_MOUNT for its STATUS and LIFELINE in place of the descriptors' numbers it is given
@@ -303,8 +402,10 @@ class Container:
 
     name = "container"
 
-    def __init__(self, limits: Limits | None = None, *, image: str = IMAGE) -> None:
-        self.limits, self.image = limits or Limits(), image
+    def __init__(self, limits: Limits | None = None, *, image: str = IMAGE, ahead: bool = True) -> None:
+        self.limits, self.image, self.ahead = limits or Limits(), image, ahead
+        """`ahead`: from a sandbox's second run on, its next run's container is created ahead (see
+        `ContainerConfinement.wrap`)."""
 
     def unavailable(self) -> str | None:
         engine, why = detect_engine()
@@ -319,7 +420,7 @@ class Container:
         engine, _ = detect_engine()
         assert engine is not None
         await remove_abandoned_containers(engine)
-        return ProcessSandbox(ContainerConfinement(engine, self.image), self.limits)
+        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead), self.limits)
 
 
 _HAVE: set[tuple[str, str]] = set()
