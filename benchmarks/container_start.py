@@ -46,6 +46,7 @@ class TmpfsEach(ContainerConfinement):
     def _flags(self, launch: Launch) -> list[str]:
         flags, size = super()._flags(launch), launch.limits.disk_mb
         binds = {i for i, flag in enumerate(flags) if flag == "-v" and ":nosuid,nodev" in flags[i + 1]}
+        binds |= {i for i, flag in enumerate(flags) if flag == "--ipc"}
         kept = [flag for i, flag in enumerate(flags) if i not in binds and i - 1 not in binds]
         return [*kept, "--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
 

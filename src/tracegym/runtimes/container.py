@@ -376,8 +376,9 @@ def scratch_mounts(launch: Launch) -> list[str]:
     if not os.path.ismount(launch.workdir.parent):
         size = launch.limits.disk_mb
         return ["--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
-    return [flag for inside, source in private_folders(launch.workdir)
-            for flag in ("-v", f"{source}:{inside}:nosuid,nodev")]
+    binds = [flag for inside, source in private_folders(launch.workdir)
+             for flag in ("-v", f"{source}:{inside}:nosuid,nodev")]
+    return ["--ipc", "private", *binds]  # an IPC namespace of its own, without the engine's /dev/shm mount
 
 
 def ulimits(launch: Launch) -> list[str]:
