@@ -155,6 +155,14 @@ class ContainerConfinement(Confinement):
         self._wraps = 0
         self._prepared: _Prepared | None = None
 
+    async def command(self, launch: Launch) -> list[str]:
+        """`wrap(launch)`, after the container being prepared ahead with this run's flags is made (its remaining
+        creation is shorter than a whole `run`)."""
+        prepared = self._prepared
+        if prepared is not None and prepared.flags == self._flags(launch):
+            await asyncio.to_thread(prepared.creating.wait)
+        return self.wrap(launch)
+
     def wrap(self, launch: Launch) -> list[str]:
         """The engine's `start` of the container prepared ahead, when it is created and made with this run's flags;
         else its `run`. From the PREPARE_FROM-th run on, the next run's container is created ahead, in the
@@ -207,12 +215,16 @@ class ContainerConfinement(Confinement):
         return None
 
     def _prepare(self, flags: list[str], launch: Launch) -> None:
-        """Start creating the next run's container, with `flags` and a run folder of its own; its command is the
-        program init through BOOT_PRELUDE (the run's arguments are written to its folder when it is taken)."""
+        """Start creating the next run's container, with `flags` and a run folder of its own, and (podman) its
+        `init`: the engine's runtime makes its namespaces, mounts and cgroups and leaves its first process waiting
+        to exec, so a `start` has only that exec left. Its command is the program init through BOOT_PRELUDE (the
+        run's arguments are written to its folder when a run takes it)."""
         files = self._new_folder(launch.workdir.parent, f"p{self._wraps}")
         name = f"tracegym-{launch.marker.split('/')[0]}-p{self._wraps}"
-        command = [self.engine, "create", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
-                   self.image, INIT_PYTHON, "-I", "-S", "-c", BOOT_PRELUDE]
+        create = [*self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}", self.image,
+                  INIT_PYTHON, "-I", "-S", "-c", BOOT_PRELUDE]
+        then_init = ' && exec "$0" init "$name"' if self.kind == "podman" else ""  # docker has no `init`
+        command = ["sh", "-c", f'name=$1; shift; "$0" create "$@"{then_init}', self.engine, name, *create]
         environment = {k: os.environ[k] for k in CLIENT_VARIABLES if k in os.environ}
         try:
             creating = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
