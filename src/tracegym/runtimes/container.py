@@ -2,9 +2,17 @@
 that answers (detected by `ENGINE info`'s exit status: a docker client whose daemon is down says so), and the image
 is in the engine's store (never pulled: `runtimes.container_image` builds the default one from Debian packages).
 
-Each run is one `ENGINE run --pull never` of the image, whose first process is tracegym's program init (the
-image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port, the status
-report). The container has no network (`--network none`, a network namespace with only its loopback; with
+A sandbox's first run is one `ENGINE run --pull never` of the image, whose first process is tracegym's program
+init (the image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port,
+the status report). From its second run on, the next run's container is made ahead, in the background, with the
+same flags: `ENGINE create`, then (podman) `ENGINE init`, which makes its namespaces, mounts and cgroups and leaves
+its first process waiting to exec; the next run with those flags writes its init's source and arguments to the
+container's run folder (`BOOT_PRELUDE` reads them inside) and is one `ENGINE start`, about half of a whole `run`
+at load (a run that arrives while its container is still being made waits for the rest; one with other limits or
+another forwarded socket runs cold, and the one made ahead is removed at the close). A sandbox that runs one
+program never makes one ahead.
+
+The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
 needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root, the
 sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
@@ -25,12 +33,13 @@ call, and those of a process that died before closing its sandboxes by the next 
 Tested here (podman 4.3 + runc, Debian 12, as root) by the escape battery, the sandbox contract and the escape
 rollouts (tests/runtimes, slow), and tests/runtimes/test_container.py (no capabilities, network or writable root
 in the container; the memory cap over the whole run; nothing left after a cancel, a close or a killed host; an
-agent program reaching the proxy). Start to the program's first instruction (`benchmarks/sandbox_start.py`, 2
-cores at load average 9-11, shared with other jobs): 458 ms p50, 3.2 s p99, against bubblewrap's 89 ms p50 in the
-same run; nearly all of it is podman's client (runc alone, from a prepared bundle: 70-150 ms at load 13). Docker
-is detected (fake engines in the tests) and given the same command line (less podman's `rm -i -t 0`) but has not
-run here. As non-root (rootless podman) the sandbox has no uid of its own: the init and the program share one, so
-the program could reach the run's folder; untested.
+agent program reaching the proxy; a run in a container made ahead). Start to the program's first instruction:
+see `benchmarks/container_start.py` and the README. crun (Debian's 1.8.1) refuses this host's cgroup layout
+(cgroup v1 beside a cgroup2 hierarchy that holds a controller: "cgroups in hybrid mode not supported"), so runc
+stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests) and given the
+same command line (less podman's `rm -i -t 0` and `init`) but has not run here. As non-root (rootless podman) the
+sandbox has no uid of its own: the init and the program share one, so the program could reach the run's folder;
+untested.
 """
 
 from __future__ import annotations
