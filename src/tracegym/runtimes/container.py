@@ -49,6 +49,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -169,7 +170,7 @@ class ContainerConfinement(Confinement):
         creation is shorter than a whole `run`)."""
         prepared = self._prepared
         if prepared is not None and prepared.flags == self._flags(launch):
-            await asyncio.to_thread(prepared.creating.wait)
+            await _made(prepared, kill=False)
         return self.wrap(launch)
 
     def wrap(self, launch: Launch) -> list[str]:
@@ -310,7 +311,7 @@ class ContainerConfinement(Confinement):
             self._close_run(marker)
         prepared, self._prepared = self._prepared, None
         if prepared is not None:  # its creation finishes first (else the engine could make it after the removal)
-            await asyncio.to_thread(prepared.creating.wait)
+            await _made(prepared, kill=True)
             self._drop(prepared)
         started, self._started = self._started, []
         if started:
@@ -318,6 +319,18 @@ class ContainerConfinement(Confinement):
 
     async def _engine(self, *args: str) -> str:
         return await engine_command(self.engine, *args)
+
+
+async def _made(prepared: _Prepared, *, kill: bool) -> None:
+    """Wait until `prepared`'s creation is done, at most PREPARE_TIMEOUT_S; past it, `kill` ends it (its whole
+    process group), else it is left running (the run that waited starts cold)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.to_thread(prepared.creating.wait), PREPARE_TIMEOUT_S)
+        return
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(prepared.creating.pid, signal.SIGKILL)
+        await asyncio.to_thread(prepared.creating.wait)
 
 
 async def engine_command(engine: str, *args: str) -> str:
@@ -368,6 +381,9 @@ BOOT_PRELUDE = ENVIRON_PRELUDE + (f"import sys\n_tg_init = open('{RUN_MOUNT}/arg
 """The command of a container created ahead: the environment prelude, then the program init's source and
 arguments read from the run's folder (`argv`: NUL-separated, as `container_init` would have put them on the
 command line), written when a run takes the container."""
+PREPARE_TIMEOUT_S = 60.0
+"""The longest a run, or the sandbox's close, waits for a container being made ahead (a hung engine: the run
+starts cold, the close kills its making)."""
 PREPARE_FROM = 2
 """The run of a sandbox from which the next run's container is created ahead (at this run's start)."""
 
