@@ -12,14 +12,14 @@ its making does not weigh on the other variants' samples: a run that comes soone
 p50/p99/min in ms, after three warm-up samples.
 
 Burst (`--queued N`, 0 to skip): N sandboxes requested at once, each an open, one run of the same program and a
-close, through an `Admission` with this host's defaults but for its setup budget (`--budget-s`: the last of a
-long queue waits for all before it, and the default budget would abort it). Per burst: aborts (an open that
-raised, a run that did not run the program), p50/p99/max of the queue wait (request to the open's return: memory,
-jitter, start slot, open), of the start (the run's call to the program's first instruction) and of the whole (request
-to first instruction), the wall time, the most sandboxes open at once, the memory ceiling (how many sandboxes of
-`--memory-mb` the host's MemAvailable less the reserve admits at once) and the host's peak memory use above its use
-before the burst. `--no-admission` adds the same burst straight through `Runtime.open` (careful: N engine clients at
-once on a shared host).
+close, through an `Admission` with this host's defaults (or each `--starting` cap) but for its setup budget
+(`--budget-s`: the last of a long queue waits for all before it, and the default budget would abort it). Per burst:
+aborts (an open that raised, a run that did not run the program), p50/p99/max of the queue wait (request to the
+open's return: memory, jitter, start slot, open), of the start (the run's call to the program's first instruction)
+and of the whole (request to first instruction), the wall time, the most sandboxes open at once, the memory
+ceiling (how many sandboxes of `--memory-mb` the host's MemAvailable less the reserve admits at once) and the
+host's peak memory use above its use before the burst. `--no-admission` adds the same burst straight through
+`Runtime.open` (careful: N engine clients at once on a shared host).
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/container_start.py [--samples 100] [--queued 512]
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import statistics
 import time
@@ -156,7 +157,7 @@ def spread(values: list[float]) -> str:
     return f"{p50:5.2f}/{p99:5.2f}/{ordered[-1]:5.2f}"
 
 
-async def burst_table(queued: int, memory_mb: int, budget_s: float, without: bool) -> None:
+async def burst_table(queued: int, memory_mb: int, budget_s: float, caps: list[int], without: bool) -> None:
     runtime = Container(Limits(memory_mb=memory_mb))
     reason = runtime.unavailable()
     if reason:
@@ -166,17 +167,18 @@ async def burst_table(queued: int, memory_mb: int, budget_s: float, without: boo
     host = host_memory()
     ceiling = math.floor((host.available_mb - config.memory_reserve_mb) / memory_mb)
     print(f"\n{queued} container starts requested at once (open + one run + close), Limits(memory_mb={memory_mb}); "
-          f"admission: {config.starting} starting at once, jitter {config.jitter_s:g} s, setup budget "
+          f"admission: {config.starting} starting at once (host default), jitter {config.jitter_s:g} s, setup budget "
           f"{config.setup_budget_s:g} s, reserve {config.memory_reserve_mb} MB; memory ceiling {ceiling} sandboxes "
           f"open at once ({host.available_mb} MB available of {host.total_mb} MB)")
-    print(f"{'admission':10} {'aborts':>6} {'queue wait p50/p99/max s':>25} {'start p50/p99/max s':>20} "
+    print(f"{'admission':11} {'aborts':>6} {'queue wait p50/p99/max s':>25} {'start p50/p99/max s':>20} "
           f"{'whole p50/p99/max s':>20} {'wall s':>7} {'most open':>9} {'peak MB':>8}")
-    admission = Admission(config)
-    modes: list[tuple[str, Callable[[], Awaitable[Sandbox]]]] = [("on", lambda: admission.open(runtime))]
+    modes: list[tuple[str, Callable[[], Awaitable[Sandbox]]]] = [
+        (f"{cap} at once", functools.partial(Admission(config.model_copy(update={"starting": cap})).open, runtime))
+        for cap in caps or [config.starting]]
     modes += [("off", runtime.open)] if without else []
     for mode, open_one in modes:
         seen, wall, peak = await burst(open_one, queued)
-        print(f"{mode:10} {len(seen.aborts):6} {spread(seen.waits):>25} {spread(seen.starts):>20} "
+        print(f"{mode:11} {len(seen.aborts):6} {spread(seen.waits):>25} {spread(seen.starts):>20} "
               f"{spread(seen.wholes):>20} {wall:7.1f} {seen.most_open:9} {peak:8}")
         for why in sorted(set(seen.aborts))[:3]:
             print(f"    abort: {why}")
@@ -186,7 +188,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.samples:
         await start_table(args.samples)
     if args.queued:
-        await burst_table(args.queued, args.memory_mb, args.budget_s, args.no_admission)
+        await burst_table(args.queued, args.memory_mb, args.budget_s, args.starting, args.no_admission)
 
 
 if __name__ == "__main__":
@@ -195,5 +197,7 @@ if __name__ == "__main__":
     parser.add_argument("--queued", type=int, default=512, help="container starts requested at once (0: skip)")
     parser.add_argument("--memory-mb", type=int, default=512, help="Limits.memory_mb of the burst's sandboxes")
     parser.add_argument("--budget-s", type=float, default=900.0, help="the burst's admission setup budget")
+    parser.add_argument("--starting", type=int, action="append", default=[],
+                        help="an admission cap on starts at once to burst under (repeatable; default: the host's)")
     parser.add_argument("--no-admission", action="store_true", help="also burst without admission control")
     asyncio.run(main(parser.parse_args()))
