@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.runtimes.container_image import BUILD_HINT, IMAGE, image_present
+from tracegym.runtimes.egress import EgressRoute
 from tracegym.runtimes.process_sandbox import (
     MARKER,
     PROBE_TIMEOUT_S,
@@ -149,9 +150,6 @@ class ContainerConfinement(Confinement):
 
     private_tmp = True
     sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
-    cannot_egress = ("the container's init has no right to add the allowed addresses to its loopback, and the "
-                     "egress relay's sockets are not bound into it; use the bubblewrap runtime or the subprocess "
-                     "runtime with namespaces")
 
     def __init__(self, engine: str, image: str, *, ahead: bool = True) -> None:
         self.engine, self.image, self.ahead = engine, image, ahead
@@ -210,7 +208,10 @@ class ContainerConfinement(Confinement):
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
             flags += ["-v", f"{folder}:{folder}:ro"]
-        return flags
+        return flags + egress_flags(launch.egress)
+
+    def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
+        return []  # the hosts file is bound by the engine (egress_flags)
 
     def _take(self, flags: list[str]) -> _Prepared | None:
         """The prepared container, when its creation is done and it has `flags`; one that failed or has others
@@ -416,6 +417,20 @@ def scratch_mounts(launch: Launch) -> list[str]:
     binds = [flag for inside, source in private_folders(launch.workdir)
              for flag in ("-v", f"{source}:{inside}:nosuid,nodev")]
     return ["--ipc", "private", *binds]  # an IPC namespace of its own, without the engine's /dev/shm mount
+
+
+def egress_flags(route: EgressRoute | None) -> list[str]:
+    """Under an egress allow-list: the init (the container's root, until its program drops to the sandbox's uid
+    and with it every capability) may add the allowed addresses to its loopback (NET_ADMIN) and listen on their
+    ports (NET_BIND_SERVICE, for ports below 1024); each relay socket is bound in by itself (their folder is the
+    sandbox uid's, 0700, which the init, holding no DAC_OVERRIDE, could not pass), and the hosts file over
+    /etc/hosts."""
+    if route is None:
+        return []
+    flags = ["--cap-add", "NET_ADMIN", "--cap-add", "NET_BIND_SERVICE"]
+    for _, socket in route.destinations:
+        flags += ["-v", f"{socket}:{socket}:ro"]
+    return flags + ([] if route.hosts is None else ["-v", f"{route.hosts}:/etc/hosts:ro"])
 
 
 def ulimits(launch: Launch) -> list[str]:
