@@ -1,6 +1,7 @@
 """The container runtime: which engine is found (fake engines on PATH, and the real one), the image that is built
-here and never pulled, the command line a run is, and (slow) real containers: what a program in one can do, the
-memory cap over the whole run, nothing left after close, and an agent program reaching the proxy from inside.
+here and never pulled, the command line a run is (the scratch folders of the one disk cap, containers made ahead),
+and (slow) real containers: what a program in one can do, the memory cap over the whole run, nothing left after
+close, a run in a container made ahead, and an agent program reaching the proxy from inside.
 The escape battery and the sandbox contract also run under it (sandbox_helpers.runtimes)."""
 
 from __future__ import annotations
