@@ -259,6 +259,10 @@ class ProcessSandbox:
             os.close(status_r)
             os.close(lifeline_w)
             return ProgramResult(argv=list(argv), exit_code=None, start_error=f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:  # cancelled before the wrapper started (e.g. waiting on `command`)
+            os.close(status_r)
+            os.close(lifeline_w)
+            raise
         finally:
             for fd in (status_w, lifeline_r, *cgroup_fds):
                 os.close(fd)
