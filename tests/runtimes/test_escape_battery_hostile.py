@@ -45,7 +45,6 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("scratch_leftovers", GROUP, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
         ("disk_cap", ALL, ("user",), "not root: the sandbox's files are uncapped (no tmpfs of ours)"),
         ("disk_cap", GROUP, ("root",), "no view: /tmp, /var/tmp, /dev/shm are the host's, outside the cap"),
-        ("disk_cap", ("container",), ("root",), "the container's /tmp, /var/tmp, /dev/shm are tmpfs of disk_mb each"),
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),
         ("proc_environ", GROUP, USERS, "/proc/*/cmdline (and the user's environ) readable"),
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),

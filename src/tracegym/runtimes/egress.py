@@ -16,9 +16,10 @@ root in the run's mount namespace, bind-mounts it); no DNS server is reachable, 
 Enforced by the runtimes with a network namespace and the program init: `subprocess` with namespaces (as root the
 init adds the addresses and the program runs under its own uid; `user-namespaces` the same, in a user namespace)
 and `bubblewrap` (the init runs as root of bwrap's user namespace with CAP_NET_ADMIN, CAP_NET_BIND_SERVICE and
-CAP_SETFCAP, and the program one user namespace further down with none; see `bubblewrap.egress_flags`). Refused,
-naming `egress`: the process-group fallback (it shares the host's network) and the container runtime (it has no
-program init; a network of the engine's own with a proxy would do it, at the cost of a second container per run).
+CAP_SETFCAP, and the program one user namespace further down with none; see `bubblewrap.egress_flags`) and
+`container` (the init, the container's root, with NET_ADMIN and NET_BIND_SERVICE until the program drops to the
+sandbox's uid; the sockets and hosts file bound in by the engine: `container.egress_flags`). Refused, naming
+`egress`: the process-group fallback (it shares the host's network).
 
 The relay is the sandbox's: made at its first run under an allow-list, closed at its close. It carries at most
 `MAX_CONNECTIONS` at once (one more is closed at once) and counts per entry what it carried, what the destination

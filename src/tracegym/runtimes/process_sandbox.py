@@ -119,6 +119,10 @@ class Confinement:
         """The command that runs `launch` confined."""
         raise NotImplementedError
 
+    async def command(self, launch: Launch) -> list[str]:
+        """`wrap(launch)`, once what it needs is ready (a runtime that prepares a run ahead waits for it here)."""
+        return self.wrap(launch)
+
     def spawn_user(self, uid: int | None) -> int | None:
         """The host uid to spawn the wrapper as (None: ours); `uid` is the sandbox's own, when we are root."""
         return None
@@ -255,6 +259,10 @@ class ProcessSandbox:
             os.close(status_r)
             os.close(lifeline_w)
             return ProgramResult(argv=list(argv), exit_code=None, start_error=f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:  # cancelled before the wrapper started (e.g. waiting on `command`)
+            os.close(status_r)
+            os.close(lifeline_w)
+            raise
         finally:
             for fd in (status_w, lifeline_r, *cgroup_fds):
                 os.close(fd)
@@ -322,8 +330,9 @@ class ProcessSandbox:
         launch = replace(launch, init=init)
         ids = spawn_as(self.confinement.spawn_user(self.uid))
         loop = asyncio.get_running_loop()
+        command = await self.confinement.command(launch)
         transport, protocol = await loop.subprocess_exec(
-            lambda: _ExitProtocol(loop), *self.confinement.wrap(launch),
+            lambda: _ExitProtocol(loop), *command,
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=self.confinement.spawn_env(launch.env), start_new_session=True,
