@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -211,6 +212,30 @@ async def aggregate_memory(runtime_id: str, props: Props) -> Verdict:
 async def aggregate_memory_default(runtime_id: str, props: Props) -> Verdict:
     """The same under the default limits (memory_mb=1024)."""
     return await _aggregate_memory(runtime_id, Limits())
+
+
+@row
+async def memory_scope_said(runtime_id: str, props: Props) -> Verdict:
+    """Where no cgroup can be made (a runner not root and given none): two sandboxes' results say memory is capped
+    per process, and the log says so once, naming memory_mb and processes; an escape is any of it unsaid."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("tracegym").addHandler(handler)
+    try:
+        runtime = make_runtime(runtime_id)
+        async with opened(runtime) as first, opened(runtime) as second:
+            results = [await box.run([PY, "-c", "print('ran')"]) for box in (first, second)]
+    finally:
+        logging.getLogger("tracegym").removeHandler(handler)
+    if broken := next(filter(None, (ran(result, "ran") for result in results)), None):
+        return Verdict(broken=broken)
+    escapes = [f"a result says memory_scope={r.memory_scope!r} where no cgroup was made" for r in results
+               if r.memory_scope != "process"]
+    per_process = [line for line in said if "per process" in line and "memory_mb" in line and "processes" in line]
+    if len(per_process) != 1:
+        escapes.append(f"the log said memory is capped per process {len(per_process)} times, not once: {said}")
+    return Verdict(escapes=escapes)
 
 
 # --- 2. the grader readable -----------------------------------------------------------------------------------------

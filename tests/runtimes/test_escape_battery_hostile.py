@@ -34,8 +34,6 @@ ALL = (*SUBPROCESS, "bubblewrap")
 KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
     (row, runtime_id, user): leak
     for row, runtime_ids, users, leak in (
-        ("aggregate_memory", ALL, ("user",), "not root: memory_mb is RLIMIT_AS per process (no cgroup of ours)"),
-        ("aggregate_memory_default", ALL, ("user",), "not root: the default 1024 MB is per process (no cgroup)"),
         ("grader_readable", GROUP, USERS, "no view: function_problems.py, the tracegym package, the checkout"),
         ("hidden_tests_listable", GROUP, USERS, "no view: the host's /tmp (a hidden-tests folder in it) is visible"),
         ("home_secret", GROUP, ("user",), "no view: the user's home and its 0600 secret are readable"),
@@ -56,9 +54,9 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
     for runtime_id in runtime_ids for user in users
 }
 """(row, runtime id, user) -> what leaks there today: what the process-group fallback does not isolate (it is only
-given when asked for by name, with a warning), and what an unprivileged user cannot cap (no cgroup, no tmpfs of
-ours). Remove an entry as its fix lands (its test then passes; while the entry stays, a pass fails as an
-unexpected one)."""
+given when asked for by name, with a warning), and what an unprivileged user cannot cap (no tmpfs of ours; its
+memory and processes are capped by the cgroup root delegates to it, see `unprivileged`). Remove an entry as its
+fix lands (its test then passes; while the entry stays, a pass fails as an unexpected one)."""
 
 
 class Escaped(AssertionError):
@@ -149,6 +147,18 @@ async def test_aggregate_memory_of_a_sandbox_stays_under_its_cap(request: pytest
 async def test_aggregate_memory_stays_under_the_default_cap(request: pytest.FixtureRequest, runtime_id: str,
                                                             user: str) -> None:
     await contained(request, "aggregate_memory_default", runtime_id, user)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_is_per_process(
+        test_user: TestUser, runtime_id: str) -> None:
+    """The user's runner given no cgroup (a fresh runner: the warning is once per process)."""
+    with test_user.without_delegation():
+        verdict = await test_user.run_row("memory_scope_said", runtime_id)
+    if verdict.skipped:
+        pytest.skip(verdict.skipped)
+    assert verdict.broken is None and not verdict.escapes and not verdict.leftovers, verdict
 
 
 # 2. the grader is not on any path the sandbox sees
