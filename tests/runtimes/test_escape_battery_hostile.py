@@ -41,7 +41,7 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("same_uid_socket", GROUP, ("user",), "no view: the user's own sockets in /tmp and its home are connectable"),
         ("supplementary_group", GROUP, ("user",), "no view: a 0660 group-owned socket and file are reached"),
         ("scratch_leftovers", GROUP, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
-        ("disk_cap", ALL, ("user",), "not root: the sandbox's files are uncapped (no tmpfs of ours)"),
+        ("disk_cap", GROUP, ("user",), "no namespaces: the sandbox's files are uncapped (no tmpfs of ours)"),
         ("disk_cap", GROUP, ("root",), "no view: /tmp, /var/tmp, /dev/shm are the host's, outside the cap"),
         ("disk_cap", ("container",), ("root",), "the container's /tmp, /var/tmp, /dev/shm are tmpfs of disk_mb each"),
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),

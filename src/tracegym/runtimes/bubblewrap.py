@@ -39,13 +39,14 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 from tracegym.runtimes.sandbox_view import Kind, Mount, mounts
-from tracegym.runtimes.workdir import make_workdir, remove_workdir
+from tracegym.runtimes.workdir import enter_disk, make_workdir, remove_workdir
 
 
 class BwrapConfinement(Confinement):
     """`bwrap` around the init, building the sandbox's view (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
+    disk_namespace = True
 
     def wrap(self, launch: Launch) -> list[str]:
         view = mounts(launch.workdir, launch.limits, socket_folders(launch),
@@ -86,13 +87,19 @@ def bwrap_flags(view: list[Mount], workdir: Path, network: bool, extra: Sequence
     """The `bwrap` command line (without the command) that builds `view`, with `extra` flags (an allow-list's),
     and starts in `workdir`."""
     flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session",
-             *(["--share-net"] if network else [])]
+             *(["--share-net"] if network else []), *_our_ids()]
     for mount in view:
         flags += _FLAGS[mount.kind](mount)
     flags += extra  # before the remounts: its mountpoints are made in folders still writable
     for target in (*(m.target for m in view if m.kind == "empty"), "/"):  # last: mounts inside need them writable
         flags += ["--remount-ro", target]
     return [*flags, "--chdir", str(workdir)]
+
+
+def _our_ids() -> list[str]:
+    """Not root, the program runs as our uid and gid, whoever bwrap runs as (root of the namespaces of the keeper
+    that caps the sandbox's files: see `runtimes.workdir`)."""
+    return [] if os.geteuid() == 0 else ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
 
 
 @functools.cache
@@ -102,10 +109,10 @@ def probe() -> str | None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     root = os.geteuid() == 0
     uid = random.randrange(*UID_RANGE) if root else None
-    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1)
+    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1, namespaced=True)
     try:
         view = mounts(workdir, Limits())
-        done = subprocess.run([*bwrap_flags(view, workdir, network=False), "--", "true"],
+        done = subprocess.run([*enter_disk(workdir.parent), *bwrap_flags(view, workdir, network=False), "--", "true"],
                               capture_output=True, timeout=PROBE_TIMEOUT_S, **spawn_as(uid))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start: {exc}"

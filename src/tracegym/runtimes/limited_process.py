@@ -68,6 +68,7 @@ class NamespaceConfinement(Confinement):
     the init builds the sandbox's view in its mount namespace (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
+    disk_namespace = True
 
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root
