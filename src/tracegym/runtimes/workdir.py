@@ -68,15 +68,9 @@ def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: boo
     root, else in a keeper's namespaces where the runtime's programs start `namespaced`: see the module)."""
     folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
     os.chmod(folder, 0o711)
-    if os.geteuid() == 0:
-        capped, why = _mount_tmpfs(folder, disk_mb), "mounting its tmpfs failed"
-    elif namespaced:
-        why = _start_keeper(folder, disk_mb)
-        capped = why is None
-    else:
-        capped, why = False, "its runtime starts no namespaces a tmpfs of ours could be mounted in (not root)"
-    if not capped:
-        _warn_uncapped(why or "")
+    why = _cap(folder, disk_mb, namespaced)
+    if why is not None:
+        _warn_uncapped(why)
     inside = _KEEPERS[folder].root / folder.relative_to("/") if folder in _KEEPERS else folder
     for name, mode, owner in (("work", 0o700, uid), (_SANDBOX_HOME, 0o700, uid), (VIEW_ROOT, 0o700, None),
                               *((name, 0o1777, None) for name in _PRIVATE.values())):
@@ -91,7 +85,16 @@ def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: boo
         for path in (workdir, folder / RELAY):
             if path.is_relative_to(private):
                 (source / path.relative_to(private)).mkdir(mode=0o755, parents=True)
-    return workdir, capped
+    return workdir, why is None
+
+
+def _cap(folder: Path, disk_mb: int, namespaced: bool) -> str | None:
+    """Cap `folder` at `disk_mb` (see the module); None when it is, else why it cannot be."""
+    if os.geteuid() == 0:
+        return None if _mount_tmpfs(folder, disk_mb) else "mounting its tmpfs failed"
+    if namespaced:
+        return _start_keeper(folder, disk_mb)
+    return "its runtime starts no namespaces a tmpfs of ours could be mounted in (not root: no right to mount here)"
 
 
 @dataclass
