@@ -238,6 +238,35 @@ async def memory_scope_said(runtime_id: str, props: Props) -> Verdict:
     return Verdict(escapes=escapes)
 
 
+@row
+async def egress_reached(runtime_id: str, props: Props) -> Verdict:
+    """The control of the egress rows: a host port on an allow-list is reached, and its greeting read, through the
+    relay (whose sockets the host makes in the sandbox's folder); an escape is none of it coming through."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        greeting = f"{SECRET_PREFIX}{secrets.token_hex(4)}"
+
+        async def answer() -> None:
+            client, _ = await asyncio.get_running_loop().sock_accept(server)
+            with client:
+                client.sendall(greeting.encode())
+
+        server.setblocking(False)
+        answering = asyncio.ensure_future(answer())
+        program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+                   "print('got', s.recv(100).decode())")
+        try:
+            async with opened(make_runtime(runtime_id, ROW_LIMITS.model_copy(
+                    update={"egress": (f"127.0.0.1:{port}",)}))) as box:
+                result = await box.run([PY, "-c", program])
+        finally:
+            answering.cancel()
+    if broken := ran(result, "got"):
+        return Verdict(broken=broken)
+    return Verdict() if f"got {greeting}" in result.stdout else \
+        Verdict(escapes=[f"the allow-listed 127.0.0.1:{port} was not reached: {result.stdout!r}"])
+
+
 # --- 2. the grader readable -----------------------------------------------------------------------------------------
 
 READ_PATHS = """

@@ -161,6 +161,16 @@ async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_
     assert verdict.broken is None and not verdict.escapes and not verdict.leftovers, verdict
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+async def test_an_allow_listed_host_port_is_reached_as_the_user(test_user: TestUser, runtime_id: str) -> None:
+    """The relay's folder reaches the sandbox where the keeper's tmpfs covers the sandbox's folder."""
+    verdict = await test_user.run_row("egress_reached", runtime_id)
+    if verdict.skipped:
+        pytest.skip(verdict.skipped)
+    assert verdict.broken is None and not verdict.escapes and not verdict.leftovers, verdict
+
+
 # 2. the grader is not on any path the sandbox sees
 
 @pytest.mark.parametrize(("runtime_id", "user"), cases("grader_readable"))

@@ -87,7 +87,7 @@ def bwrap_flags(view: list[Mount], workdir: Path, network: bool, extra: Sequence
     """The `bwrap` command line (without the command) that builds `view`, with `extra` flags (an allow-list's),
     and starts in `workdir`."""
     flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session",
-             *(["--share-net"] if network else []), *_our_ids()]
+             *(["--share-net"] if network else []), *(_our_ids() if "--uid" not in extra else [])]
     for mount in view:
         flags += _FLAGS[mount.kind](mount)
     flags += extra  # before the remounts: its mountpoints are made in folders still writable

@@ -123,11 +123,12 @@ _KEEPERS: dict[Path, _Keeper] = {}
 """Each sandbox folder's keeper, by the folder."""
 KEEPER_START_S = 10.0
 """How long a keeper may take to say its tmpfs is mounted (and to exit when told)."""
-_KEEPER_SCRIPT = ('exec 3<"$0" && mount -t tmpfs -o "size=$1m,mode=0711,nosuid,nodev" tracegym-sandbox "$0" && '
-                  'mkdir -m 0700 "$0/$2" && mount --bind "/proc/self/fd/3/$2" "$0/$2" && exec 3<&- && echo ready && '
-                  'exec cat >/dev/null')
-"""The keeper, root of its own user namespace: the host folder kept open, the tmpfs mounted over it, the host's
-relay folder bound in, then it waits for its pipe's end."""
+_KEEPER_SCRIPT = ('exec 3<"$0/$2" && mount -t tmpfs -o "size=$1m,mode=0711,nosuid,nodev" tracegym-sandbox "$0" && '
+                  'mkdir -m 0700 "$0/$2" && mount --no-canonicalize --bind /proc/self/fd/3 "$0/$2" && exec 3<&- && '
+                  'echo ready && exec cat >/dev/null')
+"""The keeper, root of its own user namespace: the host's relay folder kept open, the tmpfs mounted over the
+sandbox folder, the relay folder bound in (by its descriptor, uncanonicalized: its path now leads into the
+tmpfs), then it waits for its pipe's end."""
 
 
 def _start_keeper(folder: Path, disk_mb: int) -> str | None:
