@@ -15,7 +15,8 @@ What each isolation guarantees (the strongest this host allows is detected once 
   its own scratch folders, and signal none of the host's processes; RLIMIT_NPROC counts its processes alone.
 - `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces and view, entered
   through a user namespace; the program keeps our uid (as the namespace's root, every capability dropped for
-  good before it starts, so it cannot undo a mount), its files are uncapped, and RLIMIT_NPROC counts our other
+  good before it starts, so it cannot undo a mount), its files capped by the tmpfs of the sandbox's keeper (the
+  wrapper starts in the keeper's namespaces: see `runtimes.workdir`), and RLIMIT_NPROC counts our other
   processes too (it is set to their number now plus the limit).
 - `process-group` (no namespaces): only when asked for by name (the runtime `process-group`, or
   `LimitedProcess(isolation="process-group")`); where namespaces are missing, the `subprocess` runtime refuses
@@ -31,9 +32,9 @@ What each isolation guarantees (the strongest this host allows is detected once 
 
 In all three: rlimits on CPU seconds, file size, open files and processes; a wall-clock limit; a fresh working
 directory per sandbox, removed at close; an environment with nothing of the host's. As root, a cgroup per sandbox
-caps the memory and the processes of all its programs together (`runtimes.cgroup`); elsewhere, unless a cgroup
-subtree is delegated to us, memory is capped per process (RLIMIT_AS), which the result's `memory_scope` and one
-warning in the log say.
+caps the memory and the processes of all its programs together (`runtimes.cgroup`); not root, so does one under
+the cgroup root delegated to the user (`TRACEGYM_CGROUP`, else `/tracegym-<user>`); where none is, memory is
+capped per process (RLIMIT_AS), which the result's `memory_scope` and one warning in the log say.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: boo
     os.chmod(folder, 0o711)
     why = _cap(folder, disk_mb, namespaced)
     if why is not None:
-        _warn_uncapped(why)
+        _warn_uncapped(disk_mb, why)
     inside = _KEEPERS[folder].root / folder.relative_to("/") if folder in _KEEPERS else folder
     for name, mode, owner in (("work", 0o700, uid), (_SANDBOX_HOME, 0o700, uid), (VIEW_ROOT, 0o700, None),
                               *((name, 0o1777, None) for name in _PRIVATE.values())):
@@ -182,11 +182,16 @@ def _host_home() -> Path | None:
     return home if home != Path("/") and home.is_dir() else None
 
 
-@functools.cache
-def _warn_uncapped(why: str) -> None:
-    logging.getLogger(__name__).warning(
-        "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb: %s",
-        why)
+def _warn_uncapped(disk_mb: int, why: str) -> None:
+    """Say once per process (per reason) that sandboxes' files are not capped, and why."""
+    if why not in _SAID:
+        _SAID.add(why)
+        logging.getLogger(__name__).warning(
+            "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb "
+            "(%d MB here): %s", disk_mb, why)
+
+
+_SAID: set[str] = set()
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> bool:
@@ -221,7 +226,8 @@ def relative_parts(name: str) -> tuple[str, ...]:
 def _folder(workdir: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     """A descriptor of the folder `parts` names in `workdir`, each component opened without following a link;
     missing ones are made (owned as the working directory is) when `create`."""
-    fd = os.open(workdir, _DIRECTORY & ~os.O_NOFOLLOW)  # ours: a symlink into a keeper's tmpfs (see the module)
+    kept = workdir.parent in _KEEPERS  # then it is our symlink into the keeper's tmpfs (see the module)
+    fd = os.open(workdir, _DIRECTORY & ~os.O_NOFOLLOW if kept else _DIRECTORY)
     try:
         owner = os.fstat(fd)
         for part in parts:
