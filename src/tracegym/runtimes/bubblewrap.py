@@ -5,8 +5,9 @@ Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; 
 host's network). The view: the system folders read-only, /etc without its secrets, bwrap's own minimal /dev (and
 the nodes `Limits.devices` names, bound with `--dev-bind`) and /proc, an empty read-only /run and /var/run, the
 sandbox's own /tmp, /var/tmp, /dev/shm and home and its working directory (one tmpfs of `disk_mb`; not root, held
-by the sandbox's keeper, in whose namespaces bwrap starts: see `runtimes.workdir`), what `Limits.read_only` names, read-only, and nothing of tracegym, its venv, the
-project or the host's home; the root itself is read-only. bwrap sets no_new_privs and drops every capability,
+by the sandbox's keeper, in whose namespaces bwrap starts: see `runtimes.workdir`), what `Limits.read_only`
+names, read-only, and nothing of tracegym, its venv, the project or the host's home; the root itself is
+read-only. bwrap sets no_new_privs and drops every capability,
 starts a new session (no terminal to inject into) and, with `--die-with-parent`, kills the whole sandbox when it
 dies. The program init is the namespace's pid 1 (`--as-pid-1`): it reaps what the program orphans, the kernel
 ignores the program's signals to it (a program cannot end its own sandbox early), and its exit ends every process
