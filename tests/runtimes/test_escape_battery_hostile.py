@@ -47,7 +47,6 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),
         ("proc_environ", GROUP, USERS, "/proc/*/cmdline (and the user's environ) readable"),
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),
-        ("daemon_left", GROUP, ("user",), "a setsid daemon with an empty environment survives"),
         ("path_socket", GROUP, USERS, "no view: 0777 sockets under /run/lock, /run and /tmp connectable"),
         ("device_nodes", GROUP, USERS, "no view: the host's /dev (every device node) is visible"),
     )

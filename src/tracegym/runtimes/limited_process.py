@@ -22,13 +22,13 @@ What each isolation guarantees (the strongest this host allows is detected once 
   `LimitedProcess(isolation="process-group")`); where namespaces are missing, the `subprocess` runtime refuses
   to open rather than fall back to it silently, and asked for, it warns once per process. A session and process
   group of its own; when the program ends, the init kills the group, and a wall-clock kill or a cancel kills it
-  too; every process still carrying the run's marker in its environment (or, as root, in the sandbox's cgroup or
-  under its uid) is found and killed (not root, a daemon that leaves the group *and* clears its environment
-  escapes this). It does not isolate the network (every port of the host is reachable), other processes' /proc
-  (same-uid processes' environments and command lines are readable when not root) or signals (not root, the
-  program may kill any of our processes), so `Limits.egress` is refused, naming it; and it has no view: it sees
-  the host's filesystem and /dev (`Limits.read_only` and `Limits.devices` change nothing). As root, the program
-  still runs under a uid of its own.
+  too; every process still carrying the run's marker in its environment, in the sandbox's cgroup (not root: where
+  one is delegated) or, as root, under its uid is found and killed (not root and no cgroup delegated, a daemon
+  that leaves the group *and* clears its environment escapes this). It does not isolate the network (every port of
+  the host is reachable), other processes' /proc (same-uid processes' environments and command lines are readable
+  when not root) or signals (not root, the program may kill any of our processes), so `Limits.egress` is
+  refused, naming it; and it has no view: it sees the host's filesystem and /dev (`Limits.read_only` and
+  `Limits.devices` change nothing). As root, the program still runs under a uid of its own.
 
 In all three: rlimits on CPU seconds, file size, open files and processes; a wall-clock limit; a fresh working
 directory per sandbox, removed at close; an environment with nothing of the host's. As root, a cgroup per sandbox
