@@ -133,6 +133,9 @@ tmpfs), then it waits for its pipe's end."""
 
 def _start_keeper(folder: Path, disk_mb: int) -> str | None:
     """Start the keeper of `folder` (its tmpfs mounted when this returns); None, else why it could not."""
+    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (Debian/Ubuntu: util-linux), so no keeper can hold its tmpfs"
     (folder / RELAY).mkdir(mode=0o700)
     argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _KEEPER_SCRIPT, str(folder), str(disk_mb),
             RELAY]
