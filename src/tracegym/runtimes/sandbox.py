@@ -48,7 +48,8 @@ class Limits(BaseModel):
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
     disk_mb: int = Field(1024, gt=0)
     """Megabytes the sandbox's files may take in all: its working directory, /tmp, /var/tmp, /dev/shm and home
-    share one tmpfs of this size where we are root (host RAM, used only as filled); uncapped elsewhere (see
+    share one tmpfs of this size (host RAM, used only as filled): on the host where we are root, in a keeper's
+    namespaces where we are not (bubblewrap, subprocess); uncapped elsewhere, which the log says (see
     `runtimes.workdir`)."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
