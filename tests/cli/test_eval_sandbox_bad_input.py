@@ -1,8 +1,9 @@
-"""Bad sandbox input to `tracegym eval` and `tracegym serve`: one line naming the flag or setting and its value,
-exit 2, before any rollout starts and before any run folder is made."""
+"""Bad sandbox input to `tracegym eval`, `tracegym rl` and `tracegym serve`: one line naming the flag or setting
+and its value, exit 2, before any rollout starts and before any run folder is made."""
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tracegym.cli.main import main
 from tracegym.runtimes import cgroup
 from tracegym.runtimes.bubblewrap import probe
 from tracegym.testing import FakeOpenAIServer
+from tracegym.train.rl_config import EnvChoice
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +81,22 @@ def test_strict_caps_this_host_cannot_give_exit_2_naming_them(server, tmp_path, 
 def test_serve_refuses_an_egress_hostname_that_does_not_resolve_before_any_worker_starts(capsys):
     err = refused(capsys, ["serve", "python-functions", "--taskset-json", '{"egress": ["nohost.invalid:80"]}'])
     assert "taskset 'python-functions': egress entry 'nohost.invalid:80' does not resolve" in err
+
+
+def test_rl_refuses_an_environment_whose_egress_hostname_does_not_resolve_before_anything_starts(tmp_path, capsys):
+    config = tmp_path / "rl.toml"
+    config.write_text('[[orchestrator.train.envs]]\nid = "python-functions"\n'
+                      'options = { egress = ["nohost.invalid:80"] }\n')
+    out = tmp_path / "out"
+    err = refused(capsys, ["rl", "@", str(config), "--output-dir", str(out)])
+    assert "taskset 'python-functions': egress entry 'nohost.invalid:80' does not resolve" in err
+    assert not out.exists()
+
+
+def test_rl_passes_an_environment_s_sandbox_settings_to_its_env_server(tmp_path, capsys):
+    config = tmp_path / "rl.toml"
+    config.write_text('[[orchestrator.train.envs]]\nid = "python-functions"\nsandbox = { max_starting = 12 }\n')
+    assert main(["rl", "@", str(config), "--dry-run"]) == 0
+    server = tomllib.loads(capsys.readouterr().out)["env_servers"]["python-functions"]
+    assert server["sandbox"]["max_starting"] == 12
+    assert EnvChoice.model_validate(server).serve_args() == ["--sandbox.max-starting", "12"]

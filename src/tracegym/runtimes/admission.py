@@ -87,7 +87,9 @@ class AdmissionConfig(BaseModel):
     """How many times the host's memory the admitted sandboxes' `memory_mb` may add up to (1: every sandbox may
     fill its cap at once and the host still holds them)."""
     warm_pool: int = Field(0, ge=0)
-    """Sandboxes kept opened ahead per runtime (0: none; each holds a working directory, a tmpfs, a cgroup)."""
+    """Sandboxes kept opened ahead per runtime (0: none; each holds a working directory, a tmpfs, a cgroup), in each
+    process that admits sandboxes: an env server's worker processes each keep their own (a sandbox is handed out by
+    the process that opened it)."""
 
 
 def default_starting(cores: int) -> int:

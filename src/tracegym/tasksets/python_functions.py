@@ -12,7 +12,8 @@ the first failing test's call and what it returned, raised or broke (and the end
 again; the last reply is scored. A program that breaks a sandbox limit, dies by a signal or leaves processes
 running is the model's error (kind `model`, at the stage where it ran: `env_response`, or `scoring:passed` when
 rescored): the rollout is still scored and trained on. A sandbox that cannot start python3 is an infrastructure
-error; a runtime this host lacks fails the rollout at `setup`, naming the runtime and why.
+error; a runtime this host lacks, or limits it cannot enforce (`egress`, `strict_caps`), are refused before any
+rollout starts (`runtimes.preflight`), naming them; a rollout run alone (`run_rollout`) fails at `setup` instead.
 """
 
 from __future__ import annotations
