@@ -1,5 +1,5 @@
-"""An env server's sandbox admission (`--sandbox.*`): set from its command line and split over its worker
-processes, so that its caps hold for the whole server."""
+"""Sandbox admission from the command line: an env server's (`--sandbox.*`), split over its worker processes so
+that its caps hold for the whole server, and `tracegym eval --no-serve`'s own (`--env.sandbox.*`)."""
 
 import asyncio
 from pathlib import Path
@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from serve_helpers import task
 
+from tracegym import Trace
+from tracegym.cli.main import main
 from tracegym.core.errors import UsageError
-from tracegym.runtimes.admission import AdmissionConfig
+from tracegym.runtimes.admission import AdmissionConfig, configure_admission
 from tracegym.serve import EnvClient, EnvServer, PoolSize, local_server
 from tracegym.serve.env_server_choice import EnvServerChoice, WorkerPoolChoice
 
@@ -24,6 +26,21 @@ async def test_each_worker_of_a_served_taskset_admits_its_share_of_the_sandbox_s
     assert len(traces) == 6 and not [t.errors for t in traces if t.errors]
     assert {t.reward for t in traces} == {2.0}  # 7 starts at once over 3 worker processes (2 and a spare): 2 each
     assert {(t.metrics["share"], t.metrics["warm_pool"]) for t in traces} == {(3.0, 2.0)}
+
+
+@pytest.fixture
+def default_admission():
+    yield
+    configure_admission(None)
+
+
+def test_eval_in_process_admits_its_sandboxes_under_its_env_sandbox_settings(fake, tmp_path, default_admission):
+    out = tmp_path / "out"
+    assert main(["eval", PROBE, "-n", "2", "--no-serve", "--no-rich", "--env.sandbox.max-starting", "5",
+                 "--model.base-url", fake.base_url, "--output-dir", str(out)]) == 0
+    [run] = out.glob("*/*/traces.jsonl")
+    traces = [Trace.model_validate_json(line) for line in run.read_text().splitlines()]
+    assert [(t.reward, t.metrics["share"]) for t in traces] == [(5.0, 1.0), (5.0, 1.0)]
 
 
 def test_sandbox_settings_reach_tracegym_serve_as_its_own_flags():
