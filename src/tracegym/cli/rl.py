@@ -14,10 +14,12 @@ from tracegym.cli.validate import preflight
 from tracegym.config.run_dir import owned
 from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.task_sandbox import check_taskset
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.launcher import launch, with_cpu_threads, with_model_paths
-from tracegym.train.rl_config import RLConfig, parse_rl_args
+from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.teacher import check_teacher
 
@@ -44,6 +46,8 @@ def run(args: list[str]) -> int:
     if config.dry_run and config.cluster == "local":
         print(resolved(config, plan_launch(config, Path(resume or config.output_dir / "<run-id>"))), end="")
         return 0
+    if config.cluster == "local":  # a sandbox this host cannot run as asked fails before any process starts
+        check_sandboxes(config)
     folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
                                                                                        config.run_id)
     with owned(folder.path):
@@ -56,6 +60,14 @@ def run(args: list[str]) -> int:
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
         return launch(plan)
+
+
+def check_sandboxes(config: RLConfig) -> None:
+    """`check_taskset` for the taskset of each env server the run starts here (one running elsewhere checked its
+    own host when it started)."""
+    for env in env_servers(config.orchestrator).values():
+        if env.address is None:
+            check_taskset(load_taskset(env.id, env.options))
 
 
 SEATING = {"play", "seats", "difficulty"}

@@ -15,6 +15,7 @@ from pydantic_config import BaseConfig
 from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.task_sandbox import check_taskset
 from tracegym.envs.taskset_section import taskset_section
 from tracegym.eval.eval_config import find_taskset_id
 from tracegym.interop.openenv_settings import OpenEnvSettings
@@ -83,7 +84,8 @@ def run(args: list[str]) -> int:
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
                        max_abandoned_threads=cfg.max_abandoned_threads, max_request_bytes=cfg.max_request_bytes,
                        max_open_bytes=cfg.max_open_bytes, max_peer_bytes=cfg.max_peer_bytes,
-                       max_server_bytes=cfg.max_server_bytes)
+                       max_server_bytes=cfg.max_server_bytes, sandbox=cfg.sandbox)
+    check_taskset(server.taskset)  # a sandbox this host cannot run as asked fails here, before any worker starts
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())
@@ -98,7 +100,9 @@ def serve_openenv(cfg: ServeConfig) -> int:
     """Bind, print `address: ws://...`, serve over OpenEnv until SIGINT/SIGTERM."""
     from tracegym.interop.openenv_server import OpenEnvServer  # imports openenv: only when asked for
 
-    server = OpenEnvServer.from_settings(load_taskset(cfg.taskset.id, cfg.options()), cfg.openenv)
+    taskset = load_taskset(cfg.taskset.id, cfg.options())
+    check_taskset(taskset)
+    server = OpenEnvServer.from_settings(taskset, cfg.openenv)
     sock = server.bind(cfg.openenv.host, cfg.port)
     if cfg.exit_with_parent:
         processes.watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))  # uvicorn stops on SIGTERM

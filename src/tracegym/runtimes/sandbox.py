@@ -78,6 +78,12 @@ class Limits(BaseModel):
     """Host device nodes (e.g. `/dev/nvidia0`) the sandbox's /dev shows beside its minimal set (null, zero, full,
     random, urandom, tty); each must exist and be a device."""
 
+    strict_caps: bool = False
+    """Refuse to open a sandbox where `memory_mb`, `processes` and `disk_mb` cannot cap its processes and files as
+    a whole (no cgroup can be made on this host, or no tmpfs for its files: not root), instead of capping each
+    process alone (rlimits) and its files not at all, with a warning. Checked before any rollout starts (see
+    `runtimes.preflight`) and at each open."""
+
     @field_validator("read_only")
     @classmethod
     def _existing_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
