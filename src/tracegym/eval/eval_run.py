@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -31,6 +31,7 @@ from tracegym.eval.run_summary import run_table, summarize_run
 from tracegym.eval.summary import Summary
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
+from tracegym.runtimes.watchdog import Stage, Stall, Stalled, beat, build_watchdog, until_stalled, watch
 from tracegym.serve.env_client import EnvClient
 
 
@@ -155,8 +156,10 @@ async def episodes(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: R
         return
     with contextlib.ExitStack() as stack:
         async with EnvClient(env_address(parts.env, stack, folder.logs / "env")) as client:
-            async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
-                yield episode
+            with watch(Stage.ENV_SERVER, f"({len(todo)} episodes asked)"):
+                async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
+                    beat(Stage.ENV_SERVER, f"episode {episode.task_key}#{episode.episode_index} returned")
+                    yield episode
 
 
 def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = False,
@@ -179,16 +182,33 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
                 where = ", ".join(endpoint.servers())
                 print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
                 tally.restart_clock()
-                asyncio.run(run(parts, work.todo, folder, endpoint, tally, boards))
+                asyncio.run(until_stalled(run(parts, work.todo, folder, endpoint, tally, boards),
+                                          build_watchdog(parts.watchdog), warned(boards),
+                                          shutdown=parts.watchdog.shutdown))
         except KeyboardInterrupt:
             conclude(parts, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
+            raise
+        except Stalled as stalled:
+            conclude(parts, folder, earlier + tally.elapsed, out, title)
+            print(f"stopped: {stalled}; finish the run with: tracegym eval --resume {folder.path}", file=out,
+                  flush=True)
             raise
         finally:
             folder.log.close()
     summary = conclude(parts, folder, earlier + tally.elapsed, out, title)
     check_complete(work.expected, folder)
     return summary
+
+
+def warned(boards: list[Dashboard]) -> Callable[[Stall], None]:
+    """What a stage silent past its soft budget does: named on every dashboard (the log's among them)."""
+
+    def warn(stall: Stall) -> None:
+        for board in boards:
+            board.warn(stall.line())
+
+    return warn
 
 
 def conclude(parts: EvalParts, folder: RunFolder, wall_time: float, out: IO[str],
