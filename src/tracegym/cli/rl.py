@@ -43,7 +43,7 @@ def run(args: list[str]) -> int:
                   f"node sees); submit it with: sbatch {script}")
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-        return launch(plan)
+        return launch(plan, watchdog=config.watchdog)
 
 
 SEATING = {"play", "seats", "difficulty"}

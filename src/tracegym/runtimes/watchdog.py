@@ -331,8 +331,11 @@ async def until_stalled(aw: Awaitable[T], watchdog: Watchdog, warn: Callable[[St
     loop = asyncio.get_running_loop()
     assert task is not None
     soft = min(watchdog.budgets(s).soft for s in Stage) if watchdog.budgets else 1.0
-    watcher = Watcher(watchdog, warn, lambda stall: loop.call_soon_threadsafe(task.cancel),
-                      every=min(1.0, max(0.01, soft / 4)), shutdown=shutdown)
+
+    def stop(stall: Stall) -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    watcher = Watcher(watchdog, warn, stop, every=min(1.0, max(0.01, soft / 4)), shutdown=shutdown)
     with watchdog.using(), watcher:
         try:
             return await aw
@@ -376,3 +379,50 @@ def reporting(logs: Path, role: str) -> Iterator[Watchdog]:
     sink = progress_file(logs, role)
     with Watchdog(on_change=sink.write).using() as watchdog:
         yield watchdog
+
+
+class ProgressFiles:
+    """The launcher's watchdog over its roles: reads every role's progress file (`reporting`) in a log folder
+    and judges each snapshot against the budgets; each stall past its soft budget is news once."""
+
+    def __init__(self, logs: Path, config: WatchdogConfig, clock: Clock = time.time) -> None:
+        self.logs, self.config, self.clock = logs, config, clock
+        self.warned: set[tuple[str, str, str, float]] = set()
+
+    def check(self) -> tuple[list[str], tuple[str, Stall] | None]:
+        """The new warnings (one line each, naming the role), and the first (role, stall) past its hard budget."""
+        news: list[str] = []
+        now = self.clock()
+        for path in sorted(self.logs.glob("progress-*.json")):
+            role = path.stem.removeprefix("progress-")
+            snapshot = ProgressFile(path).read()
+            for stall in stalls(snapshot, self.config.budget, now):
+                if stall.hard:
+                    return news, (role, stall)
+                key = (role, *stall.key, snapshot[stall.stage]["since"])
+                if key not in self.warned:
+                    self.warned.add(key)
+                    news.append(f"watchdog: {role}: {stall.line()}")
+        return news, None
+
+
+class ShutdownDeadline:
+    """Bounds the stopping of a run: once `start`ed, the block must end within `seconds` or `last_resort` kills
+    every process the run started and exits."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._done = threading.Event()
+
+    def __enter__(self) -> ShutdownDeadline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def start(self) -> None:
+        def wait() -> None:
+            if not self._done.wait(self.seconds):
+                last_resort(f"stopping the run's processes took longer than the shutdown budget ({self.seconds:g} s)")
+
+        threading.Thread(target=wait, name="shutdown-deadline", daemon=True).start()

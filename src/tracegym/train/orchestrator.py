@@ -40,6 +40,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.seats import Seats
 from tracegym.models.endpoint import Endpoint
+from tracegym.runtimes.watchdog import Stage, beat, watch
 from tracegym.serve.env_client import EnvClient, ask, describe
 from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
@@ -144,9 +145,11 @@ class Orchestrator:
                 await self.evaluate(0)
             while self.next_step < self.plan.steps:
                 await self.step(self.next_step)
-            await self.evaluate(self.plan.steps, wait=True)
+            with watch(Stage.EVAL_DRAIN, f"after step {self.plan.steps}"):
+                await self.evaluate(self.plan.steps, wait=True)
         finally:
-            await self.aclose()
+            with watch(Stage.SHUTDOWN, "closing the env clients"):
+                await self.aclose()
 
     async def step(self, step: int) -> None:
         """Make and hand over the batch of `step` once the trainer's policy allows it; evaluate when it is time."""
@@ -203,8 +206,9 @@ class Orchestrator:
     async def train_on(self, groups: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
         """What the signal makes of a step's groups (the policy `version` served when the step started), samples
         too old for the step dropped (and counted) before the signal finishes them; with the signal's figures."""
-        samples, made = await self.signal.samples(groups, version)
-        samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
+        with watch(Stage.BATCH_ASSEMBLY, f"step {groups.step}"):
+            samples, made = await self.signal.samples(groups, version)
+            samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
         return samples, {**made, **finished}
 
     async def run_groups(self, endpoint: Endpoint, model: str) -> tuple[list[Group], list[str]]:
@@ -220,9 +224,10 @@ class Orchestrator:
 
         async def group(env: TrainEnv, data: TaskData, requests: list[Request]) -> Group:
             async with gate:
-                played = await asyncio.gather(*(env.client.episodes(
-                    env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
-                    for indices, seats in requests))
+                with watch(Stage.ENV_SERVER, f"({env.id} task {data.key})"):
+                    played = await asyncio.gather(*(env.client.episodes(
+                        env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
+                        for indices, seats in requests))
                 return [e for episodes in played for e in episodes]
 
         async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
@@ -337,7 +342,10 @@ class Orchestrator:
 
         async def one(data: TaskData) -> T:
             async with gate:
-                return await run(data)
+                with watch(Stage.ENV_SERVER, f"(held-out {env.id} task {data.key})"):
+                    done = await run(data)
+            beat(Stage.EVAL_DRAIN, f"held-out task {data.key} of {env.id} evaluated")
+            return done
 
         return list(await asyncio.gather(*(one(data) for data in env.rows)))
 
