@@ -40,15 +40,15 @@ def clock():
 
 def test_a_busy_stage_silent_past_its_soft_budget_is_named_with_its_last_event(clock):
     watchdog = build_watchdog(WatchdogConfig(warn_after=120, trainer_step=600), clock)
-    with watchdog.watch(Stage.TRAINER_STEP, "step 40"):
+    with watchdog.watch(Stage.TRAINER_STEP, "40"):
         pass
-    with watchdog.watch(Stage.TRAINER_STEP, "step 41"):
+    with watchdog.watch(Stage.TRAINER_STEP, "41"):
         clock.now += 121
         [stall] = watchdog.stalls()
     assert not stall.hard
-    assert stall.line().startswith("no progress in trainer step step 41 for 121 s: last event trainer step step 40 "
+    assert stall.line().startswith("no progress in trainer step 41 for 121 s: last event trainer step 40 "
                                    "ended at ")
-    assert (stall.stage, stall.detail) == ("trainer step", "step 41") and "step 40 ended" in stall.last
+    assert (stall.stage, stall.detail) == ("trainer step", "41") and "step 40 ended" in stall.last
 
 
 def test_a_busy_stage_silent_past_its_hard_budget_says_so(clock):
@@ -105,9 +105,9 @@ def test_watch_reports_to_the_current_watchdog_only(clock):
     with watch(Stage.TOOL, "outside"):  # no watchdog: nothing happens
         pass
     with watchdog.using(), watch(Stage.TOOL, "search"):
-        assert watchdog.snapshot()["tool"]["busy"] == ["search"]
+        assert watchdog.snapshot()["stages"]["tool"]["busy"] == ["search"]
     beat(Stage.TOOL, "nobody hears this")
-    assert watchdog.snapshot()["tool"]["busy"] == []
+    assert watchdog.snapshot()["stages"]["tool"]["busy"] == []
 
 
 def test_the_rollout_loops_stage_names_map_to_watched_stages(clock):
@@ -116,7 +116,7 @@ def test_the_rollout_loops_stage_names_map_to_watched_stages(clock):
         for name in ("model", "tool:search", "scoring:exact", "stop:done", "setup", "env_response"):
             with watch_named(name):
                 pass
-    assert set(watchdog.snapshot()) == {"model call", "tool", "scoring"}
+    assert set(watchdog.snapshot()["stages"]) == {"model call", "tool", "scoring"}
 
 
 def test_the_watcher_warns_once_per_silence_then_stops_at_the_hard_budget(clock):
@@ -166,8 +166,8 @@ def test_the_launcher_judges_each_roles_progress_file(tmp_path, clock):
         assert inside.wait(60)
         files = ProgressFiles(tmp_path, WatchdogConfig(warn_after=10, weight_sync=100), clock)
         path = tmp_path / "progress-trainer.json"
-        assert json.loads(path.read_text())["weight sync"]["busy"] == ["version 1"]
-        since = json.loads(path.read_text())["weight sync"]["since"]
+        assert json.loads(path.read_text())["stages"]["weight sync"]["busy"] == ["version 1"]
+        since = json.loads(path.read_text())["stages"]["weight sync"]["since"]
         clock.now = since + 11
         warnings, stalled = files.check()
         assert len(warnings) == 1 and stalled is None

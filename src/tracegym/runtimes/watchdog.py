@@ -116,7 +116,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Stall:
-    """A busy stage silent past a budget: which, doing what, for how long, and the last thing it did."""
+    """A busy stage silent past a budget: which, doing what, for how long, and the last thing its process did."""
 
     stage: str
     detail: str
@@ -142,11 +142,10 @@ class Stall:
 
 @dataclass
 class StageState:
-    """One stage's open watches (by token, oldest first), since when it has been silent, and its last event."""
+    """One stage's open watches (by token, oldest first), and since when it has been silent."""
 
     busy: dict[int, str] = field(default_factory=dict)
     since: float = 0.0
-    last: str = ""
 
 
 class Watchdog:
@@ -158,6 +157,8 @@ class Watchdog:
         `on_change(snapshot)`: hears of every change (a role writes it to its progress file)."""
         self.budgets, self.clock, self.on_change = budgets, clock, on_change
         self.stages: dict[str, StageState] = {}
+        self.last = ""
+        """The latest event of any stage, with its time of day."""
         self._lock = threading.Lock()
         self._tokens = itertools.count()
 
@@ -182,10 +183,11 @@ class Watchdog:
         return stalls(self.snapshot(), self.budgets, self.clock())
 
     def snapshot(self) -> dict[str, Any]:
-        """Every stage's state as plain data: `{stage: {"busy": [detail, ...], "since": t, "last": text}}`."""
+        """Every stage's state as plain data: `{"last": event, "stages": {stage: {"busy": [detail, ...],
+        "since": t}}}`."""
         with self._lock:
-            return {name: {"busy": list(s.busy.values()), "since": s.since, "last": s.last}
-                    for name, s in self.stages.items()}
+            stages = {name: {"busy": list(s.busy.values()), "since": s.since} for name, s in self.stages.items()}
+            return {"last": self.last, "stages": stages}
 
     @contextlib.contextmanager
     def using(self) -> Iterator[Watchdog]:
@@ -212,7 +214,7 @@ class Watchdog:
             state = self.stages.setdefault(stage.value, StageState())
             if leaving is not None:
                 state.busy.pop(leaving, None)
-            state.since, state.last = self.clock(), f"{event} at {time.strftime('%H:%M:%S')}"
+            state.since, self.last = self.clock(), f"{event} at {time.strftime('%H:%M:%S')}"
         self._changed()
 
     def _changed(self) -> None:
@@ -252,13 +254,13 @@ def stalls(snapshot: dict[str, Any], budgets: Callable[[Stage], Budget], now: fl
     """The busy stages of a snapshot silent past their soft budget at `now`, hard ones first, then longest silent;
     each named by its oldest open watch."""
     found = []
-    for name, state in snapshot.items():
+    for name, state in snapshot.get("stages", {}).items():
         if not state["busy"] or name not in Stage._value2member_map_:
             continue
         budget = budgets(Stage(name))
         silent = now - state["since"]
         if silent >= budget.soft:
-            found.append(Stall(name, state["busy"][0], silent, state["last"], budget))
+            found.append(Stall(name, state["busy"][0], silent, snapshot["last"], budget))
     return sorted(found, key=lambda s: (not s.hard, -s.silent_s))
 
 
@@ -298,7 +300,7 @@ class Watcher:
                 self.stopped = stall
                 self.stop(stall)
                 return stall
-            key = (*stall.key, self.watchdog.snapshot()[stall.stage]["since"])
+            key = (*stall.key, self.watchdog.snapshot()["stages"][stall.stage]["since"])
             if key not in self.warned:
                 self.warned.add(key)
                 self.warn(stall)
@@ -399,7 +401,7 @@ class ProgressFiles:
             for stall in stalls(snapshot, self.config.budget, now):
                 if stall.hard:
                     return news, (role, stall)
-                key = (role, *stall.key, snapshot[stall.stage]["since"])
+                key = (role, *stall.key, snapshot["stages"][stall.stage]["since"])
                 if key not in self.warned:
                     self.warned.add(key)
                     news.append(f"watchdog: {role}: {stall.line()}")

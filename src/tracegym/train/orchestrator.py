@@ -206,7 +206,7 @@ class Orchestrator:
     async def train_on(self, groups: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
         """What the signal makes of a step's groups (the policy `version` served when the step started), samples
         too old for the step dropped (and counted) before the signal finishes them; with the signal's figures."""
-        with watch(Stage.BATCH_ASSEMBLY, f"step {groups.step}"):
+        with watch(Stage.BATCH_ASSEMBLY, f"of step {groups.step}"):
             samples, made = await self.signal.samples(groups, version)
             samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
         return samples, {**made, **finished}

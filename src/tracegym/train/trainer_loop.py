@@ -43,7 +43,7 @@ class TrainerLoop:
     def step(self, step: int, batch: Batch) -> None:
         """Train on one batch, serve the new weights, log, and checkpoint when it is time."""
         started = time.perf_counter()
-        with watch(Stage.TRAINER_STEP, f"step {step}"):
+        with watch(Stage.TRAINER_STEP, str(step)):
             metrics = self.trainer.step(batch.samples) if batch.samples else {"skipped_empty_batch": 1.0}
         if not batch.samples:
             self.trainer.version += 1  # an empty batch (every group filtered) still advances the step
@@ -65,7 +65,7 @@ class TrainerLoop:
     def serve_weights(self) -> None:
         """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
         the weights; rank 0 writes and publishes them)."""
-        with watch(Stage.WEIGHT_SYNC, f"version {self.trainer.version}"):
+        with watch(Stage.WEIGHT_SYNC, f"of version {self.trainer.version}"):
             self._serve_weights()
 
     def _serve_weights(self) -> None:
@@ -88,7 +88,7 @@ class TrainerLoop:
     def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
         (what each resumes from), then marked complete."""
-        with watch(Stage.CHECKPOINT, f"step {step}"):
+        with watch(Stage.CHECKPOINT, f"after step {step}"):
             return self._checkpoint(step, orchestrator)
 
     def _checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
