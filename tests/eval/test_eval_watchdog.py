@@ -1,12 +1,15 @@
 """`tracegym eval` under the watchdog: a stage silent past its soft budget is named in the log, past its hard
 budget the run stops (exit 5, one line naming the stage), keeping what finished and leaving no process behind."""
 
+import io
 import os
 import time
 
 import pytest
+from rich.console import Console
 
 from tracegym.cli.main import main
+from tracegym.eval.dashboard import RichDashboard, Tally
 from tracegym.runtimes.processes import descendants
 from tracegym.runtimes.watchdog import STALLED_EXIT
 from tracegym.testing import FakeOpenAIServer, Stall
@@ -69,3 +72,11 @@ def test_a_watchdog_turned_off_only_warns(tmp_path, capsys):
         code = main(stuck_eval(slow, tmp_path, "--no-serve", "--watchdog.model-call", "0.2",
                                "--no-watchdog.enabled"))
     assert code == 0
+
+
+def test_the_rich_dashboard_shows_the_watchdogs_warning():
+    out = io.StringIO()
+    board = RichDashboard(Tally(total=2), "run", Console(file=out, width=120, force_terminal=False))
+    with board:
+        board.warn("no progress in model call for 121 s: last event none")
+    assert "watchdog: no progress in model call for 121 s: last event none" in out.getvalue()
