@@ -160,6 +160,8 @@ class Watchdog:
         self.last = ""
         """The latest event of any stage, with its time of day."""
         self._lock = threading.Lock()
+        self._reporting = threading.Lock()
+        """Held while a snapshot is taken and handed on: what `on_change` hears last is the newest."""
         self._tokens = itertools.count()
 
     @contextlib.contextmanager
@@ -219,7 +221,8 @@ class Watchdog:
 
     def _changed(self) -> None:
         if self.on_change is not None:
-            self.on_change(self.snapshot())
+            with self._reporting:
+                self.on_change(self.snapshot())
 
 
 CURRENT: contextvars.ContextVar[Watchdog | None] = contextvars.ContextVar("watchdog", default=None)
@@ -349,17 +352,24 @@ async def until_stalled(aw: Awaitable[T], watchdog: Watchdog, warn: Callable[[St
 
 
 class ProgressFile:
-    """A role's watchdog snapshot on disk, rewritten whole (atomically) on every change, for the launcher to read."""
+    """A role's watchdog snapshot on disk, rewritten whole (atomically) for the launcher to read. `write` hands the
+    snapshot to a writer thread, which writes the newest one it has: a burst of changes costs one write, and the
+    stage that reported (the orchestrator's event loop, say) never waits for the disk."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._newest: dict[str, Any] | None = None
+        self._pending = threading.Event()
         self._lock = threading.Lock()
+        self._writer: threading.Thread | None = None
 
     def write(self, snapshot: dict[str, Any]) -> None:
         with self._lock:
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(snapshot))
-            temporary.replace(self.path)
+            self._newest = snapshot
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_newest, name="progress-file", daemon=True)
+                self._writer.start()
+        self._pending.set()
 
     def read(self) -> dict[str, Any]:
         """The last snapshot written; empty before the first (or when unreadable, mid-replace on odd filesystems)."""
@@ -367,6 +377,15 @@ class ProgressFile:
             return json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
+
+    def _write_newest(self) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        while self._pending.wait():
+            self._pending.clear()
+            with self._lock:
+                snapshot = self._newest
+            temporary.write_text(json.dumps(snapshot))
+            temporary.replace(self.path)
 
 
 def progress_file(logs: Path, role: str) -> ProgressFile:
