@@ -80,3 +80,9 @@ def test_the_rich_dashboard_shows_the_watchdogs_warning():
     with board:
         board.warn("no progress in model call for 121 s: last event none")
     assert "watchdog: no progress in model call for 121 s: last event none" in out.getvalue()
+
+
+def test_a_budget_that_is_not_positive_exits_2_naming_its_flag(tmp_path, capsys):
+    assert main(["eval", "reverse-text", "--watchdog.model-call", "-5", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("tracegym eval: --watchdog.model-call: Input should be greater than 0")
+    assert not any(tmp_path.iterdir())
