@@ -31,7 +31,16 @@ from tracegym.eval.run_summary import run_table, summarize_run
 from tracegym.eval.summary import Summary
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
-from tracegym.runtimes.watchdog import Stage, Stall, Stalled, beat, build_watchdog, until_stalled, watch
+from tracegym.runtimes.watchdog import (
+    ShutdownDeadline,
+    Stage,
+    Stall,
+    Stalled,
+    beat,
+    build_watchdog,
+    until_stalled,
+    watch,
+)
 from tracegym.serve.env_client import EnvClient
 
 
@@ -176,15 +185,7 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
         boards.append(RichDashboard(tally, title, Console(file=out)) if parts.rich else PlainDashboard(tally, out))
         try:
-            model = (contextlib.nullcontext(endpoint) if endpoint
-                     else serve(parts.model, log_path=folder.logs / "vllm.log"))
-            with model as endpoint:
-                where = ", ".join(endpoint.servers())
-                print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
-                tally.restart_clock()
-                asyncio.run(until_stalled(run(parts, work.todo, folder, endpoint, tally, boards),
-                                          build_watchdog(parts.watchdog), warned(boards),
-                                          shutdown=parts.watchdog.shutdown))
+            run_with_model(parts, work.todo, folder, endpoint, tally, boards, log)
         except KeyboardInterrupt:
             conclude(parts, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
@@ -199,6 +200,24 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
     summary = conclude(parts, folder, earlier + tally.elapsed, out, title)
     check_complete(work.expected, folder)
     return summary
+
+
+def run_with_model(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: RunFolder, endpoint: Endpoint | None,
+                   tally: Tally, boards: list[Dashboard], log: IO[str]) -> None:
+    """Run `todo` against the model (`endpoint`, reached already, or `parts.model` served here for the run) with
+    the watchdog over every stage: a stage past its hard budget stops the run (`Stalled`), and stopping the model's
+    server then has the shutdown budget too."""
+    model = contextlib.nullcontext(endpoint) if endpoint else serve(parts.model, log_path=folder.logs / "vllm.log")
+    with ShutdownDeadline(parts.watchdog.shutdown) as deadline, model as served:
+        where = ", ".join(served.servers())
+        print(f"eval: model {served.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
+        tally.restart_clock()
+        try:
+            asyncio.run(until_stalled(run(parts, todo, folder, served, tally, boards), build_watchdog(parts.watchdog),
+                                      warned(boards), shutdown=parts.watchdog.shutdown))
+        except Stalled:
+            deadline.start()
+            raise
 
 
 def warned(boards: list[Dashboard]) -> Callable[[Stall], None]:
