@@ -139,12 +139,18 @@ def test_a_request_its_env_server_never_answers_stops_the_run_naming_the_env_ser
 def test_the_evaluation_after_the_last_step_is_the_eval_drain_and_cancelled_past_its_budget(tmp_path, env_addresses,
                                                                                            hung):
     orchestrator = make(tmp_path, hung, env_addresses, steps=2)
-    orchestrator.next_step = 2  # the trainer reached its last step
-    orchestrator.folder.publish_policy(2, "policy")
+    orchestrator.next_step = 2  # its last batch handed over; the trainer is still training it
+    folder, asked = orchestrator.folder, threading.Event()
+    policy = folder.policy
+    folder.policy = lambda base: (asked.set(), policy(base))[1]  # type: ignore[method-assign]
     logs = tmp_path / "logs"
     logs.mkdir()
     with running(orchestrator, logs):
+        assert asked.wait(60)  # waiting for the last policy, which is not the drain yet
+        published = time.time()
+        folder.publish_policy(2, "policy")  # the trainer reached max_steps
         since = busy(logs, "orchestrator", Stage.EVAL_DRAIN)
+        assert since >= published
         busy(logs, "orchestrator", Stage.ENV_SERVER)
         code, said = judged_at(logs, WatchdogConfig(eval_drain=300), since + 300)
     assert code == DRAIN_CANCELLED_EXIT

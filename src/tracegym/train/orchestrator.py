@@ -23,6 +23,7 @@ built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import statistics
 import time
@@ -145,8 +146,7 @@ class Orchestrator:
                 await self.evaluate(0)
             while self.next_step < self.plan.steps:
                 await self.step(self.next_step)
-            with watch(Stage.EVAL_DRAIN, f"after step {self.plan.steps}"):
-                await self.evaluate(self.plan.steps, wait=True)
+            await self.evaluate(self.plan.steps, wait=True)
         finally:
             with watch(Stage.SHUTDOWN, "closing the env clients"):
                 await self.aclose()
@@ -301,18 +301,20 @@ class Orchestrator:
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
         """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
-        once the trainer has published it; else the one served now), and a multi-agent one's game figures; each
-        environment's episodes go to its folder under `evals/`."""
+        once the trainer has published it, the run's last step: from then on the evaluation is the watchdog's eval
+        drain; else the one served now), and a multi-agent one's game figures; each environment's episodes go to its
+        folder under `evals/`."""
         if not self.held_out.envs:
             return
         at_least = step if wait else 0
         version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
-        for env in self.held_out.envs:
-            played = await self.held_out_played(env, endpoint)
-            self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
-            record = reward_figures(played) | (game_figures(played) if env.seating is not None else {})
-            self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
+        with watch(Stage.EVAL_DRAIN, f"after step {step}") if wait else contextlib.nullcontext():
+            for env in self.held_out.envs:
+                played = await self.held_out_played(env, endpoint)
+                self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
+                record = reward_figures(played) | (game_figures(played) if env.seating is not None else {})
+                self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
 
     async def held_out_played(self, env: HeldOutEnv, endpoint: Endpoint) -> list[tuple[Episode, list[str]]]:
         """Every held-out task of `env` played once, with the learner's seats of each episode: a single-agent
