@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from tracegym.core.errors import TracegymError, UsageError
+from tracegym.runtimes.watchdog import STALLED_EXIT, Stalled
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("tracegym.cli.eval", "evaluate a model on a taskset into a run folder (or --resume one)"),
@@ -29,7 +30,7 @@ OWN_HELP = {"eval", "rl", "inference", "serve", "validate"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit code (0 ok, 1 failed, 2 bad usage)."""
+    """Run one subcommand; returns the exit code (0 ok, 1 failed, 2 bad usage, 5 stopped by the watchdog)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
@@ -47,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tracegym {name}: {exc}", file=sys.stderr)
         return 2
+    except Stalled as exc:
+        print(f"tracegym {name}: stopped: {exc}", file=sys.stderr)
+        return STALLED_EXIT
     except TracegymError as exc:
         print(f"tracegym {name}: {exc.kind.value} error: {exc}", file=sys.stderr)
         return 1

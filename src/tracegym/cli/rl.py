@@ -59,7 +59,7 @@ def run(args: list[str]) -> int:
                   f"node sees); submit it with: sbatch {script}")
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-        return launch(plan)
+        return launch(plan, watchdog=config.watchdog)
 
 
 def check_sandboxes(config: RLConfig) -> None:

@@ -27,6 +27,7 @@ from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
 from tracegym.envs.taskset_section import taskset_section
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
+from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
 
 
@@ -77,6 +78,9 @@ class EvalConfig(BaseConfig):
     """Where run folders are created."""
     run_id: RunId | None = None
     """Name of the run folder; unset: the start time."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """How long each stage may make no progress: named as a warning after `--watchdog.warn-after`, the run stopped
+    (exit 5, one line naming the stage) after the stage's own budget (`--watchdog.model-call 900`, ...)."""
     rich: bool = True
     """Live dashboard; `--no-rich` prints plain log lines instead (for CI and files)."""
     dry_run: bool = False

@@ -17,6 +17,7 @@ from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
+from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.difficulty import DifficultyConfig
@@ -278,6 +279,10 @@ class RLConfig(BaseConfig):
     slurm: SlurmConfig = SlurmConfig()
     tracking: TrackingConfig = TrackingConfig()
     """Where the orchestrator's records go besides `metrics.jsonl`: Weights & Biases, TensorBoard."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """How long each stage of every process may make no progress: named as a warning after
+    `--watchdog.warn-after`, the run stopped after the stage's own budget (`--watchdog.weight-sync 900`, ...):
+    exit 5, or 6 when only the held-out evaluation after the last step was cancelled (`--watchdog.eval-drain`)."""
 
     @model_validator(mode="before")
     @classmethod
