@@ -42,24 +42,14 @@ def evaluate(server: FakeOpenAIServer, out: Path, *flags: str) -> list[str]:
     (["--taskset.read-only", "/no/such/path"], "--taskset.read-only: Value error, '/no/such/path' is not an "
                                                "existing absolute path on this host"),
     (["--taskset.devices", "/no/such/device"], "--taskset.devices: Value error, '/no/such/device' does not exist"),
-    (["--taskset.runtime", "container", "--taskset.egress", "127.0.0.1:80"],
-     "runtime 'container': this runtime cannot enforce limits.egress ['127.0.0.1:80']"),
     (["--env.workers", "2", "--env.sandbox.max-starting", "2"],
      "--env.sandbox: Value error, sandbox.max_starting=2 is below the 3 worker processes"),
     (["--env.sandbox.setup-budget-s", "0"], "--env.sandbox.setup-budget-s: Input should be greater than 0"),
 ])
 def test_bad_sandbox_input_to_eval_exits_2_naming_it_and_makes_no_folder(flags, said, server, tmp_path, capsys):
     out = tmp_path / "out"
-    if "container" in flags and (why := _no_container()):
-        pytest.skip(why)
     assert said in refused(capsys, evaluate(server, out, *flags))
     assert not out.exists()
-
-
-def _no_container() -> str | None:
-    from tracegym.runtimes.catalog import runtime_for
-
-    return runtime_for("container").unavailable()
 
 
 def test_a_runtime_this_host_lacks_exits_2_naming_it(server, tmp_path, capsys, monkeypatch):
