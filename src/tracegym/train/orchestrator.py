@@ -488,7 +488,11 @@ def _version(sampled: int | None, served_at_start: int) -> int:
 
 def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: float) -> dict[str, Any]:
     """Reward, advantage, length, truncation, failure, error and throughput figures of one step. `reward` is over
-    the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
+    the trainable rollouts (what the advantages compare); `reward_unmasked` over every rollout, a failed one at
+    the reward it recorded or 0 (`unmasked_reward`): `reward - reward_unmasked` is what the failures, had they been
+    counted, would have cost the step's mean. `rollouts_failed` counts the failed rollouts, `failed/<reason>` each
+    `Trace.failure` kind (model_unavailable, sandbox_error, tool_timeout, scoring_error, env_server_error,
+    rollout_timeout, ...)."""
     traces = [t for g in groups for t in g]
     failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
@@ -498,6 +502,7 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     return {
         "reward": reward.mean,
         "reward_std": reward.std,
+        "reward_unmasked": statistics.fmean(unmasked_reward(t) for t in traces) if traces else None,
         "advantage_mean": statistics.fmean(advantages) if advantages else None,
         "advantage_abs_mean": statistics.fmean(abs(a) for a in advantages) if advantages else None,
         "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
@@ -512,3 +517,10 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
         "rollouts_per_s": len(traces) / seconds if seconds else None,
     }
 
+
+
+def unmasked_reward(trace: Trace) -> float:
+    """A rollout's reward as if no failure kept it out of its group: the reward it recorded (a rollout a timeout
+    hit after scoring keeps its score), else 0 (a rollout that failed before it was scored counts as a miss)."""
+    reward = trace.reward
+    return 0.0 if reward is None else reward

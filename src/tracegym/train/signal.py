@@ -162,7 +162,11 @@ def learner_traces(group: Group) -> list[Trace]:
 def episode_metrics(episodes: list[Episode], pairs: list[tuple[TrainingUnit, float]],
                     dropped: Counter[str]) -> dict[str, Any]:
     """A step's multi-agent figures, from its multi-agent `episodes` (a step of rollouts has none): episodes, their
-    errors, members left out of training by reason, per seat."""
-    return {"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
+    errors (`episodes_failed/<kind>`: each kind of error that ended one, e.g. `env_server_error` for an episode
+    whose env-server request failed, whose members' traces are not the learner's and so not in `failed/<kind>`),
+    members left out of training by reason, per seat."""
+    failed = Counter(e.error.failure.value for e in episodes if e.error is not None)
+    return {"episodes": len(episodes), "episode_errors": failed.total(),
+            **{f"episodes_failed/{kind}": n for kind, n in sorted(failed.items())},
             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
             **seat_metrics(episodes, pairs)}
