@@ -33,12 +33,19 @@ def failed(summary: Summary | EpisodeSummary) -> tuple[int, int]:
 def too_many_failed(summary: Summary | EpisodeSummary, max_error_rate: float) -> str | None:
     """One line saying the run failed when more than `max_error_rate` of it failed; None when it did not."""
     bad, total = failed(summary)
+    unit = "episodes" if isinstance(summary, EpisodeSummary) else "rollouts"
+    too_many = failed_share(bad, total, unit, max_error_rate)
+    if too_many is None:
+        return None
+    return f"{too_many}: the figures above are of the {total - bad} others; the summary's failures say what went wrong"
+
+
+def failed_share(bad: int, total: int, unit: str, max_error_rate: float) -> str | None:
+    """`--max-error-rate`'s one rule, for eval and RL: "`bad` of `total` `unit` failed (...), more than
+    --max-error-rate allows" when more than that fraction failed; None when not (or when nothing ran)."""
     if total == 0 or bad / total <= max_error_rate:
         return None
-    unit = "episodes" if isinstance(summary, EpisodeSummary) else "rollouts"
-    return (f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} "
-            f"allows: the figures above are of the {total - bad} others; the summary's failures say what went "
-            "wrong")
+    return f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} allows"
 
 
 def run_table(summary: Summary | EpisodeSummary, title: str = "") -> Table:

@@ -246,6 +246,10 @@ class RLConfig(BaseConfig):
     without LoRA, reloads the full weights the trainer writes."""
     checkpoint_every: int = 5
     """Save a resumable checkpoint every N steps (and after the last)."""
+    max_error_rate: float = Field(default=0.5, ge=0, le=1)
+    """The command exits 1 when more than this fraction of the run's rollouts (or of its multi-agent episodes)
+    failed, over the whole run, as `tracegym eval --max-error-rate` (`train.run_tally`); a step whose every rollout
+    failed stops the run at once, whatever this says."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig
     dry_run: bool = False
