@@ -492,7 +492,8 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     the reward it recorded or 0 (`unmasked_reward`): `reward - reward_unmasked` is what the failures, had they been
     counted, would have cost the step's mean. `rollouts_failed` counts the failed rollouts, `failed/<reason>` each
     `Trace.failure` kind (model_unavailable, sandbox_error, tool_timeout, scoring_error, env_server_error,
-    rollout_timeout, ...)."""
+    rollout_timeout, ...); `cut/<kind>` the rollouts cut short or misread (`Trace.cut`: overlong, length,
+    unparsable), whatever the cut policy made of them (the signal counts those it masked, `masked/<kind>`)."""
     traces = [t for g in groups for t in g]
     failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
@@ -507,6 +508,7 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
         "advantage_abs_mean": statistics.fmean(abs(a) for a in advantages) if advantages else None,
         "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "truncation_rate": sum(t.is_truncated for t in traces) / len(traces) if traces else 0.0,
+        **{f"cut/{kind}": n for kind, n in sorted(Counter(t.cut.value for t in traces if t.cut).items())},
         "errors": sum(bool(t.errors) for t in traces),
         "rollouts_failed": sum(failed.values()),
         **{f"failed/{reason}": n for reason, n in sorted(failed.items())},
