@@ -15,7 +15,7 @@ from tracegym.envs.evaluate import failed_episode
 from tracegym.runtimes.sandbox import RuntimeUnavailable
 from tracegym.testing import Fail, ScriptedModel, make_episode, make_trace
 from tracegym.train.advantages import AdvantageConfig, build_advantages
-from tracegym.train.orchestrator import step_metrics
+from tracegym.train.orchestrator import check_not_all_failed, step_metrics
 from tracegym.train.signal import Group, RLSignal, StepGroups, learner_traces
 
 GROUP = 20
@@ -208,3 +208,21 @@ def test_a_multi_agent_steps_failed_members_and_lost_episodes_are_counted_by_kin
     _, figures = asyncio.run(RLSignal(build_advantages(AdvantageConfig())).samples(StepGroups(0, groups), 0))
     assert metrics["failed/sandbox_error"] == 2 and metrics["rollouts_failed"] == 2
     assert figures["episodes_failed/env_server_error"] == 2 and figures["episode_errors"] == 2
+
+
+def test_a_step_whose_every_episode_was_lost_stops_the_run_saying_why():
+    """Episodes lost with their env-server requests leave no learner trace: the step stops the run all the same."""
+    lost = InfrastructureError("env server at tcp://127.0.0.1:5555 is gone")
+    episodes = [failed_episode("game", ["p0", "p1"], tg.TaskData(prompt="deal"), i, lost, stage="env_server",
+                               kind=ErrorKind.INFRASTRUCTURE) for i in range(3)]
+    with pytest.raises(InfrastructureError) as stopped:
+        check_not_all_failed(4, [learner_traces(episodes)], episodes)
+    assert str(stopped.value) == ("step 4: all 3 episodes failed; the first: infrastructure error in env_server: "
+                                  "env server at tcp://127.0.0.1:5555 is gone")
+
+
+def test_a_step_with_one_episode_played_goes_on():
+    lost = InfrastructureError("gone")
+    episodes = [make_episode({"p0": 1.0, "p1": -1.0}), failed_episode(
+        "game", ["p0", "p1"], tg.TaskData(prompt="deal"), 1, lost, stage="env_server", kind=ErrorKind.INFRASTRUCTURE)]
+    check_not_all_failed(0, [learner_traces(episodes)], episodes)

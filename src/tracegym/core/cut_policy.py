@@ -1,9 +1,10 @@
 """Cut policy: the reward a cut rollout (`Trace.cut`: overlong, length-truncated, unparsable) counts with, or its
-mask, one rule per cut kind; RL's `[orchestrator.cuts]` (and eval's, as far as it applies it) reads it here.
+mask, one rule per cut kind: RL's `[orchestrator.cuts]` and eval's `--cuts` are one.
 
 A rule is `keep` (the rollout's scored reward stands: the default for all three), a number (that reward in place
 of the scored one, e.g. -1 makes rambling past `max_tokens` as bad as a wrong answer), or `mask` (left out: of its
-group's baseline and of the loss in RL, counted as `masked/<kind>`).
+group's baseline and of the loss in RL, counted as `masked/<kind>`; of every mean of eval's summary, counted as
+`masked`). The trace itself keeps its scores either way: the rule is applied where rewards are counted.
 
 >>> policy = CutPolicy(length=-1.0, overlong="mask")
 >>> policy.rule(Cut.LENGTH), policy.rule(Cut.OVERLONG), policy.rule(None)
@@ -22,7 +23,7 @@ from tracegym.core.trace import Cut
 
 Rule = float | Literal["keep", "mask"]
 """`keep` the scored reward, use this number instead, or `mask` the rollout out."""
-MASKED = "mask"
+MASKED: Literal["mask"] = "mask"
 """What `CutPolicy.reward` answers for a rollout its rule masks."""
 
 
@@ -44,11 +45,11 @@ class CutPolicy(BaseModel):
     def reward(self, cut: Cut | None, scored: float) -> float | Literal["mask"]:
         """The reward a rollout cut this way counts with, given its `scored` reward; `MASKED` when masked."""
         rule = self.rule(cut)
-        if rule == "keep":
-            return scored
-        return MASKED if rule == "mask" else float(rule)
+        if isinstance(rule, float | int):
+            return float(rule)
+        return scored if rule == "keep" else MASKED
 
-    @property
-    def keeps_all(self) -> bool:
-        """True when every rule is `keep` (the policy changes nothing)."""
-        return self.overlong == self.length == self.unparsable == "keep"
+
+
+KEEP = CutPolicy()
+"""The policy that keeps every scored reward (the default everywhere)."""

@@ -7,18 +7,19 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
 from tracegym.eval.summary import Summary, summarize, summary_table
 
 
 def summarize_run(episodes: Sequence[Episode], *, pass_threshold: float = 1.0,
-                  wall_time: float | None = None) -> Summary | EpisodeSummary:
-    """The summary of a run's episodes: of their traces when every one is solo (pass@k over `pass_threshold`),
-    else per seat."""
+                  wall_time: float | None = None, cuts: CutPolicy = KEEP) -> Summary | EpisodeSummary:
+    """The summary of a run's episodes: of their traces when every one is solo (pass@k over `pass_threshold`, cut
+    rollouts' rewards as `cuts` has them), else per seat."""
     if all(e.is_solo for e in episodes):
         traces = [t for e in episodes for t in e.traces.values()]
-        return summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time)
+        return summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time, cuts=cuts)
     return summarize_episodes(episodes, wall_time=wall_time)
 
 

@@ -30,13 +30,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from tracegym.core.cut_policy import MASKED, CutPolicy
+from tracegym.core.cut_policy import KEEP, MASKED, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.core.trace import StopReason, Trace
 from tracegym.train.advantages import GroupAdvantages, baseline_key
 
-KEEP = CutPolicy()
-"""The cut policy that keeps every scored reward (the default)."""
 MASKED_AS = "masked/"
 """The reason (`masked/<cut>`) a unit the cut policy masks is left out for."""
 

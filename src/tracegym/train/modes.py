@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tracegym.core.cut_policy import CutPolicy
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import load_renderer
 from tracegym.train.advantages import AdvantageConfig, build_advantages
@@ -32,7 +32,7 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
         return SFTSignal(reach_teacher(teacher, endpoints), renderer, sft or SFTConfig())
     advantages = build_advantages(reward_advantage(advantage, mode))
     parts: dict[str, Any] = {"baseline_per_task": advantage.baseline_per == "task",
-                             "truncated_reward": truncated_reward, "cuts": cuts or CutPolicy(), "log": log}
+                             "truncated_reward": truncated_reward, "cuts": cuts or KEEP, "log": log}
     if mode == "opd":
         if teacher is None:
             raise ValueError("mode = 'opd' needs a [teacher]")

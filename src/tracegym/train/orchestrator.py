@@ -190,7 +190,7 @@ class Orchestrator:
         groups, env_ids = await self.run_groups(self.signal.rollout_endpoint(
             self.endpoint.model_copy(update={"model": model})), model)
         trained = [learner_traces(g) for g in groups]
-        check_not_all_failed(step, trained)
+        check_not_all_failed(step, trained, [e for g in groups for e in g])
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
                                           for t in traces if trainable(t)))
         samples, signal_metrics = await self.train_on(StepGroups(step, groups, screening.keeps), version)
@@ -467,14 +467,19 @@ def game_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
             "eval_episode_errors": sum(e.error is not None for e, _ in played)}
 
 
-def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:
-    """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint):
-    training on nothing would only hide it."""
+def check_not_all_failed(step: int, groups: list[list[Trace]], episodes: list[Episode] | None = None) -> None:
+    """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint), or
+    every one of its `episodes` was lost (an env server gone: no learner trace is left to count): training on
+    nothing would only hide it."""
     traces = [t for g in groups for t in g]
     if traces and not any(t.ok for t in traces):
         first = next((e for t in traces for e in t.errors), None)
         reason = f"{first.kind.value} error in {first.stage}: {first.message}" if first else "no error recorded"
         raise InfrastructureError(f"step {step}: all {len(traces)} rollouts failed; the first: {reason}")
+    errors = [e.error for e in episodes or [] if e.error is not None]
+    if not traces and episodes and len(errors) == len(episodes):
+        raise InfrastructureError(f"step {step}: all {len(episodes)} episodes failed; the first: "
+                                  f"{errors[0].kind.value} error in {errors[0].stage}: {errors[0].message}")
 
 
 def trainable(trace: Trace) -> bool:

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tracegym.core.cut_policy import CutPolicy
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.models.endpoint import Endpoint
 from tracegym.train.advantages import GroupAdvantages
-from tracegym.train.fan_out import KEEP, MASKED_AS, TrainingUnit, advantaged, episode_units
+from tracegym.train.fan_out import MASKED_AS, TrainingUnit, advantaged, episode_units
 from tracegym.train.regeneration import Metrics, rollouts_fate
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
