@@ -79,16 +79,9 @@ def unit_reward(episode: Episode, member: str, truncated_reward: float | None,
     (when set), else the member's payoff as the `cuts` policy has it for its trace's cut (`MASKED`: none)."""
     if truncated_reward is not None and not episode.is_solo and episode.stop_reason == StopReason.TRUNCATED:
         return truncated_reward
-    return cuts.reward(episode.traces[member].cut, member_reward(episode, member, None))
-
-
-def member_reward(episode: Episode, member: str, truncated_reward: float | None) -> float:
-    """The reward a trainable member's advantage comes from: its payoff, or `truncated_reward` when a multi-agent
-    episode was cut short."""
-    cut = truncated_reward is not None and not episode.is_solo and episode.stop_reason == StopReason.TRUNCATED
-    reward = truncated_reward if cut else episode.rewards[member]
-    assert reward is not None  # member_unfit: a member without one is left out
-    return reward
+    payoff = episode.rewards[member]
+    assert payoff is not None  # member_unfit: a member without one is left out
+    return cuts.reward(episode.traces[member].cut, payoff)
 
 
 def unit_key(episode: Episode, member: str, per_task: bool) -> str:
