@@ -6,6 +6,7 @@ import asyncio
 import tracegym as tg
 from tracegym.core.errors import ContextLengthError
 from tracegym.core.trace import Cut
+from tracegym.envs.seats import Seat
 from tracegym.testing import ScriptedModel, reply, tool_call
 
 
@@ -66,3 +67,32 @@ def test_the_end_comes_before_a_turn_along_the_way():
     trace = rollout(ScriptedModel([reply(None, tool_call("add", "[1, 2]")), "and then"], finish_reason=None))
     trace_cut = rollout(ScriptedModel([reply(None, tool_call("add", "[1, 2]")), overflow]))
     assert (trace.cut, trace_cut.cut) == (Cut.UNPARSABLE, Cut.OVERLONG)
+
+
+class Duel(tg.MultiAgentTask):
+    """Two members, one move each."""
+
+    seats = (tg.Member(id="a", system_prompt="You are a."), tg.Member(id="b", system_prompt="You are b."))
+
+    def schedule(self):
+        yield tg.Slot("a")
+        yield tg.Slot("b")
+
+    def act(self, member, move):
+        pass
+
+    @tg.reward
+    def moved(self, trace):
+        return 1.0
+
+
+def test_a_members_move_cut_at_max_tokens_is_length_though_the_episode_goes_on():
+    class Duels(tg.Taskset):
+        id = "duel"
+        task_class = Duel
+
+    taskset = Duels(data=[{"prompt": "go"}])
+    rambler = Seat(model=ScriptedModel(["a move that ran on"], finish_reason="length"))
+    episode = asyncio.run(tg.run_episode(taskset, taskset[0], ScriptedModel(["b moves"]), seats={"a": rambler}))
+    assert episode.stop_reason == tg.StopReason.COMPLETED
+    assert (episode.traces["a"].cut, episode.traces["b"].cut) == (Cut.LENGTH, None)

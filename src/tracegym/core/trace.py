@@ -17,6 +17,8 @@ from tracegym.core.timing import Span
 from tracegym.core.tool_spec import ToolSpec
 
 SCHEMA_VERSION = 1
+REPLIES_CUT = "replies_cut"
+"""The metric counting replies cut at `max_tokens` that did not end the rollout (an episode member's move)."""
 
 
 class StopReason(StrEnum):
@@ -55,7 +57,8 @@ class Cut(StrEnum):
     OVERLONG = "overlong"
     """The prompt (the conversation so far) no longer fit the model's context: a context-length error ended it."""
     LENGTH = "length"
-    """A reply ran into the completion budget (`max_tokens`) and was cut there."""
+    """A reply ran into the completion budget (`max_tokens`) and was cut there: a rollout ends on it; an episode
+    member's cut reply is still its move, and the episode goes on (`REPLIES_CUT` counts it)."""
     UNPARSABLE = "unparsable"
     """A reply could not be parsed into what it meant to be: a tool call whose JSON is not an object with a name
     (the model was told so and went on), or a member's move whose markup did not parse (`Node.parse_error`)."""
@@ -186,6 +189,8 @@ class Trace(BaseModel):
         if self.is_truncated:
             overflowed = any(e.failure == FailureKind.CONTEXT_OVERFLOW for e in self.errors)
             return Cut.OVERLONG if overflowed else Cut.LENGTH
+        if self.metrics.get(REPLIES_CUT):  # a member's reply cut short was still its move: the episode went on
+            return Cut.LENGTH
         return Cut.UNPARSABLE if self.unparsable_turns else None
 
     @property

@@ -27,7 +27,7 @@ from tracegym.core.errors import (
 from tracegym.core.messages import ContentPart, Message, TextPart, ToolCall, tool, user
 from tracegym.core.sampling import Sampling
 from tracegym.core.timing import Span
-from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.core.trace import REPLIES_CUT, RewardScore, StopReason, Trace
 from tracegym.envs.scorers import NotApplicable
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
@@ -38,7 +38,7 @@ CALLS_ABANDONED = "calls_abandoned"
 """Model calls of an agent program that closed its connection mid-stream (`envs.proxy`): cancelled, not recorded."""
 TOOL_RESULTS_CUT = "tool_results_cut"
 """Tool results cut to the task's `tool_result_limit` (`Rollout.limited`)."""
-LOOP_METRICS = ("tool_calls", "tool_errors", CALLS_ABANDONED, TOOL_RESULTS_CUT)
+LOOP_METRICS = ("tool_calls", "tool_errors", CALLS_ABANDONED, TOOL_RESULTS_CUT, REPLIES_CUT)
 """Metrics the loop (or the proxy for a program) counts itself, not computed by a task's scorers."""
 
 
@@ -151,8 +151,10 @@ class Rollout:
             session=self.trace.episode_id or self.trace.id,  # an episode's members share one server
         )
         response = await self.call_model(request, malformed)
-        if response.finish_reason == "length" and length_ends:
-            raise Ended(StopReason.TRUNCATED)
+        if response.finish_reason == "length":
+            if length_ends:
+                raise Ended(StopReason.TRUNCATED)
+            self.count(REPLIES_CUT, 1)  # a member's move all the same: the trace says it was cut (`Trace.cut`)
         return response.message
 
     async def call_model(self, request: ModelRequest,
