@@ -1,6 +1,7 @@
 """Slow: `tracegym rl` for two real steps on the embedded model: vLLM, env servers, orchestrator, trainer."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ def _two_steps(tmp_path: Path, *flags: str) -> Path:
                "--output-dir", str(tmp_path), "--run-id", "r", *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"^rl: 2 steps, (\d+ rollouts, all scored|\d+ of \d+ rollouts scored)", done.stdout, re.M), \
+        done.stdout[-2000:]  # the run's headline (`train.run_tally`)
     return tmp_path / "r"
 
 

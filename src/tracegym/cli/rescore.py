@@ -77,8 +77,8 @@ def _rescore_traces(folder: RunFolder, taskset: Taskset, config: EvalConfig, sto
     traces = [t for e in stored for t in e.traces.values()]
     results = [asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency)) for _ in range(repeats)]
     result = results[0]
-    before = summarize(traces, pass_threshold=config.pass_threshold)
-    after = summarize(result.traces, pass_threshold=config.pass_threshold)
+    before = summarize(traces, pass_threshold=config.pass_threshold, cuts=config.cuts)
+    after = summarize(result.traces, pass_threshold=config.pass_threshold, cuts=config.cuts)
     Console().print(summary_table(after, title=f"rescored: {folder.path}"))
     print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
     _report_diverged(result.diverged, len(traces))

@@ -18,9 +18,10 @@ from tracegym.envs.registry import load_taskset
 from tracegym.envs.task_sandbox import check_taskset
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
-from tracegym.train.launcher import launch, with_cpu_threads, with_model_paths
+from tracegym.train.launcher import launch, say, with_cpu_threads, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
+from tracegym.train.run_tally import RunTally
 from tracegym.train.teacher import check_teacher
 
 
@@ -59,7 +60,7 @@ def run(args: list[str]) -> int:
                   f"node sees); submit it with: sbatch {script}")
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-        return launch(plan, watchdog=config.watchdog)
+        return verdict(launch(plan, watchdog=config.watchdog), folder, config.max_error_rate)
 
 
 def check_sandboxes(config: RLConfig) -> None:
@@ -68,6 +69,19 @@ def check_sandboxes(config: RLConfig) -> None:
     for env in env_servers(config.orchestrator).values():
         if env.address is None:
             check_taskset(load_taskset(env.id, env.options))
+
+
+def verdict(code: int, folder: RLFolder, max_error_rate: float) -> int:
+    """The exit code of a finished run (`code`: the launcher's), after its headline: 1, saying why on stderr, when
+    more than `max_error_rate` of it failed (`RunTally.too_many_failed`)."""
+    tally = RunTally.of(folder.metrics.read())
+    if tally.steps:
+        say(sys.stdout, tally.headline())
+    failed = tally.too_many_failed(max_error_rate)
+    if failed is not None:
+        print(f"tracegym rl: {failed}", file=sys.stderr)
+        return code or 1
+    return code
 
 
 SEATING = {"play", "seats", "difficulty"}

@@ -25,7 +25,7 @@ def run(args: list[str]) -> int:
     count = _count(args[1:])
     stored = folder.log.read()
     config = validate_saved(EvalConfig, folder.read_config(), str(folder.config_path))  # no taskset import
-    summary = summarize_run(stored.episodes, pass_threshold=config.pass_threshold)
+    summary = summarize_run(stored.episodes, pass_threshold=config.pass_threshold, cuts=config.cuts)
     console = Console()
     console.print(run_table(summary, title=str(folder.path)))
     if stored.truncated_tail:

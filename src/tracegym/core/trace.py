@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validat
 
 from tracegym.core.errors import ErrorKind, FailureKind, StageTimeout, TraceError
 from tracegym.core.graph import MessageGraph
-from tracegym.core.messages import Message
+from tracegym.core.messages import Message, ToolCall
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
 from tracegym.core.tool_spec import ToolSpec
 
 SCHEMA_VERSION = 1
+REPLIES_CUT = "replies_cut"
+"""The metric counting replies cut at `max_tokens` that did not end the rollout (an episode member's move)."""
 
 
 class StopReason(StrEnum):
@@ -46,6 +48,20 @@ class StopReason(StrEnum):
         timed_out = failure.kind == ErrorKind.TIMEOUT if isinstance(failure, TraceError) else isinstance(
             failure, StageTimeout)
         return cls.TIMEOUT if timed_out else cls.ERROR
+
+
+class Cut(StrEnum):
+    """How a rollout went wrong on the model's side without failing (`Trace.cut`): three different things, each
+    with its own reward or mask (`core.cut_policy.CutPolicy`)."""
+
+    OVERLONG = "overlong"
+    """The prompt (the conversation so far) no longer fit the model's context: a context-length error ended it."""
+    LENGTH = "length"
+    """A reply ran into the completion budget (`max_tokens`) and was cut there: a rollout ends on it; an episode
+    member's cut reply is still its move, and the episode goes on (`REPLIES_CUT` counts it)."""
+    UNPARSABLE = "unparsable"
+    """A reply could not be parsed into what it meant to be: a tool call whose JSON is not an object with a name
+    (the model was told so and went on), or a member's move whose markup did not parse (`Node.parse_error`)."""
 
 
 class RewardScore(BaseModel):
@@ -166,6 +182,24 @@ class Trace(BaseModel):
         return self.stop_reason == StopReason.TRUNCATED
 
     @property
+    def cut(self) -> Cut | None:
+        """How the rollout was cut short or misread (`Cut`), the first that applies of: the prompt no longer fit
+        (overlong), a reply ran into `max_tokens` (length), a reply did not parse (unparsable); None when none
+        did. The way a rollout ended comes before a turn along the way."""
+        if self.is_truncated:
+            overflowed = any(e.failure == FailureKind.CONTEXT_OVERFLOW for e in self.errors)
+            return Cut.OVERLONG if overflowed else Cut.LENGTH
+        if self.metrics.get(REPLIES_CUT):  # a member's reply cut short was still its move: the episode went on
+            return Cut.LENGTH
+        return Cut.UNPARSABLE if self.unparsable_turns else None
+
+    @property
+    def unparsable_turns(self) -> int:
+        """Model turns on the current branch whose reply did not parse (`Cut.UNPARSABLE`)."""
+        return sum(1 for n in self.graph.path() if self.graph.is_model_turn(n) and (
+            n.parse_error or any(not _parses(call) for call in n.message.tool_calls or [])))
+
+    @property
     def ended_normally(self) -> bool:
         """True when the rollout reached a normal end (`StopReason.is_normal_end`); False when an error, a
         timeout or a cancel ended it, or no end is recorded. A resume reruns the others; rescoring and the
@@ -212,6 +246,15 @@ class Trace(BaseModel):
     def duration(self, stage: str = "total") -> float:
         """Seconds spent in a stage, summed over its spans (`total`: the whole rollout)."""
         return sum(s.duration for s in self.spans if s.name == stage or s.name.startswith(stage + ":"))
+
+
+def _parses(call: ToolCall) -> bool:
+    """True when a tool call names a tool and its arguments are a JSON object."""
+    try:
+        call.parsed_arguments()
+    except ValueError:
+        return False
+    return bool(call.name)
 
 
 def _noted(failure: FailureKind, message: str) -> TraceError:

@@ -1,9 +1,10 @@
 """Rollout: the one loop that runs a Task against a model and records everything on a Trace.
 
 A turn: call the model -> append its reply -> run its tool calls (each with its own timeout; failures become
-tool messages) or ask the task for an environment response -> check stops. The rollout ends when the model
-answers with no tool call and the task has no response, a stop fires, `max_turns` is reached, the context or
-completion budget runs out (truncated), a stage times out, or an error is raised. Scoring runs after every
+tool messages; a result longer than the task's `tool_result_limit` is cut or refused, `Task.tool_result_over`)
+or ask the task for an environment response -> check stops. The rollout ends when the model answers with no
+tool call and the task has no response, a stop fires, `max_turns` is reached, the context or completion budget
+runs out (truncated), a stage times out, or an error is raised. Scoring runs after every
 normal end. Nothing here raises for a task's or model's failure: errors are classified and put on the trace.
 """
 
@@ -23,10 +24,10 @@ from tracegym.core.errors import (
     TraceError,
     classify,
 )
-from tracegym.core.messages import ContentPart, Message, ToolCall, tool, user
+from tracegym.core.messages import ContentPart, Message, TextPart, ToolCall, tool, user
 from tracegym.core.sampling import Sampling
 from tracegym.core.timing import Span
-from tracegym.core.trace import RewardScore, StopReason, Trace
+from tracegym.core.trace import REPLIES_CUT, RewardScore, StopReason, Trace
 from tracegym.envs.scorers import NotApplicable
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
@@ -36,7 +37,9 @@ from tracegym.runtimes.watchdog import watch_named
 T = TypeVar("T")
 CALLS_ABANDONED = "calls_abandoned"
 """Model calls of an agent program that closed its connection mid-stream (`envs.proxy`): cancelled, not recorded."""
-LOOP_METRICS = ("tool_calls", "tool_errors", CALLS_ABANDONED)
+TOOL_RESULTS_CUT = "tool_results_cut"
+"""Tool results cut to the task's `tool_result_limit` (`Rollout.limited`)."""
+LOOP_METRICS = ("tool_calls", "tool_errors", CALLS_ABANDONED, TOOL_RESULTS_CUT, REPLIES_CUT)
 """Metrics the loop (or the proxy for a program) counts itself, not computed by a task's scorers."""
 
 
@@ -149,8 +152,10 @@ class Rollout:
             session=self.trace.episode_id or self.trace.id,  # an episode's members share one server
         )
         response = await self.call_model(request, malformed)
-        if response.finish_reason == "length" and length_ends:
-            raise Ended(StopReason.TRUNCATED)
+        if response.finish_reason == "length":
+            if length_ends:
+                raise Ended(StopReason.TRUNCATED)
+            self.count(REPLIES_CUT, 1)  # a member's move all the same: the trace says it was cut (`Trace.cut`)
         return response.message
 
     async def call_model(self, request: ModelRequest,
@@ -197,7 +202,7 @@ class Rollout:
                 known = ", ".join(s.name for s in self.task.tool_specs()) or "none"
                 raise ValueError(f"unknown tool {call.name!r} (tools: {known})")
             arguments = call.parsed_arguments()
-            return await self.timed(stage, impl.call(arguments), self.timeouts.tool)
+            return self.limited(call.name, await self.timed(stage, impl.call(arguments), self.timeouts.tool))
         except StageTimeout as exc:
             self._tool_failed(ErrorKind.TIMEOUT, stage, str(exc))
             return f"Error: {exc}"
@@ -205,6 +210,22 @@ class Rollout:
             message = f"{type(exc).__name__}: {exc}"
             self._tool_failed(ErrorKind.TOOL, stage, message)
             return f"Error: {message}"
+
+    def limited(self, name: str, result: str | list[ContentPart]) -> str | list[ContentPart]:
+        """A tool result within the task's `tool_result_limit` characters of text: whole, cut there with a note
+        (counted as `tool_results_cut`), or refused (ValueError: the call fails as a tool error), as the task's
+        `tool_result_over` says."""
+        limit = self.task.tool_result_limit
+        text = result if isinstance(result, str) else "".join(p.text for p in result if isinstance(p, TextPart))
+        if limit is None or len(text) <= limit:
+            return result
+        if self.task.tool_result_over == "refuse":
+            raise ValueError(f"the result of tool {name!r} has {len(text):,} characters, more than this task's "
+                             f"tool_result_limit of {limit:,}: refused")
+        self.count(TOOL_RESULTS_CUT, 1)
+        cut = text[:limit] + f"\n[... {len(text) - limit:,} more characters cut: the tool result limit is {limit:,}]"
+        return cut if isinstance(result, str) else [TextPart(text=cut), *(p for p in result if
+                                                                          not isinstance(p, TextPart))]
 
     def _tool_failed(self, kind: ErrorKind, stage: str, message: str) -> None:
         self.count(LOOP_METRICS[1], 1)

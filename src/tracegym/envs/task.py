@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import typing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, cast
 
 from typing_extensions import TypeVar
 
@@ -57,6 +57,14 @@ class Task(Generic[DataT, ConfigT]):
     """Model turns before the rollout ends with `max_turns` (the taskset's `max_turns=` overrides it)."""
     parallel_tools: ClassVar[bool] = True
     """Run several tool calls of one turn concurrently (False for tools that share mutable state)."""
+    tool_result_limit: ClassVar[int | None] = 100_000
+    """Characters of one tool result's text the model is shown (about 25k tokens); None: no limit. A longer result
+    is cut or refused as `tool_result_over` says, never passed on whole (a 70k-token result overflows most
+    contexts: the next model call would end the rollout overlong)."""
+    tool_result_over: ClassVar[Literal["cut", "refuse"]] = "cut"
+    """What becomes of a tool result over `tool_result_limit`: `cut` (its text up to the limit, then a note saying
+    how much was left out; counted in the trace's `tool_results_cut` metric) or `refuse` (the call fails as a tool
+    error the model is told of, naming the limit)."""
     harness: Harness | None = None
     """What drives a rollout after `setup`: None runs tracegym's own turn loop; a `ProgramHarness` runs an agent
     program whose model calls come through the interception proxy (`envs.harness`)."""

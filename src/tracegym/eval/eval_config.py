@@ -20,6 +20,7 @@ from tracegym.config.error_report import Origin, known_keys, validation_line
 from tracegym.config.renames import Rename, migrate, moved_into
 from tracegym.config.run_dir import RunId
 from tracegym.config.toml_data import toml_ready
+from tracegym.core.cut_policy import CutPolicy
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
@@ -70,6 +71,12 @@ class EvalConfig(BaseConfig):
     options)."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    cuts: CutPolicy = CutPolicy()
+    """The reward a rollout cut short or misread counts with in the summary, one rule per kind (`core.cut_policy`):
+    `overlong` (the prompt no longer fit the context), `length` (a reply ran into `sampling.max_tokens`),
+    `unparsable` (a reply that did not parse into a tool call or move), each `keep` (its scored reward: the
+    default), a number (that reward instead: `--cuts.length 0`) or `mask` (left out of every mean, counted). The
+    traces keep their scores either way. Single-agent runs; RL has `[orchestrator.cuts]`."""
     max_error_rate: float = Field(default=0.5, ge=0, le=1)
     """The command exits 1 when more than this fraction of the run's rollouts (episodes, for a multi-agent
     taskset) failed: errored, never finished or left a reward unscored. The run folder keeps them all either
@@ -100,7 +107,7 @@ class EvalConfig(BaseConfig):
         return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
 
 
-RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold")
+RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold", "cuts")
 """Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
 
 RENAMES = [*moved_into("model", MOVED_KEYS), Rename("env_address", "env.address"),

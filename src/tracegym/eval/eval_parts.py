@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracegym.core.cut_policy import CutPolicy
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES, EvaluateOptions, members_of, seats_of
@@ -69,6 +70,8 @@ class EvalParts:
     this process."""
     pass_threshold: float = 1.0
     """A scored rollout passes (for pass@k) when its reward is at least this."""
+    cuts: CutPolicy = field(default_factory=CutPolicy)
+    """The reward (or mask) a cut rollout counts with in the summary."""
     rich: bool = True
     """A live rich dashboard on the terminal; False: plain status lines."""
     seats: dict[str, SeatChoice] = field(default_factory=dict)
@@ -102,8 +105,8 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
                      rollouts=config.rollouts, settings=settings, env=config.env.address or local,
-                     pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat),
-                     watchdog=config.watchdog)
+                     pass_threshold=config.pass_threshold, cuts=config.cuts, rich=config.rich,
+                     seats=dict(config.seat), watchdog=config.watchdog)
 
 
 def env_address(env: LocalEnvServer | list[str], stack: contextlib.ExitStack, log_dir: Path) -> str | list[str]:

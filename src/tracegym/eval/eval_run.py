@@ -233,7 +233,8 @@ def warned(boards: list[Dashboard]) -> Callable[[Stall], None]:
 def conclude(parts: EvalParts, folder: RunFolder, wall_time: float, out: IO[str],
              title: str) -> Summary | EpisodeSummary:
     """Summarise the folder's episodes into `summary.json` (see `summarize_run`) and print the table."""
-    summary = summarize_run(folder.log.read().episodes, pass_threshold=parts.pass_threshold, wall_time=wall_time)
+    summary = summarize_run(folder.log.read().episodes, pass_threshold=parts.pass_threshold, wall_time=wall_time,
+                            cuts=parts.cuts)
     folder.write_summary(summary.model_dump(mode="json"))
     print(file=out)
     Console(file=out).print(run_table(summary, title=title))

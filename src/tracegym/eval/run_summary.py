@@ -7,18 +7,19 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
 from tracegym.eval.summary import Summary, summarize, summary_table
 
 
 def summarize_run(episodes: Sequence[Episode], *, pass_threshold: float = 1.0,
-                  wall_time: float | None = None) -> Summary | EpisodeSummary:
-    """The summary of a run's episodes: of their traces when every one is solo (pass@k over `pass_threshold`),
-    else per seat."""
+                  wall_time: float | None = None, cuts: CutPolicy = KEEP) -> Summary | EpisodeSummary:
+    """The summary of a run's episodes: of their traces when every one is solo (pass@k over `pass_threshold`, cut
+    rollouts' rewards as `cuts` has them), else per seat."""
     if all(e.is_solo for e in episodes):
         traces = [t for e in episodes for t in e.traces.values()]
-        return summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time)
+        return summarize(traces, pass_threshold=pass_threshold, wall_time=wall_time, cuts=cuts)
     return summarize_episodes(episodes, wall_time=wall_time)
 
 
@@ -33,12 +34,19 @@ def failed(summary: Summary | EpisodeSummary) -> tuple[int, int]:
 def too_many_failed(summary: Summary | EpisodeSummary, max_error_rate: float) -> str | None:
     """One line saying the run failed when more than `max_error_rate` of it failed; None when it did not."""
     bad, total = failed(summary)
+    unit = "episodes" if isinstance(summary, EpisodeSummary) else "rollouts"
+    too_many = failed_share(bad, total, unit, max_error_rate)
+    if too_many is None:
+        return None
+    return f"{too_many}: the figures above are of the {total - bad} others; the summary's failures say what went wrong"
+
+
+def failed_share(bad: int, total: int, unit: str, max_error_rate: float) -> str | None:
+    """`--max-error-rate`'s one rule, for eval and RL: "`bad` of `total` `unit` failed (...), more than
+    --max-error-rate allows" when more than that fraction failed; None when not (or when nothing ran)."""
     if total == 0 or bad / total <= max_error_rate:
         return None
-    unit = "episodes" if isinstance(summary, EpisodeSummary) else "rollouts"
-    return (f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} "
-            f"allows: the figures above are of the {total - bad} others; the summary's failures say what went "
-            "wrong")
+    return f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} allows"
 
 
 def run_table(summary: Summary | EpisodeSummary, title: str = "") -> Table:

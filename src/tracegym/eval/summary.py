@@ -11,6 +11,7 @@ from fractions import Fraction
 from pydantic import BaseModel, Field
 from rich.table import Table
 
+from tracegym.core.cut_policy import KEEP, MASKED, CutPolicy
 from tracegym.core.errors import ErrorKind
 from tracegym.core.interval import MeanCI, mean_ci
 from tracegym.core.trace import Trace
@@ -31,7 +32,8 @@ class Summary(BaseModel):
     num_traces: int = 0
     """Every trace given, scored or not."""
     num_scored: int = 0
-    """Traces whose total reward is set (the rest errored or went unscored and are left out of every mean)."""
+    """Traces whose total reward counts: set, and not masked by the cut policy (the rest errored, went unscored or
+    were masked, and are left out of every mean)."""
     num_tasks: int = 0
     """Distinct task keys."""
     rollouts_per_task: int = 0
@@ -72,6 +74,10 @@ class Summary(BaseModel):
     """How many traces ended for each reason (`none`: no stop reason recorded)."""
     truncation_rate: float = 0.0
     """Fraction of traces that ran out of context or completion budget."""
+    cuts: dict[str, int] = Field(default_factory=dict)
+    """How many traces were cut short or misread, by kind (`Trace.cut`: overlong, length, unparsable)."""
+    masked: int = 0
+    """Scored traces the cut policy (`--cuts`) left out of every mean."""
     prompt_tokens: int = 0
     """Prompt tokens reported by the endpoint, summed over every trace."""
     completion_tokens: int = 0
@@ -84,12 +90,15 @@ class Summary(BaseModel):
     """Traces per second of wall time, when wall time is known and positive."""
 
 
-def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time: float | None = None) -> Summary:
-    """Aggregate traces into a Summary. Every trace given counts; pass one trace per (task key, rollout index)."""
+def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time: float | None = None,
+              cuts: CutPolicy = KEEP) -> Summary:
+    """Aggregate traces into a Summary. Every trace given counts; pass one trace per (task key, rollout index).
+    A cut trace's reward counts as the `cuts` policy has it (kept by default, replaced, or masked out)."""
     counts = Counter(t.task_key for t in traces)
     k_max = max(counts.values(), default=0)
-    scored = _scored_by_task(traces)
-    reward = mean_ci([t.reward for t in traces if t.reward is not None])
+    counted = [counted_reward(t, cuts) for t in traces]
+    scored = _scored_by_task(zip(traces, counted, strict=True))
+    reward = mean_ci([r for r in counted if r is not None])
     at_k = {k: _at_k(scored, k, pass_threshold) for k in range(1, k_max + 1)}
     n = len(traces)
     completion = sum(t.usage.completion_tokens for t in traces)
@@ -114,6 +123,8 @@ def summarize(traces: Sequence[Trace], *, pass_threshold: float = 1.0, wall_time
         errored_traces=sum(1 for t in traces if not t.ended_normally),
         stop_reasons=dict(Counter(t.stop_reason.value if t.stop_reason else "none" for t in traces)),
         truncation_rate=sum(t.is_truncated for t in traces) / n if n else 0.0,
+        cuts=dict(sorted(Counter(c.value for t in traces if (c := t.cut) is not None).items())),
+        masked=sum(1 for t, r in zip(traces, counted, strict=True) if t.reward is not None and r is None),
         prompt_tokens=sum(t.usage.prompt_tokens for t in traces),
         completion_tokens=completion,
         mean_completion_tokens=completion / n if n else 0.0,
@@ -130,12 +141,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
 
 
-def _scored_by_task(traces: Iterable[Trace]) -> dict[str, list[float]]:
-    """Each task key's scored total rewards."""
+def counted_reward(trace: Trace, cuts: CutPolicy) -> float | None:
+    """The reward a trace counts with in the summary: its total reward as the cut policy has it for its cut; None
+    when it is unscored or masked."""
+    reward = trace.reward
+    if reward is None:
+        return None
+    counted = cuts.reward(trace.cut, reward)
+    return None if counted == MASKED else float(counted)
+
+
+def _scored_by_task(counted: Iterable[tuple[Trace, float | None]]) -> dict[str, list[float]]:
+    """Each task key's counted total rewards, from (trace, its counted reward)."""
     by_task: dict[str, list[float]] = defaultdict(list)
-    for trace in traces:
-        if trace.reward is not None:
-            by_task[trace.task_key].append(trace.reward)
+    for trace, reward in counted:
+        if reward is not None:
+            by_task[trace.task_key].append(reward)
     return by_task
 
 
@@ -189,6 +210,7 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
         ("did not end normally", str(s.errored_traces)),
         ("stop reasons", _counts_text(s.stop_reasons)),
         ("truncated", f"{s.truncation_rate:.1%}"),
+        ("cut", _counts_text(s.cuts) + (f" ({s.masked} masked)" if s.masked else "")),
         ("tokens", f"{s.prompt_tokens:,} prompt, {s.completion_tokens:,} completion"),
         ("completion tokens / trace", f"{s.mean_completion_tokens:.1f}"),
     ]

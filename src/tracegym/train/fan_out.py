@@ -11,6 +11,9 @@ is off unless the run's seat binding says `trainable = true`). Which seats train
 binding, and recorded on the episode. Advantages are whatever `GroupAdvantages` computes over each group's
 rewards: fan-out and the advantage estimator do not know of each other.
 
+A unit's reward is its payoff, or what the run's cut policy (`core.cut_policy`) makes of its trace's cut
+(overlong, length, unparsable): kept, replaced by a number, or masked (no unit, counted as `masked/<cut>`).
+
 A solo episode's unit is what the rollout alone always made: judged by its own trace (`unfit`), paid its own
 reward, its baseline kept per task without a member (so a stateful baseline's keys, and its checkpointed state,
 are a rollout's).
@@ -25,10 +28,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
+from tracegym.core.cut_policy import KEEP, MASKED, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.core.trace import StopReason, Trace
 from tracegym.train.advantages import GroupAdvantages, baseline_key
+
+MASKED_AS = "masked/"
+"""The reason (`masked/<cut>`) a unit the cut policy masks is left out for."""
 
 
 @dataclass(frozen=True)
@@ -43,33 +51,37 @@ class TrainingUnit:
     """The member whose trace this is (`SOLO` for a single-agent rollout's)."""
 
 
-def episode_units(episodes: Iterable[Episode], per_task: bool = True,
-                  truncated_reward: float | None = None) -> tuple[list[TrainingUnit], Counter[str]]:
+def episode_units(episodes: Iterable[Episode], per_task: bool = True, truncated_reward: float | None = None,
+                  cuts: CutPolicy = KEEP) -> tuple[list[TrainingUnit], Counter[str]]:
     """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
-    (`episode_error` counts a member of an episode that ended on an error). `per_task=False` keys a multi-agent
-    member's baseline per (taskset, member) alone, as SPIRAL does (one baseline per game and role).
-    `truncated_reward`: the reward of every trainable member of a multi-agent episode cut short (a reply ran into
-    the completion budget, a prompt no longer fit), in place of its payoff; None keeps the payoff (an unfinished
-    game's, usually 0)."""
+    (`episode_error` counts a member of an episode that ended on an error; `masked/<cut>` one whose trace's cut
+    the `cuts` policy masks). `per_task=False` keys a multi-agent member's baseline per (taskset, member) alone, as
+    SPIRAL does (one baseline per game and role). `truncated_reward`: the reward of every trainable member of a
+    multi-agent episode cut short (a reply ran into the completion budget, a prompt no longer fit), in place of its
+    payoff; None keeps the payoff (an unfinished game's, usually 0). `cuts`: the reward (or mask) of a unit by its
+    own trace's cut (`Trace.cut`), where `truncated_reward` did not decide it."""
     units, dropped = [], Counter[str]()
     for episode in episodes:
         for member in episode.trainable_members:
             reason = member_unfit(episode, member)
-            if reason:
-                dropped[reason] += 1
+            reward = MASKED if reason else unit_reward(episode, member, truncated_reward, cuts)
+            if reward == MASKED:
+                dropped[reason or f"{MASKED_AS}{episode.traces[member].cut}"] += 1
                 continue
-            units.append(TrainingUnit(episode.traces[member], member_reward(episode, member, truncated_reward),
-                                      unit_key(episode, member, per_task), member))
+            units.append(TrainingUnit(episode.traces[member], float(reward), unit_key(episode, member, per_task),
+                                      member))
     return units, dropped
 
 
-def member_reward(episode: Episode, member: str, truncated_reward: float | None) -> float:
-    """The reward a trainable member's advantage comes from: its payoff, or `truncated_reward` when a multi-agent
-    episode was cut short."""
-    cut = truncated_reward is not None and not episode.is_solo and episode.stop_reason == StopReason.TRUNCATED
-    reward = truncated_reward if cut else episode.rewards[member]
-    assert reward is not None  # member_unfit: a member without one is left out
-    return reward
+def unit_reward(episode: Episode, member: str, truncated_reward: float | None,
+                cuts: CutPolicy) -> float | Literal["mask"]:
+    """The reward a trainable member's unit counts with: `truncated_reward` for a multi-agent episode cut short
+    (when set), else the member's payoff as the `cuts` policy has it for its trace's cut (`MASKED`: none)."""
+    if truncated_reward is not None and not episode.is_solo and episode.stop_reason == StopReason.TRUNCATED:
+        return truncated_reward
+    payoff = episode.rewards[member]
+    assert payoff is not None  # member_unfit: a member without one is left out
+    return cuts.reward(episode.traces[member].cut, payoff)
 
 
 def unit_key(episode: Episode, member: str, per_task: bool) -> str:

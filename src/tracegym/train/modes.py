@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import load_renderer
 from tracegym.train.advantages import AdvantageConfig, build_advantages
@@ -19,7 +20,7 @@ from tracegym.train.teacher import build_teacher, reach_teacher
 
 def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, endpoints: Endpoints,
                  teacher: TeacherModel | None = None, sft: SFTConfig | None = None, opd: OPDConfig | None = None,
-                 truncated_reward: float | None = None,
+                 truncated_reward: float | None = None, cuts: CutPolicy | None = None,
                  log: Callable[[dict[str, Any]], None] = lambda record: None) -> Signal:
     """The signal of a run in `mode`: `rl` advantages from `advantage`; `opd` those (a group with equal rewards
     kept unless `filter_no_signal` says otherwise) plus the `teacher`'s logprobs; `sft` the `teacher`'s rollouts,
@@ -31,7 +32,7 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
         return SFTSignal(reach_teacher(teacher, endpoints), renderer, sft or SFTConfig())
     advantages = build_advantages(reward_advantage(advantage, mode))
     parts: dict[str, Any] = {"baseline_per_task": advantage.baseline_per == "task",
-                             "truncated_reward": truncated_reward, "log": log}
+                             "truncated_reward": truncated_reward, "cuts": cuts or KEEP, "log": log}
     if mode == "opd":
         if teacher is None:
             raise ValueError("mode = 'opd' needs a [teacher]")

@@ -193,7 +193,7 @@ class Orchestrator:
         groups, env_ids = await self.run_groups(self.signal.rollout_endpoint(
             self.endpoint.model_copy(update={"model": model})), model)
         trained = [learner_traces(g) for g in groups]
-        check_not_all_failed(step, trained)
+        check_not_all_failed(step, trained, [e for g in groups for e in g])
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
                                           for t in traces if trainable(t)))
         samples, signal_metrics = await self.train_on(StepGroups(step, groups, screening.keeps), version)
@@ -477,14 +477,19 @@ def game_figures(played: list[tuple[Episode, list[str]]]) -> dict[str, Any]:
             "eval_episode_errors": sum(e.error is not None for e, _ in played)}
 
 
-def check_not_all_failed(step: int, groups: list[list[Trace]]) -> None:
-    """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint):
-    training on nothing would only hide it."""
+def check_not_all_failed(step: int, groups: list[list[Trace]], episodes: list[Episode] | None = None) -> None:
+    """Stop the run, saying why, when every rollout of a step failed (a wrong model name, a dead endpoint), or
+    every one of its `episodes` was lost (an env server gone: no learner trace is left to count): training on
+    nothing would only hide it."""
     traces = [t for g in groups for t in g]
     if traces and not any(t.ok for t in traces):
         first = next((e for t in traces for e in t.errors), None)
         reason = f"{first.kind.value} error in {first.stage}: {first.message}" if first else "no error recorded"
         raise InfrastructureError(f"step {step}: all {len(traces)} rollouts failed; the first: {reason}")
+    errors = [e.error for e in episodes or [] if e.error is not None]
+    if not traces and episodes and len(errors) == len(episodes):
+        raise InfrastructureError(f"step {step}: all {len(episodes)} episodes failed; the first: "
+                                  f"{errors[0].kind.value} error in {errors[0].stage}: {errors[0].message}")
 
 
 def trainable(trace: Trace) -> bool:
@@ -498,7 +503,12 @@ def _version(sampled: int | None, served_at_start: int) -> int:
 
 def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: float) -> dict[str, Any]:
     """Reward, advantage, length, truncation, failure, error and throughput figures of one step. `reward` is over
-    the trainable rollouts; `rollouts_failed` counts the others, and `failed/<reason>` each `Trace.failure`."""
+    the trainable rollouts (what the advantages compare); `reward_unmasked` over every rollout, a failed one at
+    the reward it recorded or 0 (`unmasked_reward`): `reward - reward_unmasked` is what the failures, had they been
+    counted, would have cost the step's mean. `rollouts_failed` counts the failed rollouts, `failed/<reason>` each
+    `Trace.failure` kind (model_unavailable, sandbox_error, tool_timeout, scoring_error, env_server_error,
+    rollout_timeout, ...); `cut/<kind>` the rollouts cut short or misread (`Trace.cut`: overlong, length,
+    unparsable), whatever the cut policy made of them (the signal counts those it masked, `masked/<kind>`)."""
     traces = [t for g in groups for t in g]
     failed = Counter(unfit(t) for t in traces if not trainable(t))
     # trainable rollouts only, unlike `tracegym eval`'s reward, which also counts scored rollouts that failed
@@ -508,10 +518,12 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
     return {
         "reward": reward.mean,
         "reward_std": reward.std,
+        "reward_unmasked": statistics.fmean(unmasked_reward(t) for t in traces) if traces else None,
         "advantage_mean": statistics.fmean(advantages) if advantages else None,
         "advantage_abs_mean": statistics.fmean(abs(a) for a in advantages) if advantages else None,
         "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "truncation_rate": sum(t.is_truncated for t in traces) / len(traces) if traces else 0.0,
+        **{f"cut/{kind}": n for kind, n in sorted(Counter(t.cut.value for t in traces if t.cut).items())},
         "errors": sum(bool(t.errors) for t in traces),
         "rollouts_failed": sum(failed.values()),
         **{f"failed/{reason}": n for reason, n in sorted(failed.items())},
@@ -522,3 +534,10 @@ def step_metrics(groups: list[list[Trace]], samples: list[Sample], seconds: floa
         "rollouts_per_s": len(traces) / seconds if seconds else None,
     }
 
+
+
+def unmasked_reward(trace: Trace) -> float:
+    """A rollout's reward as if no failure kept it out of its group: the reward it recorded (a rollout a timeout
+    hit after scoring keeps its score), else 0 (a rollout that failed before it was scored counts as a miss)."""
+    reward = trace.reward
+    return 0.0 if reward is None else reward

@@ -13,6 +13,7 @@ from pydantic_config import BaseConfig
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import Rename, moved_into
 from tracegym.config.run_dir import RunId
+from tracegym.core.cut_policy import CutPolicy
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
@@ -139,6 +140,12 @@ class OrchestratorConfig(BaseModel):
     """Multi-agent: the reward of every trainable member of an episode cut short (a reply ran into
     `sampling.max_tokens`, or a prompt no longer fit), in place of its payoff; e.g. -1 makes rambling as bad
     as forfeiting (an unfinished game otherwise pays 0, a safe harbour next to a lost one). Unset: the payoff."""
+    cuts: CutPolicy = CutPolicy()
+    """The reward of a rollout cut short or misread, one rule per kind (`core.cut_policy`): `overlong` (the prompt
+    no longer fit the context), `length` (a reply ran into `sampling.max_tokens`), `unparsable` (a reply that did
+    not parse into a tool call or move), each `keep` (its scored reward: the default), a number (that reward
+    instead: `--orchestrator.cuts.length -1`) or `mask` (out of its group's baseline and the loss, counted as
+    `masked/<kind>`). A multi-agent episode cut short as a whole takes `truncated_reward` first, when set."""
     filters: Filters = Filters()
     """Rollout filters, run on every trainable rollout after scoring, a section each with its mode and thresholds:
     `[orchestrator.filters.gibberish] mode = "enforce"` (`detect`, the default, only counts; `off`)."""
@@ -269,6 +276,10 @@ class RLConfig(BaseConfig):
     without LoRA, reloads the full weights the trainer writes."""
     checkpoint_every: int = 5
     """Save a resumable checkpoint every N steps (and after the last)."""
+    max_error_rate: float = Field(default=0.5, ge=0, le=1)
+    """The command exits 1 when more than this fraction of the run's rollouts (or of its multi-agent episodes)
+    failed, over the whole run, as `tracegym eval --max-error-rate` (`train.run_tally`); a step whose every rollout
+    failed stops the run at once, whatever this says."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     trainer: TrainerConfig
     dry_run: bool = False

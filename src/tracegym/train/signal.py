@@ -22,12 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.core.sample import Sample
 from tracegym.core.trace import Trace
 from tracegym.models.endpoint import Endpoint
 from tracegym.train.advantages import GroupAdvantages
-from tracegym.train.fan_out import TrainingUnit, advantaged, episode_units
+from tracegym.train.fan_out import MASKED_AS, TrainingUnit, advantaged, episode_units
 from tracegym.train.regeneration import Metrics, rollouts_fate
 from tracegym.train.samples import checked_samples
 from tracegym.train.seat_metrics import seat_metrics
@@ -86,12 +87,15 @@ class RLSignal:
     """Rewards to advantages: per group (per baseline key within it: a task, or a member of a task), over the
     episode members that trained; every branch of each as a sample with that advantage.
     `baseline_per_task`: an episode member's baseline per task (else per taskset and member); `truncated_reward`:
-    the reward of a trainable member of an episode cut short (None: its payoff); `log`: where a trace whose tokens
-    cannot be trained on is reported, with its step (a `metrics.jsonl` record)."""
+    the reward of a trainable member of an episode cut short (None: its payoff); `cuts`: the reward or mask of a
+    rollout by its cut (overlong, length, unparsable; masked ones counted as `masked/<cut>` in the step's
+    figures); `log`: where a trace whose tokens cannot be trained on is reported, with its step (a `metrics.jsonl`
+    record)."""
 
     advantages: GroupAdvantages
     baseline_per_task: bool = True
     truncated_reward: float | None = None
+    cuts: CutPolicy = KEEP
     log: Callable[[dict[str, Any]], None] = lambda record: None
     traces_invalid: int = 0
     """Traces dropped so far because their tokens are unfit for training (`samples.validate`)."""
@@ -106,7 +110,8 @@ class RLSignal:
         for unit, advantage in pairs:
             if step.keeps(unit.trace):
                 samples += self.trace_samples(unit.trace, advantage, version, step.step)
-        metrics: Metrics = {NO_SIGNAL: self.advantages.filtered - before}
+        metrics: Metrics = {NO_SIGNAL: self.advantages.filtered - before,
+                            **{reason: n for reason, n in sorted(dropped.items()) if reason.startswith(MASKED_AS)}}
         games = [e for g in step.groups for e in g if not e.is_solo]
         if games:
             metrics.update(episode_metrics(games, pairs, dropped))
@@ -121,7 +126,7 @@ class RLSignal:
         out: list[tuple[TrainingUnit, float]] = []
         dropped = Counter[str]()
         for group in groups:
-            units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward)
+            units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward, self.cuts)
             out += advantaged(units, self.advantages)
             dropped += left_out
         return out, dropped
@@ -162,7 +167,11 @@ def learner_traces(group: Group) -> list[Trace]:
 def episode_metrics(episodes: list[Episode], pairs: list[tuple[TrainingUnit, float]],
                     dropped: Counter[str]) -> dict[str, Any]:
     """A step's multi-agent figures, from its multi-agent `episodes` (a step of rollouts has none): episodes, their
-    errors, members left out of training by reason, per seat."""
-    return {"episodes": len(episodes), "episode_errors": sum(e.error is not None for e in episodes),
+    errors (`episodes_failed/<kind>`: each kind of error that ended one, e.g. `env_server_error` for an episode
+    whose env-server request failed, whose members' traces are not the learner's and so not in `failed/<kind>`),
+    members left out of training by reason, per seat."""
+    failed = Counter(e.error.failure.value for e in episodes if e.error is not None)
+    return {"episodes": len(episodes), "episode_errors": failed.total(),
+            **{f"episodes_failed/{kind}": n for kind, n in sorted(failed.items())},
             **{f"members_left_out/{reason}": n for reason, n in sorted(dropped.items())},
             **seat_metrics(episodes, pairs)}

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from tracegym.config.episode_log import EpisodeLog
 from tracegym.config.run_dir import read_toml
+from tracegym.core.cut_policy import CutPolicy
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.trace import SCHEMA_VERSION, Trace
@@ -406,7 +407,8 @@ class RunFolderIndex:
     def _computed_summary(self) -> dict[str, Any]:
         threshold = self.config().get("pass_threshold", 1.0)
         episodes = EpisodeLog(self.path / TRACES, self.path / EPISODES).read().episodes
-        summary = summarize_run(episodes, pass_threshold=threshold if isinstance(threshold, int | float) else 1.0)
+        summary = summarize_run(episodes, pass_threshold=threshold if isinstance(threshold, int | float) else 1.0,
+                                cuts=saved_cuts(self.config().get("cuts")))
         return summary.model_dump(mode="json")
 
     def config(self) -> dict[str, Any]:
@@ -529,3 +531,11 @@ def _inode(path: Path) -> int:
         return path.stat().st_ino
     except OSError:
         return 0
+
+
+def saved_cuts(saved: Any) -> CutPolicy:
+    """The cut policy a run's saved config holds; the default (keep every reward) when it holds none that reads."""
+    try:
+        return CutPolicy.model_validate(saved or {})
+    except ValidationError:
+        return CutPolicy()
