@@ -165,7 +165,8 @@ async def against_table(source: str, rounds: int, runtimes: list[str] | None) ->
           f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"{'runtime':24} {'plain p50/p99':>14} {'here p50/p99':>14} {'x plain':>7} {'there p50/p99':>14} "
           f"{'x plain':>7} {'here/there':>10}")
-    names = [name for name in ("subprocess", FALLBACK, "bubblewrap") if not runtimes or any(name.startswith(r) for r in runtimes)]
+    names = [name for name in ("subprocess", FALLBACK, "bubblewrap")
+             if not runtimes or any(name.startswith(wanted) for wanted in runtimes)]
     for name in names:
         runtime = runtime_for(name)
         if reason := runtime.unavailable():
