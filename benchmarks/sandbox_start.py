@@ -15,7 +15,13 @@ the program), p50/p99/max seconds from the request to the program's first instru
 the most sandboxes open at once, and the host's peak memory use above its use before the burst (MemTotal -
 MemAvailable, read every 10 ms). Runtimes this host lacks are listed with the reason.
 
+`--against SRC` compares this source's starts with those of another
+tracegym source (its `src` folder: an older commit's worktree, say), side by side on a loaded host: a worker
+process imports it and keeps a sandbox of each runtime open, and every round takes one plain start, one start here
+and one there, in turn; per runtime, p50/p99 of each and their ratio to the plain starts of the same rounds.
+
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/sandbox_start.py [--samples 200] [--queued 512]
+    .venv/bin/python benchmarks/sandbox_start.py --samples 0 --queued 0 --against ../old/src [--rounds 300]
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -138,6 +146,57 @@ async def start_table(samples: int) -> None:
               f"{cold50 * 1e3:10.2f}/{cold99 * 1e3:<10.2f} {pool50 * 1e3:10.3f}/{pool99 * 1e3:<10.3f}")
 
 
+def serve(runtime_name: str) -> None:
+    """`--serve`: open a sandbox of `runtime_name` and answer each line on stdin with one start's seconds (the
+    other side of `--against`)."""
+    loop = asyncio.new_event_loop()
+    sandbox = loop.run_until_complete(runtime_for(runtime_name).open())
+    sample = sandboxed_start(sandbox)
+    try:
+        for _ in sys.stdin:
+            print(loop.run_until_complete(sample()), flush=True)
+    finally:
+        loop.run_until_complete(sandbox.close())
+
+
+async def against_table(source: str, rounds: int, runtimes: list[str] | None) -> None:
+    """Starts of this source and of the tracegym source at `source`, round by round beside plain starts."""
+    print(f"{rounds} rounds (a plain start, one here, one in {source}, in turn) per runtime; "
+          f"load average before: {os.getloadavg()[0]:.1f}")
+    print(f"{'runtime':24} {'plain p50/p99':>14} {'here p50/p99':>14} {'x plain':>7} {'there p50/p99':>14} "
+          f"{'x plain':>7} {'here/there':>10}")
+    names = [name for name in ("subprocess", FALLBACK, "bubblewrap")
+             if not runtimes or any(name.startswith(wanted) for wanted in runtimes)]
+    for name in names:
+        runtime = runtime_for(name)
+        if reason := runtime.unavailable():
+            print(f"{name:24} unavailable: {reason}")
+            continue
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--serve", name, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": source})
+        assert worker.stdin is not None and worker.stdout is not None
+        sandbox = await runtime.open()
+        here = sandboxed_start(sandbox)
+        times: dict[str, list[float]] = {"plain": [], "here": [], "there": []}
+        try:
+            for index in range(rounds + 5):  # five warm-up rounds
+                worker.stdin.write(b"\n")
+                sampled = {"plain": await plain_start(), "here": await here(),
+                           "there": float(await worker.stdout.readline())}
+                for key, value in sampled.items():
+                    if index >= 5:
+                        times[key].append(value * 1e3)
+        finally:
+            await sandbox.close()
+            worker.stdin.close()
+            await worker.wait()
+        (plain50, plain99), (here50, here99), (there50, there99) = (percentiles(times[key]) for key in times)
+        print(f"{name:24} {plain50:6.1f}/{plain99:<7.1f} {here50:6.1f}/{here99:<7.1f} {here50 / plain50:7.1f} "
+              f"{there50:6.1f}/{there99:<7.1f} {there50 / plain50:7.1f} {here50 / there50:10.2f}")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
 class MemoryPeak:
     """The host's peak memory use (MemTotal - MemAvailable) above its use at the start, read every 10 ms by a
     thread (the event loop is busy in a burst)."""
@@ -231,6 +290,8 @@ async def burst_table(queued: int, memory_mb: int, caps: list[int], overcommits:
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.against:
+        await against_table(args.against, args.rounds, args.runtime)
     if args.samples:
         await start_table(args.samples)
     if args.queued:
@@ -246,5 +307,13 @@ if __name__ == "__main__":
                         help="a start cap to burst under (repeatable; default: the host's)")
     parser.add_argument("--overcommit", type=float, action="append", default=[],
                         help="a memory_overcommit to burst under (repeatable; default 1)")
-    parser.add_argument("--runtime", action="append", help="burst only runtimes whose label starts with this")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--runtime", action="append",
+                        help="burst (and compare, --against) only runtimes whose label starts with this")
+    parser.add_argument("--against", metavar="SRC", help="compare starts with the tracegym source at SRC (its src/)")
+    parser.add_argument("--rounds", type=int, default=300, help="rounds of the --against comparison")
+    parser.add_argument("--serve", metavar="RUNTIME", help=argparse.SUPPRESS)  # --against's worker
+    parsed = parser.parse_args()
+    if parsed.serve:
+        serve(parsed.serve)
+    else:
+        asyncio.run(main(parsed))

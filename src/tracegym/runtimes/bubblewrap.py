@@ -11,8 +11,9 @@ read-only. bwrap sets no_new_privs and drops every capability,
 starts a new session (no terminal to inject into) and, with `--die-with-parent`, kills the whole sandbox when it
 dies. The program init is the namespace's pid 1 (`--as-pid-1`): it reaps what the program orphans, the kernel
 ignores the program's signals to it (a program cannot end its own sandbox early), and its exit ends every process
-left. As root, bwrap itself runs under the sandbox's own host uid (so RLIMIT_NPROC counts only its processes);
-that needs unprivileged user namespaces, which the probe checks.
+left. As root, bwrap itself runs under the sandbox's own host uid (so RLIMIT_NPROC counts only its processes;
+started through setpriv where the host has it: see `process_sandbox.switch_user`); that needs unprivileged user
+namespaces, which the probe checks.
 
 Under an egress allow-list (`Limits.egress`, see `runtimes.egress`) the init alone gets the capabilities to let
 the allowed destinations in, and the program none (`EGRESS_FLAGS`).

@@ -2,9 +2,11 @@
 
 A sandbox runs `python -I -S -c <this file's source> STATUS_FD LIFELINE_FD UID CWD NETWORK CGROUP_FDS LIMIT... --
 PROGRAM...` (UID `-` for none; NETWORK `-` or lines, below; CGROUP_FDS comma-separated or `-`; LIMITs in the order
-of LIMITS, 0 for none), wrapped in the runtime's namespaces. C modules only (builtin ones, plus `_socket` and
-`fcntl` when forwarding, `_ctypes` when a hosts file or a user namespace is asked for), no json and no tracegym
-import: it starts in the time of a bare interpreter, and any Python 3 the sandbox can execute runs it. It forks the
+of LIMITS, 0 for none), wrapped in the runtime's namespaces; on the host, in place of the source, its code as that
+interpreter compiled it, marshalled (`process_sandbox.init_code`: no compile per run). C modules only (`posix`, not
+`os`; builtin ones and `resource`, plus `_socket` and `fcntl` when forwarding, `_ctypes` when a hosts file or a
+user namespace is asked for), no json and no tracegym import: it starts in the time of a bare interpreter, and any
+Python 3 the sandbox can execute runs it. It forks the
 program; in the child it enters the sandbox's cgroup (writing itself to each of CGROUP_FDS, descriptors of its entry
 files the host opened: see `runtimes.cgroup`), resets the signals Python ignores, applies the rlimits, drops to UID
 (when it is root and given one: every sandbox gets a host uid of its own, so RLIMIT_NPROC counts only its processes
@@ -42,7 +44,7 @@ which costs several times more).
 
 import _signal as signal  # the C module: `signal` imports enum, which doubles our start-up
 import _thread
-import os
+import posix  # the C module: `os` (a Python module over it) costs a millisecond of imports
 import resource
 import sys
 
@@ -58,54 +60,54 @@ LIMITS = (
 )
 """The rlimits given on the command line, in order (CPU seconds, address space MB, file size MB, open files,
 processes), and the unit each value is multiplied by."""
-STATUS_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+STATUS_FILE = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_NOFOLLOW
 """How a STATUS given as a path is opened."""
 
 
 def main() -> None:
-    status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], os.O_RDONLY)
+    status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], posix.O_RDONLY)
     uid, cwd, network = sys.argv[3], sys.argv[4], sys.argv[5]
     cgroups = [] if sys.argv[6] == "-" else [int(fd) for fd in sys.argv[6].split(",")]
     limits = [int(v) for v in sys.argv[7:7 + len(LIMITS)]]
     argv = sys.argv[8 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us
-    os.set_inheritable(status_fd, False)
-    os.set_inheritable(lifeline_fd, False)
+    posix.set_inheritable(status_fd, False)
+    posix.set_inheritable(lifeline_fd, False)
     for fd in cgroups:
-        os.set_inheritable(fd, False)
+        posix.set_inheritable(fd, False)
     _thread.start_new_thread(watch_lifeline, (lifeline_fd,))
     counts, userns = [], None
     if network != "-":
         try:
             counts, userns = set_up_network(network.split("\n")[1:])
         except OSError as exc:
-            os.write(status_fd, f"- - 0 -\n{exc}\n".encode())
-            os._exit(1)
+            posix.write(status_fd, f"- - 0 -\n{exc}\n".encode())
+            posix._exit(1)
     view = sys._xoptions.get(VIEW_OPTION)
     if view is not None:
         try:
             build_view(view, drop_capabilities=uid == "-")
         except OSError as exc:
-            os.write(status_fd, f"- - 0 -\ncould not build the sandbox's view: {exc}\n".encode())
-            os._exit(1)
-    exec_errors, exec_error_w = os.pipe()  # close-on-exec: EOF with no bytes means the exec succeeded
-    pid = os.fork()
+            posix.write(status_fd, f"- - 0 -\ncould not build the sandbox's view: {exc}\n".encode())
+            posix._exit(1)
+    exec_errors, exec_error_w = posix.pipe()  # close-on-exec: EOF with no bytes means the exec succeeded
+    pid = posix.fork()
     if pid == 0:
-        os.close(exec_errors)
+        posix.close(exec_errors)
         start(argv, cwd, None if uid == "-" else int(uid), limits, cgroups, exec_error_w, userns)
-    os.close(exec_error_w)
+    posix.close(exec_error_w)
     for fd in cgroups:
-        os.close(fd)
+        posix.close(fd)
     start_error = read_all(exec_errors).decode(errors="replace").replace("\n", " ")
     exit_code, sig, cpu = wait_for(pid)
-    as_init = os.getpid() == 1
+    as_init = posix.getpid() == 1
     left = left_running(as_init)
     line = " ".join("-" if v is None else str(v) for v in (exit_code, sig, cpu, left))
     used = "" if network == "-" else " ".join(str(v) for v in (refused_connections(), *(c[0] for c in counts)))
-    os.write(status_fd, f"{line}\n{start_error}\n{used}\n".encode())
-    if not as_init and os.getpgrp() == os.getpid():  # no namespace ends what the program left: we end our group
-        os.killpg(0, signal.SIGKILL)
-    os._exit(0)
+    posix.write(status_fd, f"{line}\n{start_error}\n{used}\n".encode())
+    if not as_init and posix.getpgrp() == posix.getpid():  # no namespace ends what the program left: we end our group
+        posix.killpg(0, signal.SIGKILL)
+    posix._exit(0)
 
 
 def channel(given: str, flags: int) -> int:
@@ -113,8 +115,8 @@ def channel(given: str, flags: int) -> int:
     descriptor on; the lifeline is then a FIFO, whose writer gone reads as EOF, even before we open it)."""
     if given.isdigit():
         return int(given)
-    fd = os.open(given, flags | os.O_NONBLOCK, 0o600)  # a FIFO's read end opens without waiting for a writer
-    os.set_blocking(fd, True)
+    fd = posix.open(given, flags | posix.O_NONBLOCK, 0o600)  # a FIFO's read end opens without waiting for a writer
+    posix.set_blocking(fd, True)
     return fd
 
 
@@ -125,10 +127,10 @@ def start(argv: list, cwd: str, uid: int | None, limits: list, cgroups: list, ex
     try:
         for fd in cgroups:
             try:
-                os.write(fd, b"0")
+                posix.write(fd, b"0")
             except OSError as exc:
                 raise OSError(f"could not enter the sandbox's cgroup: {exc}") from None
-            os.close(fd)
+            posix.close(fd)
         if userns is not None:
             enter_user_namespace(*userns)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
@@ -139,39 +141,58 @@ def start(argv: list, cwd: str, uid: int | None, limits: list, cgroups: list, ex
             # soft below hard for CPU: SIGXCPU first (a program may report it), SIGKILL a second later
             hard = value * unit + (1 if which == resource.RLIMIT_CPU else 0)
             resource.setrlimit(which, (value * unit, hard))
-        if uid is not None and os.getuid() == 0:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        os.chdir(cwd)
-        os.execvpe(argv[0], argv, os.environ)
+        if uid is not None and posix.getuid() == 0:
+            posix.setgroups([])
+            posix.setresgid(uid, uid, uid)
+            posix.setresuid(uid, uid, uid)
+        posix.chdir(cwd)
+        exec_program(argv)
     except FileNotFoundError:
-        os.write(exec_error_w, f"no such program: {argv[0]!r} (PATH {os.environ.get('PATH')})".encode())
+        path = posix.environ.get(b"PATH", b"").decode(errors="replace")
+        posix.write(exec_error_w, f"no such program: {argv[0]!r} (PATH {path!r})".encode())
     except BaseException as exc:
-        os.write(exec_error_w, f"{type(exc).__name__}: {exc}".encode())
-    os._exit(127)
+        posix.write(exec_error_w, f"{type(exc).__name__}: {exc}".encode())
+    posix._exit(127)
+
+
+def exec_program(argv: list) -> None:
+    """Exec `argv`, its program looked up in PATH as `os.execvp` does (a folder where it is missing is skipped;
+    the first other error is raised when no folder has it)."""
+    name, env = argv[0], posix.environ
+    if "/" in name:
+        posix.execve(name, argv, env)
+    folders = env.get(b"PATH", b"/usr/bin:/bin").decode(errors="surrogateescape").split(":")
+    first = None
+    for folder in folders:
+        try:
+            posix.execve(f"{folder or '.'}/{name}", argv, env)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            first = first or exc
+    raise first or FileNotFoundError(2, "No such file or directory", name)
 
 
 def wait_for(pid: int) -> tuple:
     """Reap children (orphans too) until `pid` ends: its exit code, signal and CPU seconds."""
     while True:
         try:
-            done, status, usage = os.wait4(-1, 0)
+            done, status, usage = posix.wait4(-1, 0)
         except ChildProcessError:
             return None, None, 0.0
         except InterruptedError:
             continue
         if done == pid:
-            return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                    os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            return (posix.WEXITSTATUS(status) if posix.WIFEXITED(status) else None,
+                    posix.WTERMSIG(status) if posix.WIFSIGNALED(status) else None,
                     round(usage.ru_utime + usage.ru_stime, 3))
 
 
 def left_running(as_init: bool) -> int:
     """How many of the program's processes are still alive: as a PID namespace's init, every process besides us
     (our exit kills them); else the other live members of our process group (we kill them)."""
-    me, group, count = str(os.getpid()), str(os.getpgrp()), 0
-    for name in os.listdir("/proc"):
+    me, group, count = str(posix.getpid()), str(posix.getpgrp()), 0
+    for name in posix.listdir("/proc"):
         if name.isdigit() and name != me:
             try:
                 with open(f"/proc/{name}/stat") as stat:
@@ -185,7 +206,7 @@ def left_running(as_init: bool) -> int:
 def read_all(fd: int) -> bytes:
     chunks: list[bytes] = []
     while True:
-        chunk = os.read(fd, 65536)
+        chunk = posix.read(fd, 65536)
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
@@ -254,7 +275,7 @@ def add_address(sockets, address: str) -> None:
         link.close()
     error = -int.from_bytes(reply[16:20], sys.byteorder, signed=True)
     if error:
-        raise OSError(f"could not add {address} to the sandbox's loopback: {os.strerror(error)}")
+        raise OSError(f"could not add {address} to the sandbox's loopback: {posix.strerror(error)}")
 
 
 def netlink_attribute(kind: int, data: bytes) -> bytes:
@@ -284,21 +305,21 @@ def bind_hosts(path: str) -> None:
     """Bind `path` over /etc/hosts (we are root in the run's own mount namespace). OSError when we cannot."""
     mount, errno = libc_call("mount")
     if mount(path.encode(), b"/etc/hosts", None, 0x1000, None) != 0:  # MS_BIND
-        raise OSError(f"could not bind {path} over /etc/hosts: {os.strerror(errno())}")
+        raise OSError(f"could not bind {path} over /etc/hosts: {posix.strerror(errno())}")
 
 
 def enter_user_namespace(uid: int, gid: int, unshare, errno) -> None:
     """In the forked child: enter a new user namespace as `uid`:`gid`, mapped onto our 0 (no capability of ours
     reaches the namespaces we set up); `unshare` and `errno` are the C library's (`libc_call`)."""
     if unshare(0x10000000) != 0:  # CLONE_NEWUSER
-        raise OSError(f"could not enter a user namespace: {os.strerror(errno())}")
+        raise OSError(f"could not enter a user namespace: {posix.strerror(errno())}")
     for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
         try:
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            fd = posix.open(f"/proc/self/{name}", posix.O_WRONLY)
             try:
-                os.write(fd, line.encode())
+                posix.write(fd, line.encode())
             finally:
-                os.close(fd)
+                posix.close(fd)
         except OSError as exc:
             raise OSError(f"could not map the program's user namespace ({name} {line!r}): {exc.strerror}") from None
 
@@ -399,13 +420,13 @@ class _Libc:
         """Call libc `name`; OSError (naming `what`) when it fails."""
         if getattr(self, "_" + name)(*args) != 0:
             errno = self._errno()
-            raise OSError(errno, f"{name} {what}: {os.strerror(errno)}".strip())
+            raise OSError(errno, f"{name} {what}: {posix.strerror(errno)}".strip())
 
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000
 _ST_TO_MS = ((0x1, 0x1), (0x2, 0x2), (0x4, 0x4), (0x8, 0x8), (0x400, 0x400), (0x800, 0x800), (0x1000, 0x200000))
 """statvfs flags -> the mount flags a read-only remount must keep (a user namespace may not clear them)."""
-_O_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_PATH = posix.O_PATH | posix.O_NOFOLLOW | posix.O_CLOEXEC
 
 
 def build_view(spec: str, drop_capabilities: bool) -> None:
@@ -417,14 +438,14 @@ def build_view(spec: str, drop_capabilities: bool) -> None:
     read_only = []
     for record in records:
         kind, target, source = record.split(_FIELD)
-        folder = kind in ("empty", "proc") or (kind in ("ro", "rw") and os.path.isdir(source))
+        folder = kind in ("empty", "proc") or (kind in ("ro", "rw") and is_folder(source))
         if kind == "symlink":
             parent, name = target.rsplit("/", 1)
             fd = mountpoint(root, parent, folder=True)
             try:
-                os.symlink(source, name, dir_fd=fd)
+                posix.symlink(source, name, dir_fd=fd)
             finally:
-                os.close(fd)
+                posix.close(fd)
             continue
         fd = mountpoint(root, target, folder)
         try:
@@ -436,60 +457,69 @@ def build_view(spec: str, drop_capabilities: bool) -> None:
                 libc.call("mount", (source or "/proc").encode(), at, None, _MS_BIND | (_MS_REC if folder else 0), None,
                           what=f"{source or '/proc'} on {target}")
         finally:
-            os.close(fd)
+            posix.close(fd)
         if kind in ("ro", "empty"):
             read_only.append((target, folder))
     for target, folder in read_only:
         remount_read_only(libc, root, target, folder)
     old = root + "/.old"
-    os.mkdir(old, 0o700)
+    posix.mkdir(old, 0o700)
     libc.call("pivot_root", root.encode(), old.encode(), what=root)
-    os.chdir("/")
+    posix.chdir("/")
     libc.call("umount2", b"/.old", 2, what="the host's root")  # MNT_DETACH
-    os.rmdir("/.old")
+    posix.rmdir("/.old")
     remount_read_only(libc, "", "/")
     if drop_capabilities:
         drop_all_capabilities(libc)
 
 
+def is_folder(path: str) -> bool:
+    """True when `path` is a folder (or a link to one), as `os.path.isdir` says."""
+    try:
+        return posix.stat(path).st_mode & 0o170000 == 0o040000
+    except (OSError, ValueError):
+        return False
+
+
 def mountpoint(root: str, target: str, folder: bool) -> int:
     """An O_PATH descriptor of `root` + `target`, each missing component made (a folder, or an empty file last
     unless `folder`); OSError where a component is a link (a program may have left one in its /tmp)."""
-    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = posix.open(root, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
     parts = [part for part in target.split("/") if part]
     try:
         for index, part in enumerate(parts):
             directory = folder or index < len(parts) - 1
             try:
-                inner = os.open(part, _O_PATH, dir_fd=fd)
+                inner = posix.open(part, _O_PATH, dir_fd=fd)
             except FileNotFoundError:
                 if directory:
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    posix.mkdir(part, 0o755, dir_fd=fd)
                 else:
-                    os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=fd))
-                inner = os.open(part, _O_PATH, dir_fd=fd)
-            os.close(fd)
+                    made = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_CLOEXEC
+                    posix.close(posix.open(part, made, 0o644, dir_fd=fd))
+                inner = posix.open(part, _O_PATH, dir_fd=fd)
+            posix.close(fd)
             fd = inner
-            mode = os.fstat(fd).st_mode
+            mode = posix.fstat(fd).st_mode
             if (mode & 0o170000 == 0o040000) != directory or mode & 0o170000 == 0o120000:
                 raise OSError(20, "a link or another kind of file is in the way")  # ENOTDIR
     except OSError as exc:
-        os.close(fd)
+        posix.close(fd)
         raise OSError(exc.errno, f"cannot make the mountpoint {target}: {exc.strerror}") from None
     return fd
 
 
 def remount_read_only(libc, root: str, target: str, folder: bool = True) -> None:  # a _Libc
     """Make the mount at `root` + `target` read-only, nosuid and nodev, keeping the flags it must keep."""
-    fd = mountpoint(root, target, folder) if target != "/" else os.open("/", _O_PATH | os.O_DIRECTORY)
+    fd = mountpoint(root, target, folder) if target != "/" else posix.open("/", _O_PATH | posix.O_DIRECTORY)
     try:
         at = f"/proc/self/fd/{fd}"
-        kept = os.statvfs(at).f_flag
+        kept = posix.statvfs(at).f_flag
         flags = sum(ms for st, ms in _ST_TO_MS if kept & st)
         libc.call("mount", None, at.encode(), None,
                   _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | flags, None, what=target)
     finally:
-        os.close(fd)
+        posix.close(fd)
 
 
 def drop_all_capabilities(libc) -> None:  # a _Libc
@@ -508,12 +538,12 @@ def drop_all_capabilities(libc) -> None:  # a _Libc
 
 def watch_lifeline(fd: int) -> None:
     """Block until the host's end of the lifeline closes, then take the program down with us."""
-    while os.read(fd, 1):
+    while posix.read(fd, 1):
         pass
     try:
-        os.killpg(0, signal.SIGKILL)  # outside a PID namespace this ends us too; inside, init survives it
+        posix.killpg(0, signal.SIGKILL)  # outside a PID namespace this ends us too; inside, init survives it
     finally:
-        os._exit(1)
+        posix._exit(1)
 
 
 if __name__ == "__main__":
