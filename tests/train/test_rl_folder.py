@@ -10,7 +10,7 @@ import pytest
 import tracegym as tg
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.sample import Sample
-from tracegym.core.trace import Trace
+from tracegym.core.trace import StopReason, Trace
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.rl_folder import Endpoints, JsonlLog, Poll, RLFolder, step_name, step_of
 
@@ -123,6 +123,13 @@ def test_finished_groups_come_back_by_place_and_only_for_the_same_task(tmp_path)
     kept = RLFolder(tmp_path).finished_groups(3)
     assert kept.take(0, 0, episode.task_key) is None and kept.take(1, 1, episode.task_key) is None
     assert kept.take(0, 1, episode.task_key) == [episode] and kept.taken == 1
+
+
+def test_a_group_with_a_failed_rollout_is_not_kept_for_its_failure_may_be_the_kills(tmp_path):
+    folder = RLFolder(tmp_path)
+    cut = make_trace(error=tg.ErrorKind.INFRASTRUCTURE, stop_reason=StopReason.ERROR)
+    folder.finished_groups(0).record(0, 0, [Episode.solo(make_trace()), Episode.solo(cut)])
+    assert not folder.finished_groups(0).kept
 
 
 def test_a_finished_group_cut_off_by_a_kill_is_dropped_and_the_next_one_starts_on_a_new_line(tmp_path):

@@ -261,7 +261,7 @@ class RLFolder:
 
     def made_ahead(self, start: int) -> list[int]:
         """The steps from `start` on whose batch the orchestrator made (in order, so without a gap)."""
-        steps = []
+        steps: list[int] = []
         while self._batch_path(start + len(steps)).exists():
             steps.append(start + len(steps))
         return steps
@@ -427,7 +427,11 @@ class FinishedGroups:
         return kept
 
     def record(self, attempt: int, index: int, group: list[Episode]) -> None:
-        """Keep a group that just finished (one write of one line: a kill leaves it whole or cut off)."""
+        """Keep a group that just finished (one write of one line: a kill leaves it whole or cut off), unless one
+        of its rollouts failed: that failure may be the kill's own doing (a connection cut, a cancel, a server
+        gone), so a resume runs the group again."""
+        if any(e.error is not None or any(t.failure is not None for t in e.traces.values()) for e in group):
+            return
         line = json.dumps({"attempt": attempt, "index": index, "episodes": [e.model_dump(mode="json") for e in group]})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:

@@ -77,12 +77,13 @@ class TrainerLoop:
     def resume(self) -> int:
         """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
         path = self.folder.latest_checkpoint()
-        if path is None:
-            return 0
-        self.trainer.load(path)
-        self.serve_weights()
-        self.resumed_from = step_of(path)
-        return self.resumed_from
+        start = step_of(path) if path is not None else 0
+        if path is not None:
+            self.trainer.load(path)
+            self.serve_weights()
+        if path is not None or self.folder.trainer_metrics.path.exists():  # a killed run's records may follow it
+            self.resumed_from = start
+        return start
 
     def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
