@@ -72,6 +72,12 @@ def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def rewound(run_dir: Path, since: float) -> bool:
+    """True once the launcher started `since` has rewound the run folder (it writes the endpoints right after)."""
+    endpoints = run_dir / "endpoints.json"
+    return endpoints.exists() and endpoints.stat().st_mtime >= since
+
+
 class Ledger:
     """What the run folder shows of progress: batches made, complete checkpoints, groups of the unfinished step."""
 
@@ -109,7 +115,9 @@ def attempt(tmp_path: Path, run_dir: Path, kills: list[tuple[str, list[tuple[str
     ledger = Ledger(run_dir)
     moments = {"batch": ledger.batches, "group": ledger.finished_groups, "checkpoint": ledger.checkpoints}
     seen: set[int] = set()
-    try:
+    started = time.time()
+    try:  # the launcher writes the endpoints once it rewound the folder: the ledger counts from there
+        poll(lambda: rewound(run_dir, started) or run.poll() is not None, RUN_S, "the launcher to rewind the folder")
         for moment, processes in kills:
             before = moments[moment]()
             poll(lambda: moments[moment]() > before or run.poll() is not None, RUN_S, f"a new {moment}")  # noqa: B023
@@ -146,3 +154,4 @@ def test_every_process_killed_in_turn_and_resumed_reaches_the_same_final_step_ex
         assert len(groups) == TASKS and set(groups.values()) == {GROUP}, (step, groups)  # each group, whole, once
         assert {s.trace_id for s in folder.read_batch(step).samples} <= {t.id for t in traces}
     assert not list(run_dir.glob("partial/*.jsonl"))
+    assert [r["eval_step"] for r in folder.metrics.read() if "eval_reward" in r][-1] == STEPS

@@ -216,6 +216,11 @@ def assert_exactly_once(folder: RLFolder, trainer: FakeTrainer, reference: list[
     assert not list(folder.path.glob("partial/*.jsonl"))
 
 
+def step_record(folder: RLFolder, step: int) -> dict:
+    [record] = [r for r in folder.metrics.read() if r.get("step") == step]
+    return record
+
+
 def rollouts_left(made: int, kept: list[dict]) -> int:
     """The rollouts a resume must run: those of the steps whose batch was not made, but the groups kept."""
     return ((STEPS - made) * TASKS - len(kept)) * GROUP
@@ -227,6 +232,7 @@ def test_a_run_killed_while_a_steps_groups_run_keeps_the_finished_ones_and_runs_
     folder, trainer, kept, made, ran = kill_then_resume(tmp_path, monkeypatch, endpoints, model)
     assert made == 2 and 1 <= len(kept) <= 2
     assert ran == rollouts_left(made, kept)
+    assert step_record(folder, 2)["groups_kept"] == len(kept)
     kept_ids = {e["id"] for group in kept for e in group["episodes"]}
     assert kept_ids <= {s.trace_id for s in folder.read_batch(2).samples}  # trained as they ran before the kill
     assert_exactly_once(folder, trainer, reference)
@@ -237,6 +243,7 @@ def test_a_run_killed_after_a_steps_rollouts_runs_none_of_them_again(
     cut_batch(monkeypatch, step=2)
     folder, trainer, kept, made, ran = kill_then_resume(tmp_path, monkeypatch, endpoints, model)
     assert (made, len(kept)) == (2, TASKS) and ran == rollouts_left(made, kept)
+    assert step_record(folder, 2)["groups_kept"] == TASKS
     assert_exactly_once(folder, trainer, reference)
 
 

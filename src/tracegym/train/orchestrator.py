@@ -14,7 +14,9 @@ both from one place). Held-out environments are evaluated before the first step,
 after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
 episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
 `evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
-its pass-rate band when drawing, and refills the step's groups without signal.
+its pass-rate band when drawing, and refills the step's groups without signal. Each group is kept in the run
+folder as it finishes, so a resume after a kill mid-step runs only the others (`rl_folder.FinishedGroups`,
+counted as `groups_kept`).
 
 `build_orchestrator` makes one from the `[orchestrator]` section and the parts the orchestrator process
 built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class takes only its parts.
@@ -189,8 +191,9 @@ class Orchestrator:
                       ) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics; the traces of a later `attempt` join the step's earlier ones."""
         started = time.monotonic()
+        finished = self.folder.finished_groups(step)
         groups, env_ids = await self.run_groups(self.signal.rollout_endpoint(
-            self.endpoint.model_copy(update={"model": model})), model, self.folder.finished_groups(step), attempt)
+            self.endpoint.model_copy(update={"model": model})), model, finished, attempt)
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained)
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
@@ -199,6 +202,7 @@ class Orchestrator:
         self.write(step, groups, keep=attempt > 0)
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
+                        **({"groups_kept": finished.taken} if finished.taken else {}),
                         **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
         return samples, metrics
 
