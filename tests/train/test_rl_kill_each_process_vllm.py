@@ -57,12 +57,19 @@ def descendants(pid: int) -> dict[int, tuple[int, str]]:
 
 
 def the(run: subprocess.Popen, *parts: str) -> int:
-    """The process of the run whose command line holds every one of `parts`: the inner one where one runs another
-    (vLLM under its supervisor), the first of several alike (an env server's workers)."""
-    processes = descendants(run.pid)
-    matches = {p for p, (_, command) in processes.items() if all(part in command for part in parts)}
-    assert matches, f"no process of the run runs {parts}"
-    return min({p for p in matches if processes[p][0] in matches} or matches)
+    """The process of the run whose command line holds every one of `parts` (waiting for it to start): the inner
+    one where one runs another (vLLM under its supervisor), the first of several alike (an env server's workers)."""
+    found: list[int] = []
+
+    def started() -> bool:
+        processes = descendants(run.pid)
+        matches = {p for p, (_, command) in processes.items() if all(part in command for part in parts)}
+        found[:] = [min({p for p in matches if processes[p][0] in matches} or matches)] if matches else []
+        return bool(found) or run.poll() is not None
+
+    poll(started, RUN_S, f"a process of the run running {parts}")
+    assert found, f"the run ended (exit {run.returncode}) before a process ran {parts}"
+    return found[0]
 
 
 def poll(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -120,10 +127,12 @@ def attempt(tmp_path: Path, run_dir: Path, kills: list[tuple[str, list[tuple[str
         poll(lambda: rewound(run_dir, started) or run.poll() is not None, RUN_S, "the launcher to rewind the folder")
         for moment, processes in kills:
             before = moments[moment]()
+            # found before the moment, so that the kill comes within a poll of it (a step takes seconds)
+            pids = [run.pid if parts == LAUNCHER else the(run, *parts) for parts in processes]
+            seen |= set(descendants(run.pid))  # now: once the launcher is dead, its children are no longer its
             poll(lambda: moments[moment]() > before or run.poll() is not None, RUN_S, f"a new {moment}")  # noqa: B023
             assert run.poll() is None, f"the run ended (exit {run.returncode}) before {processes} were killed"
-            seen |= set(descendants(run.pid))
-            for pid in [run.pid if parts == LAUNCHER else the(run, *parts) for parts in processes]:
+            for pid in pids:
                 os.kill(pid, signal.SIGKILL)
         code = run.wait(timeout=120)
     finally:
