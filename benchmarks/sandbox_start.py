@@ -205,7 +205,7 @@ async def burst_table(queued: int, memory_mb: int, caps: list[int], overcommits:
                       runtimes: list[str] | None) -> None:
     config = AdmissionConfig()
     print(f"\n{queued} starts requested at once (open + first run + close), Limits(memory_mb={memory_mb}); "
-          f"admission: host defaults ({config.starting} starting at once, jitter {config.jitter_s:g} s, budget "
+          f"admission: host defaults ({config.max_starting} starting at once, jitter {config.jitter_s:g} s, budget "
           f"{config.setup_budget_s:g} s, reserve {config.memory_reserve_mb} MB of {host_memory().total_mb} MB)")
     print(f"{'runtime':38} {'admission':>11} {'aborts':>6} {'p50 s':>7} {'p99 s':>7} {'max s':>7} {'wall s':>7} "
           f"{'most open':>9} {'peak MB':>8}")
@@ -216,9 +216,9 @@ async def burst_table(queued: int, memory_mb: int, caps: list[int], overcommits:
         if reason:
             print(f"{label:38} unavailable: {reason}")
             continue
-        settings = [(cap, over) for cap in caps or [config.starting] for over in overcommits or [1.0]]
+        settings = [(cap, over) for cap in caps or [config.max_starting] for over in overcommits or [1.0]]
         for cap, over in [(0, 1.0), *settings]:
-            admission = Admission(config.model_copy(update={"starting": cap, "memory_overcommit": over}))
+            admission = Admission(config.model_copy(update={"max_starting": cap, "memory_overcommit": over}))
             seen, wall, peak = await burst(functools.partial(admission.open, runtime) if cap else runtime.open,
                                            queued)
             p50, p99 = percentiles(seen.latencies) if seen.latencies else (float("nan"), float("nan"))

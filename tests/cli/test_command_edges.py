@@ -3,12 +3,16 @@ rl (each environment's entry), the elastic pool's growth threshold from serve.""
 
 import contextlib
 import io
+from pathlib import Path
 
 import pytest
 
 from tracegym.cli.main import main
 from tracegym.cli.serve import ServeConfig
+from tracegym.cli.serve import config_class as serve_config_class
+from tracegym.cli.serve import run as serve
 from tracegym.config.command_line import parse_command
+from tracegym.core.errors import UsageError
 from tracegym.testing import FakeOpenAIServer
 from tracegym.train.launcher import start_env_servers
 from tracegym.train.rl_config import env_servers, parse_rl_args
@@ -49,3 +53,15 @@ def test_rls_pool_and_worker_timeout_reach_the_env_server_it_starts(tmp_path):
 def test_serve_grow_at_sets_the_elastic_pools_threshold():
     config, _ = parse_command(ServeConfig, ["--taskset.id", "echo", "--elastic", "--grow-at", "3"], prog="serve")
     assert config.size().grow_at == 3
+
+
+def test_serve_parses_a_tasksets_typed_flags_as_eval_does():
+    spec = f"{Path(__file__).parents[1] / 'envs' / 'trl_classes.py'}:GuessTheWordEnvironment"
+    args = ["--taskset.id", spec, "--taskset.rewards", "reward_len", "--taskset.reward-weights", "2"]
+    config, _ = parse_command(serve_config_class(spec), args, prog="serve")
+    assert (config.options()["rewards"], config.options()["reward_weights"]) == (["reward_len"], [2.0])
+
+
+def test_serve_names_a_misspelled_taskset_flag():
+    with pytest.raises(UsageError, match=r"--taskset.max-word: unknown option; did you mean --taskset.max-words\?"):
+        serve(["reverse-text", "--taskset.max-word", "3"])

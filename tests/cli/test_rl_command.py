@@ -132,3 +132,41 @@ def test_the_old_model_keys_move_into_the_model_section(tmp_path, capsys):
 def test_an_endpoint_elsewhere_is_refused_naming_the_flag(capsys):
     assert main(["rl", "--model.base-url", "http://host:8000/v1", "--dry-run"]) == 2
     assert "--model.base-url" in capsys.readouterr().err
+
+
+PRIME_RL = """max_steps = 3
+[orchestrator]
+batch_size = 12
+rollouts_per_example = 4
+[[orchestrator.{train}env]]
+id = "reverse-text"
+args = {{ seed = 3 }}
+[[orchestrator.eval.env]]
+id = "reverse-text"
+args = {{ seed = 12345 }}
+"""
+"""A prime-rl orchestrator config: its environments (`args` their options), steps and batch in its own words."""
+
+
+def run_of(out: str) -> dict:
+    return tomllib.loads(out)["run"]
+
+
+def test_a_prime_rl_config_loads_as_the_same_run_in_our_words(tmp_path, capsys):
+    for train in ("", "train."):  # prime-rl's older and current spelling of the training environments
+        config = tmp_path / f"prime-{train}toml"
+        config.write_text(PRIME_RL.format(train=train))
+        assert main(["rl", "@", str(config), "--dry-run"]) == 0
+        run = run_of(capsys.readouterr().out)
+        orchestrator = run["orchestrator"]
+        assert (run["steps"], orchestrator["tasks_per_step"], orchestrator["group_size"]) == (3, 3, 4)
+        assert [(e["id"], e["options"]) for e in orchestrator["train"]["envs"]] == [("reverse-text", {"seed": 3})]
+        assert [e["options"] for e in orchestrator["eval"]["envs"]] == [{"seed": 12345}]
+
+
+def test_a_prime_rl_batch_size_that_is_no_multiple_of_the_group_is_named(tmp_path, capsys):
+    config = tmp_path / "prime.toml"
+    config.write_text("[orchestrator]\nbatch_size = 10\nrollouts_per_example = 4\n")
+    assert main(["rl", "@", str(config), "--dry-run"]) == 2
+    assert "batch_size = 10 (prime-rl's rollouts per step) must be a positive multiple of group_size (4)" in \
+        capsys.readouterr().err

@@ -95,3 +95,13 @@ def test_parsed_arguments_refuses_invalid_json():
 def test_messages_are_immutable():
     with pytest.raises(Exception, match="frozen"):
         user("hi").content = "bye"
+
+
+def test_a_reply_that_names_its_reasoning_reasoning_keeps_it():
+    message = Message.from_openai({"role": "assistant", "content": "4", "reasoning": "2 + 2"})
+    assert message.reasoning_content == "2 + 2"
+
+
+def test_reasoning_content_wins_over_reasoning_when_a_reply_has_both():
+    message = Message.from_openai({"role": "assistant", "reasoning_content": "a", "reasoning": "b"})
+    assert message.reasoning_content == "a"

@@ -28,6 +28,19 @@ def not_a_taskset():
 
 
 READY = Echo()
+
+
+class NoReset:
+    def step(self, x: str) -> str:
+        return x
+
+
+class NeedsUrl:
+    def __init__(self, url):
+        self.url = url
+
+    def reset(self, **row):
+        return "hi"
 '''
 
 
@@ -203,3 +216,18 @@ def test_taskset_file_that_raises_on_import_is_named_and_not_half_loaded(tmp_pat
     for _ in range(2):  # the second load must not find a half-made module
         with pytest.raises(tg.UsageError, match=r"raises_on_import\.py.*RuntimeError: no database here"):
             tg.load_taskset(f"{bad}:Anything")
+
+
+def test_a_class_that_is_neither_a_taskset_nor_an_environment_is_named(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"NoReset' is a class that is neither a Taskset nor a TRL environment"):
+        tg.load_taskset(f"{taskset_file}:NoReset")
+
+
+def test_an_environment_class_that_needs_constructor_arguments_is_refused_before_any_rollout(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"NeedsUrl\(\) needs 'url', but an environment class is made with no"):
+        tg.load_taskset(f"{taskset_file}:NeedsUrl", {"rewards": ["x"]})
+
+
+def test_a_server_id_without_a_url_scheme_says_how_to_write_it():
+    with pytest.raises(tg.UsageError, match=r"'openenv:127.0.0.1:9'.* e.g. 'openenv:http://127.0.0.1:9'"):
+        tg.load_taskset("openenv:127.0.0.1:9")

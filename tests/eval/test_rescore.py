@@ -222,3 +222,45 @@ async def test_an_environment_whose_reset_exits_fails_only_that_traces_rescore(m
     first, second = [await rescore_trace(taskset, zeroed(t), Timeouts()) for t in traces]
     assert first.reward is None and "SystemExit: 3" in first.errors[-1].message
     assert second.reward == 1.0
+
+
+NOISY = '''
+import itertools
+
+from tracegym.envs.taskset import Taskset
+
+VERDICTS = itertools.count()
+
+
+class Judged(Taskset):
+    def __init__(self, config=None):
+        super().__init__(config, id="judged", data=[{"prompt": "Say hello."}], rewards=[self.judge, self.exact])
+
+    def judge(self, task, trace):  # a judge that says yes every third time it is asked
+        return float(next(VERDICTS) % 3 == 0)
+
+    def exact(self, task, trace):
+        return float(trace.last_reply == "hello")
+'''
+
+
+def test_rescore_repeat_reports_how_much_each_reward_moved_across_rescorings(tmp_path, capsys):
+    module = tmp_path / "judged.py"
+    module.write_text(NOISY)
+    with FakeOpenAIServer(rule=lambda request: "hello") as server:
+        assert main(["eval", f"{module}:Judged", "-r", "2", "--model.base-url", server.base_url, "--no-serve",
+                     "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
+    [run] = list((tmp_path / "out").glob("*/*"))
+    capsys.readouterr()
+    assert main(["rescore", str(run), "--repeat", "4"]) == 0
+    assert "judge: 2 of 2 traces changed across 4 rescorings" in capsys.readouterr().out
+    [summary] = list(run.glob("summary.rescored-*.json"))
+    noise = json.loads(summary.read_text())["noise"]
+    assert (noise["exact"]["changed"], noise["exact"]["within_std"], noise["exact"]["run_mean_ci95"]) == (0, 0.0, 0.0)
+    assert noise["judge"]["within_std"] > 0 and noise["judge"]["run_mean_ci95"] > 0
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_rescore_repeat_must_be_a_positive_count(say_run, value, capsys):
+    assert main(["rescore", str(say_run), "--repeat", value]) == 2
+    assert f"--repeat {value!r}: the number of times to score each trace" in capsys.readouterr().err

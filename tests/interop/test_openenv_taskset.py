@@ -5,6 +5,7 @@ reach the model as tool errors; a full server and a dropped connection are infra
 import asyncio
 import json
 import re
+import socket
 
 import pytest
 from openenv_reference import GUESSES, bisect, echo_server, guess_server, target_of
@@ -129,6 +130,19 @@ def test_an_id_and_its_url_option_must_agree():
         OpenEnvTaskset()
 
 
+def test_a_server_that_does_not_answer_is_named_before_the_first_task(unused_port):
+    url = f"ws://127.0.0.1:{unused_port}"
+    with pytest.raises(UsageError, match=rf"OpenEnv server {url} does not answer \(GET /health"):
+        OpenEnvTaskset({"url": url})[0]
+
+
+@pytest.fixture
+def unused_port():
+    with socket.socket() as sock:  # bound and closed: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _row(url):
     return OpenEnvTaskset({"url": url})[0]
 
@@ -199,8 +213,7 @@ def test_a_server_behind_a_secret_is_reached_with_the_token_named_by_token_env(m
         served = asyncio.run(run_rollout(allowed, allowed[0], ScriptedModel(["x"]), infra_retries=0))
         refused = OpenEnvTaskset({"url": url, **options})
         turned_away = asyncio.run(run_rollout(refused, refused[0], ScriptedModel(["x"]), infra_retries=0))
+        with pytest.raises(UsageError, match="MY_OTHER_TOKEN"):
+            asyncio.run(OpenEnvTaskset({"url": url, "token_env": "MY_OTHER_TOKEN"}).task(allowed[0]).setup())
     assert served.ok and served.reward is not None
     assert turned_away.failure == "env_unavailable" and "unauthorized" in turned_away.errors[0].message
-    with pytest.raises(UsageError, match="MY_OTHER_TOKEN"):
-        asyncio.run(OpenEnvTaskset({"url": "ws://x", "token_env": "MY_OTHER_TOKEN"}).task(
-            OpenEnvTaskset({"url": "ws://x"})[0]).setup())

@@ -6,8 +6,9 @@ import json
 import pytest
 
 import tracegym as tg
+from tracegym.core.errors import ModelError
 from tracegym.core.graph import Node
-from tracegym.core.messages import Message, assistant, user
+from tracegym.core.messages import ImagePart, Message, TextPart, assistant, user
 from tracegym.core.token_check import validate_tokens
 from tracegym.models.chat_client import ChatClient
 from tracegym.models.client import ModelRequest
@@ -277,3 +278,13 @@ async def test_compact_tool_call_json_forks_when_the_turn_must_be_rendered_in_fu
     node = last_turn(trace)
     assert len(trace.branches) == 2 and validate_tokens(trace) == []
     assert trace.graph.tokens(node.id) == server.requests[-1]["prompt"] + node.token_ids[-sum(node.mask):]
+
+
+async def test_a_prompt_with_an_image_is_refused_naming_the_message_not_rendered_without_it(smol):
+    picture = Message(role="user", content=[TextPart(text="what is this?"),
+                                            ImagePart(image_url={"url": "data:image/png;base64,AAAA"})])
+    with FakeOpenAIServer(["a cat"], renderer=smol) as server:
+        async with client_for(server, smol) as client:
+            with pytest.raises(ModelError, match=r"message 1 \(user\) carries an image, and the token client renders"):
+                await client.complete(ModelRequest(messages=[user("hi"), picture]))
+    assert server.requests == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -211,6 +212,59 @@ async def aggregate_memory(runtime_id: str, props: Props) -> Verdict:
 async def aggregate_memory_default(runtime_id: str, props: Props) -> Verdict:
     """The same under the default limits (memory_mb=1024)."""
     return await _aggregate_memory(runtime_id, Limits())
+
+
+@row
+async def memory_scope_said(runtime_id: str, props: Props) -> Verdict:
+    """Where no cgroup can be made (a runner not root and given none): two sandboxes' results say memory is capped
+    per process, and the log says so once, naming memory_mb and processes; an escape is any of it unsaid."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("tracegym").addHandler(handler)
+    try:
+        runtime = make_runtime(runtime_id)
+        async with opened(runtime) as first, opened(runtime) as second:
+            results = [await box.run([PY, "-c", "print('ran')"]) for box in (first, second)]
+    finally:
+        logging.getLogger("tracegym").removeHandler(handler)
+    if broken := next(filter(None, (ran(result, "ran") for result in results)), None):
+        return Verdict(broken=broken)
+    escapes = [f"a result says memory_scope={r.memory_scope!r} where no cgroup was made" for r in results
+               if r.memory_scope != "process"]
+    per_process = [line for line in said if "per process" in line and "memory_mb" in line and "processes" in line]
+    if len(per_process) != 1:
+        escapes.append(f"the log said memory is capped per process {len(per_process)} times, not once: {said}")
+    return Verdict(escapes=escapes)
+
+
+@row
+async def egress_reached(runtime_id: str, props: Props) -> Verdict:
+    """The control of the egress rows: a host port on an allow-list is reached, and its greeting read, through the
+    relay (whose sockets the host makes in the sandbox's folder); an escape is none of it coming through."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        greeting = f"{SECRET_PREFIX}{secrets.token_hex(4)}"
+
+        async def answer() -> None:
+            client, _ = await asyncio.get_running_loop().sock_accept(server)
+            with client:
+                client.sendall(greeting.encode())
+
+        server.setblocking(False)
+        answering = asyncio.ensure_future(answer())
+        program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+                   "print('got', s.recv(100).decode())")
+        try:
+            async with opened(make_runtime(runtime_id, ROW_LIMITS.model_copy(
+                    update={"egress": (f"127.0.0.1:{port}",)}))) as box:
+                result = await box.run([PY, "-c", program])
+        finally:
+            answering.cancel()
+    if broken := ran(result, "got"):
+        return Verdict(broken=broken)
+    return Verdict() if f"got {greeting}" in result.stdout else \
+        Verdict(escapes=[f"the allow-listed 127.0.0.1:{port} was not reached: {result.stdout!r}"])
 
 
 # --- 2. the grader readable -----------------------------------------------------------------------------------------

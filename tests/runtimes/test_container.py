@@ -1,6 +1,7 @@
 """The container runtime: which engine is found (fake engines on PATH, and the real one), the image that is built
-here and never pulled, the command line a run is, and (slow) real containers: what a program in one can do, the
-memory cap over the whole run, nothing left after close, and an agent program reaching the proxy from inside.
+here and never pulled, the command line a run is (the scratch folders of the one disk cap, containers made ahead),
+and (slow) real containers: what a program in one can do, the memory cap over the whole run, nothing left after
+close, a run in a container made ahead, and an agent program reaching the proxy from inside.
 The escape battery and the sandbox contract also run under it (sandbox_helpers.runtimes)."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tracegym.envs.scorers import reward
 from tracegym.envs.task import Task
 from tracegym.runtimes.container import (
     _SWEPT,
+    BOOT_PRELUDE,
     LABEL,
     RUN_MOUNT,
     Container,
@@ -35,6 +37,7 @@ from tracegym.runtimes.container import (
     missing_image,
     owner_of,
     remove_abandoned_containers,
+    scratch_mounts,
 )
 from tracegym.runtimes.container_image import (
     BUILD_HINT,
@@ -48,6 +51,7 @@ from tracegym.runtimes.container_image import (
 )
 from tracegym.runtimes.process_sandbox import MARKER, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable
+from tracegym.runtimes.workdir import make_workdir, remove_workdir
 from tracegym.testing import ScriptedModel
 
 NO_DAEMON = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
@@ -170,6 +174,80 @@ def test_a_run_is_the_engine_running_the_program_init_confined(tmp_path: Path) -
     assert not run.exists()  # the run's folder goes with its end
 
 
+def launch_in(workdir: Path, run: int, limits: Limits | None = None) -> Launch:
+    """Run `run` of sandbox `abc` in `workdir` (its init's command line as process_sandbox makes it)."""
+    init = ["/usr/bin/python3", "-I", "-S", "-c", "SOURCE", "12", "15", "-", str(workdir), "-", "-", "0", "0", "0",
+            "0", "0", "--", "echo", "a b", ""]
+    return Launch(init[-3:], init, workdir, limits or Limits(), {"PATH": "/usr/bin", MARKER: f"abc/{run}/"},
+                  f"abc/{run}/", None)
+
+
+async def test_from_the_second_run_on_the_next_runs_container_is_created_ahead_and_started(tmp_path: Path) -> None:
+    """Run 2 starts creating run 3's container (the fake engine's `create`, done at once); run 3 starts that one,
+    with its init's source and arguments in its run folder; a container created ahead and never used is
+    removed at the close."""
+    fake_engine(tmp_path, "podman")
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    confinement = ContainerConfinement(str(tmp_path / "podman"), IMAGE)
+    assert confinement.wrap(launch_in(workdir, 1))[1] == "run"
+    assert confinement.wrap(launch_in(workdir, 2))[1] == "run"
+    prepared = confinement._prepared
+    assert prepared is not None and prepared.name == "tracegym-abc-p2"
+    prepared.creating.wait()
+    assert confinement.wrap(launch_in(workdir, 3))[1:] == ["start", "-a", "-i", "tracegym-abc-p2"]
+    argv = (prepared.files.folder / "argv").read_bytes().split(b"\0")
+    assert argv == [b"SOURCE", f"{RUN_MOUNT}/status".encode(), f"{RUN_MOUNT}/lifeline".encode(), b"-",
+                    str(workdir).encode(), b"-", b"-", b"0", b"0", b"0", b"0", b"0", b"--", b"echo", b"a b", b""]
+    ahead = confinement._prepared
+    assert ahead is not None and ahead.name == "tracegym-abc-p3"
+    ahead.creating.wait()
+    await confinement.release("abc")
+    assert not ahead.files.folder.exists()
+    assert confinement._prepared is None and confinement._started == []
+
+
+def test_a_container_created_ahead_with_other_limits_is_not_used(tmp_path: Path) -> None:
+    fake_engine(tmp_path, "podman")
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    confinement = ContainerConfinement(str(tmp_path / "podman"), IMAGE)
+    for run in (1, 2):
+        confinement.wrap(launch_in(workdir, run))
+    prepared = confinement._prepared
+    assert prepared is not None
+    prepared.creating.wait()
+    command = confinement.wrap(launch_in(workdir, 3, Limits(memory_mb=300)))
+    assert command[1] == "run" and "--memory" in command
+    assert prepared.name in confinement._started and not prepared.files.folder.exists()  # removed at the close
+
+
+def test_a_container_created_ahead_runs_the_init_with_the_runs_arguments_and_environment(tmp_path: Path) -> None:
+    """The prelude of a container created ahead (its run folder here in place of RUN_MOUNT) gives the init the
+    environment and sys.argv it would have had on the command line."""
+    (tmp_path / "environ").write_bytes(b"PATH=/usr/bin\0LINE=a\nb\0")
+    (tmp_path / "argv").write_bytes(b"\0".join([b"import os, sys\nprint(sys.argv, dict(os.environ))", b"x y", b""]))
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", BOOT_PRELUDE.replace(RUN_MOUNT, str(tmp_path))],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(["-c", "x y", ""]) + " " + str({"PATH": "/usr/bin", "LINE": "a\nb"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root mounts the sandbox folder's tmpfs")
+def test_a_capped_sandbox_folder_lends_its_subfolders_as_the_containers_scratch_folders() -> None:
+    """Where the sandbox's folder is one tmpfs of disk_mb, /tmp, /var/tmp, /dev/shm and home are its subfolders
+    bound in (one cap with the working directory), not tmpfs of their own."""
+    workdir, capped = make_workdir("test-scratch", None, 16)
+    try:
+        flags = scratch_mounts(Launch([], [], workdir, Limits(disk_mb=16), {}, "x/1/", None))
+    finally:
+        remove_workdir(workdir.parent)
+    assert capped
+    assert "--tmpfs" not in flags and "--shm-size" not in flags and flags[:2] == ["--ipc", "private"]
+    mounts = [flags[i + 1] for i, flag in enumerate(flags) if flag == "-v"]
+    for inside, name in (("/tmp", "tmp"), ("/var/tmp", "var-tmp"), ("/dev/shm", "shm")):
+        assert f"{workdir.parent / name}:{inside}:nosuid,nodev" in mounts
+
+
 # --- real containers (slow) -----------------------------------------------------------------------------------
 @pytest.fixture
 async def box(container_image: BuiltImage) -> AsyncIterator[ProcessSandbox]:
@@ -222,6 +300,25 @@ async def test_no_container_of_a_sandbox_is_left_after_a_cancel_and_its_close(bo
     await box.close()
     assert subprocess.run(listed, capture_output=True, text=True).stdout.strip() == ""
     assert box.sweep() == []
+
+
+@pytest.mark.slow
+async def test_a_run_in_a_container_created_ahead_gets_its_arguments_environment_and_stdin(box: ProcessSandbox) -> None:
+    """The third run of a sandbox starts the container created ahead during the second (waited for here, so the
+    run takes it), with the run's own arguments, environment and stdin; nothing of the sandbox is left after."""
+    for _ in range(2):
+        assert (await box.run(["true"])).ok
+    confinement = box.confinement
+    assert isinstance(confinement, ContainerConfinement) and confinement._prepared is not None
+    await asyncio.to_thread(confinement._prepared.creating.wait)
+    probe = "import os, sys\nprint(sys.argv[1:], os.environ['WORD'], sys.stdin.read())"
+    result = await box.run(["python3", "-c", probe, "a b", ""], env={"WORD": "x\ny"}, stdin=b"fed")
+    assert result.ok, result
+    assert result.stdout == "['a b', ''] x\ny fed\n"
+    assert list(confinement._names.values())[-1].endswith("-p2")
+    await box.close()
+    listed = ["podman", "ps", "-aq", "--filter", f"label={LABEL}={box.id}"]
+    assert subprocess.run(listed, capture_output=True, text=True).stdout.strip() == ""
 
 
 ASK = """

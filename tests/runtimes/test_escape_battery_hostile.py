@@ -34,8 +34,6 @@ ALL = (*SUBPROCESS, "bubblewrap")
 KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
     (row, runtime_id, user): leak
     for row, runtime_ids, users, leak in (
-        ("aggregate_memory", ALL, ("user",), "not root: memory_mb is RLIMIT_AS per process (no cgroup of ours)"),
-        ("aggregate_memory_default", ALL, ("user",), "not root: the default 1024 MB is per process (no cgroup)"),
         ("grader_readable", GROUP, USERS, "no view: function_problems.py, the tracegym package, the checkout"),
         ("hidden_tests_listable", GROUP, USERS, "no view: the host's /tmp (a hidden-tests folder in it) is visible"),
         ("home_secret", GROUP, ("user",), "no view: the user's home and its 0600 secret are readable"),
@@ -43,22 +41,20 @@ KNOWN_ESCAPES: dict[tuple[str, str, str], str] = {
         ("same_uid_socket", GROUP, ("user",), "no view: the user's own sockets in /tmp and its home are connectable"),
         ("supplementary_group", GROUP, ("user",), "no view: a 0660 group-owned socket and file are reached"),
         ("scratch_leftovers", GROUP, ("user",), "files written in /tmp, /var/tmp, /dev/shm outlive the close"),
-        ("disk_cap", ALL, ("user",), "not root: the sandbox's files are uncapped (no tmpfs of ours)"),
+        ("disk_cap", GROUP, ("user",), "no namespaces: the sandbox's files are uncapped (no tmpfs of ours)"),
         ("disk_cap", GROUP, ("root",), "no view: /tmp, /var/tmp, /dev/shm are the host's, outside the cap"),
-        ("disk_cap", ("container",), ("root",), "the container's /tmp, /var/tmp, /dev/shm are tmpfs of disk_mb each"),
         ("kill_all", GROUP, ("user",), "kill(-1, SIGKILL) kills the host's own processes"),
         ("proc_environ", GROUP, USERS, "/proc/*/cmdline (and the user's environ) readable"),
         ("loopback_port", GROUP, USERS, "no network namespace: the host's 127.0.0.1 reached"),
-        ("daemon_left", GROUP, ("user",), "a setsid daemon with an empty environment survives"),
         ("path_socket", GROUP, USERS, "no view: 0777 sockets under /run/lock, /run and /tmp connectable"),
         ("device_nodes", GROUP, USERS, "no view: the host's /dev (every device node) is visible"),
     )
     for runtime_id in runtime_ids for user in users
 }
 """(row, runtime id, user) -> what leaks there today: what the process-group fallback does not isolate (it is only
-given when asked for by name, with a warning), and what an unprivileged user cannot cap (no cgroup, no tmpfs of
-ours). Remove an entry as its fix lands (its test then passes; while the entry stays, a pass fails as an
-unexpected one)."""
+given when asked for by name, with a warning), and what an unprivileged user cannot cap (no tmpfs of ours; its
+memory and processes are capped by the cgroup root delegates to it, see `unprivileged`). Remove an entry as its
+fix lands (its test then passes; while the entry stays, a pass fails as an unexpected one)."""
 
 
 class Escaped(AssertionError):
@@ -149,6 +145,28 @@ async def test_aggregate_memory_of_a_sandbox_stays_under_its_cap(request: pytest
 async def test_aggregate_memory_stays_under_the_default_cap(request: pytest.FixtureRequest, runtime_id: str,
                                                             user: str) -> None:
     await contained(request, "aggregate_memory_default", runtime_id, user)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_is_per_process(
+        test_user: TestUser, runtime_id: str) -> None:
+    """The user's runner given no cgroup (a fresh runner: the warning is once per process)."""
+    with test_user.without_delegation():
+        verdict = await test_user.run_row("memory_scope_said", runtime_id)
+    if verdict.skipped:
+        pytest.skip(verdict.skipped)
+    assert verdict.broken is None and not verdict.escapes and not verdict.leftovers, verdict
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+async def test_an_allow_listed_host_port_is_reached_as_the_user(test_user: TestUser, runtime_id: str) -> None:
+    """The relay's folder reaches the sandbox where the keeper's tmpfs covers the sandbox's folder."""
+    verdict = await test_user.run_row("egress_reached", runtime_id)
+    if verdict.skipped:
+        pytest.skip(verdict.skipped)
+    assert verdict.broken is None and not verdict.escapes and not verdict.leftovers, verdict
 
 
 # 2. the grader is not on any path the sandbox sees

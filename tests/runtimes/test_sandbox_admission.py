@@ -12,7 +12,7 @@ import pytest
 from sandbox_helpers import QUICK
 
 import tracegym as tg
-from tracegym.core.errors import ErrorKind, FailureKind
+from tracegym.core.errors import ErrorKind, FailureKind, UsageError
 from tracegym.runtimes.admission import (
     Admission,
     AdmissionConfig,
@@ -111,7 +111,7 @@ def fixed_memory(total_mb: int, available_mb: int) -> Callable[[], HostMemory]:
 
 def quiet(**fields: object) -> AdmissionConfig:
     """A config without jitter, plenty of memory, and the fields given."""
-    base: dict[str, object] = {"jitter_s": 0.0, "memory_reserve_mb": 0, "setup_budget_s": 60.0, "starting": 4}
+    base: dict[str, object] = {"jitter_s": 0.0, "memory_reserve_mb": 0, "setup_budget_s": 60.0, "max_starting": 4}
     return AdmissionConfig.model_validate({**base, **fields})
 
 
@@ -128,7 +128,7 @@ async def until(predicate: Callable[[], bool], deadline_s: float = 10.0) -> None
 
 async def test_never_more_than_the_cap_open_at_once() -> None:
     runtime = FakeRuntime(open_at_once=False)
-    admission = Admission(quiet(starting=3), memory=fixed_memory(100_000, 100_000))
+    admission = Admission(quiet(max_starting=3), memory=fixed_memory(100_000, 100_000))
     opens = [asyncio.ensure_future(admission.open(runtime)) for _ in range(10)]
     await until(lambda: runtime.gates.opening == 3 and admission.queued == 7)
     runtime.gates.opens.set()
@@ -137,9 +137,24 @@ async def test_never_more_than_the_cap_open_at_once() -> None:
     assert len({id(s.inner) for s in sandboxes}) == 10
 
 
+async def test_one_of_several_processes_sharing_the_cap_starts_only_its_share_at_once() -> None:
+    runtime = FakeRuntime(open_at_once=False)
+    admission = Admission(quiet(max_starting=7), share=3, memory=fixed_memory(100_000, 100_000))
+    opens = [asyncio.ensure_future(admission.open(runtime)) for _ in range(6)]
+    await until(lambda: runtime.gates.opening == 2 and admission.queued == 4)
+    runtime.gates.opens.set()
+    await asyncio.gather(*opens)
+    assert admission.slots == 2 and runtime.gates.peak == 2
+
+
+def test_a_cap_too_small_to_give_each_sharing_process_a_start_is_refused_naming_it() -> None:
+    with pytest.raises(UsageError, match=r"sandbox.max_starting=2 is below the 3 worker processes"):
+        configure_admission(quiet(max_starting=2), share=3)
+
+
 async def test_a_first_program_holds_its_start_slot_until_it_returns() -> None:
     runtime = FakeRuntime()
-    admission = Admission(quiet(starting=1, start_hold_s=60.0), memory=fixed_memory(100_000, 100_000))
+    admission = Admission(quiet(max_starting=1, start_hold_s=60.0), memory=fixed_memory(100_000, 100_000))
     first = await admission.open(runtime)
     running = asyncio.ensure_future(first.run(["agent"]))
     await until(lambda: runtime.gates.running == 1)
@@ -153,7 +168,7 @@ async def test_a_first_program_holds_its_start_slot_until_it_returns() -> None:
 
 async def test_a_long_first_program_gives_its_slot_back_after_the_hold() -> None:
     runtime = FakeRuntime()
-    admission = Admission(quiet(starting=1, start_hold_s=0.0), memory=fixed_memory(100_000, 100_000))
+    admission = Admission(quiet(max_starting=1, start_hold_s=0.0), memory=fixed_memory(100_000, 100_000))
     first = await admission.open(runtime)
     running = asyncio.ensure_future(first.run(["agent"]))
     await until(lambda: runtime.gates.running == 1)
@@ -181,7 +196,7 @@ async def test_an_open_past_its_budget_fails_naming_the_runtime_and_the_budget_a
 
 async def test_a_start_waiting_for_a_slot_past_its_budget_fails_saying_so() -> None:
     runtime = FakeRuntime()
-    admission = Admission(quiet(starting=1, start_hold_s=60.0, setup_budget_s=0.2),
+    admission = Admission(quiet(max_starting=1, start_hold_s=60.0, setup_budget_s=0.2),
                           memory=fixed_memory(100_000, 100_000))
     first = await admission.open(runtime)
     running = asyncio.ensure_future(first.run(["agent"]))
@@ -241,6 +256,22 @@ async def test_a_sandbox_that_fits_later_waits_until_one_closes() -> None:
     await first.close()
     await third
     assert admission.committed_mb == 1600
+
+
+async def test_one_of_several_processes_sharing_the_config_commits_only_its_share_of_the_memory() -> None:
+    runtime = FakeRuntime(Limits(memory_mb=800))
+    admission = Admission(quiet(memory_reserve_mb=1000), share=2, memory=fixed_memory(4000, 3000))  # room: 1000 MB
+    await admission.open(runtime)
+    second = asyncio.ensure_future(admission.open(runtime))
+    await until(lambda: admission.queued == 1)
+    assert not second.done() and admission.committed_mb == 800
+    second.cancel()
+
+
+async def test_a_sandbox_above_its_process_s_share_is_refused_at_once_naming_the_share() -> None:
+    admission = Admission(quiet(memory_reserve_mb=1000), share=4, memory=fixed_memory(4000, 3000))
+    with pytest.raises(SandboxRefused, match=r"3000 MB for sandboxes, 750 MB of it this process's \(one of 4"):
+        await admission.open(FakeRuntime(Limits(memory_mb=800)))
 
 
 async def test_a_sandbox_waits_while_other_processes_hold_the_memory_it_needs() -> None:
@@ -311,7 +342,7 @@ def test_the_defaults_follow_the_host() -> None:
 @pytest.mark.slow
 async def test_a_burst_of_real_starts_through_admission_all_run_and_leave_nothing() -> None:
     runtime = runtime_for("subprocess", QUICK)
-    admission = Admission(AdmissionConfig(starting=2, jitter_s=0.01, warm_pool=2))
+    admission = Admission(AdmissionConfig(max_starting=2, jitter_s=0.01, warm_pool=2))
 
     async def start() -> tuple[ProgramResult, Path]:
         sandbox = await admission.open(runtime)

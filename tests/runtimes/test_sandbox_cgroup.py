@@ -212,3 +212,38 @@ def test_the_fired_caps_are_read_from_the_counts() -> None:
     assert cgroups.Counts(oom_kills=2, forks_refused=3).fired_since(before) == ["memory", "processes"]
     assert before.fired_since(before) == []
 
+
+
+def fake_v1(tmp_path: Path) -> str:
+    """Mounts of cgroup v1's memory and pids hierarchies in `tmp_path`, each with a `tracegym-alice` folder."""
+    for controller in ("memory", "pids"):
+        (tmp_path / controller / "tracegym-alice").mkdir(parents=True)
+    return (f"35 31 0:32 / {tmp_path}/memory rw,relatime - cgroup cgroup rw,memory\n"
+            f"39 31 0:36 / {tmp_path}/pids rw,relatime - cgroup cgroup rw,pids")
+
+
+def test_v1_cgroups_are_made_under_the_delegated_cgroup_named(tmp_path: Path) -> None:
+    where = locate("8:pids:/\n4:memory:/jobs/ours\n0::/", fake_v1(tmp_path), "/tracegym-alice")
+    assert where == Placement(1, tmp_path / "memory" / "tracegym-alice", tmp_path / "pids" / "tracegym-alice")
+
+
+def test_a_delegated_v1_cgroup_missing_from_a_hierarchy_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    mounts = fake_v1(tmp_path)
+    (tmp_path / "pids" / "tracegym-alice").rmdir()
+    why = locate("8:pids:/\n4:memory:/\n0::/", mounts, "/tracegym-alice")
+    assert isinstance(why, str) and "TRACEGYM_CGROUP=/tracegym-alice" in why
+
+
+def test_v2_cgroups_are_made_in_the_delegated_cgroup_holding_us(tmp_path: Path) -> None:
+    parent = fake_v2(tmp_path, "")
+    where = locate("0::/svc/leaf", f"41 31 0:38 / {tmp_path} rw - cgroup2 cgroup2 rw", "/svc")
+    assert where == Placement(2, parent, parent)
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids"
+
+
+@pytest.mark.parametrize("ours", ["/svc", "/elsewhere"])
+def test_a_delegated_v2_cgroup_not_strictly_above_us_is_refused_saying_why(tmp_path: Path, ours: str) -> None:
+    fake_v2(tmp_path, "")
+    (tmp_path / "elsewhere").mkdir()
+    why = locate(f"0::{ours}", f"41 31 0:38 / {tmp_path} rw - cgroup2 cgroup2 rw", "/svc")
+    assert isinstance(why, str) and "TRACEGYM_CGROUP=/svc" in why and "child of it" in why

@@ -24,10 +24,9 @@ from sandbox_helpers import QUICK
 
 from tracegym.runtimes import egress
 from tracegym.runtimes.bubblewrap import Bubblewrap
-from tracegym.runtimes.container import ContainerConfinement
+from tracegym.runtimes.container import Container, egress_flags
 from tracegym.runtimes.egress import EgressRelay, resolve
 from tracegym.runtimes.limited_process import LimitedProcess, detect_isolation
-from tracegym.runtimes.process_sandbox import ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable, Sandbox
 
 PORT = 443
@@ -343,9 +342,42 @@ async def test_the_process_group_fallback_refuses_an_allow_list_naming_egress() 
         await LimitedProcess(allow("10.0.0.1:80"), isolation="process-group").open()
 
 
-def test_the_container_runtime_refuses_an_allow_list_naming_egress() -> None:
-    with pytest.raises(RuntimeUnavailable, match=r"limits\.egress.*loopback"):
-        ProcessSandbox(ContainerConfinement("podman", "image"), allow("10.0.0.1:80"))
+@pytest.mark.slow
+@needs_root
+async def test_a_container_reaches_its_allowed_address_and_hostname_and_nothing_else(
+        far_side: FarSide, monkeypatch: pytest.MonkeyPatch, container_image: object) -> None:
+    """The container runtime under an allow-list of one hostname (one container, to keep this slow test short):
+    the name and its address are reached, the blocked address and another port are not, and the program holds no
+    capability."""
+    async def look_up(_loop: object, _entry: str, host: str, _port: int) -> list[str]:
+        return [far_side.allowed]
+
+    monkeypatch.setattr(egress, "_look_up", look_up)
+    allowed, named = f"{far_side.allowed}:{PORT}", f"echo.far.test:{PORT}"
+    box = await Container(allow(named)).open()
+    try:
+        reached = await probe(box, allowed, named, f"{far_side.blocked}:{PORT}", f"{far_side.allowed}:{PORT + 1}")
+        effective = "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+        caps = await box.run(["python3", "-c", effective])
+    finally:
+        await box.close()
+    assert reached[allowed] == reached[named] == f"{far_side.allowed} ping"
+    assert reached[f"{far_side.blocked}:{PORT}"].startswith("refused: ")
+    assert reached[f"{far_side.allowed}:{PORT + 1}"].startswith("refused: ")
+    assert caps.ok and caps.stdout.strip() == "0000000000000000", caps
+
+
+def test_a_container_under_an_allow_list_binds_each_relay_socket_and_the_hosts_file(tmp_path: Path) -> None:
+    """Unit level: the init may add addresses and listen below 1024; the sockets (in a folder the init could not
+    pass) are bound in one by one, the hosts file over /etc/hosts."""
+    sockets = (tmp_path / "0.sock", tmp_path / "1.sock")
+    destinations = tuple((object(), path) for path in sockets)
+    flags = " ".join(egress_flags(egress.EgressRoute(tmp_path, destinations, tmp_path / "hosts-0")))  # type: ignore[arg-type]
+    assert "--cap-add NET_ADMIN --cap-add NET_BIND_SERVICE" in flags
+    for path in sockets:
+        assert f"-v {path}:{path}:ro" in flags
+    assert f"-v {tmp_path / 'hosts-0'}:/etc/hosts:ro" in flags
+    assert egress_flags(None) == []
 
 
 async def test_a_malformed_entry_is_refused_by_resolve() -> None:

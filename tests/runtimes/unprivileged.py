@@ -2,8 +2,10 @@
 home with a 0600 secret, a supplementary group owning a listening socket and a file), runs each row as it
 (`escape_rows`' command line under `setpriv`, with tracegym importable by it), finds and removes what each row
 left behind (the user's processes, its files in /tmp, /var/tmp and /dev/shm), and at the end deletes the user,
-its home and its group. Rows are served by one process of the user's for the session (restarted when a row
-kills it: that is an escape), so each costs no interpreter start."""
+its home and its group. As an admin would (see `runtimes.cgroup`), root delegates a cgroup to the user at the
+conventional `/tracegym-<user name>` (cgroup v1: in the memory and pids hierarchies), so its sandboxes cap memory
+and processes per sandbox; `without_delegation` takes it away for a test. Rows are served by one process of the
+user's for the session (restarted when a row kills it: that is an escape), so each costs no interpreter start."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from escape_rows import Props, Verdict, listening_socket
 from runtime_helpers import wait_until
 
 import tracegym
+from tracegym.runtimes.cgroup import SandboxCgroup, delegated_folders
 from tracegym.runtimes.process_sandbox import SANDBOX_PATH, SCRATCH
 
 HERE = Path(__file__).parent
@@ -65,6 +69,10 @@ class TestUser:
     """The runner's stderr (root's file)."""
     unavailable: dict[str, str] = field(default_factory=dict)
     """Runtimes this user cannot run, and why."""
+    cgroups: list[Path] = field(default_factory=list)
+    """The cgroup folders delegated to it (v1: its memory and pids folders)."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """What its runner's environment adds (a `TRACEGYM_CGROUP`)."""
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` as this user, with its groups (the supplementary one included) and nothing of ours."""
@@ -72,7 +80,25 @@ class TestUser:
 
     def environment(self) -> dict[str, str]:
         return {"PATH": SANDBOX_PATH, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name,
-                "LANG": "C.UTF-8", "PYTHONPATH": self.pythonpath, "PYTHONDONTWRITEBYTECODE": "1"}
+                "LANG": "C.UTF-8", "PYTHONPATH": self.pythonpath, "PYTHONDONTWRITEBYTECODE": "1", **self.extra_env}
+
+    def restart_runner(self) -> None:
+        """End the runner: the next row starts a new one (with the environment as it is then)."""
+        if self.runner_proc is not None:
+            self.runner_proc.kill()
+            self.runner_proc.wait()
+            self.runner_proc = None
+
+    @contextlib.contextmanager
+    def without_delegation(self) -> Iterator[None]:
+        """Rows run meanwhile by a runner that looks for its delegated cgroup where there is none."""
+        self.restart_runner()
+        self.extra_env = {"TRACEGYM_CGROUP": f"/tg-battery-undelegated-{secrets.token_hex(4)}"}
+        try:
+            yield
+        finally:
+            self.extra_env = {}
+            self.restart_runner()
 
     async def run_row(self, row: str, runtime_id: str) -> Verdict:
         """Row `row` under `runtime_id` as this user, plus what it left behind (found here, then removed). A
@@ -172,16 +198,34 @@ def create_test_user(session: Props) -> TestUser:
         os.chown(path, 0, group_gid)
         path.chmod(0o660)
     user.props = replace(session, home_secret=str(secret), group_socket=str(group_socket), group_file=str(group_file))
+    delegate_cgroup(user)
     return user
+
+
+def delegate_cgroup(user: TestUser) -> None:
+    """Make `/tracegym-<user name>` in each cgroup hierarchy (v1: memory and pids) and give it to the user, as an
+    admin would (see `runtimes.cgroup`); nothing where no cgroup is mounted."""
+    for folder in delegated_folders(f"/tracegym-{user.name}"):
+        folder.mkdir()
+        user.cgroups.append(folder)
+        subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(folder)], check=True)
+
+
+def remove_cgroups(folders: list[Path]) -> None:
+    """Remove delegated cgroups, with what was made and left in them."""
+    for folder in folders:
+        for child in [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []:
+            SandboxCgroup(1, child, child).remove()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def delete_test_user(user: TestUser) -> None:
     """Kill what the user still runs, remove its files in the scratch folders, what was made for it, its home,
     itself and its group (each step tried whatever the others did)."""
-    if user.runner_proc is not None:
-        user.runner_proc.kill()
-        user.runner_proc.wait()
+    user.restart_runner()
     user.sweep()
+    remove_cgroups(user.cgroups)
     user.log.unlink(missing_ok=True)
     for server in user.sockets:
         server.close()

@@ -72,6 +72,20 @@ def test_a_teacher_directory_without_a_tokenizer_is_refused_naming_it(tmp_path):
         check(opd_config(name=str(tmp_path)))
 
 
+def test_a_teacher_folder_that_does_not_exist_is_named_as_missing_not_as_a_bad_hub_id(tmp_path):
+    with pytest.raises(UsageError, match=r"\[teacher\]: '.*/weights/merged' is no model folder"):
+        check(opd_config(name=str(tmp_path / "run" / "weights" / "merged")))
+
+
+def test_the_shipped_opd_config_dry_runs_on_a_fresh_clone_warning_of_its_missing_teacher(tmp_path, capsys,
+                                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a fresh clone: no RL run's weights under outputs/
+    code = main(["rl", "@", str(CONFIG), "--dry-run", "--output-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and 'mode = "opd"' in out
+    assert "warning: [teacher]: 'outputs/rl/reverse-text/weights/merged' is no model folder" in err
+
+
 class Tokenizing(BaseHTTPRequestHandler):
     """A vLLM-like endpoint serving one model whose `/tokenize` gives `TOKENS` for any text."""
 

@@ -15,6 +15,7 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.evaluate import seats_of
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat, bind
+from tracegym.envs.task_sandbox import check_taskset
 from tracegym.eval.episode_summary import EpisodeSummary
 from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
 from tracegym.eval.eval_parts import eval_parts
@@ -24,6 +25,7 @@ from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
 from tracegym.models.launch import reach
 from tracegym.models.renderer import load_renderer
+from tracegym.runtimes.admission import configure_admission
 from tracegym.serve.env_client import check_env_server
 
 USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
@@ -50,6 +52,10 @@ def run(args: list[str]) -> int:
         return 0
     if config.env.address is not None:  # a server of another taskset or config fails before any folder too
         asyncio.run(check_env_server(config.env.address, taskset))
+    else:  # so does a sandbox this host cannot run as asked (a server elsewhere checked its own host)
+        check_taskset(taskset)
+    if not config.serve:  # the rollouts' sandboxes open in this process
+        configure_admission(config.env.sandbox)
     endpoint = None
     if config.model.base_url is not None:  # asked once, before any folder is made; record which model answered
         endpoint = reach(config.model_choice())

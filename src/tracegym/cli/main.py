@@ -8,12 +8,14 @@ import sys
 from collections.abc import Sequence
 
 from tracegym.core.errors import TracegymError, UsageError
+from tracegym.runtimes.watchdog import STALLED_EXIT, Stalled
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("tracegym.cli.eval", "evaluate a model on a taskset into a run folder (or --resume one)"),
     "show": ("tracegym.cli.show", "print a run folder's summary and a few traces"),
     "rescore": ("tracegym.cli.rescore", "recompute rewards of a run's stored traces with the current code"),
     "list": ("tracegym.cli.list", "list known tasksets"),
+    "validate": ("tracegym.cli.validate", "check a taskset: each task's gold reply passes, an empty reply is not paid"),
     "rl": ("tracegym.cli.rl", "train a model with RL: vLLM, env servers, orchestrator and trainer"),
     "plot": ("tracegym.cli.plot", "write PNG curves of an RL run (reward, eval reward, lengths, staleness)"),
     "inference": ("tracegym.cli.inference", "serve a model with vLLM in the foreground and print its endpoint"),
@@ -23,12 +25,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a full disk (or a spent quota): one line, not a traceback."""
-OWN_HELP = {"eval", "rl", "inference", "serve"}
+OWN_HELP = {"eval", "rl", "inference", "serve", "validate"}
 """Commands whose config parser answers `--help` with every option; the others print their module docstring."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand; returns the exit code (0 ok, 1 failed, 2 bad usage)."""
+    """Run one subcommand; returns the exit code (0 ok, 1 failed, 2 bad usage, 5 stopped by the watchdog)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
@@ -46,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"tracegym {name}: {exc}", file=sys.stderr)
         return 2
+    except Stalled as exc:
+        print(f"tracegym {name}: stopped: {exc}", file=sys.stderr)
+        return STALLED_EXIT
     except TracegymError as exc:
         print(f"tracegym {name}: {exc.kind.value} error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,6 @@
-"""`tracegym rescore RUN_DIR [--taskset.FIELD V ...]`: recompute rewards of a run's stored episodes; no model calls.
+"""`tracegym rescore RUN_DIR [--repeat N] [--taskset.FIELD V ...]`: recompute rewards of a run's stored episodes; no
+model calls. `--repeat N` scores every trace N times and reports how much each reward moved (`eval.rescore_noise`):
+a judge's or a sampled reward's noise, in the summary under `noise`.
 
 A single-agent run's traces are rescored one by one, a multi-agent run's episodes by replay (see `eval.rescore`).
 Writes the rescored episodes as an episode log, `traces.rescored-<time>-<hex>.jsonl` and
@@ -16,6 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
+from tracegym.cli.flag import pop_flag
 from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.envs.multi_agent import is_multi_agent
@@ -24,6 +27,7 @@ from tracegym.envs.taskset import Taskset
 from tracegym.eval.episode_summary import episode_table, summarize_episodes
 from tracegym.eval.eval_config import EvalConfig, parse_eval_args
 from tracegym.eval.rescore import Divergence, rescore, rescore_episodes
+from tracegym.eval.rescore_noise import noise_lines, reward_noise
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.summary import summarize, summary_table
 
@@ -34,15 +38,22 @@ SHOWN = 20
 def run(args: list[str]) -> int:
     """Rescore the run folder named first, with the saved config and any `--taskset.*` overrides."""
     if not args or args[0].startswith("-"):
-        raise UsageError("usage: tracegym rescore RUN_DIR [--taskset.FIELD VALUE ...]")
+        raise UsageError("usage: tracegym rescore RUN_DIR [--repeat N] [--taskset.FIELD VALUE ...]")
     folder = RunFolder.open(Path(args[0]))
-    config = parse_eval_args(args[1:], defaults=folder.read_config(), source=str(folder.config_path))
+    repeat, rest = pop_flag(args[1:], "--repeat")
+    repeats = _repeats(repeat)
+    config = parse_eval_args(rest, defaults=folder.read_config(), source=str(folder.config_path))
     taskset = load_taskset(config.taskset.id, config.taskset_options())
     stored = folder.log.read().episodes
     if not stored:
         raise UsageError(f"{folder.path} has no episodes to rescore")
-    rescored = _rescore_episodes if is_multi_agent(taskset) else _rescore_traces
-    episodes, summary = rescored(folder, taskset, config, stored)
+    if is_multi_agent(taskset):
+        if repeats > 1:
+            raise UsageError(f"--repeat {repeats}: a multi-agent run's episodes are rescored by replay once; "
+                             "repeated rescoring is for single-agent runs")
+        episodes, summary = _rescore_episodes(folder, taskset, config, stored)
+    else:
+        episodes, summary = _rescore_traces(folder, taskset, config, stored, repeats)
     name = "rescored-" + time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)  # two in one second stay apart
     out = folder.side_log(name)
     out.write(episodes)
@@ -51,18 +62,31 @@ def run(args: list[str]) -> int:
     return 0
 
 
-def _rescore_traces(folder: RunFolder, taskset: Taskset, config: EvalConfig,
-                    stored: list[Episode]) -> tuple[list[Episode], dict[str, Any]]:
+def _repeats(value: str | None) -> int:
+    if value is None:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"--repeat {value!r}: the number of times to score each trace, 1 or more")
+    return int(value)
+
+
+def _rescore_traces(folder: RunFolder, taskset: Taskset, config: EvalConfig, stored: list[Episode],
+                    repeats: int = 1) -> tuple[list[Episode], dict[str, Any]]:
     """A single-agent run's traces rescored one by one (as solo episodes), and their summary with the traces
-    whose replay diverged."""
+    whose replay diverged; scored `repeats` times, the first scoring is kept and the noise across all reported."""
     traces = [t for e in stored for t in e.traces.values()]
-    result = asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency))
+    results = [asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency)) for _ in range(repeats)]
+    result = results[0]
     before = summarize(traces, pass_threshold=config.pass_threshold)
     after = summarize(result.traces, pass_threshold=config.pass_threshold)
     Console().print(summary_table(after, title=f"rescored: {folder.path}"))
     print(f"mean reward {_num(before.reward)} -> {_num(after.reward)} over {len(traces)} traces")
     _report_diverged(result.diverged, len(traces))
     record = {**after.model_dump(mode="json"), "diverged": [d.model_dump(mode="json") for d in result.diverged]}
+    if repeats > 1:
+        noise = reward_noise([r.traces for r in results])
+        print("\n".join(noise_lines(noise)))
+        record["noise"] = {name: n.model_dump(mode="json") for name, n in noise.items()}
     return [Episode.solo(t) for t in result.traces], record
 
 

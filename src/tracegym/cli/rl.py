@@ -10,12 +10,16 @@ import tomli_w
 
 from tracegym.cli.flag import pop_flag
 from tracegym.cli.interrupt import sigterm_unwinds
+from tracegym.cli.validate import preflight
 from tracegym.config.run_dir import owned
 from tracegym.config.toml_data import toml_ready
+from tracegym.core.errors import UsageError
+from tracegym.envs.registry import load_taskset
+from tracegym.envs.task_sandbox import check_taskset
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.launcher import launch, with_cpu_threads, with_model_paths
-from tracegym.train.rl_config import RLConfig, parse_rl_args
+from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.teacher import check_teacher
 
@@ -23,15 +27,27 @@ from tracegym.train.teacher import check_teacher
 def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
     resume, rest = pop_flag(args, "--resume")
-    config, warnings = parse_rl_args(rest)
+    checked = "--validate" in rest  # a pre-flight: the training environments' gold passes, a no-op is not paid
+    config, warnings = parse_rl_args([a for a in rest if a != "--validate"])
     config = config.model_copy(update={"trainer": with_cpu_threads(with_model_paths(config.trainer, config.model))})
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)
     if config.mode == "opd" and config.teacher is not None:
-        check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
+        try:
+            check_teacher(config.teacher, config.opd.scorer, config.trainer.model, config.model.tokenizer)
+        except UsageError as exc:  # a dry run shows the plan of a teacher still to be trained, and says so
+            if not config.dry_run:
+                raise
+            print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
+    if checked and not preflight(config.orchestrator.train.envs):
+        print("tracegym rl: --validate: a training environment is not clean (above); nothing was started",
+              file=sys.stderr)
+        return 1
     if config.dry_run and config.cluster == "local":
         print(resolved(config, plan_launch(config, Path(resume or config.output_dir / "<run-id>"))), end="")
         return 0
+    if config.cluster == "local":  # a sandbox this host cannot run as asked fails before any process starts
+        check_sandboxes(config)
     folder = RLFolder.resume(Path(resume)) if resume is not None else RLFolder.create(config.output_dir,
                                                                                        config.run_id)
     with owned(folder.path):
@@ -43,7 +59,15 @@ def run(args: list[str]) -> int:
                   f"node sees); submit it with: sbatch {script}")
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
-        return launch(plan)
+        return launch(plan, watchdog=config.watchdog)
+
+
+def check_sandboxes(config: RLConfig) -> None:
+    """`check_taskset` for the taskset of each env server the run starts here (one running elsewhere checked its
+    own host when it started)."""
+    for env in env_servers(config.orchestrator).values():
+        if env.address is None:
+            check_taskset(load_taskset(env.id, env.options))
 
 
 SEATING = {"play", "seats", "difficulty"}

@@ -9,12 +9,15 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.task_sandbox import check_taskset
+from tracegym.envs.taskset_section import taskset_section
+from tracegym.eval.eval_config import find_taskset_id
 from tracegym.interop.openenv_settings import OpenEnvSettings
 from tracegym.runtimes import processes
 from tracegym.serve.env_server import EnvServer
@@ -61,18 +64,28 @@ class ServeConfig(WorkerPoolChoice, BaseConfig):
         return options
 
 
+def config_class(taskset_id: str | None) -> type[ServeConfig]:
+    """ServeConfig with its `taskset` section typed by that taskset's Config (untyped when unknown), so that
+    `--taskset.NAME` flags are parsed as `tracegym eval` parses them."""
+    section = taskset_section(taskset_id) if taskset_id is not None else None
+    if section is None:
+        return ServeConfig
+    return create_model("ServeConfig", __base__=ServeConfig, taskset=(section, ...))
+
+
 def run(args: list[str]) -> int:
     """Bind, print `address: ...`, serve until SIGINT/SIGTERM, then stop every worker."""
     if args and not args[0].startswith("-"):
         args = ["--taskset.id", args[0], *args[1:]]
-    cfg, _ = parse_command(ServeConfig, args, prog="tracegym serve")
+    cfg, _ = parse_command(config_class(find_taskset_id(args)), args, prog="tracegym serve")
     if cfg.protocol == "openenv":
         return serve_openenv(cfg)
     server = EnvServer(cfg.taskset.id, cfg.options(), address=cfg.address, size=cfg.size(), log_dir=cfg.log_dir,
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
                        max_abandoned_threads=cfg.max_abandoned_threads, max_request_bytes=cfg.max_request_bytes,
                        max_open_bytes=cfg.max_open_bytes, max_peer_bytes=cfg.max_peer_bytes,
-                       max_server_bytes=cfg.max_server_bytes)
+                       max_server_bytes=cfg.max_server_bytes, sandbox=cfg.sandbox)
+    check_taskset(server.taskset)  # a sandbox this host cannot run as asked fails here, before any worker starts
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())
@@ -87,7 +100,9 @@ def serve_openenv(cfg: ServeConfig) -> int:
     """Bind, print `address: ws://...`, serve over OpenEnv until SIGINT/SIGTERM."""
     from tracegym.interop.openenv_server import OpenEnvServer  # imports openenv: only when asked for
 
-    server = OpenEnvServer.from_settings(load_taskset(cfg.taskset.id, cfg.options()), cfg.openenv)
+    taskset = load_taskset(cfg.taskset.id, cfg.options())
+    check_taskset(taskset)
+    server = OpenEnvServer.from_settings(taskset, cfg.openenv)
     sock = server.bind(cfg.openenv.host, cfg.port)
     if cfg.exit_with_parent:
         processes.watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))  # uvicorn stops on SIGTERM

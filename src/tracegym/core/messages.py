@@ -70,7 +70,8 @@ class Message(BaseModel):
 
     @classmethod
     def from_openai(cls, data: dict[str, Any]) -> Message:
-        """A message from an OpenAI chat-completions message (request or response shape)."""
+        """A message from an OpenAI chat-completions message (request or response shape); its reasoning from
+        `reasoning_content`, else `reasoning` (the field vLLM 0.32 answers with)."""
         calls = [  # a call without a function name is kept (named "") so that running it fails as one bad call
             ToolCall(id=c.get("id") or f"call_{i}", name=(c.get("function") or {}).get("name") or "",
                      arguments=(c.get("function") or {}).get("arguments") or "{}")
@@ -82,7 +83,8 @@ class Message(BaseModel):
             tool_calls=calls,
             tool_call_id=data.get("tool_call_id"),
             name=data.get("name"),
-            reasoning_content=data.get("reasoning_content"),
+            reasoning_content=data.get("reasoning_content") if data.get("reasoning_content") is not None
+            else data.get("reasoning"),
         )
 
     def to_openai(self) -> dict[str, Any]:

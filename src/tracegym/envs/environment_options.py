@@ -9,6 +9,7 @@ classes take none) and its options are typed `--taskset.*` flags like any taskse
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -52,8 +53,10 @@ def environment_target(target: Any, name: str) -> Any:
     """`target` itself, or for an environment class (or dict of them) a factory of its taskset named `name`."""
     if not is_environment(target):
         return target
-    first = next(iter(target.values())) if isinstance(target, Mapping) else target
-    module = sys.modules.get(first.__module__)
+    classes = list(target.values()) if isinstance(target, Mapping) else [target]
+    for cls in classes:
+        _check_made_without_arguments(cls, name)
+    module = sys.modules.get(classes[0].__module__)
 
     def build(config: EnvironmentOptions | Mapping[str, Any] | None = None) -> EnvironmentTaskset[EnvironmentOptions]:
         options = config_from(EnvironmentOptions, config, name)
@@ -67,6 +70,20 @@ def environment_target(target: Any, name: str) -> Any:
 
     build.__name__ = build.__qualname__ = name
     return build
+
+
+def _check_made_without_arguments(cls: type, name: str) -> None:
+    """Refuse, before any rollout, a class TRL's environment_factory could not make: TRL calls it with no
+    arguments."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: making one says what it takes
+        return
+    needed = [p.name for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needed:
+        raise UsageError(f"taskset {name!r}: {cls.__name__}() needs {', '.join(repr(n) for n in needed)}, but an "
+                         "environment class is made with no arguments (as TRL's environment_factory makes it): give "
+                         "them defaults or read them from the environment")
 
 
 def reward_functions(options: EnvironmentOptions, module: ModuleType | None) -> list[Callable[..., Any]]:

@@ -29,6 +29,7 @@ from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.schedule import Member
 from tracegym.envs.seats import Seat, Seats, bind
+from tracegym.envs.task_sandbox import check_taskset_async
 from tracegym.envs.taskset import Taskset
 from tracegym.envs.thread_lane import contained_call
 from tracegym.models.client import ModelClient
@@ -154,6 +155,7 @@ async def evaluate_episodes_iter(taskset: str | Taskset, model: ModelArg, *, sea
     episode index) pairs)."""
     work = plan(taskset, **options)
     bind(seats_of(work.taskset), seats, work.taskset.id)  # a bad seat fails before any episode
+    await check_taskset_async(work.taskset)  # so does a sandbox this host cannot run as asked
     async with live(model) as client:
         async def one(pair: tuple[TaskData, int]) -> Episode:
             return await run_episode(work.taskset, pair[0], client, episode_index=pair[1], seats=seats,

@@ -53,7 +53,9 @@ def load_taskset(spec: str | Taskset, config: TasksetConfig | Mapping[str, Any] 
         return _ready_made(target, config, spec)
     taskset = _build(target, config, spec)
     if not isinstance(taskset, Taskset):
-        raise UsageError(f"{spec!r} gave a {type(taskset).__name__}, not a Taskset")
+        raise UsageError(f"taskset {spec!r}: {getattr(target, '__name__', spec)}() gave a {type(taskset).__name__}, "
+                         "not a Taskset (a taskset id names a Taskset, its class or a factory of one, or a TRL "
+                         "environment class)")
     return taskset
 
 
@@ -72,6 +74,9 @@ def _build(target: Any, config: TasksetConfig | Mapping[str, Any] | None, spec: 
     """Call a Taskset class or factory with the options; a factory without parameters gets none."""
     if not callable(target):
         raise UsageError(f"taskset {spec!r} names a {type(target).__name__}, not a Taskset, its class or a factory")
+    if isinstance(target, type) and not issubclass(target, Taskset):
+        raise UsageError(f"taskset {spec!r} is a class that is neither a Taskset nor a TRL environment class (one "
+                         "with a `reset` method, as TRL's environment_factory takes)")
     if isinstance(target, type) or _takes_an_argument(target):
         return target(config) if config is not None else target()
     given = _options(config)
@@ -97,7 +102,10 @@ def resolve(spec: str) -> Any:
     """The object `spec` names: a Taskset class, a Taskset instance, or a factory returning one."""
     known = known_tasksets()
     scheme, _, url = spec.partition(":")
-    if scheme in URL_SCHEMES and "://" in url:
+    if scheme in URL_SCHEMES:
+        if "://" not in url:
+            raise UsageError(f"taskset {spec!r}: {scheme}: takes a URL with its scheme, e.g. "
+                             f"'{scheme}:http://{url}' or '{scheme}:ws://{url}'")
         return _import(URL_SCHEMES[scheme], spec)(url)
     if spec in known:
         return _import(known[spec], spec)

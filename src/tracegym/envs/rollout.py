@@ -31,6 +31,7 @@ from tracegym.envs.scorers import NotApplicable
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
+from tracegym.runtimes.watchdog import watch_named
 
 T = TypeVar("T")
 CALLS_ABANDONED = "calls_abandoned"
@@ -276,8 +277,9 @@ async def within(stage: str, aw: Awaitable[T], timeout: float) -> T:
     is the stage's own failure, not a timeout of ours."""
     start = time.monotonic()
     try:
-        async with asyncio.timeout(timeout) as deadline:
-            return await aw
+        with watch_named(stage):
+            async with asyncio.timeout(timeout) as deadline:
+                return await aw
     except TimeoutError as exc:
         if deadline.expired():
             raise StageTimeout(f"{stage} timed out: the stage ran past {timeout:g} s") from None

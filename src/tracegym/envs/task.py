@@ -103,6 +103,13 @@ class Task(Generic[DataT, ConfigT]):
         """Answer an assistant turn that made no tool call; None (the default) ends the rollout."""
         return None
 
+    def gold(self) -> str | Message | list[str | Message] | None:
+        """What a correct agent replies, for `tracegym validate` (the gold must pass; an empty reply must not): one
+        reply for every turn, or a list of them, one per turn (a Message may call tools). Default: the row's
+        answer as text; None (not checked) when it has none. Override where the answer is not the reply itself
+        (markup around it, a tool to call first, code to write)."""
+        return None if self.data.answer is None else str(self.data.answer)
+
     async def cleanup(self) -> None:
         """Release per-rollout resources; runs however the rollout ended. The base closes the rollout's sandbox:
         an override of a task that uses one calls `await super().cleanup()`."""

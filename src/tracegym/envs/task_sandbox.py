@@ -1,5 +1,5 @@
-"""Task sandbox: one rollout's sandbox, opened on first use and closed at the rollout's cleanup, and the runner
-of the task's sandboxed tools in it.
+"""Task sandbox: one rollout's sandbox, opened on first use and closed at the rollout's cleanup, the runner
+of the task's sandboxed tools in it, and the check before any rollout that it can run here (`check_taskset`).
 
 A tool opts in with `@sandboxed`: its call then runs in the rollout's runtime (`Task.runtime()`), not in the
 worker process. Its source is sent there and run by the sandbox's `python3`, so a sandboxed tool is
@@ -17,11 +17,15 @@ import json
 import secrets
 import textwrap
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracegym.core.errors import ToolError, UsageError
 from tracegym.runtimes.admission import Admission, admission
-from tracegym.runtimes.sandbox import ProgramResult, Runtime, Sandbox
+from tracegym.runtimes.preflight import caps_refusal, check_sandbox
+from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, RuntimeUnavailable, Sandbox
+
+if TYPE_CHECKING:
+    from tracegym.envs.taskset import Taskset
 
 F = TypeVar("F", bound=Callable[..., Any])
 SANDBOXED = "__tracegym_sandboxed__"
@@ -72,7 +76,12 @@ class TaskSandbox:
     async def get(self) -> Sandbox:
         async with self._lock:
             if self._sandbox is None:
-                self._sandbox = await (self.admission or admission()).open(self.runtime)
+                sandbox = await (self.admission or admission()).open(self.runtime)
+                limits = getattr(self.runtime, "limits", None)
+                if isinstance(limits, Limits) and (why := caps_refusal(sandbox, limits)):
+                    await sandbox.close()
+                    raise RuntimeUnavailable(f"runtime {self.runtime.name!r}: {why}")
+                self._sandbox = sandbox
             return self._sandbox
 
     async def close(self) -> None:
@@ -106,3 +115,42 @@ def how_it_failed(result: ProgramResult) -> str:
         what = f"exited with status {result.exit_code}"
     tail = result.stderr.strip().splitlines()[-3:]
     return what + (": " + " | ".join(tail) if tail else "")
+
+
+def check_taskset(taskset: Taskset) -> None:
+    """`check_taskset_async` from outside an event loop."""
+    asyncio.run(check_taskset_async(taskset))
+
+
+async def check_taskset_async(taskset: Taskset) -> None:
+    """UsageError, naming the taskset and the setting at fault, when the sandbox its tasks use cannot run on this
+    host as asked (`runtimes.preflight.check_sandbox`); nothing when its tasks use none."""
+    found = sandbox_of(taskset)
+    if found is None:
+        return
+    runtime, per_run = found
+    try:
+        await check_sandbox(runtime, per_run)
+    except UsageError as exc:
+        raise UsageError(f"taskset {taskset.id!r}: {exc}") from None
+
+
+def sandbox_of(taskset: Taskset) -> tuple[Runtime, list[Limits]] | None:
+    """The runtime of `taskset`'s first task and the limits its programs run under besides the runtime's own (an
+    agent program's), or None when its tasks use no sandbox: a task class that chooses no runtime
+    (`Task.runtime`), runs no agent program (`Task.harness`) and offers no `@sandboxed` tool. The first task
+    stands for all (a runtime chosen per row is checked at its rollout's setup); a taskset with no row, or whose
+    first task cannot be built, is not checked (each rollout records its own failure)."""
+    from tracegym.envs.task import Task  # the task module imports this one
+
+    try:
+        task = taskset.task(taskset[0])
+    except Exception:
+        return None
+    if not isinstance(task, Task):
+        return None
+    harness_limits = getattr(task.harness, "limits", None)
+    sandboxed = any(getattr(task.tool(spec.name), "sandboxed", False) for spec in task.tool_specs())
+    if type(task).runtime is Task.runtime and harness_limits is None and not sandboxed:
+        return None
+    return task.runtime(), [harness_limits] if isinstance(harness_limits, Limits) else []

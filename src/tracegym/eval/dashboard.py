@@ -81,6 +81,8 @@ class Dashboard(Protocol):
     def __enter__(self) -> Dashboard: ...
     def __exit__(self, *exc: object) -> None: ...
     def update(self, trace: Trace) -> None: ...
+    def warn(self, line: str) -> None:
+        """Show a watchdog warning (a stage silent past its soft budget); called from the watchdog's thread."""
 
 
 class PlainDashboard:
@@ -107,6 +109,9 @@ class PlainDashboard:
         if self.tally.new % self.every == 0:
             self._status()
 
+    def warn(self, line: str) -> None:
+        print(f"eval: watchdog: {line}", file=self.out, flush=True)
+
     def _status(self) -> None:
         print(f"eval: {self.tally.line()}", file=self.out, flush=True)
         self._status_at = self.tally.new
@@ -120,6 +125,8 @@ class RichDashboard:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), get_time=tally.clock)
         self._bar = self.progress.add_task("rollouts", total=tally.total, completed=tally.done)
+        self.warning = ""
+        """The watchdog's latest warning, shown under the figures."""
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
 
     def __enter__(self) -> RichDashboard:
@@ -133,6 +140,10 @@ class RichDashboard:
 
     def update(self, trace: Trace) -> None:
         self.progress.update(self._bar, completed=self.tally.done)
+        self.live.update(self._render())
+
+    def warn(self, line: str) -> None:
+        self.warning = line
         self.live.update(self._render())
 
     def _render(self) -> Panel:
@@ -152,4 +163,5 @@ class RichDashboard:
             reward = "-" if trace.reward is None else f"{trace.reward:.3f}"
             text = trace.last_reply.replace("\n", " ⏎ ")[:200]
             latest.add_row(f"{trace.task_key[:16]}#{trace.rollout_index}", reward, str(trace.stop_reason), text)
-        return Panel(Group(self.progress, figures, latest), title=self.title, border_style="blue")
+        warning = [Text(f"watchdog: {self.warning}", style="bold yellow")] if self.warning else []
+        return Panel(Group(self.progress, figures, *warning, latest), title=self.title, border_style="blue")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from rich.table import Table
 
 from tracegym.core.episode import Episode, Outcome
+from tracegym.core.errors import TraceError
 from tracegym.core.interval import mean_ci
 from tracegym.core.seat_tally import FORFEITS, INVALID_MOVES, PARSE_ERRORS, SeatTally
 
@@ -51,9 +52,12 @@ class EpisodeSummary(BaseModel):
     """Episodes that ended in a forfeit, per episode that ended normally."""
     errored_episodes: int = 0
     """Episodes that did not end normally (a resume reruns them)."""
+    unscored_episodes: int = 0
+    """Episodes that ended normally with some member's reward undecided (a reward function that raised)."""
     errors_by_kind: dict[str, int] = Field(default_factory=dict)
+    """For every error kind seen, how many episodes recorded an error of it (`episode_errors`)."""
     failures: dict[str, int] = Field(default_factory=dict)
-    """Episodes that ended on an error, by the failure kind of that error."""
+    """Episodes that recorded an error, by the failure kind of their first (`episode_errors`)."""
     stop_reasons: dict[str, int] = Field(default_factory=dict)
     wall_time: float | None = None
     episodes_per_second: float | None = None
@@ -74,12 +78,22 @@ def summarize_episodes(episodes: Sequence[Episode], *, wall_time: float | None =
         parse_error_rate=every_seat.per_turn(PARSE_ERRORS),
         forfeit_rate=sum(Outcome.FORFEIT in e.outcomes.values() for e in ended) / len(ended) if ended else 0.0,
         errored_episodes=len(episodes) - len(ended),
-        errors_by_kind=dict(Counter(e.error.kind.value for e in episodes if e.error is not None)),
-        failures=dict(sorted(Counter(e.error.failure.value for e in episodes if e.error is not None).items())),
+        unscored_episodes=sum(not e.ok for e in ended),
+        errors_by_kind=dict(Counter(kind for e in episodes for kind in {x.kind.value for x in episode_errors(e)})),
+        failures=dict(sorted(Counter(errors[0].failure.value for e in episodes if (errors := episode_errors(e)))
+                             .items())),
         stop_reasons=dict(Counter(e.stop_reason.value if e.stop_reason else "none" for e in episodes)),
         wall_time=wall_time,
         episodes_per_second=len(episodes) / wall_time if wall_time else None,
     )
+
+
+def episode_errors(episode: Episode) -> list[TraceError]:
+    """The errors an episode recorded: its own when one ended it (its members carry copies of it), else each
+    member's (a reward or metric that raised after a normal end)."""
+    if episode.error is not None:
+        return [episode.error]
+    return [error for trace in episode.traces.values() for error in trace.errors]
 
 
 def _seat(ended: list[Episode], member: str) -> SeatSummary:
@@ -110,7 +124,7 @@ def episode_table(summary: EpisodeSummary, title: str = "") -> Table:
                           f"{seat.invalid_moves:.2f} and forfeits {seat.forfeit_rate:.1%} per episode")
     errors = ", ".join(f"{k} {n}" for k, n in summary.errors_by_kind.items()) or "none"
     table.add_row("episodes", f"{summary.num_episodes} ({summary.num_ok} ok, {summary.errored_episodes} did not end "
-                              f"normally)")
+                              f"normally, {summary.unscored_episodes} ended unscored)")
     table.add_row("errors", errors)
     table.add_row("failures", ", ".join(f"{k} {n}" for k, n in summary.failures.items()) or "none")
     table.add_row("stop reasons", ", ".join(f"{k} {n}" for k, n in summary.stop_reasons.items()) or "none")

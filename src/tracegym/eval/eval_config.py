@@ -7,15 +7,12 @@ first positional argument, `--taskset.id`, or the `[taskset]` table of an `@` fi
 
 from __future__ import annotations
 
-import inspect
 import sys
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
-from pydantic.fields import FieldInfo
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import merge, parse_command, read_files
@@ -26,11 +23,11 @@ from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
-from tracegym.envs.registry import resolve
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
-from tracegym.envs.taskset import Taskset, TasksetConfig
+from tracegym.envs.taskset_section import taskset_section
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
+from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
 
 
@@ -81,6 +78,9 @@ class EvalConfig(BaseConfig):
     """Where run folders are created."""
     run_id: RunId | None = None
     """Name of the run folder; unset: the start time."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """How long each stage may make no progress: named as a warning after `--watchdog.warn-after`, the run stopped
+    (exit 5, one line naming the stage) after the stage's own budget (`--watchdog.model-call 900`, ...)."""
     rich: bool = True
     """Live dashboard; `--no-rich` prints plain log lines instead (for CI and files)."""
     dry_run: bool = False
@@ -142,42 +142,10 @@ def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> 
 
 def config_class(taskset_id: str | None) -> type[EvalConfig]:
     """EvalConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
-    if taskset_id is None:
+    section = taskset_section(taskset_id) if taskset_id is not None else None
+    if section is None:
         return EvalConfig
-    target = resolve(taskset_id)
-    options = taskset_config(target)
-    if options is None:
-        return EvalConfig  # the factory does not say: it validates its options when it builds the taskset
-    own = target.config.model_dump() if isinstance(target, Taskset) else {}  # a ready-made one's defaults
-    # each field's annotation with the instance's value as its default (Any: a ** argument is checked against every
-    # keyword parameter of create_model's, `__config__` and the rest included)
-    defaults: dict[str, Any] = {
-        k: (options.model_fields[k].annotation, FieldInfo.merge_field_infos(options.model_fields[k], default=v))
-        for k, v in own.items()}
-    section = create_model(
-        f"{options.__name__}Section", __base__=options, __doc__=f"Options of the taskset {taskset_id!r}.",
-        id=(str, Field(default=taskset_id, description="Taskset id.")), **defaults,
-    )
     return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))
-
-
-def taskset_config(target: Any) -> type[TasksetConfig] | None:
-    """The Config class of a Taskset class or instance, or the one a factory's first parameter is annotated
-    with (`def counter_env(config: CounterEnvConfig | None = None)`); None when there is none."""
-    if isinstance(target, type) and issubclass(target, Taskset):
-        return target.Config
-    if isinstance(target, Taskset):
-        return type(target).Config
-    try:
-        hints = typing.get_type_hints(target)
-        first = next(iter(inspect.signature(target).parameters), None)
-    except Exception:  # evaluating user annotations may raise anything; without them the factory checks its options
-        return None
-    annotation = hints.get(first) if first else None
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, TasksetConfig):
-            return candidate
-    return None
 
 
 def find_taskset_id(args: Sequence[str]) -> str | None:

@@ -18,6 +18,7 @@ from tracegym.envs.taskset import Taskset
 from tracegym.eval.eval_config import EvalConfig
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.model_choice import ModelChoice
+from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import WorkerPoolChoice
 from tracegym.serve.local_server import local_server
 
@@ -72,6 +73,8 @@ class EvalParts:
     """A live rich dashboard on the terminal; False: plain status lines."""
     seats: dict[str, SeatChoice] = field(default_factory=dict)
     """A multi-agent taskset's seats bound elsewhere than the model; the rest play as it."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """Each stage's budgets of silence (`runtimes.watchdog`)."""
 
     @property
     def multi_agent(self) -> bool:
@@ -99,7 +102,8 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
                      rollouts=config.rollouts, settings=settings, env=config.env.address or local,
-                     pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat))
+                     pass_threshold=config.pass_threshold, rich=config.rich, seats=dict(config.seat),
+                     watchdog=config.watchdog)
 
 
 def env_address(env: LocalEnvServer | list[str], stack: contextlib.ExitStack, log_dir: Path) -> str | list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -31,6 +31,16 @@ from tracegym.eval.run_summary import run_table, summarize_run
 from tracegym.eval.summary import Summary
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import serve
+from tracegym.runtimes.watchdog import (
+    ShutdownDeadline,
+    Stage,
+    Stall,
+    Stalled,
+    beat,
+    build_watchdog,
+    until_stalled,
+    watch,
+)
 from tracegym.serve.env_client import EnvClient
 
 
@@ -155,8 +165,10 @@ async def episodes(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: R
         return
     with contextlib.ExitStack() as stack:
         async with EnvClient(env_address(parts.env, stack, folder.logs / "env")) as client:
-            async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
-                yield episode
+            with watch(Stage.ENV_SERVER, f"({len(todo)} episodes asked)"):
+                async for episode in client.evaluate_episodes_iter(parts.taskset, endpoint, seats=seats, **options):
+                    beat(Stage.ENV_SERVER, f"episode {episode.task_key}#{episode.episode_index} returned")
+                    yield episode
 
 
 def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = False,
@@ -173,22 +185,49 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
         boards.append(RichDashboard(tally, title, Console(file=out)) if parts.rich else PlainDashboard(tally, out))
         try:
-            model = (contextlib.nullcontext(endpoint) if endpoint
-                     else serve(parts.model, log_path=folder.logs / "vllm.log"))
-            with model as endpoint:
-                where = ", ".join(endpoint.servers())
-                print(f"eval: model {endpoint.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
-                tally.restart_clock()
-                asyncio.run(run(parts, work.todo, folder, endpoint, tally, boards))
+            run_with_model(parts, work.todo, folder, endpoint, tally, boards, log)
         except KeyboardInterrupt:
             conclude(parts, folder, earlier + tally.elapsed, out, title)
             print(f"interrupted; finish the run with: tracegym eval --resume {folder.path}", file=out, flush=True)
+            raise
+        except Stalled as stalled:
+            conclude(parts, folder, earlier + tally.elapsed, out, title)
+            print(f"stopped: {stalled}; finish the run with: tracegym eval --resume {folder.path}", file=out,
+                  flush=True)
             raise
         finally:
             folder.log.close()
     summary = conclude(parts, folder, earlier + tally.elapsed, out, title)
     check_complete(work.expected, folder)
     return summary
+
+
+def run_with_model(parts: EvalParts, todo: list[tuple[TaskData, int]], folder: RunFolder, endpoint: Endpoint | None,
+                   tally: Tally, boards: list[Dashboard], log: IO[str]) -> None:
+    """Run `todo` against the model (`endpoint`, reached already, or `parts.model` served here for the run) with
+    the watchdog over every stage: a stage past its hard budget stops the run (`Stalled`), and stopping the model's
+    server then has the shutdown budget too."""
+    model = contextlib.nullcontext(endpoint) if endpoint else serve(parts.model, log_path=folder.logs / "vllm.log")
+    with ShutdownDeadline(parts.watchdog.shutdown) as deadline, model as served:
+        where = ", ".join(served.servers())
+        print(f"eval: model {served.model} at {where} ready after {tally.elapsed:.1f}s", file=log, flush=True)
+        tally.restart_clock()
+        try:
+            asyncio.run(until_stalled(run(parts, todo, folder, served, tally, boards), build_watchdog(parts.watchdog),
+                                      warned(boards), shutdown=parts.watchdog.shutdown))
+        except Stalled:
+            deadline.start()
+            raise
+
+
+def warned(boards: list[Dashboard]) -> Callable[[Stall], None]:
+    """What a stage silent past its soft budget does: named on every dashboard (the log's among them)."""
+
+    def warn(stall: Stall) -> None:
+        for board in boards:
+            board.warn(stall.line())
+
+    return warn
 
 
 def conclude(parts: EvalParts, folder: RunFolder, wall_time: float, out: IO[str],

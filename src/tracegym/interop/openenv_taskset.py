@@ -306,6 +306,16 @@ def without_metadata(schema: dict[str, Any]) -> dict[str, Any]:
             "required": [r for r in schema.get("required", []) if r in properties]}
 
 
+def probe(url: str, auth: dict[str, str] | None = None, timeout: float = 10.0) -> None:
+    """Refuse a server that does not answer `GET /health` (every OpenEnv server has it), naming it."""
+    http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
+    try:
+        httpx.get(f"{http}/health", headers=auth, timeout=timeout).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise UsageError(f"OpenEnv server {url} does not answer (GET /health: {exc or type(exc).__name__}): is it "
+                         "running there?") from None
+
+
 class ServerFacts:
     """What every task of one taskset asks the server once: its action schema (`GET /schema`)."""
 
@@ -342,6 +352,7 @@ class OpenEnvTaskset(Taskset[OpenEnvConfig]):
 
     def load(self) -> Iterator[OpenEnvData]:
         cfg = self.config
+        probe(cfg.url, headers(cfg))  # before the first task: a dead server is one line, not a failed rollout each
         for index in range(cfg.num_tasks):
             yield OpenEnvData(id=str(index), prompt=cfg.instructions, system_prompt=cfg.system_prompt,
                               reset={**cfg.reset_args, "seed": cfg.seed + index})

@@ -15,10 +15,11 @@ renderer's parse of the ids so far.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tracegym.core.errors import ModelError, TracegymError
+from tracegym.core.messages import ImagePart, Message
 from tracegym.models.client import ModelRequest, ModelResponse
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.endpoint_client import EndpointClient
@@ -107,6 +108,7 @@ def next_prompt_ids(renderer: Renderer, request: ModelRequest) -> list[int]:
     """The bridge onto the branch's tokens when the request says which of them were sampled and the renderer
     proves the extension safe; else the whole conversation rendered. (SFT renders a teacher's conversation for
     the student through this too, so its samples hold the tokens the student sees at inference.)"""
+    refuse_images(request.messages)
     prefix = request.prefix
     if prefix is not None:
         new = request.messages[prefix.covered_messages:]
@@ -114,6 +116,15 @@ def next_prompt_ids(renderer: Renderer, request: ModelRequest) -> list[int]:
         if bridged is not None:
             return bridged
     return renderer.render(request.messages, request.tools)
+
+
+def refuse_images(messages: Sequence[Message]) -> None:
+    """A ModelError naming the first message with an image: the token path renders text only, and an image left
+    out would train a policy on a prompt it never saw."""
+    for i, message in enumerate(messages):
+        if isinstance(message.content, list) and any(isinstance(p, ImagePart) for p in message.content):
+            raise ModelError(f"message {i} ({message.role}) carries an image, and the token client renders text "
+                             "only (it would be dropped): use --model.client chat, whose server renders images")
 
 
 def _sampled(data: dict[str, Any]) -> tuple[dict[str, Any], list[int], list[float]]:

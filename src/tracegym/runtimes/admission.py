@@ -26,8 +26,13 @@ starts its pool. A runtime without `Limits` states no memory cap: its sandboxes 
 log).
 
 The defaults come from the host (`AdmissionConfig`): 8 x CPU cores starting at once (8 to 64), a reserve of a
-tenth of the memory (512 MB to 8 GB). The state is per event loop and process (`admission()`): an env server's
-workers each keep their own start cap and memory ledger; the live MemAvailable check sees the others' use.
+tenth of the memory (512 MB to 8 GB). The state is per event loop and process (`admission()`, set up by
+`configure_admission`). An env server holds its `sandbox` config for all its worker processes together by
+splitting it: each of its `n` processes that may run rollouts at once (its most workers plus its spares) admits
+`max_starting // n` starts at once and commits at most an `n`-th of the host's memory for sandboxes (a sandbox
+above that share is refused, naming it); the live MemAvailable check sees every process's use. A split wastes
+what an idle worker leaves unused (the remainder of `max_starting // n` too), but needs no state shared between
+processes: the cap holds whatever the workers do, die or restart.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tracegym.core.errors import FailureKind, InfrastructureError
+from tracegym.core.errors import FailureKind, InfrastructureError, UsageError
 from tracegym.runtimes.sandbox import Forward, Limits, ProgramResult, Runtime, Sandbox
 from tracegym.runtimes.warm_pool import WarmPool, pool_key
 from tracegym.runtimes.workdir import READ_CAP_BYTES
@@ -61,10 +66,12 @@ MAX_POOLS = 8
 
 
 class AdmissionConfig(BaseModel):
-    """How sandboxes are admitted; the defaults are derived from this host (see each field)."""
+    """How sandboxes are admitted; the defaults are derived from this host (see each field). An env server takes
+    it as its `sandbox` section (`tracegym serve --sandbox.max-starting 16`, `tracegym eval
+    --env.sandbox.warm-pool 4`) and splits it over its worker processes (see `Admission`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    starting: int = Field(default_factory=lambda: default_starting(os.cpu_count() or 1), gt=0)
+    max_starting: int = Field(default_factory=lambda: default_starting(os.cpu_count() or 1), gt=0)
     """Sandboxes starting at once (open and first program launch): 8 x CPU cores, at least 8, at most 64 (16 on a
     2-core machine, 64 from 8 cores): a start mostly waits (on the kernel, an engine, the program's interpreter
     loading), so a few per core keep the cores busy without a burst reaching the kernel or an engine at once."""
@@ -80,7 +87,9 @@ class AdmissionConfig(BaseModel):
     """How many times the host's memory the admitted sandboxes' `memory_mb` may add up to (1: every sandbox may
     fill its cap at once and the host still holds them)."""
     warm_pool: int = Field(0, ge=0)
-    """Sandboxes kept opened ahead per runtime (0: none; each holds a working directory, a tmpfs, a cgroup)."""
+    """Sandboxes kept opened ahead per runtime (0: none; each holds a working directory, a tmpfs, a cgroup), in each
+    process that admits sandboxes: an env server's worker processes each keep their own (a sandbox is handed out by
+    the process that opened it)."""
 
 
 def default_starting(cores: int) -> int:
@@ -129,13 +138,18 @@ class SandboxSetupTimeout(InfrastructureError):
 
 class Admission:
     """The gate sandboxes open through (see the module docstring); `memory` reads the host's memory (a fake in
-    tests), `rng` draws the jitter."""
+    tests), `rng` draws the jitter. `share`: the processes admitting under `config` together (an env server's
+    worker processes): this one admits `max_starting // share` starts at once and a `share`-th of the memory for
+    sandboxes, so that all of them together keep within `config`."""
 
-    def __init__(self, config: AdmissionConfig | None = None, *,
+    def __init__(self, config: AdmissionConfig | None = None, *, share: int = 1,
                  memory: Callable[[], HostMemory] = host_memory, rng: random.Random | None = None) -> None:
         self.config = config or AdmissionConfig()
+        self.share = share
+        self.slots = per_process_starts(self.config, share)
+        """Sandboxes this process starts at once (its part of `max_starting`)."""
         self._memory, self._rng = memory, rng or random.Random()
-        self._slots = asyncio.Semaphore(self.config.starting)
+        self._slots = asyncio.Semaphore(self.slots)
         self._memory_freed = asyncio.Event()
         self.starting = 0
         """Starts holding a slot now."""
@@ -175,13 +189,15 @@ class Admission:
             return 0.0
         need = limits.memory_mb / self.config.memory_overcommit
         host = self._memory()
-        room = host.total_mb - self.config.memory_reserve_mb
+        room = (host.total_mb - self.config.memory_reserve_mb) / self.share
         if need > room:
+            shared = f", {room:.0f} MB of it this process's (one of {self.share} sharing it)" if self.share > 1 else ""
             raise SandboxRefused(
                 f"runtime {runtime.name!r}: a sandbox with Limits.memory_mb={limits.memory_mb} can never start on "
                 f"this host: it has {host.total_mb} MB (MemTotal), {host.available_mb} MB available now, less the "
-                f"reserve of {self.config.memory_reserve_mb} MB (memory_reserve_mb): {room} MB for sandboxes; "
-                f"lower memory_mb or the reserve")
+                f"reserve of {self.config.memory_reserve_mb} MB (memory_reserve_mb): "
+                f"{host.total_mb - self.config.memory_reserve_mb} MB for sandboxes{shared}; lower memory_mb or the "
+                f"reserve")
         return need
 
     async def _reserve(self, need: float) -> None:
@@ -199,7 +215,7 @@ class Admission:
         if self.committed_mb == 0:
             self._baseline_mb = host.available_mb  # none of ours runs: what the host has for them
         free_now = host.available_mb - self.config.memory_reserve_mb
-        budget = (self._baseline_mb or host.available_mb) - self.config.memory_reserve_mb
+        budget = ((self._baseline_mb or host.available_mb) - self.config.memory_reserve_mb) / self.share
         return need <= free_now and self.committed_mb + need <= budget
 
     def release(self, need: float) -> None:
@@ -268,7 +284,7 @@ class Admission:
     def _timeout(self, runtime: Runtime, doing: str) -> SandboxSetupTimeout:
         return SandboxSetupTimeout(
             f"runtime {runtime.name!r}: the sandbox's setup ran past its budget of {self.config.setup_budget_s:g} s "
-            f"(setup_budget_s) while {doing} ({self.starting} starting of {self.config.starting} at once, "
+            f"(setup_budget_s) while {doing} ({self.starting} starting of {self.slots} at once, "
             f"{self.queued} queued, {self.committed_mb:.0f} MB of memory caps committed)")
 
     def pool(self, runtime: Runtime) -> WarmPool | None:
@@ -357,22 +373,42 @@ class AdmittedSandbox:
                 self._admission.release(self._committed_mb)
 
 
+def per_process_starts(config: AdmissionConfig, share: int) -> int:
+    """The starts at once of each of `share` processes admitting under `config` together; UsageError naming
+    `max_starting` when it cannot give each one start."""
+    if why := split_refusal(config, share):
+        raise UsageError(why)
+    return config.max_starting // share
+
+
+def split_refusal(config: AdmissionConfig, share: int) -> str | None:
+    """Why `config` cannot be split over `share` processes (each needs one start at once), or None."""
+    if config.max_starting >= share:
+        return None
+    return (f"sandbox.max_starting={config.max_starting} is below the {share} worker processes (workers and "
+            f"spares) that admit sandboxes under it, each starting at least one at once: raise it to {share} or "
+            "more, or run fewer workers")
+
+
 _ADMISSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Admission] = weakref.WeakKeyDictionary()
-_CONFIG: list[AdmissionConfig] = []
+_CONFIG: list[tuple[AdmissionConfig | None, int]] = []
 
 
-def configure_admission(config: AdmissionConfig | None) -> None:
-    """Admit this process's sandboxes under `config` (None: the host's defaults) from now on: each event loop gets
-    a new gate; sandboxes opened before count against the old one until they close."""
-    _CONFIG[:] = [config] if config is not None else []
+def configure_admission(config: AdmissionConfig | None, share: int = 1) -> None:
+    """Admit this process's sandboxes under `config` (None: the host's defaults) from now on, as one of `share`
+    processes admitting under it together (see Admission): each event loop gets a new gate; sandboxes opened
+    before count against the old one until they close."""
+    per_process_starts(config or AdmissionConfig(), share)  # a cap too small to split fails here, not at a start
+    _CONFIG[:] = [(config, share)]
     _ADMISSIONS.clear()
 
 
 def admission() -> Admission:
-    """The running event loop's admission, made on first use under the configured AdmissionConfig (else the
-    host's defaults)."""
+    """The running event loop's admission, made on first use under the configured AdmissionConfig and share
+    (else the host's defaults, this process alone)."""
     loop = asyncio.get_running_loop()
     found = _ADMISSIONS.get(loop)
     if found is None:
-        found = _ADMISSIONS[loop] = Admission(_CONFIG[0] if _CONFIG else None)
+        config, share = _CONFIG[0] if _CONFIG else (None, 1)
+        found = _ADMISSIONS[loop] = Admission(config, share=share)
     return found

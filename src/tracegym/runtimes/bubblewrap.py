@@ -4,9 +4,10 @@ sandbox view (`runtimes.sandbox_view`), with no network and a PID namespace of t
 Every namespace bwrap offers is unshared (user, PID, network, IPC, UTS, cgroup; `Limits.network` keeps the
 host's network). The view: the system folders read-only, /etc without its secrets, bwrap's own minimal /dev (and
 the nodes `Limits.devices` names, bound with `--dev-bind`) and /proc, an empty read-only /run and /var/run, the
-sandbox's own /tmp, /var/tmp, /dev/shm and home and its working directory (one tmpfs of `disk_mb` where we are
-root: see `runtimes.workdir`), what `Limits.read_only` names, read-only, and nothing of tracegym, its venv, the
-project or the host's home; the root itself is read-only. bwrap sets no_new_privs and drops every capability,
+sandbox's own /tmp, /var/tmp, /dev/shm and home and its working directory (one tmpfs of `disk_mb`; not root, held
+by the sandbox's keeper, in whose namespaces bwrap starts: see `runtimes.workdir`), what `Limits.read_only`
+names, read-only, and nothing of tracegym, its venv, the project or the host's home; the root itself is
+read-only. bwrap sets no_new_privs and drops every capability,
 starts a new session (no terminal to inject into) and, with `--die-with-parent`, kills the whole sandbox when it
 dies. The program init is the namespace's pid 1 (`--as-pid-1`): it reaps what the program orphans, the kernel
 ignores the program's signals to it (a program cannot end its own sandbox early), and its exit ends every process
@@ -39,13 +40,14 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
 from tracegym.runtimes.sandbox_view import Kind, Mount, mounts
-from tracegym.runtimes.workdir import make_workdir, remove_workdir
+from tracegym.runtimes.workdir import enter_disk, make_workdir, remove_workdir
 
 
 class BwrapConfinement(Confinement):
     """`bwrap` around the init, building the sandbox's view (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
+    disk_namespace = True
 
     def wrap(self, launch: Launch) -> list[str]:
         view = mounts(launch.workdir, launch.limits, socket_folders(launch),
@@ -86,13 +88,19 @@ def bwrap_flags(view: list[Mount], workdir: Path, network: bool, extra: Sequence
     """The `bwrap` command line (without the command) that builds `view`, with `extra` flags (an allow-list's),
     and starts in `workdir`."""
     flags = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session",
-             *(["--share-net"] if network else [])]
+             *(["--share-net"] if network else []), *(_our_ids() if "--uid" not in extra else [])]
     for mount in view:
         flags += _FLAGS[mount.kind](mount)
     flags += extra  # before the remounts: its mountpoints are made in folders still writable
     for target in (*(m.target for m in view if m.kind == "empty"), "/"):  # last: mounts inside need them writable
         flags += ["--remount-ro", target]
     return [*flags, "--chdir", str(workdir)]
+
+
+def _our_ids() -> list[str]:
+    """Not root, the program runs as our uid and gid, whoever bwrap runs as (root of the namespaces of the keeper
+    that caps the sandbox's files: see `runtimes.workdir`)."""
+    return [] if os.geteuid() == 0 else ["--uid", str(os.getuid()), "--gid", str(os.getgid())]
 
 
 @functools.cache
@@ -102,10 +110,10 @@ def probe() -> str | None:
         return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     root = os.geteuid() == 0
     uid = random.randrange(*UID_RANGE) if root else None
-    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1)
+    workdir, _ = make_workdir(f"{os.getpid()}-bwrap-probe", uid, disk_mb=1, namespaced=True)
     try:
         view = mounts(workdir, Limits())
-        done = subprocess.run([*bwrap_flags(view, workdir, network=False), "--", "true"],
+        done = subprocess.run([*enter_disk(workdir.parent), *bwrap_flags(view, workdir, network=False), "--", "true"],
                               capture_output=True, timeout=PROBE_TIMEOUT_S, **spawn_as(uid))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start: {exc}"

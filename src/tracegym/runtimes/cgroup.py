@@ -11,6 +11,18 @@ owner is under), named `tracegym-sandbox-<sandbox id>`:
   processes of its own: the parent must be delegated to us, or be the root), with `memory.max`,
   `memory.swap.max` = 0 and `pids.max`.
 
+Not root, our own cgroup is not ours to write: sandboxes' cgroups go under one that root made and gave to the user
+(delegated), named by `TRACEGYM_CGROUP` (a cgroup path as /proc/self/cgroup writes them), else found at the
+conventional `/tracegym-<user name>`:
+
+- cgroup v1: that path in both the memory and the pids hierarchies, owned by the user (root: `mkdir
+  /sys/fs/cgroup/{memory,pids}/tracegym-alice && chown -R alice /sys/fs/cgroup/{memory,pids}/tracegym-alice`); a
+  cgroup the user makes inside is the user's, files and all, and a process it starts may move itself in;
+- cgroup v2: a subtree delegated to the user (systemd: `Delegate=yes`) that holds no process of its own, with this
+  process inside it (the kernel lets a process be moved only by who may write the common ancestor of where it is
+  and where it goes): e.g. `systemd-run --user -p Delegate=yes --slice=tracegym ...` and `TRACEGYM_CGROUP` naming
+  the slice's parent; without the setting, our own cgroup's parent, as above.
+
 Detection (`placement()`, once per process) says where, or why no cgroup can be made here (not root and nothing
 delegated, the controllers missing); a sandbox then caps memory and processes per process only, and says so.
 
@@ -34,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pwd
 import signal
 import time
 from dataclasses import dataclass
@@ -45,6 +58,9 @@ from tracegym.runtimes.processes import process_alive
 CGROUP_PREFIX = "tracegym-sandbox-"
 """A sandbox's cgroup is `tracegym-sandbox-<sandbox id>`, the id starting with its owner's pid."""
 CONTROLLERS = ("memory", "pids")
+DELEGATED_SETTING = "TRACEGYM_CGROUP"
+"""Environment variable naming the delegated cgroup sandboxes' cgroups go under (see the module); unset, not root:
+`/tracegym-<user name>` where it exists."""
 REMOVE_WITHIN_S = 5.0
 """How long removing a cgroup may wait for the processes it killed to be gone."""
 
@@ -212,21 +228,76 @@ def placement() -> Placement | str:
         own, mounts = Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text()
     except OSError as exc:
         return f"this host shows no cgroups ({exc})"
-    return locate(own, mounts)
+    return locate(own, mounts, os.environ.get(DELEGATED_SETTING) or None)
 
 
-def locate(own: str, mounts: str) -> Placement | str:
-    """Where to make sandbox cgroups, given this process's `/proc/self/cgroup` and `/proc/self/mountinfo`: v1's
-    memory and pids hierarchies when both are mounted, else v2's; or why neither can hold them."""
+def conventional_delegated() -> str:
+    """The cgroup path looked for, not root, when `TRACEGYM_CGROUP` is unset: `/tracegym-<user name>`."""
+    try:
+        name = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        name = str(os.geteuid())
+    return f"/tracegym-{name}"
+
+
+def locate(own: str, mounts: str, delegated: str | None = None) -> Placement | str:
+    """Where to make sandbox cgroups, given this process's `/proc/self/cgroup` and `/proc/self/mountinfo` and the
+    delegated cgroup named (`TRACEGYM_CGROUP`): v1's memory and pids hierarchies when both are mounted, else v2's;
+    or why neither can hold them."""
     paths = _own_paths(own)
     v1 = _v1_folders(mounts, paths)
     if v1 is not None:
-        why = _unwritable([v1["memory"], v1["pids"]])
-        return why or Placement(1, v1["memory"], v1["pids"])
+        return _v1_placement(mounts, v1, delegated)
     v2 = _v2_folder(mounts, paths.get(""))
     if v2 is None:
         return "neither cgroup v1's memory and pids hierarchies nor a cgroup v2 holding this process is mounted"
+    if delegated is not None:
+        return _v2_delegated(mounts, v2, delegated)
     return _v2_placement(v2, at_root=paths.get("") == "/")
+
+
+def _v1_placement(mounts: str, own: dict[str, Path], delegated: str | None) -> Placement | str:
+    """Under the delegated cgroup when one is named, else under our own, else (not root) under the conventional
+    delegated one where it exists."""
+    if delegated is None:
+        why = _unwritable([own["memory"], own["pids"]])
+        if why is None or os.geteuid() == 0:
+            return why or Placement(1, own["memory"], own["pids"])
+        conventional = _v1_folders(mounts, dict.fromkeys(CONTROLLERS, conventional_delegated()))
+        if conventional is None or not all(folder.is_dir() for folder in conventional.values()):
+            return (f"{why}, and no cgroup is delegated to it: root may make one (mkdir and chown -R "
+                    f"/sys/fs/cgroup/{{memory,pids}}{conventional_delegated()}), or name one in {DELEGATED_SETTING}")
+        own = conventional
+    else:
+        named = _v1_folders(mounts, dict.fromkeys(CONTROLLERS, delegated))
+        if named is None or not all(folder.is_dir() for folder in named.values()):
+            return f"{DELEGATED_SETTING}={delegated}: no such cgroup in both the memory and pids hierarchies"
+        own = named
+    return _unwritable([own["memory"], own["pids"]]) or Placement(1, own["memory"], own["pids"])
+
+
+def _v2_delegated(mounts: str, own: Path, delegated: str) -> Placement | str:
+    """The delegated v2 cgroup named, which must hold this process below it (see the module)."""
+    folder = _v2_folder(mounts, delegated)
+    if folder is None or not folder.is_dir():
+        return f"{DELEGATED_SETTING}={delegated}: no such cgroup v2"
+    if not own.is_relative_to(folder) or own == folder:
+        return (f"{DELEGATED_SETTING}={delegated}: this process runs in {own}, not in a cgroup below it (the kernel "
+                f"moves a process only for who may write where it is and where it goes; and v2 gives controllers to "
+                f"the children of a cgroup only while it holds no process): start tracegym in a child of it")
+    return _v2_placement(folder, at_root=True)
+
+
+def delegated_folders(path: str) -> list[Path]:
+    """Where cgroup `path` (as /proc/self/cgroup writes them) is on this host: its folder in v1's memory and pids
+    hierarchies, else in v2's; none where neither is mounted. What root makes and gives to a user (see the
+    module)."""
+    mounts = Path("/proc/self/mountinfo").read_text()
+    v1 = _v1_folders(mounts, dict.fromkeys(CONTROLLERS, path))
+    if v1 is not None:
+        return list(v1.values())
+    v2 = _v2_folder(mounts, path)
+    return [] if v2 is None else [v2]
 
 
 def _own_paths(own: str) -> dict[str, str]:
@@ -279,7 +350,8 @@ def _v2_folder(mounts: str, path: str | None) -> Path | None:
 
 
 def _v2_placement(own: Path, at_root: bool) -> Placement | str:
-    """Our own cgroup at the root of the hierarchy, else its parent, with memory and pids given to its children."""
+    """Our own cgroup at the root of the hierarchy (or the delegated one), else its parent, with memory and pids
+    given to its children."""
     parent = own if at_root else own.parent
     try:
         available = (parent / "cgroup.controllers").read_text().split()
@@ -301,7 +373,7 @@ def _v2_placement(own: Path, at_root: bool) -> Placement | str:
 def _unwritable(paths: list[Path]) -> str | None:
     for path in paths:
         if not os.access(path, os.W_OK):
-            why = "" if os.geteuid() == 0 else " (not root, and not delegated to us)"
+            why = "" if os.geteuid() == 0 else " (not root)"
             return f"{path} is not writable by uid {os.geteuid()}{why}"
     return None
 

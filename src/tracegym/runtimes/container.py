@@ -2,14 +2,24 @@
 that answers (detected by `ENGINE info`'s exit status: a docker client whose daemon is down says so), and the image
 is in the engine's store (never pulled: `runtimes.container_image` builds the default one from Debian packages).
 
-Each run is one `ENGINE run --pull never` of the image, whose first process is tracegym's program init (the
-image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port, the status
-report). The container has no network (`--network none`, a network namespace with only its loopback; with
+A sandbox's first run is one `ENGINE run --pull never` of the image, whose first process is tracegym's program
+init (the image's `python3` runs it, as it runs in every runtime: rlimits, the uid drop, the forwarded proxy port,
+the status report). From its second run on, the next run's container is made ahead, in the background, with the
+same flags: `ENGINE create`, then (podman) `ENGINE init`, which makes its namespaces, mounts and cgroups and leaves
+its first process waiting to exec; the next run with those flags writes its init's source and arguments to the
+container's run folder (`BOOT_PRELUDE` reads them inside) and is one `ENGINE start`, about half of a whole `run`
+at load (a run that arrives while its container is still being made waits for the rest; one with other limits or
+another forwarded socket runs cold, and the one made ahead is removed at the close). A sandbox that runs one
+program never makes one ahead.
+
+The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
-needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root with private
-tmpfs /tmp and /var/tmp and a /dev/shm of `Limits.disk_mb` each, the sandbox's working directory bound at the same
-path, the engine's memory cgroup (`memory_mb` for the whole run, no swap) and pids cgroup (`processes` plus the
-init's own threads). The init is the container's pid 1: it reaps orphans, and its exit ends every process left.
+needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root, the
+sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
+subfolders of the sandbox's folder, the one tmpfs of `Limits.disk_mb` they all share with the working directory
+(not root: a private tmpfs of `disk_mb` each; see `scratch_mounts`), the engine's memory cgroup (`memory_mb` for
+the whole run, no swap) and pids cgroup (`processes` plus the init's own threads). The init is the container's
+pid 1: it reaps orphans, and its exit ends every process left.
 
 The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` only by number), so the init's status
 report and its lifeline are files of the run's own folder beside the working directory, bound in at `RUN_MOUNT` and
@@ -23,12 +33,13 @@ call, and those of a process that died before closing its sandboxes by the next 
 Tested here (podman 4.3 + runc, Debian 12, as root) by the escape battery, the sandbox contract and the escape
 rollouts (tests/runtimes, slow), and tests/runtimes/test_container.py (no capabilities, network or writable root
 in the container; the memory cap over the whole run; nothing left after a cancel, a close or a killed host; an
-agent program reaching the proxy). Start to the program's first instruction (`benchmarks/sandbox_start.py`, 2
-cores at load average 9-11, shared with other jobs): 458 ms p50, 3.2 s p99, against bubblewrap's 89 ms p50 in the
-same run; nearly all of it is podman's client (runc alone, from a prepared bundle: 70-150 ms at load 13). Docker
-is detected (fake engines in the tests) and given the same command line (less podman's `rm -i -t 0`) but has not
-run here. As non-root (rootless podman) the sandbox has no uid of its own: the init and the program share one, so
-the program could reach the run's folder; untested.
+agent program reaching the proxy; a run in a container made ahead). Start to the program's first instruction:
+see `benchmarks/container_start.py` and the README. crun (Debian's 1.8.1) refuses this host's cgroup layout
+(cgroup v1 beside a cgroup2 hierarchy that holds a controller: "cgroups in hybrid mode not supported"), so runc
+stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests) and given the
+same command line (less podman's `rm -i -t 0` and `init`) but has not run here. As non-root (rootless podman) the
+sandbox has no uid of its own: the init and the program share one, so the program could reach the run's folder;
+untested.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.runtimes.container_image import BUILD_HINT, IMAGE, image_present
+from tracegym.runtimes.egress import EgressRoute
 from tracegym.runtimes.process_sandbox import (
     MARKER,
     PROBE_TIMEOUT_S,
@@ -55,6 +68,7 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
+from tracegym.runtimes.workdir import private_folders
 
 ENGINES = ("podman", "docker")
 """Tried in this order; the first that answers is used."""
@@ -119,55 +133,142 @@ class _RunFiles:
     lifeline: int
 
 
+@dataclass
+class _Prepared:
+    """A container created ahead for a sandbox's next run (see `ContainerConfinement.wrap`): its name, its run
+    folder, the flags it was created with, and the engine's `create` (done when `poll()` says so)."""
+
+    name: str
+    files: _RunFiles
+    flags: list[str]
+    creating: subprocess.Popen[bytes]
+
+
 class ContainerConfinement(Confinement):
-    """`ENGINE run` of one image per run, the program init its first process."""
+    """`ENGINE run` of one image per run, the program init its first process; or, from a sandbox's second run on,
+    `ENGINE start` of a container created ahead for it (`ahead`)."""
 
     private_tmp = True
     sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
-    cannot_egress = ("the container's init has no right to add the allowed addresses to its loopback, and the "
-                     "egress relay's sockets are not bound into it; use the bubblewrap runtime or the subprocess "
-                     "runtime with namespaces")
 
-    def __init__(self, engine: str, image: str) -> None:
-        self.engine, self.image = engine, image
+    def __init__(self, engine: str, image: str, *, ahead: bool = True) -> None:
+        self.engine, self.image, self.ahead = engine, image, ahead
         self.kind = Path(engine).name
         """The engine's name (`podman`, `docker`): which of its flags apply."""
         self._runs: dict[str, _RunFiles] = {}
+        self._names: dict[str, str] = {}
+        """Each run's container, by the run's marker."""
         self._started: list[str] = []
         """The containers of the sandbox's runs: the engine keeps each after its end, until the close."""
+        self._wraps = 0
+        self._prepared: _Prepared | None = None
+
+    async def command(self, launch: Launch) -> list[str]:
+        """`wrap(launch)`, after the container being prepared ahead with this run's flags is made (its remaining
+        creation is shorter than a whole `run`)."""
+        prepared = self._prepared
+        if prepared is not None and prepared.flags == self._flags(launch):
+            await _made(prepared, kill=False)
+        return self.wrap(launch)
 
     def wrap(self, launch: Launch) -> list[str]:
-        limits, sandbox_id = launch.limits, launch.marker.split("/")[0]
-        files = self._open_run(launch)
-        self._started.append(container_name(launch.marker))
-        command = [self.engine, "run", "-i", "--pull", "never",
-                   "--name", container_name(launch.marker), "--label", f"{LABEL}={sandbox_id}",
-                   "--log-driver", "none", "--network", "host" if limits.network else "none",
-                   "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
-                   "--security-opt", "no-new-privileges", "--read-only",
-                   "--tmpfs", f"/tmp:size={limits.disk_mb}m", "--tmpfs", f"/var/tmp:size={limits.disk_mb}m",
-                   "--shm-size", f"{limits.disk_mb}m",
-                   "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
-                   "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
-                   "-v", f"{launch.workdir}:{launch.workdir}", "-v", f"{files.folder}:{RUN_MOUNT}"]
+        """The engine's `start` of the container prepared ahead, when it is created and made with this run's flags;
+        else its `run`. From the PREPARE_FROM-th run on, the next run's container is created ahead, in the
+        background (most sandboxes run one program: they never pay for a container they do not use)."""
+        flags = self._flags(launch)
+        self._wraps += 1
+        prepared = self._take(flags)
+        if prepared is not None:
+            files, name = prepared.files, prepared.name
+            _write_run(files.folder, launch, ahead=True)
+            command = [self.engine, "start", "-a", "-i", name]
+        else:
+            files, name = self._open_run(launch), container_name(launch.marker)
+            command = [self.engine, "run", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
+                       self.image, *container_init(launch.init)]
+        self._runs[launch.marker], self._names[launch.marker] = files, name
+        self._started.append(name)
+        if self.ahead and self._wraps >= PREPARE_FROM and self._prepared is None:
+            self._prepare(flags, launch)
+        return command
+
+    def _identity(self, name: str, launch: Launch) -> list[str]:
+        """The flags that name a run's container and mark it as the sandbox's."""
+        return ["-i", "--pull", "never", "--name", name, "--label", f"{LABEL}={launch.marker.split('/')[0]}"]
+
+    def _flags(self, launch: Launch) -> list[str]:
+        """The container's confinement for `launch` (all but its name and run folder)."""
+        limits = launch.limits
+        flags = ["--log-driver", "none", "--network", "host" if limits.network else "none",
+                 "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
+                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
+                 "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
+                 "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
+                 "-v", f"{launch.workdir}:{launch.workdir}"]
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
-            command += ["-v", f"{folder}:{folder}:ro"]
-        return [*command, self.image, *container_init(launch.init)]
+            flags += ["-v", f"{folder}:{folder}:ro"]
+        return flags + egress_flags(launch.egress)
+
+    def egress_setup(self, route: EgressRoute, uid: int | None) -> list[str]:
+        return []  # the hosts file is bound by the engine (egress_flags)
+
+    def _take(self, flags: list[str]) -> _Prepared | None:
+        """The prepared container, when its creation is done and it has `flags`; one that failed or has others
+        is let go (removed at the close); one still being created is kept for a later run."""
+        prepared = self._prepared
+        if prepared is None or prepared.creating.poll() is None:
+            return None
+        self._prepared = None
+        if prepared.creating.returncode == 0 and prepared.flags == flags:
+            return prepared
+        self._drop(prepared)
+        return None
+
+    def _prepare(self, flags: list[str], launch: Launch) -> None:
+        """Start creating the next run's container, with `flags` and a run folder of its own, and (podman) its
+        `init`: the engine's runtime makes its namespaces, mounts and cgroups and leaves its first process waiting
+        to exec, so a `start` has only that exec left. Its command is the program init through BOOT_PRELUDE (the
+        run's arguments are written to its folder when a run takes it)."""
+        files = self._new_folder(launch.workdir.parent, f"p{self._wraps}")
+        name = f"tracegym-{launch.marker.split('/')[0]}-p{self._wraps}"
+        create = [*self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}", self.image,
+                  INIT_PYTHON, "-I", "-S", "-c", BOOT_PRELUDE]
+        then_init = ' && exec "$0" init "$name"' if self.kind == "podman" else ""  # docker has no `init`
+        command = ["sh", "-c", f'name=$1; shift; "$0" create "$@"{then_init}', self.engine, name, *create]
+        environment = {k: os.environ[k] for k in CLIENT_VARIABLES if k in os.environ}
+        try:
+            creating = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, env=environment, start_new_session=True)
+        except OSError:
+            self._close_files(files)
+            return
+        self._prepared = _Prepared(name, files, flags, creating)
+
+    def _drop(self, prepared: _Prepared) -> None:
+        """Let a prepared container go: its folder now, the container itself at the close."""
+        self._close_files(prepared.files)
+        self._started.append(prepared.name)
 
     def _open_run(self, launch: Launch) -> _RunFiles:
-        """The run's folder (ours, 0700; beside the sandbox's folder, whose disk the program may fill, and named
+        """The run's folder and its files (see `_new_folder`), the run's environment written in it."""
+        files = self._new_folder(launch.workdir.parent, launch.marker.strip("/").split("/")[-1])
+        _write_run(files.folder, launch)
+        return files
+
+    def _new_folder(self, sandbox: Path, run: str) -> _RunFiles:
+        """A run's folder (ours, 0700; beside the sandbox's folder, whose disk the program may fill, and named
         after it, so a dead owner's is swept as its sandbox folders are), its lifeline FIFO made and held open by
         us (read and write: the init's read end opens at once, and reads EOF only when we are gone)."""
-        sandbox = launch.workdir.parent
-        folder = sandbox.with_name(f"{sandbox.name}-run-{launch.marker.strip('/').split('/')[-1]}")
+        folder = sandbox.with_name(f"{sandbox.name}-run-{run}")
         folder.mkdir(mode=0o700)
         os.mkfifo(folder / "lifeline", 0o600)
-        environ = b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items())
-        (folder / "environ").write_bytes(environ)
-        files = _RunFiles(folder, os.open(folder / "lifeline", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
-        self._runs[launch.marker] = files
-        return files
+        return _RunFiles(folder, os.open(folder / "lifeline", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC))
+
+    @staticmethod
+    def _close_files(files: _RunFiles) -> None:
+        os.close(files.lifeline)
+        shutil.rmtree(files.folder, ignore_errors=True)
 
     def _close_run(self, marker: str) -> dict[str, Any] | None:
         """The init's report of run `marker` (None when it wrote none); its folder removed and its lifeline let go
@@ -175,7 +276,6 @@ class ContainerConfinement(Confinement):
         files = self._runs.pop(marker, None)
         if files is None:
             return None
-        os.close(files.lifeline)
         report = None
         with contextlib.suppress(OSError):
             fd = os.open(files.folder / "status", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -183,7 +283,7 @@ class ContainerConfinement(Confinement):
                 report = _read_status(fd)
             finally:
                 os.close(fd)
-        shutil.rmtree(files.folder, ignore_errors=True)
+        self._close_files(files)
         return report
 
     def spawn_env(self, env: Mapping[str, str]) -> dict[str, str]:
@@ -203,19 +303,35 @@ class ContainerConfinement(Confinement):
 
     async def reap(self, marker: str) -> None:
         self._close_run(marker)  # its lifeline let go: the init ends the container from inside
-        await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), container_name(marker))
+        await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), self._names.get(marker, container_name(marker)))
 
     async def release(self, sandbox_id: str) -> None:
         """Every container of the sandbox removed (in one engine call: not `run --rm`, whose removal would hold
         each run's end back by the engine's teardown, and count against its wall-clock limit)."""
         for marker in list(self._runs):
             self._close_run(marker)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:  # its creation finishes first (else the engine could make it after the removal)
+            await _made(prepared, kill=True)
+            self._drop(prepared)
         started, self._started = self._started, []
         if started:
             await self._engine(*REMOVE.get(self.kind, ("rm", "-f")), *started)
 
     async def _engine(self, *args: str) -> str:
         return await engine_command(self.engine, *args)
+
+
+async def _made(prepared: _Prepared, *, kill: bool) -> None:
+    """Wait until `prepared`'s creation is done, at most PREPARE_TIMEOUT_S; past it, `kill` ends it (its whole
+    process group), else it is left running (the run that waited starts cold)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.to_thread(prepared.creating.wait), PREPARE_TIMEOUT_S)
+        return
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(prepared.creating.pid, signal.SIGKILL)
+        await asyncio.to_thread(prepared.creating.wait)
 
 
 async def engine_command(engine: str, *args: str) -> str:
@@ -260,12 +376,61 @@ folder, in place of the engine's defaults (the values never pass through the eng
 line; an env file could not hold a newline)."""
 
 
+BOOT_PRELUDE = ENVIRON_PRELUDE + (f"import sys\n_tg_init = open('{RUN_MOUNT}/argv', 'rb').read().split(b'\\0')\n"
+                                  "sys.argv = ['-c', *map(os.fsdecode, _tg_init[1:])]\n"
+                                  "exec(compile(_tg_init[0], '<init>', 'exec'))\n")
+"""The command of a container created ahead: the environment prelude, then the program init's source and
+arguments read from the run's folder (`argv`: NUL-separated, as `container_init` would have put them on the
+command line), written when a run takes the container."""
+PREPARE_TIMEOUT_S = 60.0
+"""The longest a run, or the sandbox's close, waits for a container being made ahead (a hung engine: the run
+starts cold, the close kills its making)."""
+PREPARE_FROM = 2
+"""The run of a sandbox from which the next run's container is created ahead (at this run's start)."""
+
+
+def _write_run(folder: Path, launch: Launch, *, ahead: bool = False) -> None:
+    """The run's environment (`environ`) and, for a container created ahead, the init's source and arguments
+    (`argv`), written to its folder: read by the preludes inside, never on the engine's command line."""
+    (folder / "environ").write_bytes(b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items()))
+    if ahead:
+        init = [launch.init[4], *container_init(launch.init)[5:]]
+        (folder / "argv").write_bytes(b"\0".join(os.fsencode(arg) for arg in init))
+
+
 def container_init(init: list[str]) -> list[str]:
     """The program init's command as the container runs it: the image's interpreter, the environment prelude,
     and the run's files at RUN_MOUNT for its STATUS and LIFELINE in place of the descriptors' numbers it is given
     on the host (see `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE ...`)."""
     return [INIT_PYTHON, *init[1:4], ENVIRON_PRELUDE + init[4], f"{RUN_MOUNT}/status", f"{RUN_MOUNT}/lifeline",
             *init[7:]]
+
+
+def scratch_mounts(launch: Launch) -> list[str]:
+    """The container's /tmp, /var/tmp, /dev/shm and home: where the sandbox's folder is one tmpfs capped at
+    `disk_mb` (as root), its subfolders bound there, so they and the working directory share that one cap, and
+    what the program leaves there is the host's to read and goes with the folder; else (no tmpfs of ours) a
+    private tmpfs of `disk_mb` each."""
+    if not os.path.ismount(launch.workdir.parent):
+        size = launch.limits.disk_mb
+        return ["--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
+    binds = [flag for inside, source in private_folders(launch.workdir)
+             for flag in ("-v", f"{source}:{inside}:nosuid,nodev")]
+    return ["--ipc", "private", *binds]  # an IPC namespace of its own, without the engine's /dev/shm mount
+
+
+def egress_flags(route: EgressRoute | None) -> list[str]:
+    """Under an egress allow-list: the init (the container's root, until its program drops to the sandbox's uid
+    and with it every capability) may add the allowed addresses to its loopback (NET_ADMIN) and listen on their
+    ports (NET_BIND_SERVICE, for ports below 1024); each relay socket is bound in by itself (their folder is the
+    sandbox uid's, 0700, which the init, holding no DAC_OVERRIDE, could not pass), and the hosts file over
+    /etc/hosts."""
+    if route is None:
+        return []
+    flags = ["--cap-add", "NET_ADMIN", "--cap-add", "NET_BIND_SERVICE"]
+    for _, socket in route.destinations:
+        flags += ["-v", f"{socket}:{socket}:ro"]
+    return flags + ([] if route.hosts is None else ["-v", f"{route.hosts}:/etc/hosts:ro"])
 
 
 def ulimits(launch: Launch) -> list[str]:
@@ -290,8 +455,10 @@ class Container:
 
     name = "container"
 
-    def __init__(self, limits: Limits | None = None, *, image: str = IMAGE) -> None:
-        self.limits, self.image = limits or Limits(), image
+    def __init__(self, limits: Limits | None = None, *, image: str = IMAGE, ahead: bool = True) -> None:
+        self.limits, self.image, self.ahead = limits or Limits(), image, ahead
+        """`ahead`: from a sandbox's second run on, its next run's container is created ahead (see
+        `ContainerConfinement.wrap`)."""
 
     def unavailable(self) -> str | None:
         engine, why = detect_engine()
@@ -306,7 +473,7 @@ class Container:
         engine, _ = detect_engine()
         assert engine is not None
         await remove_abandoned_containers(engine)
-        return ProcessSandbox(ContainerConfinement(engine, self.image), self.limits)
+        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead), self.limits)
 
 
 _HAVE: set[tuple[str, str]] = set()

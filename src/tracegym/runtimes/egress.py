@@ -2,23 +2,25 @@
 carries its programs' connections there.
 
 An entry of `Limits.egress` is `HOST:PORT` (TCP only): an IPv4 address, an IPv6 address in brackets
-(`[2001:db8::1]:443`) or a hostname. A malformed entry fails `Limits` validation, naming it; a hostname is looked
-up on the host when a sandbox first runs a program under the list, and one that does not resolve is that run's
-`start_error`, naming it. Nothing filters packets (no iptables: it needs root and is often absent). Inside the
-run's own network namespace, which has only a loopback, the program init adds each allowed address to the loopback,
-listens on `ADDRESS:PORT` and carries each connection to a Unix socket of the sandbox's `EgressRelay` (one per
-allowed address and port), which connects to the real destination from the host. The program connects to the
-real address and port as it would with network; no other address routes anywhere (ENETUNREACH), another port of
-an allowed address is refused, and the host's 127.0.0.1 stays out of reach. A hostname resolves inside to its
-allowed addresses through a hosts file over /etc/hosts (bubblewrap binds it; the `subprocess` runtime's init,
-root in the run's mount namespace, bind-mounts it); no DNS server is reachable, so that file is the only answer.
+(`[2001:db8::1]:443`) or a hostname. A malformed entry fails `Limits` validation, naming it; a hostname that does
+not resolve on the host fails before any rollout starts (`runtimes.preflight`), naming it, and is looked up again
+when a sandbox first runs a program under the list (one that stopped resolving since is that run's `start_error`).
+Nothing filters packets (no iptables: it needs root and is often absent). Inside the run's own network namespace,
+which has only a loopback, the program init adds each allowed address to the loopback, listens on `ADDRESS:PORT` and
+carries each connection to a Unix socket of the sandbox's `EgressRelay` (one per allowed address and port), which
+connects to the real destination from the host. The program connects to the real address and port as it would with
+network; no other address routes anywhere (ENETUNREACH), another port of an allowed address is refused, and the
+host's 127.0.0.1 stays out of reach. A hostname resolves inside to its allowed addresses through a hosts file over
+/etc/hosts (bubblewrap binds it; the `subprocess` runtime's init, root in the run's mount namespace, bind-mounts
+it); no DNS server is reachable, so that file is the only answer.
 
 Enforced by the runtimes with a network namespace and the program init: `subprocess` with namespaces (as root the
 init adds the addresses and the program runs under its own uid; `user-namespaces` the same, in a user namespace)
 and `bubblewrap` (the init runs as root of bwrap's user namespace with CAP_NET_ADMIN, CAP_NET_BIND_SERVICE and
-CAP_SETFCAP, and the program one user namespace further down with none; see `bubblewrap.egress_flags`). Refused,
-naming `egress`: the process-group fallback (it shares the host's network) and the container runtime (it has no
-program init; a network of the engine's own with a proxy would do it, at the cost of a second container per run).
+CAP_SETFCAP, and the program one user namespace further down with none; see `bubblewrap.egress_flags`) and
+`container` (the init, the container's root, with NET_ADMIN and NET_BIND_SERVICE until the program drops to the
+sandbox's uid; the sockets and hosts file bound in by the engine: `container.egress_flags`). Refused, naming
+`egress`: the process-group fallback (it shares the host's network).
 
 The relay is the sandbox's: made at its first run under an allow-list, closed at its close. It carries at most
 `MAX_CONNECTIONS` at once (one more is closed at once) and counts per entry what it carried, what the destination

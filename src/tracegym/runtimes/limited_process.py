@@ -15,25 +15,26 @@ What each isolation guarantees (the strongest this host allows is detected once 
   its own scratch folders, and signal none of the host's processes; RLIMIT_NPROC counts its processes alone.
 - `user-namespaces` (not root, unprivileged user namespaces allowed): the same namespaces and view, entered
   through a user namespace; the program keeps our uid (as the namespace's root, every capability dropped for
-  good before it starts, so it cannot undo a mount), its files are uncapped, and RLIMIT_NPROC counts our other
+  good before it starts, so it cannot undo a mount), its files capped by the tmpfs of the sandbox's keeper (the
+  wrapper starts in the keeper's namespaces: see `runtimes.workdir`), and RLIMIT_NPROC counts our other
   processes too (it is set to their number now plus the limit).
 - `process-group` (no namespaces): only when asked for by name (the runtime `process-group`, or
   `LimitedProcess(isolation="process-group")`); where namespaces are missing, the `subprocess` runtime refuses
   to open rather than fall back to it silently, and asked for, it warns once per process. A session and process
   group of its own; when the program ends, the init kills the group, and a wall-clock kill or a cancel kills it
-  too; every process still carrying the run's marker in its environment (or, as root, in the sandbox's cgroup or
-  under its uid) is found and killed (not root, a daemon that leaves the group *and* clears its environment
-  escapes this). It does not isolate the network (every port of the host is reachable), other processes' /proc
-  (same-uid processes' environments and command lines are readable when not root) or signals (not root, the
-  program may kill any of our processes), so `Limits.egress` is refused, naming it; and it has no view: it sees
-  the host's filesystem and /dev (`Limits.read_only` and `Limits.devices` change nothing). As root, the program
-  still runs under a uid of its own.
+  too; every process still carrying the run's marker in its environment, in the sandbox's cgroup (not root: where
+  one is delegated) or, as root, under its uid is found and killed (not root and no cgroup delegated, a daemon
+  that leaves the group *and* clears its environment escapes this). It does not isolate the network (every port of
+  the host is reachable), other processes' /proc (same-uid processes' environments and command lines are readable
+  when not root) or signals (not root, the program may kill any of our processes), so `Limits.egress` is
+  refused, naming it; and it has no view: it sees the host's filesystem and /dev (`Limits.read_only` and
+  `Limits.devices` change nothing). As root, the program still runs under a uid of its own.
 
 In all three: rlimits on CPU seconds, file size, open files and processes; a wall-clock limit; a fresh working
 directory per sandbox, removed at close; an environment with nothing of the host's. As root, a cgroup per sandbox
-caps the memory and the processes of all its programs together (`runtimes.cgroup`); elsewhere, unless a cgroup
-subtree is delegated to us, memory is capped per process (RLIMIT_AS), which the result's `memory_scope` and one
-warning in the log say.
+caps the memory and the processes of all its programs together (`runtimes.cgroup`); not root, so does one under
+the cgroup root delegated to the user (`TRACEGYM_CGROUP`, else `/tracegym-<user>`); where none is, memory is
+capped per process (RLIMIT_AS), which the result's `memory_scope` and one warning in the log say.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class NamespaceConfinement(Confinement):
     the init builds the sandbox's view in its mount namespace (see `runtimes.sandbox_view`)."""
 
     private_tmp = True
+    disk_namespace = True
 
     def __init__(self, as_root: bool) -> None:
         self.as_root = as_root

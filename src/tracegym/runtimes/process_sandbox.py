@@ -43,6 +43,7 @@ from tracegym.runtimes.workdir import (
     RELAY,
     SCRATCH,
     WORKDIR_PREFIX,
+    enter_disk,
     make_workdir,
     read_file,
     remove_workdir,
@@ -111,6 +112,9 @@ class Confinement:
     carries both)."""
     cannot_egress: str | None = None
     """Why this runtime cannot enforce an egress allow-list though it can carry a Forward (None: it can)."""
+    disk_namespace: bool = False
+    """True when the wrapper can start inside the namespaces of the keeper that caps the sandbox's files where we
+    are not root (see `runtimes.workdir`): it makes the sandbox's own namespaces itself."""
     sandbox_cgroup: bool = True
     """True when the sandbox's programs run under the program init on this host, so a cgroup of ours can hold
     them (False where the runtime's engine makes its own: a container's)."""
@@ -118,6 +122,10 @@ class Confinement:
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
         raise NotImplementedError
+
+    async def command(self, launch: Launch) -> list[str]:
+        """`wrap(launch)`, once what it needs is ready (a runtime that prepares a run ahead waits for it here)."""
+        return self.wrap(launch)
 
     def spawn_user(self, uid: int | None) -> int | None:
         """The host uid to spawn the wrapper as (None: ours); `uid` is the sandbox's own, when we are root."""
@@ -177,7 +185,7 @@ class ProcessSandbox:
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
-        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb)
+        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb, confinement.disk_namespace)
         """`disk_capped`: whether the sandbox's files (working directory, and where namespaced its /tmp, /var/tmp,
         /dev/shm and home) share one tmpfs capped at `limits.disk_mb` (see `runtimes.workdir`)."""
         self.cgroup: SandboxCgroup | None = None
@@ -255,6 +263,10 @@ class ProcessSandbox:
             os.close(status_r)
             os.close(lifeline_w)
             return ProgramResult(argv=list(argv), exit_code=None, start_error=f"{type(exc).__name__}: {exc}")
+        except asyncio.CancelledError:  # cancelled before the wrapper started (e.g. waiting on `command`)
+            os.close(status_r)
+            os.close(lifeline_w)
+            raise
         finally:
             for fd in (status_w, lifeline_r, *cgroup_fds):
                 os.close(fd)
@@ -322,8 +334,9 @@ class ProcessSandbox:
         launch = replace(launch, init=init)
         ids = spawn_as(self.confinement.spawn_user(self.uid))
         loop = asyncio.get_running_loop()
+        command = await self.confinement.command(launch)
         transport, protocol = await loop.subprocess_exec(
-            lambda: _ExitProtocol(loop), *self.confinement.wrap(launch),
+            lambda: _ExitProtocol(loop), *enter_disk(self._workdir.parent), *command,
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=self.confinement.spawn_env(launch.env), start_new_session=True,

@@ -48,7 +48,8 @@ class Limits(BaseModel):
     """Bytes kept of each of stdout and stderr; the rest is read and dropped (the program is not blocked)."""
     disk_mb: int = Field(1024, gt=0)
     """Megabytes the sandbox's files may take in all: its working directory, /tmp, /var/tmp, /dev/shm and home
-    share one tmpfs of this size where we are root (host RAM, used only as filled); uncapped elsewhere (see
+    share one tmpfs of this size (host RAM, used only as filled): on the host where we are root, in a keeper's
+    namespaces where we are not (bubblewrap, subprocess); uncapped elsewhere, which the log says (see
     `runtimes.workdir`)."""
     network: bool = False
     """Whether the program may reach the network (off: a network namespace with only its own loopback)."""
@@ -76,6 +77,12 @@ class Limits(BaseModel):
     devices: tuple[str, ...] = ()
     """Host device nodes (e.g. `/dev/nvidia0`) the sandbox's /dev shows beside its minimal set (null, zero, full,
     random, urandom, tty); each must exist and be a device."""
+
+    strict_caps: bool = False
+    """Refuse to open a sandbox where `memory_mb`, `processes` and `disk_mb` cannot cap its processes and files as
+    a whole (no cgroup can be made on this host, or no tmpfs for its files: not root), instead of capping each
+    process alone (rlimits) and its files not at all, with a warning. Checked before any rollout starts (see
+    `runtimes.preflight`) and at each open."""
 
     @field_validator("read_only")
     @classmethod

@@ -10,10 +10,23 @@ a read takes only a regular file, up to a size cap (a FIFO cannot block us, /dev
 
 Beside `work` the folder holds what a namespaced sandbox binds in place of the host's scratch folders (`tmp`,
 `var-tmp`, `shm`, `home`: see `private_folders`) and `view`, where the subprocess runtime's init builds the
-sandbox's root. Where we are root, the whole folder is one tmpfs capped at `Limits.disk_mb` (mounted on the host,
-so the host reads what the program left, and unmounted at removal, leftovers and all): a program that fills its
-working directory, /tmp, /var/tmp, /dev/shm and home together gets ENOSPC, not the host's disk. Elsewhere (not
-root: no right to mount) it is a plain folder, uncapped, which the log says once.
+sandbox's root. Its files are capped at `Limits.disk_mb` all together, by one tmpfs: a program that fills its
+working directory, /tmp, /var/tmp, /dev/shm and home together gets ENOSPC, not the host's disk.
+
+- Root mounts the tmpfs over the whole folder on the host (the host reads what the program left; unmounted at
+  removal, leftovers and all).
+- Not root (no right to mount on the host), for a runtime whose programs start in namespaces of their own
+  (bubblewrap, subprocess): a *keeper* process per sandbox holds a user and mount namespace of its own (`unshare
+  --user --map-root-user --mount`), in which it mounts the tmpfs over the folder; it lives until the sandbox's
+  removal (or its owner's death: it reads a pipe only we hold). Each run's wrapper starts inside the keeper's
+  namespaces (`enter_disk`: `nsenter`, as the owner of its user namespace), so bwrap or `unshare` make the
+  sandbox's own namespaces inside them and see the tmpfs at the folder's path. On the host, each of the folder's
+  entries is a symlink to the same entry through the keeper's root (`/proc/<keeper>/root/<folder>/work`): the
+  working directory has the same path inside and out, and the host reads and writes the tmpfs through it. The
+  egress relay's folder (`egress`) stays the host's, bound by the keeper into its tmpfs (its sockets are made by
+  the host).
+- Elsewhere (not root, and no keeper: the process-group fallback, a host without unprivileged user namespaces) the
+  folder is plain and uncapped, which the log says once, naming why.
 """
 
 from __future__ import annotations
@@ -23,10 +36,13 @@ import ctypes
 import functools
 import logging
 import os
+import select
 import shutil
 import stat
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -46,26 +62,107 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 
 
-def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int) -> tuple[Path, bool]:
+def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: bool = False) -> tuple[Path, bool]:
     """A new sandbox folder and its working directory, owned by its `uid` (when given), inside a folder of ours
-    it cannot rename or replace; and whether the folder is capped at `disk_mb` (a tmpfs: where we may mount one)."""
+    it cannot rename or replace; and whether the folder is capped at `disk_mb` (one tmpfs: on the host where we are
+    root, else in a keeper's namespaces where the runtime's programs start `namespaced`: see the module)."""
     folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
     os.chmod(folder, 0o711)
-    capped = os.geteuid() == 0 and _mount_tmpfs(folder, disk_mb)
-    if not capped:
-        _warn_uncapped(disk_mb)
-    workdir = folder / "work"
+    why = _cap(folder, disk_mb, namespaced)
+    if why is not None:
+        _warn_uncapped(disk_mb, why)
+    inside = _KEEPERS[folder].root / folder.relative_to("/") if folder in _KEEPERS else folder
     for name, mode, owner in (("work", 0o700, uid), (_SANDBOX_HOME, 0o700, uid), (VIEW_ROOT, 0o700, None),
                               *((name, 0o1777, None) for name in _PRIVATE.values())):
-        (folder / name).mkdir()
-        os.chmod(folder / name, mode)  # after mkdir: the umask does not apply
+        (inside / name).mkdir()
+        os.chmod(inside / name, mode)  # after mkdir: the umask does not apply
         if owner is not None:
-            os.chown(folder / name, owner, owner)
-    for inside, source in private_folders(workdir):  # the host paths bound in, where a private folder hides them
+            os.chown(inside / name, owner, owner)
+        if inside != folder:
+            (folder / name).symlink_to(inside / name)
+    workdir = folder / "work"
+    for private, source in private_folders(workdir):  # the host paths bound in, where a private folder hides them
         for path in (workdir, folder / RELAY):
-            if path.is_relative_to(inside):
-                (source / path.relative_to(inside)).mkdir(mode=0o755, parents=True)
-    return workdir, capped
+            if path.is_relative_to(private):
+                (source / path.relative_to(private)).mkdir(mode=0o755, parents=True)
+    return workdir, why is None
+
+
+def _cap(folder: Path, disk_mb: int, namespaced: bool) -> str | None:
+    """Cap `folder` at `disk_mb` (see the module); None when it is, else why it cannot be."""
+    if os.geteuid() == 0:
+        return None if _mount_tmpfs(folder, disk_mb) else "mounting its tmpfs failed"
+    if namespaced:
+        return _start_keeper(folder, disk_mb)
+    return "its runtime starts no namespaces a tmpfs of ours could be mounted in (not root: no right to mount here)"
+
+
+@dataclass
+class _Keeper:
+    """The process holding a sandbox folder's tmpfs in namespaces of its own (see the module)."""
+
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def root(self) -> Path:
+        """Its root (its mount namespace's), as the host reaches it."""
+        return Path(f"/proc/{self.proc.pid}/root")
+
+    def end(self) -> None:
+        """Close its pipe (it exits, its namespaces and tmpfs go with it) and reap it."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(KEEPER_START_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_KEEPERS: dict[Path, _Keeper] = {}
+"""Each sandbox folder's keeper, by the folder."""
+KEEPER_START_S = 10.0
+"""How long a keeper may take to say its tmpfs is mounted (and to exit when told)."""
+_KEEPER_SCRIPT = ('exec 3<"$0/$2" && mount -t tmpfs -o "size=$1m,mode=0711,nosuid,nodev" tracegym-sandbox "$0" && '
+                  'mkdir -m 0700 "$0/$2" && mount --no-canonicalize --bind /proc/self/fd/3 "$0/$2" && exec 3<&- && '
+                  'echo ready && exec cat >/dev/null')
+"""The keeper, root of its own user namespace: the host's relay folder kept open, the tmpfs mounted over the
+sandbox folder, the relay folder bound in (by its descriptor, uncanonicalized: its path now leads into the
+tmpfs), then it waits for its pipe's end."""
+
+
+def _start_keeper(folder: Path, disk_mb: int) -> str | None:
+    """Start the keeper of `folder` (its tmpfs mounted when this returns); None, else why it could not."""
+    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (Debian/Ubuntu: util-linux), so no keeper can hold its tmpfs"
+    (folder / RELAY).mkdir(mode=0o700)
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", _KEEPER_SCRIPT, str(folder), str(disk_mb),
+            RELAY]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        return f"its keeper could not start: {exc}"
+    assert proc.stdout is not None and proc.stderr is not None
+    ready = select.select([proc.stdout], [], [], KEEPER_START_S)[0] and proc.stdout.readline() == b"ready\n"
+    if not ready:
+        keeper = _Keeper(proc)
+        keeper.end()
+        said = proc.stderr.read().decode(errors="replace").strip().splitlines()
+        return f"its keeper could not mount a tmpfs in namespaces of its own: {said[-1] if said else proc.returncode}"
+    proc.stdout.close()
+    proc.stderr.close()
+    _KEEPERS[folder] = _Keeper(proc)
+    return None
+
+
+def enter_disk(folder: Path) -> list[str]:
+    """The command prefix that starts a wrapper in the namespaces of `folder`'s keeper (as the owner of its user
+    namespace, root in it); none where the folder has no keeper."""
+    keeper = _KEEPERS.get(folder)
+    if keeper is None:
+        return []
+    return ["nsenter", f"--target={keeper.proc.pid}", "--user", "--mount", "--preserve-credentials", "--"]
 
 
 RELAY = "egress"
@@ -88,11 +185,16 @@ def _host_home() -> Path | None:
     return home if home != Path("/") and home.is_dir() else None
 
 
-@functools.cache
-def _warn_uncapped(disk_mb: int) -> None:
-    logging.getLogger(__name__).warning(
-        "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb (%d MB "
-        "here): this process may not mount the tmpfs that caps them (only root may)", disk_mb)
+def _warn_uncapped(disk_mb: int, why: str) -> None:
+    """Say once per process (per reason) that sandboxes' files are not capped, and why."""
+    if why not in _SAID:
+        _SAID.add(why)
+        logging.getLogger(__name__).warning(
+            "sandboxes' files (working directory, /tmp, /var/tmp, /dev/shm, home) are not capped by Limits.disk_mb "
+            "(%d MB here): %s", disk_mb, why)
+
+
+_SAID: set[str] = set()
 
 
 def _mount_tmpfs(path: Path, size_mb: int) -> bool:
@@ -105,6 +207,9 @@ def _mount_tmpfs(path: Path, size_mb: int) -> bool:
 def remove_workdir(folder: Path, onerror: Callable[..., Any] | None = None) -> None:
     """Remove a sandbox's folder (`<temp>/tracegym-sandbox-<id>-*`), unmounted first when it is a tmpfs of its own
     (or, as made by an older version, its working directory is)."""
+    keeper = _KEEPERS.pop(folder, None)
+    if keeper is not None:
+        keeper.end()
     for mounted in (folder / "work", folder):
         if os.path.ismount(mounted):
             ctypes.CDLL(None, use_errno=True).umount2(bytes(mounted), _MNT_DETACH)
@@ -124,7 +229,8 @@ def relative_parts(name: str) -> tuple[str, ...]:
 def _folder(workdir: Path, parts: tuple[str, ...], create: bool) -> Iterator[int]:
     """A descriptor of the folder `parts` names in `workdir`, each component opened without following a link;
     missing ones are made (owned as the working directory is) when `create`."""
-    fd = os.open(workdir, _DIRECTORY)
+    kept = workdir.parent in _KEEPERS  # then it is our symlink into the keeper's tmpfs (see the module)
+    fd = os.open(workdir, _DIRECTORY & ~os.O_NOFOLLOW if kept else _DIRECTORY)
     try:
         owner = os.fstat(fd)
         for part in parts:

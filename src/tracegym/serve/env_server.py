@@ -35,6 +35,7 @@ from tracegym.envs.evaluate import multi_agent_class
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
+from tracegym.runtimes.admission import AdmissionConfig, per_process_starts
 from tracegym.runtimes.processes import Parent
 from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES, Budget
 from tracegym.serve.curve import HANDSHAKE_FAILED, Gatekeeper, guard_server, shared_secret
@@ -98,11 +99,15 @@ class EnvServer:
                  log_dir: Path | None = None, max_request_bytes: int = MAX_FRAME_BYTES, max_redispatch: int = 2,
                  worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
                  max_abandoned_threads: int = MAX_ABANDONED_THREADS, max_open_bytes: int = MAX_OPEN_BYTES,
-                 max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES) -> None:
+                 max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES,
+                 sandbox: AdmissionConfig | None = None) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
         self.rows = TaskRows(self.taskset)
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
+        self.sandbox = sandbox
+        """How the workers admit sandboxes, together (`runtimes.admission`); None: the host's defaults."""
+        per_process_starts(sandbox or AdmissionConfig(), self.size.most)  # a cap too small to split fails here
         self.secret = shared_secret(secret)
         if not is_loopback(address) and not self.secret:
             raise UsageError(f"binding {address} (not loopback) needs a shared secret: set {SECRET_ENV}")
@@ -149,7 +154,7 @@ class EnvServer:
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
         self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
-                               self.max_abandoned_threads, start_timeout=self.start_timeout)
+                               self.max_abandoned_threads, start_timeout=self.start_timeout, sandbox=self.sandbox)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:

@@ -4,6 +4,8 @@ named as `tracegym serve`'s own flags, which `WorkerPoolChoice` also declares).
 
 >>> EnvServerChoice(elastic=True, grow_at=16).serve_args()
 ['--elastic', '--grow-at', '16.0']
+>>> EnvServerChoice(sandbox={"max_starting": 12, "warm_pool": 2}).serve_args()
+['--sandbox.max-starting', '12', '--sandbox.warm-pool', '2']
 >>> EnvServerChoice(address="tcp://host:5555").address
 ['tcp://host:5555']
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator
 
+from tracegym.runtimes.admission import AdmissionConfig, split_refusal
 from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES
 from tracegym.serve.env_server import WORKER_TIMEOUT
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
@@ -65,6 +68,11 @@ class WorkerPoolChoice(BaseModel):
     (every connection proved the secret in its handshake)."""
     max_server_bytes: ByteSize = Field(default=ByteSize(MAX_SERVER_BYTES), gt=0)
     """With a shared secret: the most bytes of `run` requests not yet answered the server holds in all."""
+    sandbox: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    """How the server's workers admit sandboxes, together: `sandbox.max_starting` (starting at once),
+    `sandbox.jitter_s`, `sandbox.setup_budget_s`, `sandbox.memory_reserve_mb`, `sandbox.memory_overcommit`,
+    `sandbox.warm_pool`, ... (see `runtimes.admission`; the defaults come from this host's cores and memory). Each
+    worker process (the most workers plus the spares) admits its share, so the caps hold for the whole server."""
 
     @field_validator("elastic")
     @classmethod
@@ -82,6 +90,14 @@ class WorkerPoolChoice(BaseModel):
             raise ValueError(f"`{name}` is an option of an elastic pool; set `elastic` too")
         return value
 
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_splits(cls, sandbox: AdmissionConfig, info: ValidationInfo) -> AdmissionConfig:
+        pool = WorkerPoolChoice.model_construct(**info.data)  # the pool's fields, validated already
+        if why := split_refusal(sandbox, pool.size().most):
+            raise ValueError(why)
+        return sandbox
+
     def size(self) -> PoolSize:
         """The worker pool's size policy."""
         if self.elastic:
@@ -95,9 +111,12 @@ class WorkerPoolChoice(BaseModel):
         args = []
         for name, field in WorkerPoolChoice.model_fields.items():
             value, flag = getattr(self, name), "--" + name.replace("_", "-")
-            if value == field.default:
-                continue
-            args += [flag] if value is True else [flag, str(value)]
+            default = field.get_default(call_default_factory=True)
+            if isinstance(value, BaseModel):  # a section: its fields not at their defaults, `--section.field`
+                args += [arg for key, inner in value.model_dump().items() if inner != getattr(default, key)
+                         for arg in (f"{flag}.{key.replace('_', '-')}", str(inner))]
+            elif value != default:
+                args += [flag] if value is True else [flag, str(value)]
         return args
 
 
@@ -117,7 +136,7 @@ class EnvServerChoice(WorkerPoolChoice):
     def _nothing_to_start(cls, address: list[str] | None, info: ValidationInfo) -> list[str] | None:
         """The pool options configure a server started here: with `address` none is."""
         given = [name for name, field in WorkerPoolChoice.model_fields.items()
-                 if name in info.data and info.data[name] != field.default]
+                 if name in info.data and info.data[name] != field.get_default(call_default_factory=True)]
         if address is not None and given:
             raise ValueError(f"the env server runs elsewhere, so {', '.join(f'`{n}`' for n in given)} (for one "
                              "started here) has no effect; leave it unset, or give it to that server's "

@@ -30,6 +30,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.runtimes import processes
+from tracegym.runtimes.admission import AdmissionConfig
 
 START_TIMEOUT = 60.0
 """Default seconds a worker may take to say ready before it is killed as a failed start."""
@@ -63,6 +64,12 @@ class PoolSize(BaseModel):
     @property
     def elastic(self) -> bool:
         return self.max is not None and self.max > self.min
+
+    @property
+    def most(self) -> int:
+        """Worker processes that may run rollouts at once: the most workers and the spares (each admits its share
+        of the server's sandboxes: `runtimes.admission`)."""
+        return (self.max or self.min) + self.spares
 
     @classmethod
     def static(cls, workers: int | None = None, **options: Any) -> PoolSize:
@@ -105,8 +112,10 @@ class WorkerPool:
 
     def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
                  log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS,
-                 start_timeout: float = START_TIMEOUT) -> None:
+                 start_timeout: float = START_TIMEOUT, sandbox: AdmissionConfig | None = None) -> None:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
+        self.sandbox = sandbox
+        """How the workers admit sandboxes, together (each its `size.most`-th share); None: the host's defaults."""
         self.log_dir, self.max_abandoned_threads, self.start_timeout = log_dir, max_abandoned_threads, start_timeout
         self.workers: dict[bytes, WorkerHandle] = {}
         self.promoted = 0
@@ -123,7 +132,9 @@ class WorkerPool:
         name = f"w{self._count}"
         command = [sys.executable, "-m", "tracegym.serve.worker", "--backend", self.backend, "--name", name,
                    "--taskset", self.taskset_id, "--options", json.dumps(self.options),
-                   "--max-abandoned-threads", str(self.max_abandoned_threads)]
+                   "--max-abandoned-threads", str(self.max_abandoned_threads),
+                   "--sandbox", (self.sandbox or AdmissionConfig()).model_dump_json(), "--sandbox-share",
+                   str(self.size.most)]
         out = self._log_file(name)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out or subprocess.DEVNULL,
                                 stderr=out or None)

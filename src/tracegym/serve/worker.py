@@ -38,6 +38,7 @@ from tracegym.models.client import ModelClient
 from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.runtimes import processes
+from tracegym.runtimes.admission import AdmissionConfig, configure_admission
 from tracegym.serve.model_clients import ModelClients
 from tracegym.serve.pool import MAX_ABANDONED_THREADS
 from tracegym.serve.run_request import RunRequest
@@ -209,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--taskset", required=True)
     parser.add_argument("--options", default="{}")
     parser.add_argument("--max-abandoned-threads", type=int, default=MAX_ABANDONED_THREADS)
+    parser.add_argument("--sandbox", default="{}", help="the server's AdmissionConfig, JSON")
+    parser.add_argument("--sandbox-share", type=int, default=1, help="worker processes sharing it")
     args = parser.parse_args(argv)
+    configure_admission(AdmissionConfig.model_validate_json(args.sandbox), args.sandbox_share)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # this process's own entry point: its handlers are ours
     processes.die_with_parent(signal.SIGTERM)  # the server gone (even by kill -9): SIGTERM, handled as a stop
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")

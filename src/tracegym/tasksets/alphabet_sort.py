@@ -18,6 +18,7 @@ from typing import Any, Self
 
 from pydantic import model_validator
 
+from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.scorers import metric, reward
@@ -93,6 +94,10 @@ class SortTask(Task[SortData]):
         if answered >= len(self.data.batches):
             return None
         return follow_up(self.data.batches[answered])
+
+    def gold(self) -> list[str | Message]:
+        """Each turn's sorted list."""
+        return ["\n".join(names) for names in self.data.expected]
 
     def answered(self, trace: Trace) -> list[tuple[list[str], list[str]]]:
         """Each reply's names paired with that turn's sorted list (turns not reached are left out)."""

@@ -12,7 +12,8 @@ the first failing test's call and what it returned, raised or broke (and the end
 again; the last reply is scored. A program that breaks a sandbox limit, dies by a signal or leaves processes
 running is the model's error (kind `model`, at the stage where it ran: `env_response`, or `scoring:passed` when
 rescored): the rollout is still scored and trained on. A sandbox that cannot start python3 is an infrastructure
-error; a runtime this host lacks fails the rollout at `setup`, naming the runtime and why.
+error; a runtime this host lacks, or limits it cannot enforce (`egress`, `strict_caps`), are refused before any
+rollout starts (`runtimes.preflight`), naming them; a rollout run alone (`run_rollout`) fails at `setup` instead.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
-from pydantic import field_validator
+from pydantic import ValidationError, ValidationInfo, field_validator
 
 from tracegym.core.errors import ErrorKind, FailureKind, TraceError
 from tracegym.core.task_data import TaskData
@@ -66,12 +67,31 @@ class PythonFunctionsConfig(TasksetConfig):
     """Address space of each process of a run."""
     processes: int = 32
     """Processes a run may have at once."""
+    egress: list[str] = []
+    """`HOST:PORT`s the code may still reach (the sandbox has no network otherwise; see `Limits.egress`): each
+    hostname must resolve on this host, and the runtime must enforce it (bubblewrap, subprocess)."""
+    read_only: list[str] = []
+    """Host paths the code sees read-only (a library folder, say); each must exist (`Limits.read_only`)."""
+    devices: list[str] = []
+    """Host device nodes the sandbox shows (e.g. `/dev/nvidia0`); each must exist (`Limits.devices`)."""
+    strict_caps: bool = False
+    """Refuse to run where memory_mb, processes and the sandbox's disk cannot be capped per sandbox (no cgroup,
+    not root), instead of per process with a warning (`Limits.strict_caps`)."""
 
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, value: str) -> str:
         if value not in RUNTIMES:
             raise ValueError(f"unknown runtime {value!r}; known: {', '.join(RUNTIMES)}")
+        return value
+
+    @field_validator("egress", "read_only", "devices")
+    @classmethod
+    def _valid_limit(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        try:
+            Limits.model_validate({info.field_name: value})
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
         return value
 
     @field_validator("attempts", "tests_per_task")
@@ -84,7 +104,8 @@ class PythonFunctionsConfig(TasksetConfig):
     def limits(self) -> Limits:
         """The sandbox limits of one run."""
         return Limits(wall_seconds=self.wall_seconds, cpu_seconds=self.cpu_seconds, memory_mb=self.memory_mb,
-                      processes=self.processes, output_bytes=200_000)
+                      processes=self.processes, output_bytes=200_000, egress=tuple(self.egress),
+                      read_only=tuple(self.read_only), devices=tuple(self.devices), strict_caps=self.strict_caps)
 
 
 class FunctionData(TaskData):

@@ -76,6 +76,10 @@ class WordleTask(Task):
 
     max_turns = 6
 
+    def gold(self) -> str:
+        """The hidden word, guessed first."""
+        return f"<guess>{self.data.answer}</guess>"
+
     def guesses(self, trace: Trace) -> list[str | None]:
         """The parsed guess of every reply so far (None where a reply had no tag)."""
         return [parse_guess(m.text) for m in trace.completion if m.role == "assistant"]

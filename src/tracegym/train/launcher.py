@@ -2,8 +2,10 @@
 `model.servers` of them, the teacher's vLLM when the run serves it, one env server per environment, the
 orchestrator, the trainer), each with its own log in the run folder, and supervises them: if one dies, all are
 stopped and the user is told which one and shown the tail of its log (one of several vLLM servers dying is
-reported and the run goes on with the others). Ctrl-C (and SIGTERM, which `tracegym rl` turns into one)
-stops everything; a launcher killed outright leaves nothing either: each process exits with it.
+reported and the run goes on with the others). Each role's stages report their progress (`runtimes.watchdog`); the
+launcher names a stage silent past its soft budget and stops the run when one is past its hard budget. Ctrl-C (and
+SIGTERM, which `tracegym rl` turns into one) stops everything; a launcher killed outright leaves nothing either:
+each process exits with it.
 
 With `trainer.num_processes` N > 1 the trainer role is started under `torchrun` (torch's `torch.distributed.run`,
 one node, N ranks that find each other on loopback); torchrun stops every rank when one fails or it is stopped.
@@ -27,6 +29,14 @@ from tracegym.models.embedded import embedded_model_dir
 from tracegym.models.vllm_server import VLLMServer, is_cpu_build, log_tail
 from tracegym.models.vllm_servers import VLLMServers
 from tracegym.runtimes import processes
+from tracegym.runtimes.watchdog import (
+    DRAIN_CANCELLED_EXIT,
+    STALLED_EXIT,
+    ProgressFiles,
+    ShutdownDeadline,
+    Stage,
+    WatchdogConfig,
+)
 from tracegym.serve.env_client import check_env_server_runs
 from tracegym.serve.local_server import local_server
 from tracegym.train.launch_plan import LaunchPlan, RolePlan, TeacherPlan
@@ -83,14 +93,19 @@ def start_role(role: RolePlan, run_dir: Path) -> Role:
     return Role(role.name, proc, log_path, log)
 
 
-def launch(plan: LaunchPlan, out: IO[str] = sys.stdout) -> int:
+def launch(plan: LaunchPlan, out: IO[str] = sys.stdout, watchdog: WatchdogConfig | None = None) -> int:
     """Run the whole RL run here, as `plan` says; 0 when every step trained, 1 when a process died (named, with
-    its log tail)."""
+    its log tail), 5 when a stage made no progress within its `watchdog` budget (6 when that was only the
+    held-out evaluation after the last step). Stopping the processes has the shutdown budget, then they are
+    killed."""
     if plan.slurm is not None:
         raise UsageError("this run is laid out for Slurm (cluster = 'slurm'): submit its batch script instead")
+    watchdog = watchdog or WatchdogConfig()
     folder = RLFolder(plan.run_dir)
     folder.logs.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
+    for old in folder.logs.glob("progress-*.json"):  # an earlier session's (a resume): no role of this one's
+        old.unlink()
+    with ShutdownDeadline(watchdog.shutdown) as deadline, contextlib.ExitStack() as stack:
         count = plan.vllm_servers
         say(out, "starting vLLM ..." if count == 1 else f"starting {count} vLLM servers ...")
         servers = stack.enter_context(VLLMServers(plan.vllm, count, plan.vllm_cores))
@@ -104,11 +119,18 @@ def launch(plan: LaunchPlan, out: IO[str] = sys.stdout) -> int:
                                          **teacher))
         roles = [start_role(plan.trainer, plan.run_dir), start_role(plan.orchestrator, plan.run_dir)]
         say(out, f"running {plan.steps} steps; metrics: {folder.metrics.path}, logs: {folder.logs}")
-        try:
-            return supervise(roles, servers, out)
-        finally:
-            for role in roles:
-                role.stop()
+        return run_roles(roles, servers, out, ProgressFiles(folder.logs, watchdog), deadline)
+
+
+def run_roles(roles: list[Role], servers: VLLMServers, out: IO[str], progress: ProgressFiles,
+              deadline: ShutdownDeadline) -> int:
+    """Supervise the started roles to the end (`supervise`), then stop them, within the shutdown `deadline`."""
+    try:
+        return supervise(roles, servers, out, progress)
+    finally:
+        deadline.start()
+        for role in roles:
+            role.stop()
 
 
 @contextlib.contextmanager
@@ -138,12 +160,14 @@ def start_env_servers(envs: dict[str, EnvChoice], run_dir: Path, stack: contextl
     return addresses
 
 
-def supervise(roles: list[Role], servers: VLLMServers, out: IO[str]) -> int:
+def supervise(roles: list[Role], servers: VLLMServers, out: IO[str], progress: ProgressFiles | None = None) -> int:
     """Wait until the orchestrator and trainer both finish; stop at the first failure and report it. Of several
     vLLM servers, one that dies is reported and the run goes on with the others (rollouts move to them); the
-    last one dying ends the run."""
+    last one dying ends the run. `progress`: the roles' stages, judged each look (`judge`)."""
     lost: set[str] = set()
     while True:
+        if progress is not None and (code := judge(progress, out)) is not None:
+            return code
         codes = {r.name: r.proc.poll() for r in roles}
         failed = [r for r in roles if codes[r.name] not in (None, 0)]
         check_servers(servers, lost, out)
@@ -159,6 +183,22 @@ def supervise(roles: list[Role], servers: VLLMServers, out: IO[str]) -> int:
             say(out, "done")
             return 0
         time.sleep(0.5)
+
+
+def judge(progress: ProgressFiles, out: IO[str]) -> int | None:
+    """Say each new watchdog warning; the exit code when a stage is past its hard budget (saying why), else None."""
+    warnings, stalled = progress.check()
+    for warning in warnings:
+        say(out, warning)
+    if stalled is None:
+        return None
+    role, stall = stalled
+    if stall.stage == Stage.EVAL_DRAIN:
+        say(out, f"every step trained; the held-out evaluation after the last step was cancelled: {role}: "
+                 f"{stall.line()}; stopping everything")
+        return DRAIN_CANCELLED_EXIT
+    say(out, f"stopping everything: {role}: {stall.line()}")
+    return STALLED_EXIT
 
 
 def check_servers(servers: VLLMServers, lost: set[str], out: IO[str]) -> None:

@@ -25,6 +25,7 @@ built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import statistics
@@ -43,6 +44,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.seats import Seats
 from tracegym.models.endpoint import Endpoint
+from tracegym.runtimes.watchdog import Stage, beat, watch
 from tracegym.serve.env_client import EnvClient, ask, describe
 from tracegym.serve.served_taskset import ServedTaskset
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
@@ -149,7 +151,8 @@ class Orchestrator:
                 await self.step(self.next_step)
             await self.evaluate(self.plan.steps, wait=True)
         finally:
-            await self.aclose()
+            with watch(Stage.SHUTDOWN, "closing the env clients"):
+                await self.aclose()
 
     async def step(self, step: int) -> None:
         """Make and hand over the batch of `step` once the trainer's policy allows it; evaluate when it is time."""
@@ -209,8 +212,9 @@ class Orchestrator:
     async def train_on(self, groups: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
         """What the signal makes of a step's groups (the policy `version` served when the step started), samples
         too old for the step dropped (and counted) before the signal finishes them; with the signal's figures."""
-        samples, made = await self.signal.samples(groups, version)
-        samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
+        with watch(Stage.BATCH_ASSEMBLY, f"of step {groups.step}"):
+            samples, made = await self.signal.samples(groups, version)
+            samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
         return samples, {**made, **finished}
 
     async def run_groups(self, endpoint: Endpoint, model: str, finished: FinishedGroups | None = None,
@@ -232,9 +236,10 @@ class Orchestrator:
             if finished is not None and (kept := finished.take(attempt, place, data.key)) is not None:
                 return kept
             async with gate:
-                played = await asyncio.gather(*(env.client.episodes(
-                    env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
-                    for indices, seats in requests))
+                with watch(Stage.ENV_SERVER, f"({env.id} task {data.key})"):
+                    played = await asyncio.gather(*(env.client.episodes(
+                        env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
+                        for indices, seats in requests))
             done = [e for episodes in played for e in episodes]
             if finished is not None:
                 finished.record(attempt, place, done)
@@ -312,18 +317,20 @@ class Orchestrator:
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
         """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
-        once the trainer has published it; else the one served now), and a multi-agent one's game figures; each
-        environment's episodes go to its folder under `evals/`."""
+        once the trainer has published it, the run's last step: from then on the evaluation is the watchdog's eval
+        drain; else the one served now), and a multi-agent one's game figures; each environment's episodes go to its
+        folder under `evals/`."""
         if not self.held_out.envs:
             return
         at_least = step if wait else 0
         version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
-        for env in self.held_out.envs:
-            played = await self.held_out_played(env, endpoint)
-            self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
-            record = reward_figures(played) | (game_figures(played) if env.seating is not None else {})
-            self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
+        with watch(Stage.EVAL_DRAIN, f"after step {step}") if wait else contextlib.nullcontext():
+            for env in self.held_out.envs:
+                played = await self.held_out_played(env, endpoint)
+                self.folder.write_episodes(step, [e for e, _ in played], held_out=env.id)
+                record = reward_figures(played) | (game_figures(played) if env.seating is not None else {})
+                self.folder.metrics.append({"eval_step": step, "env": env.id, "policy_version": version, **record})
 
     async def held_out_played(self, env: HeldOutEnv, endpoint: Endpoint) -> list[tuple[Episode, list[str]]]:
         """Every held-out task of `env` played once, with the learner's seats of each episode: a single-agent
@@ -353,7 +360,10 @@ class Orchestrator:
 
         async def one(data: TaskData) -> T:
             async with gate:
-                return await run(data)
+                with watch(Stage.ENV_SERVER, f"(held-out {env.id} task {data.key})"):
+                    done = await run(data)
+            beat(Stage.EVAL_DRAIN, f"held-out task {data.key} of {env.id} evaluated")
+            return done
 
         return list(await asyncio.gather(*(one(data) for data in env.rows)))
 

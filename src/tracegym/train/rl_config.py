@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -17,6 +17,7 @@ from tracegym.core.errors import UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.models.client_settings import ClientKind
 from tracegym.models.model_choice import ModelChoice
+from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.difficulty import DifficultyConfig
@@ -39,6 +40,13 @@ RENAMES = [
     Rename("orchestrator.std_normalize", "orchestrator.advantage.std"),
     Rename("orchestrator.filter_no_signal", "orchestrator.advantage.filter_no_signal"),
     Rename("orchestrator.advantage", "orchestrator.advantage.name"),  # `advantage = "rae"`: a shorthand, kept
+    # prime-rl's spellings: `[[orchestrator.env]]` (older), `[[orchestrator.train.env]]`, `max_steps`,
+    # `rollouts_per_example` (an entry's `args` is an alias of `options`: EnvChoice)
+    Rename("orchestrator.env", "orchestrator.train.envs"),
+    Rename("orchestrator.train.env", "orchestrator.train.envs"),
+    Rename("orchestrator.eval.env", "orchestrator.eval.envs"),
+    Rename("max_steps", "steps"),
+    Rename("orchestrator.rollouts_per_example", "orchestrator.group_size"),
 ]
 """Keys that moved: each still works, with a warning naming its new place."""
 
@@ -53,8 +61,8 @@ class EnvChoice(EnvServerChoice):
     """Taskset id."""
     weight: float = 1.0
     """Share of each step's tasks drawn from this environment (relative to the others)."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """The taskset's own options (its Config fields)."""
+    options: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("options", "args"))
+    """The taskset's own options (its Config fields); `args` (prime-rl's name) is taken too."""
     play: Play = Play()
     """A multi-agent environment: who the learner is in each episode and whom it plays (default: every seat is
     the policy and trains)."""
@@ -147,6 +155,21 @@ class OrchestratorConfig(BaseModel):
     @classmethod
     def _advantage_by_name(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _batch_size_in_groups(cls, data: Any) -> Any:
+        """prime-rl's `batch_size` (rollouts per step) as `tasks_per_step` groups of `group_size`."""
+        if not isinstance(data, dict) or "batch_size" not in data:
+            return data
+        data = dict(data)
+        batch, group = data.pop("batch_size"), data.get("group_size", cls.model_fields["group_size"].default)
+        if "tasks_per_step" in data:
+            raise ValueError("set tasks_per_step or batch_size (prime-rl's rollouts per step), not both")
+        if not isinstance(batch, int) or not isinstance(group, int) or batch <= 0 or group <= 0 or batch % group:
+            raise ValueError(f"batch_size = {batch!r} (prime-rl's rollouts per step) must be a positive multiple of "
+                             f"group_size ({group!r})")
+        return {**data, "tasks_per_step": batch // group}
 
     @model_validator(mode="after")
     def _refills_need_groups(self) -> OrchestratorConfig:
@@ -256,6 +279,10 @@ class RLConfig(BaseConfig):
     slurm: SlurmConfig = SlurmConfig()
     tracking: TrackingConfig = TrackingConfig()
     """Where the orchestrator's records go besides `metrics.jsonl`: Weights & Biases, TensorBoard."""
+    watchdog: WatchdogConfig = WatchdogConfig()
+    """How long each stage of every process may make no progress: named as a warning after
+    `--watchdog.warn-after`, the run stopped after the stage's own budget (`--watchdog.weight-sync 900`, ...):
+    exit 5, or 6 when only the held-out evaluation after the last step was cancelled (`--watchdog.eval-drain`)."""
 
     @model_validator(mode="before")
     @classmethod

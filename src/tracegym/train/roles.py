@@ -2,7 +2,8 @@
 
 `python -m tracegym.train.roles {orchestrator|trainer} RUN_DIR` reads the run's `config.toml` and the
 `endpoints.json` the launcher wrote (vLLM's URL, the served base model, each env server's address).
-A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log. A role
+A role exits non-zero with one line on stderr when it fails; the launcher shows the tail of its log. Each role's
+stages report their progress to its progress file (`runtimes.watchdog.reporting`), which the launcher judges. A role
 whose launcher is gone (killed with -9, it could stop nothing) exits within a second rather than linger.
 
 With `trainer.num_processes > 1` the trainer role runs once per rank under `torchrun`, whose agent is then each
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from tracegym.core.errors import TracegymError
 from tracegym.runtimes.processes import Parent, watch_parent
+from tracegym.runtimes.watchdog import reporting
 from tracegym.train.regeneration import STOPPED_EXIT, EmptyBatch
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
@@ -117,7 +119,8 @@ def main(argv: list[str]) -> int:
         return 2
     exit_with_parent(int(os.environ.get(LAUNCHER_PID_ENV, os.getppid())))
     try:
-        ROLES[argv[0]](Path(argv[1]))
+        with reporting(RLFolder(Path(argv[1])).logs, progress_name(argv[0])):
+            ROLES[argv[0]](Path(argv[1]))
     except EmptyBatch as exc:  # not a crash: the run cannot learn as configured, and says why
         print(f"{argv[0]}: stopped the run: {exc}", file=sys.stderr)
         return STOPPED_EXIT
@@ -127,6 +130,12 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def progress_name(role: str) -> str:
+    """The name the role reports its progress under (`runtimes.watchdog`): a trainer rank's carries its rank."""
+    rank = os.environ.get("RANK")
+    return f"{role}-rank{rank}" if rank is not None and role == "trainer" else role
 
 
 def exit_role(code: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import InfrastructureError, ModelError, TracegymError, UsageError
@@ -162,12 +163,23 @@ def check_teacher(teacher: TeacherModel, scorer: str, student_model: str,
 
 
 def load_tokenizer(source: str, section: str) -> Any:
+    """The tokenizer of `source` (a model folder or a hub id); a UsageError naming `section` when it cannot be
+    loaded, and saying so plainly when `source` is a folder path that does not exist (the hub's complaint about
+    its form would mislead)."""
     from transformers import AutoTokenizer
 
+    if is_folder_path(source) and not Path(source).expanduser().is_dir():
+        raise UsageError(f"{section}: {source!r} is no model folder (nothing is there yet?): name a folder with "
+                         "the model's weights and tokenizer (an RL run's weights/merged), or a hub id")
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise UsageError(f"{section}: cannot load the tokenizer of {source!r}: {exc}") from None
+
+
+def is_folder_path(name: str) -> bool:
+    """True when `name` can only be a folder path, not a hub id (`namespace/name`)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1
 
 
 def endpoint_tokens(teacher: TeacherModel, text: str) -> list[int]:

@@ -11,6 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tracegym.runtimes.watchdog import Stage, watch
 from tracegym.train.rl_folder import ORCHESTRATOR_STATE, RESUMED_FROM, Batch, Poll, RLFolder, step_of
 from tracegym.train.trainer import Trainer
 
@@ -44,7 +45,8 @@ class TrainerLoop:
     def step(self, step: int, batch: Batch) -> None:
         """Train on one batch, serve the new weights, log, and checkpoint when it is time."""
         started = time.perf_counter()
-        metrics = self.trainer.step(batch.samples) if batch.samples else {"skipped_empty_batch": 1.0}
+        with watch(Stage.TRAINER_STEP, str(step)):
+            metrics = self.trainer.step(batch.samples) if batch.samples else {"skipped_empty_batch": 1.0}
         if not batch.samples:
             self.trainer.version += 1  # an empty batch (every group filtered) still advances the step
         trained = time.perf_counter()
@@ -67,6 +69,10 @@ class TrainerLoop:
     def serve_weights(self) -> None:
         """Hand the trainer's weights to vLLM and record the policy version it now serves (every rank gathers
         the weights; rank 0 writes and publishes them)."""
+        with watch(Stage.WEIGHT_SYNC, f"of version {self.trainer.version}"):
+            self._serve_weights()
+
+    def _serve_weights(self) -> None:
         if self.merged and not self.trainer.is_lora:  # vLLM holds the frozen embeddings already
             path = self.trainer.save_merged(self.folder.changed_weights(), changed_only=True)
         else:  # an adapter: loaded as one, or merged by vLLM into the base weights it keeps
@@ -88,6 +94,10 @@ class TrainerLoop:
     def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
         (what each resumes from), then marked complete."""
+        with watch(Stage.CHECKPOINT, f"after step {step}"):
+            return self._checkpoint(step, orchestrator)
+
+    def _checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         path = self.folder.new_checkpoint(step) if self.main else self.folder.checkpoint_path(step)
         self.trainer.save(path, {ORCHESTRATOR_STATE: orchestrator})
         if self.merged:  # whole, so a run's weights/merged serves on its own (e.g. as a teacher)
