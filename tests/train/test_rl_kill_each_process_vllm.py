@@ -56,14 +56,19 @@ def descendants(pid: int) -> dict[int, tuple[int, str]]:
     return {p: (parents[p], commands.get(p, "")) for p in found}
 
 
-def the(run: subprocess.Popen, *parts: str) -> int:
-    """The process of the run whose command line holds every one of `parts` (waiting for it to start): the inner
-    one where one runs another (vLLM under its supervisor), the first of several alike (an env server's workers)."""
+def the(run: subprocess.Popen, *parts: str, parent: tuple[str, ...] = ()) -> int:
+    """The process of the run whose command line holds every one of `parts`, and its parent's `parent` (waiting for
+    it to start): the inner one where one runs another (vLLM under its supervisor), the first of several alike (an
+    env server's workers)."""
     found: list[int] = []
+
+    def holds(pid: int, wanted: tuple[str, ...], processes: dict[int, tuple[int, str]]) -> bool:
+        return all(part in processes.get(pid, (0, ""))[1] for part in wanted)
 
     def started() -> bool:
         processes = descendants(run.pid)
-        matches = {p for p, (_, command) in processes.items() if all(part in command for part in parts)}
+        matches = {p for p, (ppid, _) in processes.items() if holds(p, parts, processes)
+                   and holds(ppid, parent, processes)}
         found[:] = [min({p for p in matches if processes[p][0] in matches} or matches)] if matches else []
         return bool(found) or run.poll() is not None
 
@@ -101,13 +106,13 @@ class Ledger:
         return sum(len(p.read_text().splitlines()) for p in (self.folder.path / "partial").glob("*.jsonl"))
 
 
-WORKER = ("tracegym.serve.worker", '{"seed": 0}')
-"""A worker of the training env server (the held-out one's have seed 12345)."""
 TRAINER = ("tracegym.train.roles trainer",)
 ORCHESTRATOR = ("tracegym.train.roles orchestrator",)
 VLLM = ("vllm.entrypoints.openai.api_server",)
 ENV_SERVER = ("tracegym.cli.main serve", "logs/env-reverse-text ")
 """The training env server (the held-out one logs to `env-eval-reverse-text`)."""
+WORKER = ("tracegym.serve.worker",)
+"""A worker of the training env server (`the` finds it under `ENV_SERVER`)."""
 LAUNCHER = ("tracegym.cli.main rl",)
 """`tracegym rl` itself: killed with -9, it can stop nothing; every other process must exit with it."""
 
@@ -128,7 +133,8 @@ def attempt(tmp_path: Path, run_dir: Path, kills: list[tuple[str, list[tuple[str
         for moment, processes in kills:
             before = moments[moment]()
             # found before the moment, so that the kill comes within a poll of it (a step takes seconds)
-            pids = [run.pid if parts == LAUNCHER else the(run, *parts) for parts in processes]
+            pids = [run.pid if parts == LAUNCHER else the(run, *parts, parent=ENV_SERVER if parts == WORKER else ())
+                    for parts in processes]
             seen |= set(descendants(run.pid))  # now: once the launcher is dead, its children are no longer its
             poll(lambda: moments[moment]() > before or run.poll() is not None, RUN_S, f"a new {moment}")  # noqa: B023
             assert run.poll() is None, f"the run ended (exit {run.returncode}) before {processes} were killed"
