@@ -2,6 +2,7 @@
 run on a simulated allocation (stand-ins for `scontrol`, `srun`, `python` and `tracegym` that record their calls)."""
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,10 +11,10 @@ import pytest
 from tracegym.cli.main import main
 from tracegym.core.errors import UsageError
 from tracegym.testing import FakeOpenAIServer
-from tracegym.train.cluster import check_resolves, sbatch_script, write_endpoints, write_sbatch
+from tracegym.train.cluster import REQUEUE_NOTICE_S, check_resolves, sbatch_script, write_endpoints, write_sbatch
 from tracegym.train.launch_plan import plan_launch
 from tracegym.train.rl_config import parse_rl_args
-from tracegym.train.rl_folder import RLFolder
+from tracegym.train.rl_folder import Poll, RLFolder
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SHIPPED = CONFIGS / "rl" / "reverse_text.toml"
@@ -46,7 +47,7 @@ def test_a_node_that_does_not_resolve_is_named():
 
 
 FAKES = {
-    "scontrol": 'printf "%s\\n" $SIM_NODES',
+    "scontrol": """if [ "$1" = requeue ]; then echo "scontrol $*" >> "$SIM_LOG"; else printf "%s\\n" $SIM_NODES; fi""",
     "srun": """while [[ "$1" == --* ]]; do shift; done
 pids=()
 for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done
@@ -59,26 +60,34 @@ exec sleep 60""",
 }
 
 
-def simulate(tmp_path, nodes: str, *args: str) -> tuple[list[str], str]:
-    """Run the script written for `args` on a simulated allocation of `nodes`; the calls each node made (sorted) and
-    the run folder."""
+def allocation(tmp_path, nodes: str, *args: str, fakes: dict[str, str] = FAKES, restart: int = 0,
+               ) -> tuple[list[str], dict[str, str]]:
+    """The command that runs the script written for `args` on a simulated allocation of `nodes` (the stand-ins
+    `fakes`; `restart`: the job's attempt), and its environment."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in FAKES.items():
+    for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    run_dir.mkdir(exist_ok=True)
     run_config = config("--slurm.setup", "[]", "--slurm.project-dir", str(tmp_path), *args)
     script = write_sbatch(plan_launch(run_config, run_dir))
     log = tmp_path / "calls.log"
     count = len(nodes.split())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SIM_NODES": nodes,
            "SIM_LOG": str(log), "SLURM_JOB_NODELIST": f"sim[1-{count}]", "SLURM_JOB_NUM_NODES": str(count),
-           "SLURM_JOB_ID": "77"}
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+           "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restart)}
+    return ["bash", str(script)], env
+
+
+def simulate(tmp_path, nodes: str, *args: str, restart: int = 0) -> tuple[list[str], str]:
+    """Run the script written for `args` on a simulated allocation of `nodes`; the calls each node made (sorted) and
+    the run folder."""
+    command, env = allocation(tmp_path, nodes, *args, restart=restart)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return sorted(log.read_text().splitlines()), str(run_dir.resolve())
+    return sorted(Path(env["SIM_LOG"]).read_text().splitlines()), str((tmp_path / "run").resolve())
 
 
 def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
@@ -98,7 +107,7 @@ def test_each_node_starts_its_part_with_the_others_addresses(tmp_path):
         "node=2 " + torchrun.format(0),
         "node=3 " + torchrun.format(1),
     ])
-    assert (run_dir / "slurm" / "done-77").exists()
+    assert (run_dir / "slurm" / "done-77-0").exists()
 
 
 def test_several_inference_nodes_each_serve_and_all_reach_the_endpoints(tmp_path):
@@ -133,3 +142,54 @@ def test_a_teacher_the_run_would_serve_is_refused_on_slurm_naming_it(tmp_path):
     config = parse_rl_args(["@", str(CONFIGS / "opd" / "reverse_text.toml"), "--cluster", "slurm"])[0]
     with pytest.raises(UsageError, match=r"\[teacher\] name: a Slurm run does not serve its teacher"):
         plan_launch(config, tmp_path)
+
+
+def test_the_script_asks_to_be_requeued_and_to_be_signalled_before_its_time_limit():
+    script = sbatch_script(plan_launch(config(), Path("/shared/runs/reverse-text")))
+    assert "#SBATCH --requeue\n" in script and f"#SBATCH --signal=B:USR1@{REQUEUE_NOTICE_S}\n" in script
+    assert "#SBATCH --open-mode=append\n" in script  # each attempt's log follows the one before
+    assert "trap requeue USR1" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+
+
+def test_a_requeued_attempt_runs_every_nodes_part_again_under_its_own_markers(tmp_path):
+    (tmp_path / "run" / "slurm").mkdir(parents=True)
+    (tmp_path / "run" / "slurm" / "ready-77-0").touch()  # left by the attempt that was stopped
+    calls, run = simulate(tmp_path, "gpu1 cpu1 gpu2 gpu3", restart=1)
+    assert f"node=0 python -m tracegym.train.cluster vllm {run} 8000 0" in calls
+    assert f"node=2 python -m tracegym.train.roles orchestrator {run}" in calls
+    assert (tmp_path / "run" / "slurm" / "done-77-1").exists()
+
+
+def test_the_time_limit_signal_requeues_the_job_and_stops_its_steps(tmp_path):
+    """`--signal=B:USR1@N` reaches the batch shell while srun runs the nodes' parts; the job asks to be requeued
+    and ends its steps (Slurm then starts the next attempt)."""
+    fakes = {**FAKES, "srun": 'echo "srun started" >> "$SIM_LOG"\nexec sleep 60'}
+    command, env = allocation(tmp_path, "gpu1 cpu1 gpu2 gpu3", fakes=fakes)
+    log = Path(env["SIM_LOG"])
+    job = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert Poll("srun to start", 30).wait(lambda: log.exists() and "srun started" in log.read_text())
+        job.send_signal(signal.SIGUSR1)
+        _, err = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert "scontrol requeue 77" in log.read_text().splitlines()
+    assert "requeued, its next attempt resumes the run" in err
+
+
+def test_a_requeued_attempt_goes_on_from_the_run_folder(tmp_path):
+    """The endpoints step of each attempt rewinds the folder as `--resume` does: the checkpoint and the batches
+    made past it are kept for the trainer; the policy the stopped attempt's vLLM served is forgotten."""
+    assert main(["rl", "@", str(SHIPPED), "--cluster", "slurm", "--output-dir", str(tmp_path), "--run-id", "r",
+                 "--slurm.setup", "[]"]) == 0
+    folder = RLFolder(tmp_path / "r")
+    for step in range(3):
+        folder.write_batch(step, [], state={"next_step": step + 1})
+    checkpoint = folder.new_checkpoint(1)
+    checkpoint.mkdir(parents=True)
+    folder.complete(checkpoint, version=1)
+    folder.publish_policy(2, "policy")
+    with FakeOpenAIServer(rule=lambda request: "ok") as vllm:
+        write_endpoints(folder.path, [vllm.base_url], {}, wait_s=30.0)
+    assert folder.made_ahead(1) == [1, 2] and folder.resume_state() == {"next_step": 3}
+    assert folder.policy("base") == (0, "base")

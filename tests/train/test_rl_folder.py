@@ -10,7 +10,7 @@ import pytest
 import tracegym as tg
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.sample import Sample
-from tracegym.core.trace import Trace
+from tracegym.core.trace import StopReason, Trace
 from tracegym.testing import make_episode, make_trace
 from tracegym.train.rl_folder import Endpoints, JsonlLog, Poll, RLFolder, step_name, step_of
 
@@ -80,17 +80,76 @@ def test_the_newest_complete_checkpoint_is_the_latest_and_an_unfinished_one_is_n
     assert folder.latest_checkpoint().name == "step-000010"
 
 
-def test_rewinding_drops_batches_past_the_newest_checkpoint_and_the_served_policy(tmp_path):
+def checkpointed(folder: RLFolder, step: int) -> None:
+    path = folder.new_checkpoint(step)
+    path.mkdir(parents=True)
+    folder.complete(path, version=step)
+
+
+def test_rewinding_keeps_the_batches_made_past_the_newest_checkpoint_and_forgets_the_served_policy(tmp_path):
     folder = RLFolder(tmp_path)
     for step in range(4):
-        folder.write_batch(step, [])
-    path = folder.new_checkpoint(2)
-    path.mkdir(parents=True)
-    folder.complete(path, version=2)
+        folder.write_batch(step, [], {"reward": step}, state={"next_step": step + 1})
+    checkpointed(folder, 2)
     folder.publish_policy(3, "policy")
     assert folder.rewind() == 2
-    assert [folder.read_batch(s) is not None for s in range(4)] == [True, True, False, False]
+    assert all(folder.read_batch(s) is not None for s in range(4)) and folder.made_ahead(2) == [2, 3]
     assert folder.policy("base") == (0, "base")
+    assert folder.resume_state() == {"next_step": 4}  # the orchestrator goes on after the newest batch
+
+
+def test_rewinding_logs_a_kept_batch_whose_metrics_record_a_kill_cut_off(tmp_path):
+    folder = RLFolder(tmp_path)
+    folder.write_batch(0, [], {"reward": 0.5})  # killed before its record was appended
+    folder.rewind()
+    folder.rewind()
+    assert [(r["step"], r["reward"]) for r in folder.metrics.read()] == [(0, 0.5)]
+
+
+def test_rewinding_drops_the_finished_groups_of_a_step_whose_batch_was_made(tmp_path):
+    folder = RLFolder(tmp_path)
+    folder.write_batch(0, [])
+    for step in (0, 1):
+        folder.finished_groups(step).record(0, 0, [Episode.solo(make_trace())])
+    folder.rewind()
+    assert not folder.finished_groups(0).kept and folder.finished_groups(1).kept
+
+
+def test_finished_groups_come_back_by_place_and_only_for_the_same_task(tmp_path):
+    episode = Episode.solo(make_trace())
+    RLFolder(tmp_path).finished_groups(3).record(0, 1, [episode])
+    kept = RLFolder(tmp_path).finished_groups(3)
+    assert kept.take(0, 1, "another task") is None
+    kept = RLFolder(tmp_path).finished_groups(3)
+    assert kept.take(0, 0, episode.task_key) is None and kept.take(1, 1, episode.task_key) is None
+    assert kept.take(0, 1, episode.task_key) == [episode] and kept.taken == 1
+
+
+def test_a_group_with_a_failed_rollout_is_not_kept_for_its_failure_may_be_the_kills(tmp_path):
+    folder = RLFolder(tmp_path)
+    cut = make_trace(error=tg.ErrorKind.INFRASTRUCTURE, stop_reason=StopReason.ERROR)
+    folder.finished_groups(0).record(0, 0, [Episode.solo(make_trace()), Episode.solo(cut)])
+    assert not folder.finished_groups(0).kept
+
+
+def test_a_finished_group_cut_off_by_a_kill_is_dropped_and_the_next_one_starts_on_a_new_line(tmp_path):
+    folder = RLFolder(tmp_path)
+    episode = Episode.solo(make_trace())
+    folder.finished_groups(0).record(0, 0, [episode])
+    path = tmp_path / "partial" / "step-000000.jsonl"
+    with path.open("a") as f:
+        f.write('{"attempt": 0, "index": 1, "epis')
+    resumed = folder.finished_groups(0)
+    resumed.record(0, 2, [episode])
+    assert sorted(folder.finished_groups(0).kept) == [(0, 0), (0, 2)]
+
+
+def test_the_trained_steps_are_those_the_newest_weights_carry(tmp_path):
+    folder = RLFolder(tmp_path)
+    for record in ({"step": 0}, {"step": 1}, {"step": 2}, {"step": 1, "resumed_from": 1}, {"step": 2}):
+        folder.trainer_metrics.append(record)
+    assert [r["step"] for r in folder.trained_steps()] == [0, 1, 2]
+    assert "resumed_from" in folder.trained_steps()[1]
 
 
 def test_a_metrics_log_stamps_records_and_skips_a_line_cut_off_by_a_killed_writer(tmp_path):
@@ -120,7 +179,8 @@ def test_a_new_folder_refuses_an_existing_one_and_a_resume_needs_a_config(tmp_pa
         RLFolder.resume(folder.path)
     folder.write_config({"steps": 3})
     RLFolder.resume(folder.path)
-    assert not folder.config_path.exists() and list(folder.path.glob("config.before-*.toml"))
+    assert folder.read_config() == {"steps": 3}  # kept until the new one replaces it: a killed resume can resume
+    assert list(folder.path.glob("config.before-*.toml"))
 
 
 def test_a_step_of_rollouts_is_one_trace_a_line_and_one_solo_record_a_line(tmp_path):

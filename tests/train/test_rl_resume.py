@@ -1,6 +1,7 @@
 """A resumed RL run restores the trainer and the orchestrator from one checkpoint: the orchestrator's state
 (advantage baselines, counts, task draw) reaches the trainer process with each batch and is saved with the
-trainer's checkpoint; a resume goes on exactly as the run would have, whatever the orchestrator made ahead."""
+trainer's checkpoint; a resume goes on exactly as the run would have, keeping the batches the orchestrator made
+ahead."""
 
 from test_orchestrator_failures import to_samples, tokened
 from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is an autouse fixture)
@@ -36,15 +37,31 @@ def test_a_resume_restores_the_trainer_and_the_orchestrator_from_one_checkpoint(
     make_batch(first, 0, (1.0, 0.0))
     after_step_0 = first.state_dict()
     trainer_loop(folder).step(0, folder.read_batch(0))  # trains step 0, checkpoints step 1
-    expected = make_batch(first, 1, (0.0, 0.0))  # made ahead of the trainer, then the run is killed
+    (folder.path / "batches" / "step-000000.msgpack").unlink()  # only the checkpoint holds the state now
 
-    assert folder.rewind() == 1 and folder.read_batch(1) is None
+    assert folder.rewind() == 1
     resumed = orchestrator_for(CONFIG, folder, endpoints)
     trainer = trainer_loop(folder)
     assert trainer.resume() == resumed.next_step == 1 and trainer.trainer.version == 1
     assert resumed.state_dict() == after_step_0
     assert resumed.signal.advantages.fn.baselines == {tokened(1.0).task_key: 0.5}  # the EMA baseline came back
-    assert make_batch(resumed, 1, (0.0, 0.0)) == expected  # the same tasks as the run that was killed drew
+
+
+def test_a_batch_made_ahead_of_the_checkpoint_is_kept_and_the_orchestrator_goes_on_after_it(tmp_path, endpoints):
+    folder = RLFolder(tmp_path)
+    first = orchestrator_for(CONFIG, folder, endpoints)
+    make_batch(first, 0, (1.0, 0.0))
+    trainer_loop(folder).step(0, folder.read_batch(0))  # trains step 0, checkpoints step 1
+    make_batch(first, 1, (0.0, 0.0))  # made ahead of the trainer, then the run is killed
+    after_step_1 = first.state_dict()
+    expected = make_batch(first, 2, (1.0, 1.0))
+    (folder.path / "batches" / "step-000002.msgpack").unlink()  # killed while making step 2, before its batch
+
+    assert folder.rewind() == 1 and folder.read_batch(1) is not None
+    resumed = orchestrator_for(CONFIG, folder, endpoints)
+    assert trainer_loop(folder).resume() == 1 and resumed.next_step == 2  # the trainer trains batch 1 as made
+    assert resumed.state_dict() == after_step_1
+    assert make_batch(resumed, 2, (1.0, 1.0)) == expected  # the same tasks as the run that was killed drew
 
 
 def test_a_fresh_run_starts_at_step_0_with_fresh_state(tmp_path, endpoints):

@@ -15,6 +15,13 @@ tracegym.train.cluster ...`): serving the run's vLLM on a node (as its plan conf
 address), and, on the first trainer node, waiting until every server answers and writing `endpoints.json`.
 The job ends when the trainer and orchestrator finish: the first trainer node marks the run done and the server
 nodes stop.
+
+A job that ends early comes back and goes on: the script asks to be requeued (`--requeue`: a preempted job is put
+back in the queue by Slurm), and `REQUEUE_NOTICE_S` before its time limit Slurm signals it (`--signal`), when it
+requeues itself (`scontrol requeue`). Each attempt (`SLURM_RESTART_COUNT`) starts every node's part afresh and, like
+`tracegym rl --resume`, goes on from the run folder: the newest checkpoint, the batches made past it and the groups
+of the unfinished step that had finished (`rl_folder`); nothing of the attempt that was stopped is lost or made
+twice, so no checkpoint is needed before it stops. The job's log is appended to, attempt after attempt.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ from tracegym.train.rl_folder import Endpoints, Poll, RLFolder
 from tracegym.train.roles import load_config
 
 SCRIPT = "rl.sbatch"
+REQUEUE_NOTICE_S = 300
+"""How long before its time limit the job is signalled to requeue itself (Slurm's notice may come up to a minute
+late)."""
 HEALTH_WAIT_S = 1800.0
 """How long the first trainer node waits for every server to answer (vLLM loads big models slowly)."""
 
@@ -56,6 +66,9 @@ def sbatch_script(plan: LaunchPlan) -> str:
         *[f"#SBATCH --{flag}={value}" for flag, value in
           (("partition", slurm.partition), ("account", slurm.account), ("time", slurm.time)) if value],
         f"#SBATCH --output={run_dir}/logs/slurm-%j.log",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:USR1@{REQUEUE_NOTICE_S}",
         f"# Written by `tracegym rl ... --cluster slurm` for the run in {run_dir}. Submit: sbatch {run_dir / SCRIPT}",
         "set -euo pipefail",
         "",
@@ -79,8 +92,9 @@ def sbatch_script(plan: LaunchPlan) -> str:
         'ENV_HOSTS=( "${HOSTS[@]:INFERENCE_NODES:ENV_NODES}" )',
         'TRAINER_HOSTS=( "${HOSTS[@]:INFERENCE_NODES+ENV_NODES:TRAINER_NODES}" )',
         'MASTER_ADDR="${TRAINER_HOSTS[0]}"',
-        'READY="$RUN_DIR/slurm/ready-$SLURM_JOB_ID"',
-        'DONE="$RUN_DIR/slurm/done-$SLURM_JOB_ID"',
+        'ATTEMPT="$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"  # a requeued job is the same job, once more',
+        'READY="$RUN_DIR/slurm/ready-$ATTEMPT"',
+        'DONE="$RUN_DIR/slurm/done-$ATTEMPT"',
         "",
         *_env_hosts(envs),
         "",
@@ -128,11 +142,25 @@ NODE_FUNCTIONS = r'''serve_until_done() {  # this node's servers run until the r
     kill "${SERVERS[@]}" 2>/dev/null || true
 }'''
 
-MAIN = r'''if [ "${1:-}" != node ]; then  # on the batch host: one task per node, each running this script's node part
+MAIN = r'''requeue() {  # the time limit is near (--signal): back in the queue; the next attempt resumes the run
+    echo "tracegym: job $SLURM_JOB_ID nears its time limit; requeued, its next attempt resumes the run" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+    kill -TERM "$SRUN" 2>/dev/null || true
+}
+
+if [ "${1:-}" != node ]; then  # on the batch host: one task per node, each running this script's node part
     mkdir -p "$RUN_DIR/logs" "$RUN_DIR/slurm"
+    [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ] || echo "tracegym: attempt $ATTEMPT resumes the run in $RUN_DIR" >&2
     # Env servers listen beyond loopback: they and the orchestrator share a secret made for this job.
     export TRACEGYM_ENV_SECRET="${TRACEGYM_ENV_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
-    exec srun --kill-on-bad-exit=1 bash "$RUN_DIR/rl.sbatch" node
+    srun --kill-on-bad-exit=1 bash "$RUN_DIR/rl.sbatch" node &
+    SRUN=$!
+    trap requeue USR1
+    while true; do
+        STATUS=0
+        wait "$SRUN" || STATUS=$?
+        kill -0 "$SRUN" 2>/dev/null || exit "$STATUS"  # srun ended: its status is the job's
+    done  # a signal's trap ended the wait early: srun goes on until the requeue stops it
 fi
 
 setup

@@ -14,7 +14,9 @@ both from one place). Held-out environments are evaluated before the first step,
 after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
 episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
 `evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
-its pass-rate band when drawing, and refills the step's groups without signal.
+its pass-rate band when drawing, and refills the step's groups without signal. Each group is kept in the run
+folder as it finishes, so a resume after a kill mid-step runs only the others (`rl_folder.FinishedGroups`,
+counted as `groups_kept`).
 
 `build_orchestrator` makes one from the `[orchestrator]` section and the parts the orchestrator process
 built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class takes only its parts.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import statistics
 import time
@@ -50,7 +53,7 @@ from tracegym.train.filters import RolloutFilter, screen
 from tracegym.train.opponent_pool import OpponentPool, lora_loader
 from tracegym.train.regeneration import regenerated
 from tracegym.train.rl_config import EnvChoice, OrchestratorConfig, env_server_key
-from tracegym.train.rl_folder import ENDPOINTS, Endpoints, Poll, RLFolder, orchestrator_state
+from tracegym.train.rl_folder import ENDPOINTS, Endpoints, FinishedGroups, Poll, RLFolder
 from tracegym.train.seating import Play, Seating
 from tracegym.train.signal import Group, Signal, StepGroups, learner_traces
 from tracegym.train.staleness import StalenessControl
@@ -175,6 +178,7 @@ class Orchestrator:
         self.next_step = step + 1
         self.folder.write_batch(step, samples, metrics, state=self.state_dict())
         self.folder.metrics.append({"step": step, **metrics})
+        self.folder.forget_finished(step)
 
     async def policy_when(self, accept: Callable[[int], bool], what: str) -> tuple[int, str]:
         """The served policy (version, model name to request) once `accept(version)`; until then the trainer
@@ -190,8 +194,9 @@ class Orchestrator:
                       ) -> tuple[list[Sample], dict[str, Any]]:
         """The samples of one step and its metrics; the traces of a later `attempt` join the step's earlier ones."""
         started = time.monotonic()
+        finished = self.folder.finished_groups(step)
         groups, env_ids = await self.run_groups(self.signal.rollout_endpoint(
-            self.endpoint.model_copy(update={"model": model})), model)
+            self.endpoint.model_copy(update={"model": model})), model, finished, attempt)
         trained = [learner_traces(g) for g in groups]
         check_not_all_failed(step, trained, [e for g in groups for e in g])
         screening = screen(self.filters, ((env_id, t) for env_id, traces in zip(env_ids, trained, strict=True)
@@ -200,6 +205,7 @@ class Orchestrator:
         self.write(step, groups, keep=attempt > 0)
         metrics = step_metrics(trained, samples, time.monotonic() - started)
         metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
+                        **({"groups_kept": finished.taken} if finished.taken else {}),
                         **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
         return samples, metrics
 
@@ -211,9 +217,11 @@ class Orchestrator:
             samples, finished = await self.signal.finish(self.staleness.admit(samples, groups.step))
         return samples, {**made, **finished}
 
-    async def run_groups(self, endpoint: Endpoint, model: str) -> tuple[list[Group], list[str]]:
+    async def run_groups(self, endpoint: Endpoint, model: str, finished: FinishedGroups | None = None,
+                         attempt: int = 0) -> tuple[list[Group], list[str]]:
         """One group per drawn task (refilled where online difficulty asks), run against `endpoint` with the seats
-        of the policy `model`; and the environment of each."""
+        of the policy `model`; and the environment of each. Each group is kept in `finished` as it finishes (the
+        step's `attempt`), and one a killed run finished there already is taken from it instead of run again."""
         gate = asyncio.Semaphore(max(1, self.plan.concurrency // self.plan.group_size))
         if self.pool is not None:
             await asyncio.to_thread(self.pool.refresh)  # the checkpoints the trainer wrote since the last step
@@ -222,19 +230,27 @@ class Orchestrator:
         # every draw from the run's generator happens here, in order, so a resumed run draws the same
         plans = [(env, data, self.requests(env, model)) for env, data in self.draw()]
 
-        async def group(env: TrainEnv, data: TaskData, requests: list[Request]) -> Group:
+        places = itertools.count()  # each group's place in the order the step drew its tasks
+
+        async def group(env: TrainEnv, data: TaskData, requests: list[Request], place: int) -> Group:
+            if finished is not None and (kept := finished.take(attempt, place, data.key)) is not None:
+                return kept
             async with gate:
                 with watch(Stage.ENV_SERVER, f"({env.id} task {data.key})"):
                     played = await asyncio.gather(*(env.client.episodes(
                         env.served, data, endpoint, indices, seats=seats, sampling=self.plan.sampling)
                         for indices, seats in requests))
-                return [e for episodes in played for e in episodes]
+            done = [e for episodes in played for e in episodes]
+            if finished is not None:
+                finished.record(attempt, place, done)
+            return done
 
         async def refill(env_ids: list[str]) -> list[Group]:  # draws every task (in order) before any runs
             more = [(self.envs[i], self.difficulty.draw(i, self.envs[i].stream.next)) for i in env_ids]
-            return list(await asyncio.gather(*(group(env, data, self.requests(env, model)) for env, data in more)))
+            return list(await asyncio.gather(*(group(env, data, self.requests(env, model), next(places))
+                                               for env, data in more)))
 
-        drawn = await asyncio.gather(*(group(*plan) for plan in plans))
+        drawn = await asyncio.gather(*(group(*plan, next(places)) for plan in plans))
         return await self.difficulty.complete(drawn, [env.id for env, _, _ in plans], self.plan.tasks_per_step,
                                               refill)
 
@@ -365,8 +381,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
                        endpoint: Endpoint, signal: Signal) -> Orchestrator:
     """The orchestrator the `[orchestrator]` section describes for a run of `steps` steps, sampling the policy at
     `endpoint` and training on what `signal` makes of its groups, calling the env servers in `endpoints` (each
-    asked what it serves: no taskset's code runs here); when the folder has a checkpoint, resumed from the
-    orchestrator state saved with it."""
+    asked what it serves: no taskset's code runs here); resumed from the state the folder holds (`resume_state`),
+    if any."""
     uses_pool = any(e.play.opponent == "pool" for e in [*orch.train.envs, *orch.eval.envs])
     pool = OpponentPool(folder, lora_loader(endpoint.servers()), endpoints.base_model) if uses_pool else None
     servers = EnvServers(folder, endpoints)
@@ -393,9 +409,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
                                 filters=orch.filters.active(), difficulty=difficulty, pool=pool)
-    checkpoint = folder.latest_checkpoint()
-    if checkpoint is not None:
-        orchestrator.load_state_dict(orchestrator_state(checkpoint))
+    if (state := folder.resume_state()) is not None:
+        orchestrator.load_state_dict(state)
     return orchestrator
 
 

@@ -35,7 +35,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     written.append(_series(out / "staleness.png", steps, "staleness", "staleness (steps)"))
     if any("opd/kl" in m for m in steps):  # an on-policy distillation run
         written.append(_series(out / "kl.png", steps, "opd/kl", "per-token reverse KL to the teacher"))
-    trainer = folder.trainer_metrics.read()
+    trainer = folder.trained_steps()
     if trainer:
         written.append(_series(out / "loss.png", trainer, "loss", "trainer loss"))
     return written

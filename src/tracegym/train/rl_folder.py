@@ -8,8 +8,11 @@
                                     vLLM, or full weights / without LoRA, merged weights but the frozen embeddings)
     weights/merged/                 the merged weights at the last checkpoint: a servable model directory
     checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
+    partial/step-000009.jsonl       the groups of the step being made that finished so far, a line each: a resume
+                                    after a kill mid-step keeps them instead of running them again
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
-    trainer_metrics.jsonl           the trainer's records: one per step
+    trainer_metrics.jsonl           the trainer's records: one per step; the first after a resume says from which
+                                    checkpoint (`"resumed_from": 8`; `trained_steps`: the records the weights carry)
     traces/step-000007.jsonl        the member traces of step 7's episodes (a single-agent rollout's trace alone)
     episodes/step-000007.jsonl      step 7's episode records, joined with their traces by id (`config.episode_log`)
     evals/<env>/traces/step-000010.jsonl, evals/<env>/episodes/step-000010.jsonl
@@ -50,6 +53,10 @@ from tracegym.train.tracking import Tracking
 ORCHESTRATOR_STATE = "orchestrator"
 """The key of the orchestrator's state in a trainer checkpoint's extra state."""
 CONFIG, ENDPOINTS, POLICY, DONE = "config.toml", "endpoints.json", "policy.json", "DONE"
+PARTIAL = "partial"
+"""The folder of the unfinished steps' finished groups (`FinishedGroups`)."""
+RESUMED_FROM = "resumed_from"
+"""The key, in the trainer's first step record after a resume, of the checkpoint's step it resumed from."""
 STEP_PREFIX = "step-"
 TRACES, EPISODES = "traces", "episodes"
 """The folders of each step's episode log: its member traces and its episode records."""
@@ -190,11 +197,12 @@ class RLFolder:
 
     @classmethod
     def resume(cls, path: Path) -> RLFolder:
-        """An existing run folder, its config moved aside (`config.before-<time>.toml`) for the new one."""
+        """An existing run folder, its config copied aside (`config.before-<time>.toml`) before the new one
+        replaces it (copied, not moved: a resume killed before it writes the new one can itself be resumed)."""
         folder = cls(path)
         if not folder.config_path.is_file():
             raise UsageError(f"--resume {path}: not an RL run folder (no {CONFIG})")
-        folder.config_path.rename(path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
+        shutil.copyfile(folder.config_path, path / f"config.before-{time.strftime('%Y%m%d-%H%M%S')}.toml")
         return folder
 
     def track(self, tracking: Tracking) -> None:
@@ -233,15 +241,58 @@ class RLFolder:
         return self.logs / f"env-{server.replace(':', '-')}"
 
     def rewind(self) -> int:
-        """Before the processes start: forget what was made past the newest checkpoint (batches from its step on,
-        and the served policy: a new vLLM serves none yet, the trainer republishes it). Returns that step."""
+        """Before the processes start: forget the served policy (a new vLLM serves none yet; the trainer republishes
+        it), keep the batches made past the newest checkpoint (the trainer trains them; each gets its metrics record
+        if a kill came between the two), and drop the finished groups of steps whose batch was made. Returns the
+        newest checkpoint's step, where the trainer goes on."""
         checkpoint = self.latest_checkpoint()
         start = step_of(checkpoint) if checkpoint else 0
-        for batch in self._steps("batches", "*.msgpack"):
-            if step_of(batch) >= start:
-                batch.unlink()
+        made = self.made_ahead(start)
+        logged = {r["step"] for r in self.metrics.read() if "step" in r}
+        for step in made:
+            batch = self.read_batch(step)
+            if step not in logged and batch is not None:
+                self.metrics.append({"step": step, **batch.meta})
+        for partial in self._steps(PARTIAL, "*.jsonl"):
+            if step_of(partial) < start + len(made):
+                partial.unlink()
         (self.path / POLICY).unlink(missing_ok=True)
         return start
+
+    def made_ahead(self, start: int) -> list[int]:
+        """The steps from `start` on whose batch the orchestrator made (in order, so without a gap)."""
+        steps: list[int] = []
+        while self._batch_path(start + len(steps)).exists():
+            steps.append(start + len(steps))
+        return steps
+
+    def resume_state(self) -> dict[str, Any] | None:
+        """The orchestrator's state to go on from: saved with the newest batch made past the newest checkpoint, else
+        with that checkpoint; None for a run with neither (it starts afresh)."""
+        checkpoint = self.latest_checkpoint()
+        made = self.made_ahead(step_of(checkpoint) if checkpoint else 0)
+        batch = self.read_batch(made[-1]) if made else None
+        if batch is not None and batch.state:
+            return batch.state
+        return orchestrator_state(checkpoint) if checkpoint else None
+
+    def trained_steps(self) -> list[dict[str, Any]]:
+        """The trainer's step records that the newest weights carry, in order: a record made after the newest
+        checkpoint by a run that was then killed is dropped at the resume that trained that step again."""
+        carried: list[dict[str, Any]] = []
+        for record in self.trainer_metrics.read():
+            if RESUMED_FROM in record:
+                carried = [r for r in carried if r["step"] < record[RESUMED_FROM]]
+            carried.append(record)
+        return carried
+
+    def finished_groups(self, step: int) -> FinishedGroups:
+        """The groups of `step` finished so far (by a run killed while making it), to keep and add to."""
+        return FinishedGroups(self._partial_path(step))
+
+    def forget_finished(self, step: int) -> None:
+        """The batch of `step` is made: its finished groups are in it."""
+        self._partial_path(step).unlink(missing_ok=True)
 
     # --- the exchange between orchestrator and trainer -----------------------------------------------------
     def write_batch(self, step: int, samples: list[Sample], meta: dict[str, Any] | None = None,
@@ -299,7 +350,7 @@ class RLFolder:
 
     def complete(self, checkpoint: Path, version: int) -> None:
         """Mark a fully written checkpoint usable (a kill mid-write leaves none, so a resume skips it)."""
-        (checkpoint / DONE).write_text(json.dumps({"step": step_of(checkpoint), "version": version}))
+        write_atomic(checkpoint / DONE, json.dumps({"step": step_of(checkpoint), "version": version}))
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint."""
@@ -344,12 +395,63 @@ class RLFolder:
         root = self.path / EVALS
         return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
+    def _partial_path(self, step: int) -> Path:
+        return self.path / PARTIAL / f"{step_name(step)}.jsonl"
+
     def _batch_path(self, step: int) -> Path:
         return self.path / "batches" / f"{step_name(step)}.msgpack"
 
     def _steps(self, folder: str, pattern: str) -> list[Path]:
         """The per-step files or folders of `folder` matching `pattern` (under a `step-N` name)."""
         return list((self.path / folder).glob(f"{STEP_PREFIX}{pattern}"))
+
+
+class FinishedGroups:
+    """The groups of one step finished so far, appended a line each as each finishes (a partial-rollout
+    checkpoint): a resume after a kill mid-step takes each that ran the same task at the same place of the step
+    instead of running it again. Each group is named by the step's attempt (`regeneration`) and its place in the
+    order the step drew its tasks; a line cut off by the kill is dropped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.kept = self._read()
+        self.taken = 0
+        """The groups taken from an earlier run."""
+
+    def take(self, attempt: int, index: int, task_key: str) -> list[Episode] | None:
+        """The group an earlier run finished at this place, if it ran `task_key`."""
+        kept = self.kept.pop((attempt, index), None)
+        if kept is None or not kept or kept[0].task_key != task_key:
+            return None
+        self.taken += 1
+        return kept
+
+    def record(self, attempt: int, index: int, group: list[Episode]) -> None:
+        """Keep a group that just finished (one write of one line: a kill leaves it whole or cut off), unless one
+        of its rollouts failed: that failure may be the kill's own doing (a connection cut, a cancel, a server
+        gone), so a resume runs the group again."""
+        if any(e.error is not None or any(t.failure is not None for t in e.traces.values()) for e in group):
+            return
+        line = json.dumps({"attempt": attempt, "index": index, "episodes": [e.model_dump(mode="json") for e in group]})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(line + "\n")
+
+    def _read(self) -> dict[tuple[int, int], list[Episode]]:
+        """The whole lines, by (attempt, index); the file cut back to them, so that the next line starts afresh."""
+        if not self.path.exists():
+            return {}
+        kept: dict[tuple[int, int], list[Episode]] = {}
+        whole = []
+        for line in self.path.read_bytes().split(b"\n"):
+            try:
+                record = json.loads(line)
+                kept[(record["attempt"], record["index"])] = [Episode.model_validate(e) for e in record["episodes"]]
+            except (ValueError, KeyError, TypeError, ValidationError):
+                continue
+            whole.append(line + b"\n")
+        write_atomic(self.path, b"".join(whole))
+        return kept
 
 
 def orchestrator_state(checkpoint: Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Trainer loop: the trainer process of an RL run: wait for each step's batch, step, publish the new weights to
 vLLM, checkpoint (with the orchestrator's state that came with the batch). Resumes from the newest checkpoint in
-the run folder.
+the run folder (its first step record then says `"resumed_from": N`), then trains the batches made past it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.runtimes.watchdog import Stage, watch
-from tracegym.train.rl_folder import ORCHESTRATOR_STATE, Batch, Poll, RLFolder, step_of
+from tracegym.train.rl_folder import ORCHESTRATOR_STATE, RESUMED_FROM, Batch, Poll, RLFolder, step_of
 from tracegym.train.trainer import Trainer
 
 Publish = Callable[[Path, int], str]
@@ -33,6 +33,8 @@ class TrainerLoop:
         `alive` is False once the orchestrator's side is gone (stop waiting for batches)."""
         self.folder, self.trainer, self.publish = folder, trainer, publish
         self.steps, self.checkpoint_every, self.merged, self.alive = steps, checkpoint_every, merged, alive
+        self.resumed_from: int | None = None
+        """The checkpoint's step, until the first step after a resume records it (`RLFolder.trained_steps`)."""
 
     def run(self) -> None:
         """Every step from the newest checkpoint (if there is one) on."""
@@ -51,9 +53,11 @@ class TrainerLoop:
         self.serve_weights()
         synced = time.perf_counter()
         if self.main:
+            resumed = {} if self.resumed_from is None else {RESUMED_FROM: self.resumed_from}
             self.folder.trainer_metrics.append({"step": step, **metrics, "train_s": trained - started,
                                                 "weight_sync_s": synced - trained,
-                                                "generation_s": batch.meta.get("generation_s")})
+                                                "generation_s": batch.meta.get("generation_s"), **resumed})
+        self.resumed_from = None
         if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
             self.checkpoint(step + 1, batch.state)
 
@@ -79,11 +83,13 @@ class TrainerLoop:
     def resume(self) -> int:
         """Load the newest checkpoint (if any), serve its weights, and return the first step still to train."""
         path = self.folder.latest_checkpoint()
-        if path is None:
-            return 0
-        self.trainer.load(path)
-        self.serve_weights()
-        return step_of(path)
+        start = step_of(path) if path is not None else 0
+        if path is not None:
+            self.trainer.load(path)
+            self.serve_weights()
+        if path is not None or self.folder.trainer_metrics.path.exists():  # a killed run's records may follow it
+            self.resumed_from = start
+        return start
 
     def checkpoint(self, step: int, orchestrator: dict[str, Any]) -> Path:
         """The trainer's state after `step` steps and the orchestrator's once it made the last batch of them
