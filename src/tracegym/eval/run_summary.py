@@ -9,6 +9,7 @@ from rich.table import Table
 
 from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.core.episode import Episode
+from tracegym.core.error_rate import failed_share
 from tracegym.eval.episode_summary import EpisodeSummary, episode_table, summarize_episodes
 from tracegym.eval.summary import Summary, summarize, summary_table
 
@@ -39,14 +40,6 @@ def too_many_failed(summary: Summary | EpisodeSummary, max_error_rate: float) ->
     if too_many is None:
         return None
     return f"{too_many}: the figures above are of the {total - bad} others; the summary's failures say what went wrong"
-
-
-def failed_share(bad: int, total: int, unit: str, max_error_rate: float) -> str | None:
-    """`--max-error-rate`'s one rule, for eval and RL: "`bad` of `total` `unit` failed (...), more than
-    --max-error-rate allows" when more than that fraction failed; None when not (or when nothing ran)."""
-    if total == 0 or bad / total <= max_error_rate:
-        return None
-    return f"{bad} of {total} {unit} failed ({bad / total:.0%}), more than --max-error-rate {max_error_rate:g} allows"
 
 
 def run_table(summary: Summary | EpisodeSummary, title: str = "") -> Table:

@@ -5,7 +5,7 @@ Every rollout a step ran counts, its empty attempts' (`regeneration`) included; 
 counts once (its last record). The unit is the learner's rollout (a multi-agent episode's trainable members' traces),
 and, for multi-agent environments, also the episode: one lost whole (its env-server request failed) leaves no
 learner trace to count, so episodes are tallied beside rollouts (`episode_errors` of `episodes`). The failed share
-is over the whole run, with `tracegym eval`'s meaning (`--max-error-rate`, `eval.run_summary.failed_share`); a step
+is over the whole run, with `tracegym eval`'s meaning (`--max-error-rate`, `core.error_rate.failed_share`); a step
 whose every rollout failed already stopped the run (`orchestrator.check_not_all_failed`).
 
 >>> tally = RunTally.of([{"step": 0, "rollouts": 8, "rollouts_failed": 2, "failed/model_unavailable": 2,
@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracegym.eval.run_summary import failed_share
+from tracegym.core.error_rate import failed_share
 
 FAILED = "failed/"
 """The prefix of a step record's count of one failure kind (`orchestrator.step_metrics`)."""
