@@ -196,6 +196,27 @@ def test_a_tokenizer_that_cannot_be_loaded_exits_2_naming_the_flag_before_any_fo
     assert not (tmp_path / "out").exists()
 
 
+
+def test_a_tokens_client_without_a_tokenizer_flag_exits_2_naming_the_flag_before_any_folder(server, tmp_path, capsys):
+    err = refused(capsys, ["eval", "reverse-text", "-n", "1", "--model.base-url", server.base_url, "--model.client",
+                           "tokens", "--output-dir", str(tmp_path / "out")])
+    assert err.startswith("tracegym eval: --model.tokenizer 'fake-model': cannot load a tokenizer from it")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_endpoint_that_does_not_answer_exits_1_in_one_line_before_any_folder(tmp_path, capsys):
+    url = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
+    assert main(["eval", "reverse-text", "--model.base-url", url, "--output-dir", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{url}/models is unreachable" in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_of_a_folder_that_does_not_exist_exits_2_naming_it(tmp_path, capsys):
+    err = refused(capsys, ["eval", "--resume", str(tmp_path / "no-such-run")])
+    assert f"{str(tmp_path / 'no-such-run')!r} is not a run folder: no such directory" in err
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 96 KiB tmpfs: a run folder on it fills up after a few dozen rollouts."""

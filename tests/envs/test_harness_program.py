@@ -145,7 +145,7 @@ import time; time.sleep(30)  # the harness ends it: the rollout is over
     task, trace = await run(ProgramHarness(python(bad), limits=QUICK))
     [error] = trace.errors
     assert (error.stage, error.kind) == ("model", ErrorKind.TASK) and "malformed" in error.message
-    assert trace.stop_reason == StopReason.ERROR and trace.duration("program") < 10
+    assert trace.stop_reason == StopReason.ERROR and trace.duration("program") < 25  # not its 30 s sleep
     assert task.program.result is None  # cancelled, its process tree reaped
 
 
@@ -153,14 +153,14 @@ async def test_a_model_call_past_its_timeout_ends_the_rollout_and_the_program():
     _, trace = await run(ProgramHarness(python(ONE_CALL), limits=QUICK), ScriptedModel([Stall(None)]), model=0.5)
     [error] = trace.errors
     assert (error.stage, error.kind) == ("model", ErrorKind.TIMEOUT)
-    assert trace.stop_reason == StopReason.TIMEOUT and trace.duration("program") < 5
+    assert trace.stop_reason == StopReason.TIMEOUT and trace.duration("program") < 25  # the stall is endless
 
 
 async def test_the_rollout_deadline_ends_a_program_that_runs_on():
     stays = ASK + "ask(json.loads(os.environ['TRACEGYM_MESSAGES']))\nimport time; time.sleep(60)"
     task, trace = await run(ProgramHarness(python(stays), limits=QUICK), rollout=2.0)
     assert trace.stop_reason == StopReason.TIMEOUT and [e.stage for e in trace.errors] == ["rollout"]
-    assert trace.num_turns == 1 and trace.duration() < 6
+    assert trace.num_turns == 1 and trace.duration() < 30  # not its 60 s sleep
     assert not task.program.workdir.exists()
 
 

@@ -239,7 +239,7 @@ async def test_env_response_message_list_is_appended_as_given():
 async def test_rollout_timeout_ends_the_rollout_and_frees_its_slot():
     start = time.monotonic()
     [trace] = await tg.evaluate(taskset(), ScriptedModel([Stall(None)]), timeouts=tg.Timeouts(rollout=0.2))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30  # the model stalls forever: the deadline ended it
     assert trace.stop_reason == tg.StopReason.TIMEOUT
     assert [(e.kind, e.stage) for e in trace.errors] == [(tg.ErrorKind.TIMEOUT, "rollout")]
     assert trace.rewards["said_yes"].score is None

@@ -338,11 +338,12 @@ def hung_endpoint() -> tuple[FakeOpenAIServer, threading.Event]:
 async def test_a_model_timeout_through_the_http_client_ends_the_rollout_as_a_timeout_at_its_deadline():
     fake, _ = hung_endpoint()
     with fake:
-        async with ChatClient(Endpoint(base_url=fake.base_url, model=fake.model, timeout=0.5)) as client:
+        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, timeout=0.5, max_retries=30)
+        async with ChatClient(endpoint) as client:
             start = time.monotonic()
             [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, timeouts=tg.Timeouts(model=0.5))
             elapsed = time.monotonic() - start
-    assert elapsed < 2  # the stage's 0.5 s, not 4 attempts of 0.5 s plus their backoff
+    assert elapsed < 10  # the stage's 0.5 s (a loaded machine's lag aside), not 31 attempts of 0.5 s
     assert trace.stop_reason == tg.StopReason.TIMEOUT
     [error] = trace.errors
     assert (error.kind, error.stage) == (tg.ErrorKind.TIMEOUT, "model")
@@ -351,12 +352,12 @@ async def test_a_model_timeout_through_the_http_client_ends_the_rollout_as_a_tim
 
 async def test_the_model_timeout_bounds_the_retries_and_their_backoff():
     with FakeOpenAIServer(["ok"], fail_first=100, fail_status=503) as fake:
-        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=10, backoff=0.2)
+        endpoint = Endpoint(base_url=fake.base_url, model=fake.model, max_retries=60, backoff=0.2)
         async with ChatClient(endpoint) as client:
             start = time.monotonic()
             [trace] = await tg.evaluate("reverse-text", client, num_tasks=1, timeouts=tg.Timeouts(model=0.5))
             elapsed = time.monotonic() - start
-    assert elapsed < 2 and trace.stop_reason == tg.StopReason.TIMEOUT
+    assert elapsed < 10 and trace.stop_reason == tg.StopReason.TIMEOUT  # not 60 backoffs of 0.2 s or more
     assert [(e.kind, e.stage) for e in trace.errors] == [(tg.ErrorKind.TIMEOUT, "model")]
 
 
@@ -368,7 +369,7 @@ async def test_a_caller_deadline_equal_to_the_http_timeout_is_not_retried_past()
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(client.complete(HELLO), 0.5)
             elapsed = time.monotonic() - start
-    assert elapsed < 2 and len(fake.requests) == 1
+    assert elapsed < 10 and len(fake.requests) == 1
 
 
 async def test_cancelling_a_call_in_flight_ends_it_at_once():

@@ -92,7 +92,7 @@ async def test_a_server_that_stops_answering_is_taken_out_by_its_probe_and_its_r
         started = time.monotonic()
         served = await sessions(router, 4, 1)  # two land on b and hang until its probe fails (0.1 s + 0.5 s)
         took = time.monotonic() - started
-        assert {turns[0] for turns in served.values()} == {"a"} and took < 5.0, (served, took)
+        assert {turns[0] for turns in served.values()} == {"a"} and took < 30, (served, took)  # not the 60 s
         assert router.stats.taken_out == 1
         b.hung = False
         await asyncio.sleep(0.4)

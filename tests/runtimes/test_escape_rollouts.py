@@ -41,7 +41,8 @@ HOSTILE = {  # the function each task asks for -> what the model answers
     "running_sum": "while True:\n    pass",
 }
 EXPECTED = {  # the function -> the limit or ending its trace error names
-    "sum_digits": ("processes", "wall"), "reverse_words": ("memory",), "is_palindrome": ("left 1 process",),
+    "sum_digits": ("processes", "wall"), "is_palindrome": ("left 1 process",),
+    "reverse_words": ("memory", "MemoryError"),  # its allocation refused, then (a loaded machine) past its wall
     "count_vowels": ("signal 9",), "running_sum": ("cpu", "wall"),
     "fizzbuzz": ("wall", "output", "cpu"),  # a writer busy on an idle machine may spend its CPU seconds first
 }

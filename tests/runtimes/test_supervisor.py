@@ -50,8 +50,8 @@ def test_a_stop_request_stops_the_command_and_the_group(signum: int):
     proc, grandchild = supervise(parent=os.getpid(), sleep_s=60)
     started = time.monotonic()
     proc.send_signal(signum)  # to the supervisor alone, not its group
-    proc.wait(20)
-    assert time.monotonic() - started < 10
+    proc.wait(30)
+    assert time.monotonic() - started < 30  # not the command's 60 s
     assert not process_alive(grandchild) and group_members(proc.pid) == []
 
 

@@ -17,6 +17,8 @@ from tracegym.testing.echo import Echo
 
 
 async def test_health_reports_ready_workers(server):
+    # the spare starts once the pool is ready (seconds later on a loaded machine): not ready, it is not in "spares"
+    assert await asyncio.to_thread(wait_for, lambda: server.pool.counts()["spare"] == 1, 30)
     async with EnvClient(server.bound) as client:
         health = await client.health()
     assert health["ok"] and health["workers"]["ready"] == 1 and len(set(health["pids"]) - set(health["spares"])) == 1

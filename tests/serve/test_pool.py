@@ -31,8 +31,9 @@ def test_max_below_min_is_refused():
 async def test_elastic_pool_grows_with_load_and_shrinks_when_idle(endpoint):
     with running_server(size=PoolSize(min=1, max=2, grow_at=2, idle_s=0.3)) as server:
         async with EnvClient(server.bound) as client:
-            jobs = [asyncio.create_task(client.run(task(f"sleep-2.{i}"), endpoint)) for i in range(4)]
-            assert await asyncio.to_thread(wait_ready, server, 2, 15)
+            # the stall outlasts a worker's start on a loaded machine (else the first worker ends them all alone)
+            jobs = [asyncio.create_task(client.run(task(f"sleep-8.{i}"), endpoint)) for i in range(4)]
+            assert await asyncio.to_thread(wait_ready, server, 2, 30)
             await asyncio.gather(*jobs)
         assert await asyncio.to_thread(wait_for, lambda: server.stats["workers_retired"] == 1, 10)
         assert server.pool.counts()["ready"] == 1  # and the warm spare, never retired:
@@ -44,9 +45,9 @@ async def test_a_burst_moves_to_a_new_worker_once_it_is_ready(endpoint):
     with running_server(size=PoolSize(min=1, max=2, grow_at=2, idle_s=5)) as server:
         async with EnvClient(server.bound) as client:
             jobs = [asyncio.create_task(client.run(task(f"sleep-8.{i}"), endpoint)) for i in range(4)]
-            assert await asyncio.to_thread(wait_ready, server, 2, 15)
-            spread = await asyncio.to_thread(
-                wait_for, lambda: sorted(len(h.jobs) for h in server.pool.workers.values()) == [2, 2], 5)
+            assert await asyncio.to_thread(wait_ready, server, 2, 30)
+            spread = await asyncio.to_thread(  # the workers with requests (the new spare behind them has none)
+                wait_for, lambda: sorted(len(h.jobs) for h in server.pool.workers.values() if h.jobs) == [2, 2], 5)
             assert spread, [len(h.jobs) for h in server.pool.workers.values()]
             await asyncio.gather(*jobs)
 

@@ -53,6 +53,6 @@ async def test_a_worker_ends_a_hung_model_call_at_the_model_stage_deadline(endpo
             [trace] = [t async for t in client.evaluate_iter(Echo(), retrying, pairs=[(task("sleep-30"), 0)],
                                                              timeouts=tg.Timeouts(model=0.5))]
             elapsed = time.monotonic() - start
-    assert elapsed < 5 and trace.stop_reason == tg.StopReason.TIMEOUT
+    assert elapsed < 20 and trace.stop_reason == tg.StopReason.TIMEOUT  # not the 30 s stall, even on a loaded machine
     assert [(e.kind, e.stage, e.message) for e in trace.errors] == [
         (tg.ErrorKind.TIMEOUT, "model", "model timed out: the stage ran past 0.5 s")]

@@ -134,16 +134,21 @@ class EnvClient:
     async def _on(self, host: Connection, method: str, payload: Any, request_id: str, deadline: float) -> Any:
         """One request's result from `host`; a request refused as over the server's budget while others of ours
         are out there is sent again once one of them is answered (the budget bounds what the server holds, and
-        ours frees as it answers), until the deadline."""
+        ours frees as it answers), until the deadline; one refused while others were out that have all been
+        answered by the time the refusal is read is sent again at once, once."""
         loop = asyncio.get_running_loop()
+        again_at_once = True
         while True:
             result = await host.request(method, payload, request_id, max(0.0, deadline - loop.time()),
                                         self.max_request_bytes)
-            if not (isinstance(result, RemoteError) and result.type == OVER_BUDGET and host.load
-                    and loop.time() < deadline):
+            if not (isinstance(result, RemoteError) and result.type == OVER_BUDGET and loop.time() < deadline
+                    and (host.load or again_at_once)):
                 return result
             self.resent += 1
-            await host.answered(deadline - loop.time())
+            if host.load:
+                await host.answered(deadline - loop.time())
+            else:
+                again_at_once = False
 
     def _pick(self, tried: list[Connection]) -> Connection:
         """The least-loaded server not tried yet, preferring those whose link is up."""

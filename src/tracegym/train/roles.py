@@ -23,11 +23,11 @@ from tracegym.core.errors import TracegymError
 from tracegym.runtimes.processes import Parent, watch_parent
 from tracegym.runtimes.watchdog import reporting
 from tracegym.train.regeneration import STOPPED_EXIT, EmptyBatch
-from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import Endpoints, RLFolder
 
 if TYPE_CHECKING:
     from tracegym.train.orchestrator import Orchestrator
+    from tracegym.train.rl_config import RLConfig
 
 ORPHANED_EXIT = 3
 """Exit code of a role whose launcher died."""
@@ -36,7 +36,10 @@ LAUNCHER_PID_ENV = "TRACEGYM_LAUNCHER_PID"
 
 
 def load_config(run_dir: Path) -> RLConfig:
-    """The run's resolved config (`tracegym rl` wrote it)."""
+    """The run's resolved config (`tracegym rl` wrote it); imported here, as it brings in torch (the trainer's
+    config), which a role that only watches its launcher (`exit_with_parent`) does without."""
+    from tracegym.train.rl_config import RLConfig
+
     return RLConfig.model_validate(RLFolder(run_dir).read_config())
 
 
