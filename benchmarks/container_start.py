@@ -31,11 +31,9 @@ import asyncio
 import functools
 import math
 import statistics
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
-from sandbox_start import PROGRAM, MemoryPeak, plain_start, sandboxed_start
+from sandbox_start import burst, plain_start, sandboxed_start
 
 from tracegym.runtimes.admission import Admission, AdmissionConfig, host_memory
 from tracegym.runtimes.container import Container, ContainerConfinement, detect_engine
@@ -101,51 +99,6 @@ async def start_table(samples: int) -> None:
     for label, values in times.items():
         p50, p99, least = percentiles(values)
         print(f"{label:32} {p50:8.1f} {p99:8.1f} {least:8.1f}")
-
-
-@dataclass
-class Burst:
-    """What a burst of starts saw (seconds)."""
-
-    waits: list[float] = field(default_factory=list)
-    starts: list[float] = field(default_factory=list)
-    wholes: list[float] = field(default_factory=list)
-    aborts: list[str] = field(default_factory=list)
-    open_now: int = 0
-    most_open: int = 0
-
-
-async def burst(open_one: Callable[[], Awaitable[Sandbox]], queued: int) -> tuple[Burst, float, int]:
-    """`queued` starts at once (open, one run, close) through `open_one`; what they saw, the wall seconds and the
-    peak memory above the start (MB)."""
-    seen, memory = Burst(), MemoryPeak()
-    requested = time.time()
-
-    async def start() -> None:
-        try:
-            sandbox = await open_one()
-        except Exception as exc:
-            seen.aborts.append(f"open: {type(exc).__name__}: {exc}")
-            return
-        seen.waits.append(time.time() - requested)
-        seen.open_now += 1
-        seen.most_open = max(seen.most_open, seen.open_now)
-        try:
-            called = time.time()
-            result = await sandbox.run(PROGRAM)
-            if result.ok:
-                seen.starts.append(float(result.stdout) - called)
-                seen.wholes.append(float(result.stdout) - requested)
-            else:
-                seen.aborts.append(f"run: {result.start_error or result.limit or result.exit_code} "
-                                   f"{result.stderr[-200:]}")
-        finally:
-            seen.open_now -= 1
-            await sandbox.close()
-
-    began = time.perf_counter()
-    await asyncio.gather(*(start() for _ in range(queued)))
-    return seen, time.perf_counter() - began, memory.stop()
 
 
 def spread(values: list[float]) -> str:

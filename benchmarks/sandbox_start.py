@@ -222,19 +222,22 @@ class MemoryPeak:
 
 @dataclass
 class Burst:
-    """What a burst of starts saw."""
+    """What a burst of starts saw (seconds): each start's wait for its open, its run's start to the first
+instruction, and the whole from the burst's request."""
 
-    latencies: list[float] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)
+    wholes: list[float] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     open_now: int = 0
     most_open: int = 0
 
 
 async def burst(open_one: Callable[[], Awaitable[Sandbox]], queued: int) -> tuple[Burst, float, int]:
-    """`queued` starts at once (open, first run, close) through `open_one`; what they saw, the wall seconds and the
+    """`queued` starts at once (open, one run, close) through `open_one`; what they saw, the wall seconds and the
     peak memory above the start (MB)."""
     seen, memory = Burst(), MemoryPeak()
-    requested = time.time()  # all of them, now: each one's wait for the loop counts in its latency
+    requested = time.time()
 
     async def start() -> None:
         try:
@@ -242,15 +245,18 @@ async def burst(open_one: Callable[[], Awaitable[Sandbox]], queued: int) -> tupl
         except Exception as exc:
             seen.aborts.append(f"open: {type(exc).__name__}: {exc}")
             return
+        seen.waits.append(time.time() - requested)
         seen.open_now += 1
         seen.most_open = max(seen.most_open, seen.open_now)
         try:
+            called = time.time()
             result = await sandbox.run(PROGRAM)
             if result.ok:
-                seen.latencies.append(float(result.stdout) - requested)
+                seen.starts.append(float(result.stdout) - called)
+                seen.wholes.append(float(result.stdout) - requested)
             else:
-                why = result.start_error or result.limit or result.exit_code
-                seen.aborts.append(f"run: {why} {result.stderr[-200:]}")
+                seen.aborts.append(f"run: {result.start_error or result.limit or result.exit_code} "
+                                   f"{result.stderr[-200:]}")
         finally:
             seen.open_now -= 1
             await sandbox.close()
@@ -277,11 +283,12 @@ async def burst_table(queued: int, memory_mb: int, caps: list[int], overcommits:
             continue
         settings = [(cap, over) for cap in caps or [config.max_starting] for over in overcommits or [1.0]]
         for cap, over in [(0, 1.0), *settings]:
-            admission = Admission(config.model_copy(update={"max_starting": cap, "memory_overcommit": over}))
+            if cap:  # 0: without admission, every start at once
+                admission = Admission(config.model_copy(update={"max_starting": cap, "memory_overcommit": over}))
             seen, wall, peak = await burst(functools.partial(admission.open, runtime) if cap else runtime.open,
                                            queued)
-            p50, p99 = percentiles(seen.latencies) if seen.latencies else (float("nan"), float("nan"))
-            worst = max(seen.latencies, default=float("nan"))
+            p50, p99 = percentiles(seen.wholes) if seen.wholes else (float("nan"), float("nan"))
+            worst = max(seen.wholes, default=float("nan"))
             mode = (f"{cap}" + (f" x{over:g}" if over != 1 else "")) if cap else "off"
             print(f"{label:38} {mode:>11} {len(seen.aborts):6} {p50:7.2f} {p99:7.2f} "
                   f"{worst:7.2f} {wall:7.2f} {seen.most_open:9} {peak:8}")
