@@ -15,9 +15,6 @@ from tracegym.serve.env_client import check_env_server
 from tracegym.testing import FakeOpenAIServer
 from tracegym.testing.echo import Echo
 
-SLOW = {"setup_sleep": 0.5}
-"""Each rollout holds its request for half a second, so a server can be lost with requests in flight."""
-
 
 def free_address() -> str:
     with socket.socket() as probe:
@@ -25,18 +22,31 @@ def free_address() -> str:
         return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
 
 
+HELD = {"setup_sleep": 5.0}
+"""Each rollout holds its request long enough that all of a test's requests are out before any is answered, on a
+loaded machine too."""
+
+
+async def in_flight(client: EnvClient, count: int, deadline_s: float = 30.0) -> list[int]:
+    """Each host's load once `count` requests are out (polled; a deadline, not a guess at how long sending takes)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while sum(h.load for h in client.hosts) < count and loop.time() < end:
+        await asyncio.sleep(0.01)
+    return [h.load for h in client.hosts]
+
+
 async def test_a_server_stopped_mid_run_costs_no_rollout_and_none_runs_twice(endpoint):
-    taskset = Echo(SLOW)
+    taskset = Echo(HELD)
     with contextlib.ExitStack() as stack:
-        kept = [stack.enter_context(running_server(SLOW)) for _ in range(2)]
+        kept = [stack.enter_context(running_server(HELD)) for _ in range(2)]
         doomed = contextlib.ExitStack()
-        lost = doomed.enter_context(running_server(SLOW))
+        lost = doomed.enter_context(running_server(HELD))
         async with EnvClient([kept[0].bound, lost.bound, kept[1].bound], per_request=1) as client:
             run = asyncio.ensure_future(client.evaluate(taskset, endpoint, num_tasks=12, concurrency=12))
-            await asyncio.sleep(0.25)  # all 12 requests sent, 4 on each server, none answered yet
-            assert [h.load for h in client.hosts] == [4, 4, 4]
+            assert await in_flight(client, 12) == [4, 4, 4]  # none answered yet: each holds its request 5 s
             await asyncio.to_thread(doomed.close)
-            traces = await asyncio.wait_for(run, 30)
+            traces = await asyncio.wait_for(run, 60)
     assert len(traces) == 12 and all(t.ok for t in traces), [t.errors for t in traces if not t.ok]
     assert len({(t.task_key, t.rollout_index) for t in traces}) == 12
     assert client.moved == 4
