@@ -230,3 +230,21 @@ async def test_independent_darkroom_images_async_tools_done_and_every_reward_con
     assert {k: r.score for k, r in trace.rewards.items()} == {"lit_photos": 1.0, "Darkroom": 1.0}
     assert trace.metrics["completion_tokens"] > 0  # log_metric, from the completion_ids it was given
     assert [t.name for t in model.requests[0].tools] == ["describe", "leave", "photograph", "switch"]
+
+
+class AbstainingEnvironment:
+    """An environment whose `get_reward` abstains (None) until its episode is won."""
+
+    def reset(self, **kwargs):
+        self.won = kwargs.get("won", False)
+        return "Say something."
+
+    def get_reward(self):
+        return 1.0 if self.won else None
+
+
+async def test_a_get_reward_of_none_does_not_apply_as_in_trl_it_is_no_error():
+    taskset = EnvironmentTaskset(AbstainingEnvironment, id="abstain", data=[{"won": False}, {"won": True}])
+    traces = await tg.evaluate(taskset, ScriptedModel(["hi", "hi"]))
+    assert [list(t.rewards) for t in traces] == [[], ["AbstainingEnvironment"]]
+    assert all(t.ok and not t.errors for t in traces)

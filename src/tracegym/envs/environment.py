@@ -105,7 +105,10 @@ def _own_reward(env_class: type[Any]) -> Callable[..., Any]:
     async def own(task: EnvironmentTask, trace: Trace) -> float:
         if type(task.env) is not env_class:  # exactly that class, as TRL scores it
             raise NotApplicable
-        return await call_maybe_async(task.env.get_reward)
+        value = await call_maybe_async(task.env.get_reward)
+        if value is None:  # TRL: None is "does not apply" (left out of its sum), not an error
+            raise NotApplicable
+        return value
 
     return reward(own, name=env_class.__name__)
 
