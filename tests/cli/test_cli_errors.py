@@ -51,7 +51,7 @@ def test_a_value_out_of_range_exits_2_naming_its_flag_and_makes_no_folder(flags,
 def test_a_base_url_that_is_not_a_url_exits_2_naming_the_flag(tmp_path, capsys):
     out = tmp_path / "out"
     err = refused(capsys, ["eval", "reverse-text", "--base-url", "not-a-url", "--output-dir", str(out)])
-    assert "--base-url" in err and "not-a-url" in err
+    assert "--base-url: Value error, not an http(s) URL" in err and "not-a-url" in err  # as written, no list index
     assert not out.exists()
 
 

@@ -76,8 +76,12 @@ def validation_line(exc: ValidationError, known: Sequence[str], origin: Callable
 
 
 def flag(path: str) -> str:
-    """A dotted key as its command-line flag: `--a.b-c`."""
-    return "--" + path.replace("_", "-")
+    """A dotted key as its command-line flag: `--a.b-c`; a list item's index at the end is left out (the flag
+    names the list; the value shown says which item)."""
+    parts = path.split(".")
+    while len(parts) > 1 and parts[-1].isdigit():
+        parts.pop()
+    return "--" + ".".join(parts).replace("_", "-")
 
 
 def toml_key(path: str) -> str:
