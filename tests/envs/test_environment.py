@@ -68,6 +68,6 @@ async def test_tool_that_raises_is_reported_to_the_model_and_the_rollout_goes_on
               "done"]
     [trace] = await tg.evaluate(_taskset(), ScriptedModel(script))
     tool_texts = [m.text for m in trace.messages if m.role == "tool"]
-    assert tool_texts == ["Error: ValueError: amount must be from 1 to 5, got 99", "The counter is now 3."]
+    assert tool_texts == ["{'error': 'amount must be from 1 to 5, got 99'}", "The counter is now 3."]  # TRL's text
     assert trace.metrics["tool_errors"] == 1 and trace.errors[0].kind == tg.ErrorKind.TOOL
     assert trace.ok and trace.reward == 1.0

@@ -16,6 +16,7 @@ examples keep one, and raise from their tools once it is set). One instance per 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -128,7 +129,7 @@ def _class_tools(env_class: type) -> dict[str, Tool]:
         static = isinstance(inspect.getattr_static(env_class, member), staticmethod)
         tool = Tool.from_function(fn, name=fn.__name__, skip_self=not static)
         spec = trl_spec(fn)
-        tools[member] = tool if spec is None else Tool(tool.fn, spec, tool.arguments)
+        tools[member] = dataclasses.replace(tool, spec=spec or tool.spec, text=str)  # TRL: `str(result)`
     return tools
 
 
@@ -167,6 +168,10 @@ class EnvironmentTask(Task[EnvironmentRow, ConfigT]):
     """A Task whose tools are the methods of a fresh environment instance (at `self.env` once set up)."""
 
     parallel_tools = False  # the methods share the instance's state: run a turn's calls in order
+
+    def tool_error_text(self, exc: Exception) -> str:
+        """TRL's: `str({"error": str(exc)})`."""
+        return str({"error": str(exc)})
 
     def __init__(self, data: EnvironmentRow, *, environments: Environments, **options: Any) -> None:
         super().__init__(data, **options)

@@ -205,11 +205,10 @@ class Rollout:
             return self.limited(call.name, await self.timed(stage, impl.call(arguments), self.timeouts.tool))
         except StageTimeout as exc:
             self._tool_failed(ErrorKind.TIMEOUT, stage, str(exc))
-            return f"Error: {exc}"
+            return self.task.tool_error_text(exc)
         except Exception as exc:  # whatever a tool raises is its answer: the model is told, the rollout goes on
-            message = f"{type(exc).__name__}: {exc}"
-            self._tool_failed(ErrorKind.TOOL, stage, message)
-            return f"Error: {message}"
+            self._tool_failed(ErrorKind.TOOL, stage, f"{type(exc).__name__}: {exc}")
+            return self.task.tool_error_text(exc)
 
     def limited(self, name: str, result: str | list[ContentPart]) -> str | list[ContentPart]:
         """A tool result within the task's `tool_result_limit` characters of text: whole, cut there with a note

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, cast
 
 from typing_extensions import TypeVar
 
+from tracegym.core.errors import StageTimeout
 from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
@@ -110,6 +111,10 @@ class Task(Generic[DataT, ConfigT]):
     async def env_response(self, trace: Trace) -> EnvResponse:
         """Answer an assistant turn that made no tool call; None (the default) ends the rollout."""
         return None
+
+    def tool_error_text(self, exc: Exception) -> str:
+        """What the model reads when a tool call failed (`exc`: what it raised, a bad argument, or its timeout)."""
+        return f"Error: {exc}" if isinstance(exc, StageTimeout) else f"Error: {type(exc).__name__}: {exc}"
 
     def gold(self) -> str | Message | list[str | Message] | None:
         """What a correct agent replies, for `tracegym validate` (the gold must pass; an empty reply must not): one

@@ -4,6 +4,7 @@ its arguments validated and converted by those same hints."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import inspect
 import io
 import json
@@ -37,6 +38,9 @@ class Tool:
     arguments: TypeAdapter[dict[str, Any]]
     sandboxed: bool = False
     """Runs in the rollout's sandbox, not in the worker (`envs.task_sandbox.sandboxed`)."""
+    text: Callable[[Any], str] | None = None
+    """How a result that is neither an image nor content blocks becomes the text the model reads; None: `as_text`
+    (a TRL environment class's tools: `str`, as TRL does)."""
 
     @property
     def name(self) -> str:
@@ -57,7 +61,7 @@ class Tool:
 
     def bound_to(self, fn: Callable[..., Any]) -> Tool:
         """The same spec over another callable (a class tool bound to one environment instance)."""
-        return Tool(fn, self.spec, self.arguments, self.sandboxed)
+        return dataclasses.replace(self, fn=fn)
 
     async def call(self, arguments: dict[str, Any]) -> str | list[ContentPart]:
         """Run the tool on its arguments, validated and converted by its hints (ToolError naming each argument
@@ -69,18 +73,18 @@ class Tool:
         except ValidationError as exc:
             problems = "; ".join(_problem(e) for e in exc.errors(include_url=False))
             raise ToolError(f"invalid arguments for tool {self.name!r}: {problems}") from None
-        return as_content(await TOOLS.call(self.fn, **kwargs))
+        return as_content(await TOOLS.call(self.fn, **kwargs), self.text or as_text)
 
 
-def as_content(result: Any) -> str | list[ContentPart]:
+def as_content(result: Any, text: Callable[[Any], str] | None = None) -> str | list[ContentPart]:
     """A tool's result as the tool message's content: an image (a PIL image), or a list of content blocks as
     TRL's multimodal tools return them (`[{"type": "image", "image": img}, {"type": "text", "text": ...}]`),
-    becomes content parts, each image a `data:` URI; anything else becomes text, see `as_text`."""
+    becomes content parts, each image a `data:` URI; anything else becomes text, by `text` (`as_text`)."""
     if _is_image(result):
         return [image_part(result)]
     if isinstance(result, list) and result and all(_is_block(item) for item in result):
         return content_parts(result)
-    return as_text(result)
+    return (text or as_text)(result)
 
 
 def content_parts(blocks: list[Any]) -> list[ContentPart]:
