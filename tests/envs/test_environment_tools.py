@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 import tracegym as tg
-from tracegym.envs.environment import environment_tools
+from tracegym.envs.environment import EnvironmentTaskset, environment_tools
 from tracegym.testing import ScriptedModel, reply, tool_call
 
 ROW = {"prompt": "walk"}
@@ -147,3 +147,24 @@ async def test_a_tool_method_argument_that_does_not_fit_its_hint_is_a_tool_error
     [text], trace = await plane_tool_texts(tool_call("move", {"by": {"x": 1, "y": 2}, "times": "notanint"}))
     assert text.startswith("{'error': \"invalid arguments for tool 'move'") and "times" in text  # TRL's shape
     assert trace.metrics["tool_errors"] == 1
+
+
+class TypedInDocstring:
+    """A class TRL refuses: its tool's argument is described Google-style with its type, `x (int): ...`."""
+
+    def reset(self, **kwargs):
+        return "Go."
+
+    def step(self, x: int) -> str:
+        """Take a step.
+
+        Args:
+            x (int): how far
+        """
+        return str(x)
+
+
+def test_a_tool_docstring_trl_cannot_read_is_refused_with_trls_reason():
+    with pytest.raises(tg.UsageError, match=r"tool TypedInDocstring.step: TRL refuses it: .*no description for the "
+                                             r"argument 'x'"):
+        EnvironmentTaskset(TypedInDocstring, id="typed", data=[{"prompt": "go"}])

@@ -135,7 +135,8 @@ def _class_tools(env_class: type) -> dict[str, Tool]:
 
 def trl_spec(fn: Callable[..., Any]) -> ToolSpec | None:
     """The schema TRL offers the model for a tool: transformers' `get_json_schema` of it. None without
-    transformers, or for a hint it cannot describe (a pydantic model): tracegym's own schema describes those."""
+    transformers, or for a hint it cannot describe (a pydantic model): tracegym's own schema describes those. A
+    docstring it cannot read is refused with its reason, as TRL refuses the class (a Google-style `x (int):` line)."""
     try:
         from transformers.utils import get_json_schema  # imported here: a second's import, for env classes only
         from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
@@ -143,7 +144,10 @@ def trl_spec(fn: Callable[..., Any]) -> ToolSpec | None:
         return None
     try:
         function = get_json_schema(fn)["function"]
-    except (DocstringParsingException, TypeHintParsingException):
+    except DocstringParsingException as exc:
+        raise UsageError(f"tool {fn.__qualname__}: TRL refuses it: {exc} (write each argument as `name: "
+                         "description` under Args:, its type in the hint)") from None
+    except TypeHintParsingException:
         return None
     return ToolSpec(name=function["name"], description=function.get("description") or "",
                     parameters=function["parameters"], returns=function.get("return"))
