@@ -74,19 +74,19 @@ def test_mcp_tools_are_offered_and_their_steps_give_the_reward(echo_url):
     assert validate_tokens(trace) == []
 
 
-def test_a_full_server_is_retried_with_backoff_then_an_infrastructure_error():
+def test_a_full_server_is_waited_for_within_capacity_wait_then_an_infrastructure_error():
     async def scenario(url):
         holder = OpenEnvConnection(url)
         await holder.open(seed=1)  # takes the only session
-        refused = await run_rollout(OpenEnvTaskset({"url": url, "retries": 1, "backoff": 0.01}), _row(url), _echo(),
-                                    infra_retries=0)
+        refused = await run_rollout(OpenEnvTaskset({"url": url, "retries": 1, "backoff": 0.01, "capacity_wait": 0}),
+                                    _row(url), _echo(), infra_retries=0)
 
         async def release():
             await asyncio.sleep(0.3)
             await holder.close()
 
-        waited = asyncio.gather(run_rollout(OpenEnvTaskset({"url": url, "retries": 6, "backoff": 0.05}), _row(url),
-                                            _echo(), infra_retries=0), release())
+        waited = asyncio.gather(run_rollout(OpenEnvTaskset({"url": url, "retries": 0, "backoff": 0.05}), _row(url),
+                                            _echo(), infra_retries=0), release())  # the capacity wait, no retry
         return refused, (await waited)[0]
 
     with echo_server(max_concurrent_envs=1) as url:

@@ -22,6 +22,8 @@ from tracegym.core.errors import ErrorKind, InfrastructureError, TracegymError
 RETRYABLE_CODES = frozenset({"CAPACITY_REACHED"})
 """Error codes that refuse a session before it starts: opening it again later may succeed."""
 MAX_BACKOFF_S = 10.0
+CAPACITY_POLL_S = 1.0
+"""The longest pause between two asks for a session of a server at capacity (a freed one is taken soon)."""
 
 
 class OpenEnvError(TracegymError):
@@ -64,25 +66,35 @@ class OpenEnvConnection:
     """One OpenEnv session (one WebSocket); `open` resets it, `step` and `mcp` act in it, `close` ends it."""
 
     def __init__(self, url: str, *, retries: int = 3, backoff: float = 0.5, connect_timeout: float = 10.0,
-                 message_timeout: float = 60.0, headers: dict[str, str] | None = None) -> None:
-        self.url, self.retries, self.backoff = url, retries, backoff
+                 message_timeout: float = 60.0, headers: dict[str, str] | None = None,
+                 capacity_wait: float = 0.0) -> None:
+        self.url, self.retries, self.backoff, self.capacity_wait = url, retries, backoff, capacity_wait
         self._options = {"connect_timeout_s": connect_timeout, "message_timeout_s": message_timeout,
                          "headers": headers}
         self._client: Any = None
         self._ids = itertools.count(1)
 
     async def open(self, **reset_args: Any) -> dict[str, Any]:
-        """Connect and reset; the reset's result (`observation`, `reward`, `done`). Refusals and connection
-        failures are retried `retries` times with backoff, then an InfrastructureError says what happened."""
+        """Connect and reset; the reset's result (`observation`, `reward`, `done`). A server at capacity is asked
+        again, at most `CAPACITY_POLL_S` apart, for `capacity_wait` seconds (its sessions end as their rollouts
+        do); other refusals and connection failures are retried `retries` times with backoff; then an
+        InfrastructureError says what happened."""
+        loop = asyncio.get_running_loop()
+        waiting_until, failures = loop.time() + self.capacity_wait, 0
         for attempt in itertools.count():
             try:
                 self._client = _client_class()(base_url=self.url, **self._options)
                 return _result(await self._guarded("reset", self._client.reset(**reset_args)))
             except TracegymError as exc:
                 await self.close()
-                if exc.kind != ErrorKind.INFRASTRUCTURE or attempt >= self.retries:
+                full = isinstance(exc, OpenEnvError) and exc.code in RETRYABLE_CODES
+                delay = min(self.backoff * 2 ** min(attempt, 30), CAPACITY_POLL_S if full else MAX_BACKOFF_S)
+                if full and loop.time() + delay < waiting_until:
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                    continue
+                if exc.kind != ErrorKind.INFRASTRUCTURE or failures >= self.retries:
                     raise self._gave_up(exc, attempt) from None
-                delay = min(self.backoff * 2 ** attempt, MAX_BACKOFF_S)
+                failures += 1
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # jitter: refused clients do not return in step
         raise AssertionError("unreachable")
 

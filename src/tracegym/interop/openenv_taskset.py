@@ -72,7 +72,12 @@ class OpenEnvConfig(TasksetConfig):
     max_turns: int = Field(default=10, ge=1)
     """Model turns before the rollout ends."""
     retries: int = Field(default=3, ge=0)
-    """Retries of opening a session (server at capacity, connection refused or dropped)."""
+    """Retries of opening a session (connection refused or dropped; a server still at capacity after
+    `capacity_wait`)."""
+    capacity_wait: float = Field(default=45.0, ge=0)
+    """Seconds a rollout waits for a free session while the server is at capacity (CAPACITY_REACHED), asking again
+    at most a second apart; it counts against the setup timeout (`--timeouts.setup`, 60 s): raise both for
+    long episodes on a small server."""
     backoff: float = Field(default=0.5, ge=0)
     """Seconds before the first retry; doubled for each next one (with jitter)."""
     token_env: str | None = None
@@ -131,7 +136,8 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     async def setup(self) -> None:
         cfg = self.config
         self.connection = OpenEnvConnection(cfg.url, retries=cfg.retries, backoff=cfg.backoff, headers=headers(cfg),
-                                            connect_timeout=cfg.connect_timeout, message_timeout=cfg.message_timeout)
+                                            connect_timeout=cfg.connect_timeout, message_timeout=cfg.message_timeout,
+                                            capacity_wait=cfg.capacity_wait)
         first = await self.connection.open(**self.data.reset)
         self._first = self.observation_text(first)
         self._record(first, counts=False)
