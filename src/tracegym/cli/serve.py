@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.task_sandbox import check_taskset
-from tracegym.envs.taskset_section import taskset_section
+from tracegym.envs.taskset_section import typed_by_taskset
 from tracegym.eval.eval_config import find_taskset_id
 from tracegym.interop.openenv_settings import OpenEnvSettings
 from tracegym.runtimes import processes
@@ -67,10 +67,7 @@ class ServeConfig(WorkerPoolChoice, BaseConfig):
 def config_class(taskset_id: str | None) -> type[ServeConfig]:
     """ServeConfig with its `taskset` section typed by that taskset's Config (untyped when unknown), so that
     `--taskset.NAME` flags are parsed as `tracegym eval` parses them."""
-    section = taskset_section(taskset_id) if taskset_id is not None else None
-    if section is None:
-        return ServeConfig
-    return create_model("ServeConfig", __base__=ServeConfig, taskset=(section, ...))
+    return typed_by_taskset(ServeConfig, taskset_id)
 
 
 def run(args: list[str]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import parse_command
@@ -14,7 +14,7 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts
-from tracegym.envs.taskset_section import taskset_section
+from tracegym.envs.taskset_section import typed_by_taskset
 from tracegym.eval.eval_config import find_taskset_id
 from tracegym.eval.eval_run import load_rows
 from tracegym.eval.validation import Validation, validate
@@ -46,10 +46,8 @@ class ValidateConfig(BaseConfig):
 
 
 def config_class(taskset_id: str | None) -> type[ValidateConfig]:
-    section = taskset_section(taskset_id) if taskset_id is not None else None
-    if section is None:
-        return ValidateConfig
-    return create_model("ValidateConfig", __base__=ValidateConfig, taskset=(section, ...))
+    """ValidateConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
+    return typed_by_taskset(ValidateConfig, taskset_id)
 
 
 def run(args: list[str]) -> int:

@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, create_model
 from pydantic.fields import FieldInfo
 
 from tracegym.envs.registry import resolve
 from tracegym.envs.taskset import Taskset, TasksetConfig
+
+C = TypeVar("C", bound=BaseModel)
+
+
+def typed_by_taskset(config: type[C], taskset_id: str | None) -> type[C]:
+    """`config` (a command's config class with a `taskset` field) with that field typed by the taskset's own
+    Config (`taskset_section`); `config` itself when the id or the taskset's options are unknown."""
+    section = taskset_section(taskset_id) if taskset_id is not None else None
+    if section is None:
+        return config
+    return create_model(config.__name__, __base__=config, taskset=(section, ...))
 
 
 def taskset_section(taskset_id: str) -> type[BaseModel] | None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import merge, parse_command, read_files
@@ -26,7 +26,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
-from tracegym.envs.taskset_section import taskset_section
+from tracegym.envs.taskset_section import typed_by_taskset
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
@@ -149,10 +149,7 @@ def validate_saved(cls: type[EvalConfig], data: dict[str, Any], source: str) -> 
 
 def config_class(taskset_id: str | None) -> type[EvalConfig]:
     """EvalConfig with its `taskset` section typed by that taskset's Config (untyped when unknown)."""
-    section = taskset_section(taskset_id) if taskset_id is not None else None
-    if section is None:
-        return EvalConfig
-    return create_model("EvalConfig", __base__=EvalConfig, taskset=(section, ...))
+    return typed_by_taskset(EvalConfig, taskset_id)
 
 
 def find_taskset_id(args: Sequence[str]) -> str | None:
