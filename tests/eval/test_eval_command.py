@@ -363,7 +363,8 @@ def test_resume_sets_a_corrupt_line_aside_names_it_and_reruns_its_rollout(server
     capsys.readouterr()
     assert main(["eval", "--resume", str(run), "--model.base-url", server.base_url, "--no-rich"]) == 0
     err = capsys.readouterr().err
-    assert "1 line(s) of traces.jsonl could not be read (corrupt): set aside in traces.jsonl.unreadable" in err
+    assert "1 line(s) of traces.jsonl could not be read (line 2: corrupt, not JSON" in err
+    assert "set aside in traces.jsonl.unreadable" in err
     assert (run / "traces.jsonl.unreadable").read_bytes() == garbage + b"\n"
     assert len(lines(run / "traces.jsonl")) == 8 and json.loads((run / "summary.json").read_text())["reward"] == 1.0
 

@@ -34,6 +34,8 @@ def run(args: list[str]) -> int:
     if stored.bad_lines:
         console.print(f"[yellow]{stored.bad_lines} line(s) of {TRACES} or {EPISODES} could not be read (corrupt) and "
                       "were skipped; --resume reruns their episodes[/]")
+        for path, why in stored.problems.items():
+            console.print(f"[yellow]  {path.name} {why}[/]")
     if stored.cut_short:
         console.print(f"[yellow]{stored.cut_short} episode(s) were cut short (their traces have no record); "
                       "--resume reruns them[/]")

@@ -56,8 +56,8 @@ def parse_command(cls: type[C], args: Sequence[str], *, prog: str, description: 
 
 
 def read_files(args: Sequence[str], renames: Sequence[Rename]) -> tuple[list[ConfigFile], list[str], list[str]]:
-    """The `@` files (`@ a.toml`, `@a.toml`; after a `--key` flag: nested under that key), the other
-    arguments, and the warnings of the files' renamed keys."""
+    """The `@` files (`@ a.toml`, `@a.toml`, or a JSON object in place of the path; after a `--key` flag: nested
+    under that key), the other arguments, and the warnings of the files' renamed keys."""
     files: list[ConfigFile] = []
     rest: list[str] = []
     warnings: list[str] = []
@@ -69,15 +69,28 @@ def read_files(args: Sequence[str], renames: Sequence[Rename]) -> tuple[list[Con
                 raise UsageError("@ must be followed by a config file path")
             path = args[i + 1] if arg == "@" else arg[1:]
             under = rest.pop()[2:].replace("-", "_") if rest and rest[-1].startswith("--") else ""
-            written = nest(under, load(Path(path)))
+            inline = path.lstrip().startswith("{")
+            written = nest(under, inline_json(path) if inline else load(Path(path)))
             data, found = migrate(written, list(renames))
-            files.append(ConfigFile(path, written, data))
+            files.append(ConfigFile(f"inline JSON {path}" if inline else path, written, data))
             warnings += found
             i += 2 if arg == "@" else 1
         else:
             rest.append(arg)
             i += 1
     return files, rest, warnings
+
+
+def inline_json(text: str) -> dict[str, Any]:
+    """An `@` argument written as a JSON object in place of a file (`--taskset @ '{"k": 1}'`), values typed as
+    JSON types them; not an object, or not JSON: a UsageError quoting it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"inline JSON {text!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"inline JSON {text!r} must be an object ({{...}})")
+    return data
 
 
 def load(path: Path) -> dict[str, Any]:

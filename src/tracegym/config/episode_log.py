@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from tracegym.config.run_dir import write_atomic
 from tracegym.core.episode import Episode, episode_of, member_id
+from tracegym.core.record import record_problem
 from tracegym.core.trace import Trace
 
 R = TypeVar("R")
@@ -43,6 +44,8 @@ class LogRead:
     """Complete lines that are not traces or episode records (skipped), as found, by the file that holds them."""
     cut_short: int = 0
     """Multi-agent episodes whose members' traces are there but whose record is not (left out)."""
+    problems: dict[Path, str] = field(default_factory=dict)
+    """Why the first unreadable line of each file could not be read (`core.record.record_problem`)."""
 
     @property
     def bad_lines(self) -> int:
@@ -82,9 +85,10 @@ class EpisodeLog:
 
     def read(self) -> LogRead:
         """Every episode the log holds, joined with its members' traces (see the module's docstring)."""
-        traces, traces_tail, traces_bad = _parse(self.traces, Trace.model_validate_json)
-        records, records_tail, records_bad = _parse(self.episodes, Episode.model_validate_json)
+        traces, traces_tail, traces_bad, traces_why = _parse(self.traces, Trace.model_validate_json)
+        records, records_tail, records_bad, records_why = _parse(self.episodes, Episode.model_validate_json)
         unreadable = {path: bad for path, bad in ((self.traces, traces_bad), (self.episodes, records_bad)) if bad}
+        problems = {path: why for path, why in ((self.traces, traces_why), (self.episodes, records_why)) if why}
         by_member = {(episode_of(t), member_id(t)): t for t in traces}
         recorded = {r.id for r in records}
         for record in records:
@@ -94,7 +98,7 @@ class EpisodeLog:
         solo = [Episode.solo(t) for t in loose if t.episode_id is None]
         cut_short = len({t.episode_id for t in loose if t.episode_id is not None})
         return LogRead([*records, *solo], truncated_tail=traces_tail or records_tail, unreadable=unreadable,
-                       cut_short=cut_short)
+                       cut_short=cut_short, problems=problems)
 
     def repair(self) -> bool:
         """End both files with a newline: cut a truncated last line off (True when one was), or terminate a
@@ -135,25 +139,27 @@ def _member_traces(episode: Episode) -> list[Trace]:
     return [episode.traces[m] for m in episode.members if m in episode.traces]
 
 
-def _parse(path: Path, parse: Callable[[bytes], R]) -> tuple[list[R], bool, list[bytes]]:
+def _parse(path: Path, parse: Callable[[bytes], R]) -> tuple[list[R], bool, list[bytes], str]:
     """The readable lines of a JSONL file parsed; whether its last line was cut off; the other lines that could
-    not be read (text garbage, bytes that are not UTF-8), as found."""
+    not be read (text garbage, bytes that are not UTF-8, records with fields this version does not know), as found;
+    why the first of those could not be read ("" when all could)."""
     if not path.exists():
-        return [], False, []
+        return [], False, [], ""
     found: list[R] = []
-    tail, bad = False, []
+    tail, bad, why = False, [], ""
     lines = path.read_bytes().split(b"\n")
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             found.append(parse(line))
-        except (ValidationError, ValueError):
+        except (ValidationError, ValueError) as exc:
             if i == len(lines) - 1:
                 tail = True
             else:
+                why = why or f"line {i + 1}: " + (record_problem(exc) if isinstance(exc, ValidationError) else str(exc))
                 bad.append(line)
-    return found, tail, bad
+    return found, tail, bad, why
 
 
 def _repair(path: Path, parse: Callable[[bytes], object]) -> bool:

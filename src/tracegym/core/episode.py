@@ -14,9 +14,10 @@ import time
 import uuid
 from enum import StrEnum
 
-from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from tracegym.core.errors import TraceError
+from tracegym.core.record import Record
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import SCHEMA_VERSION, StopReason, Trace
 
@@ -45,7 +46,7 @@ class Outcome(StrEnum):
     """Lost by breaking the rules (e.g. too many invalid moves)."""
 
 
-class Episode(BaseModel):
+class Episode(Record):
     """One episode's full record. `traces[m]` is member m's trace; rewards and metrics per member live on the
     episode (the member's own trace carries the same reward, so single-agent readers still see it)."""
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from tracegym.core.record import Record
 
 
 class ErrorKind(StrEnum):
@@ -127,7 +129,7 @@ def failure_of(kind: ErrorKind, stage: str) -> FailureKind:
     return FailureKind.SCORING_ERROR if head in ("scoring", "rescore") else FailureKind.TASK_ERROR
 
 
-class TraceError(BaseModel):
+class TraceError(Record):
     """One error recorded on a trace: who is at fault (`kind`), what went wrong (`failure`), the stage it happened
     in, what was said, and the chain of exceptions that caused it (`cause`, outermost first)."""
 

@@ -17,12 +17,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from tracegym.core.messages import Message
+from tracegym.core.record import Record
 
 
-class Node(BaseModel):
+class Node(Record):
     """One message in the graph, with the tokens it adds when they are known."""
 
     model_config = ConfigDict(frozen=True)
@@ -92,7 +93,7 @@ class _BranchCache:
         return self.node is node and len(self.tokens) == self.length
 
 
-class MessageGraph(BaseModel):
+class MessageGraph(Record):
     """The nodes of one rollout, appended in order; the newest node ends the current branch."""
 
     nodes: list[Node] = Field(default_factory=list)

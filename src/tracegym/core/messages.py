@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from tracegym.core.record import Record
 
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-class TextPart(BaseModel):
+class TextPart(Record):
     """A text content part."""
 
     model_config = ConfigDict(frozen=True)
@@ -18,7 +20,7 @@ class TextPart(BaseModel):
     text: str
 
 
-class ImagePart(BaseModel):
+class ImagePart(Record):
     """An image content part: a URL or a `data:` URI, as OpenAI's `image_url`."""
 
     model_config = ConfigDict(frozen=True)
@@ -29,7 +31,7 @@ class ImagePart(BaseModel):
 ContentPart = TextPart | ImagePart
 
 
-class ToolCall(BaseModel):
+class ToolCall(Record):
     """A tool call as the model emitted it; `arguments` is the raw JSON text, parsed only when run."""
 
     model_config = ConfigDict(frozen=True)
@@ -48,7 +50,7 @@ class ToolCall(BaseModel):
         return value
 
 
-class Message(BaseModel):
+class Message(Record):
     """One chat message. Content is text, a list of parts, or None (an assistant turn with only tool calls)."""
 
     model_config = ConfigDict(frozen=True)

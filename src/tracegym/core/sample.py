@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from tracegym.core.record import Record
 
 
-class Sample(BaseModel):
+class Sample(Record):
     """Token ids of one branch with the loss mask, the sampler's logprobs and the advantage.
 
     `loss_mask[i]` is True only for tokens the policy sampled (and that no earlier sample of the same trace

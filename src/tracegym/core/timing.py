@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from tracegym.core.record import Record
 
 
-class Span(BaseModel):
+class Span(Record):
     """One timed stage: `setup`, then per turn `model`, `tool:<name>` or `env_response`, and `stop:<name>`;
     then `scoring` (all rewards and metrics) and `total`. `turn` is set on the per-turn stages."""
 

@@ -7,11 +7,12 @@ import uuid
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
 
 from tracegym.core.errors import ErrorKind, FailureKind, StageTimeout, TraceError
 from tracegym.core.graph import MessageGraph
 from tracegym.core.messages import Message, ToolCall
+from tracegym.core.record import Record
 from tracegym.core.task_data import TaskData
 from tracegym.core.timing import Span
 from tracegym.core.tool_spec import ToolSpec
@@ -64,7 +65,7 @@ class Cut(StrEnum):
     (the model was told so and went on), or a member's move whose markup did not parse (`Node.parse_error`)."""
 
 
-class RewardScore(BaseModel):
+class RewardScore(Record):
     """One reward's score (None = failed or never ran) and its weight in the total."""
 
     model_config = ConfigDict(frozen=True)
@@ -72,7 +73,7 @@ class RewardScore(BaseModel):
     weight: float = 1.0
 
 
-class Usage(BaseModel):
+class Usage(Record):
     """Tokens the endpoint reported, summed over the rollout's model calls."""
 
     prompt_tokens: int = 0
@@ -83,7 +84,7 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-class Trace(BaseModel):
+class Trace(Record):
     """One rollout's full record. Derived values are properties, never stored twice."""
 
     model_config = ConfigDict(validate_assignment=False)

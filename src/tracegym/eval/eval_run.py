@@ -77,7 +77,8 @@ def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]]) -> l
     check_same_tasks(stored, [d for d, _ in expected], folder)
     for source, aside in folder.log.set_aside(read).items():
         print(f"tracegym: warning: {len(read.unreadable[source])} line(s) of {source.name} could not be read "
-              f"(corrupt): set aside in {aside.name}; their rollouts run again", file=sys.stderr)
+              f"({read.problems.get(source, 'corrupt')}): set aside in {aside.name}; their rollouts run again",
+              file=sys.stderr)
     wanted = {(d.key, i) for d, i in expected}
     good = {(e.task_key, e.episode_index): e for e in stored
             if e.ended_normally and set(e.traces) == set(e.members) and (e.task_key, e.episode_index) in wanted}

@@ -354,7 +354,7 @@ def _count(ids: list[int], pattern: list[int]) -> int:
 
 
 def _to_request(body: dict[str, Any]) -> ModelRequest:
-    tools = [ToolSpec(**t["function"]) for t in body.get("tools") or []]
+    tools = [ToolSpec.from_openai(t) for t in body.get("tools") or []]
     return ModelRequest(messages=[Message.from_openai(m) for m in body["messages"]], tools=tools)
 
 

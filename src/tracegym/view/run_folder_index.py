@@ -33,6 +33,7 @@ from tracegym.config.run_dir import read_toml
 from tracegym.core.cut_policy import CutPolicy
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import UsageError
+from tracegym.core.record import record_problem
 from tracegym.core.trace import SCHEMA_VERSION, Trace
 from tracegym.eval.run_folder import CONFIG, EPISODES, SUMMARY, TRACES
 from tracegym.eval.run_summary import summarize_run
@@ -474,9 +475,7 @@ def problem_of(line: bytes, exc: Exception, what: str) -> str:
     if isinstance(version, int) and version > SCHEMA_VERSION:
         return (f"unknown schema version {version}: written by a newer tracegym (this one reads version "
                 f"{SCHEMA_VERSION}); upgrade tracegym to view it")
-    first = exc.errors()[0] if isinstance(exc, ValidationError) else None
-    detail = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(exc)
-    return f"not a valid {what}: {detail}"
+    return f"not a valid {what}: {record_problem(exc) if isinstance(exc, ValidationError) else exc}"
 
 
 def _fill_common(row: Row, record: Trace | Episode) -> None:
