@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,7 @@ from tracegym.train.seating import Play, Seating
 from tracegym.train.signal import Group, Signal, StepGroups, learner_traces
 from tracegym.train.staleness import StalenessControl
 from tracegym.train.task_stream import TaskStream
+from tracegym.train.tripwire import PAUSED, Trip, TripwireConfig, Tripwires, TripwireStop
 
 POLICY_WAIT_S = 3600.0
 T = TypeVar("T")
@@ -126,11 +128,12 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], signal: Signal,
                  staleness: StalenessControl, plan: StepPlan, *, held_out: HeldOut | None = None,
                  filters: list[RolloutFilter] | None = None, difficulty: OnlineDifficulty[Group] | None = None,
-                 pool: OpponentPool | None = None) -> None:
+                 pool: OpponentPool | None = None, tripwires: Tripwires | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `signal`: what the step's groups become (`train.signal`: rl, sft or opd); `filters`: the rollout filters
         that run on each trainable rollout; `difficulty`: online difficulty of the environments that have it;
-        `pool`: the run's past policies, for seats whose opponent comes from it."""
+        `pool`: the run's past policies, for seats whose opponent comes from it; `tripwires`: the online signs of
+        a reward hack watched on each step's trainable rollouts (`train.tripwire`)."""
         self.folder, self.endpoint, self.signal, self.plan = folder, endpoint, signal, plan
         self.envs = {env.id: env for env in envs}
         self.staleness, self.pool = staleness, pool
@@ -138,6 +141,7 @@ class Orchestrator:
         self.rng = random.Random(plan.seed)
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
+        self.tripwires = tripwires or Tripwires(TripwireConfig(enabled=False))
         self.next_step = 0
         """The step whose batch comes next."""
 
@@ -145,6 +149,7 @@ class Orchestrator:
     async def run(self) -> None:
         """Every step from `next_step`, with held-out evaluations; closes the env clients at the end."""
         try:
+            print(f"tracegym rl: {self.tripwires.armed_line()}", file=sys.stderr)
             if self.next_step == 0:
                 await self.evaluate(0)
             while self.next_step < self.plan.steps:
@@ -207,7 +212,29 @@ class Orchestrator:
         metrics.update({"policy_version": version, "staleness": step - version, **self.counts(),
                         **({"groups_kept": finished.taken} if finished.taken else {}),
                         **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
+        trips = self.tripwires.observe(step, [[t for t in g if trainable(t)] for g in trained])
+        metrics.update({f"tripwire/{trip.wire}": 1 for trip in trips})
+        await self.trip(trips)
         return samples, metrics
+
+    async def trip(self, trips: list[Trip]) -> None:
+        """Record each wire that fired (`tripwires.jsonl`, stderr) and do what the config's action says: go on,
+        wait while the run folder's `PAUSED` file exists, or stop the run."""
+        if not trips:
+            return
+        action = self.tripwires.config.action
+        for trip in trips:
+            self.folder.tripwires.append({**trip.record(), "action": action})
+            print(f"tracegym rl: tripwire {trip.wire} at step {trip.step}: {trip.message} ({action})", file=sys.stderr)
+        said = "; ".join(f"{t.wire}: {t.message}" for t in trips)
+        if action == "stop":
+            raise TripwireStop(f"tripwire at step {trips[0].step}: {said}")
+        if action == "pause":
+            paused = self.folder.path / PAUSED
+            paused.write_text(f"{said}\nremove this file to go on\n")
+            print(f"tracegym rl: paused: remove {paused} to go on", file=sys.stderr)
+            while paused.exists():
+                await asyncio.sleep(1.0)
 
     async def train_on(self, groups: StepGroups, version: int) -> tuple[list[Sample], dict[str, Any]]:
         """What the signal makes of a step's groups (the policy `version` served when the step started), samples
@@ -408,7 +435,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
-                                filters=orch.filters.active(), difficulty=difficulty, pool=pool)
+                                filters=orch.filters.active(), difficulty=difficulty, pool=pool,
+                                tripwires=Tripwires(orch.tripwire))
     if (state := folder.resume_state()) is not None:
         orchestrator.load_state_dict(state)
     return orchestrator

@@ -28,6 +28,7 @@ from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weig
 from tracegym.train.sft import SFTConfig
 from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
+from tracegym.train.tripwire import TripwireConfig
 from tracegym.train.weight_sync import SyncMode, sync_mode
 
 RENAMES = [
@@ -155,6 +156,9 @@ class OrchestratorConfig(BaseModel):
     what became of the rollouts. (A step whose every rollout failed stops at once: a model or endpoint problem.)"""
     seed: int = 0
     """Seed of the task order."""
+    tripwire: TripwireConfig = TripwireConfig()
+    """Online signs of a reward hack (`train.tripwire`): `witness = "exact"` arms the scorer-gap wire (a scorer the
+    run does not train on); `action = "warn" | "pause" | "stop"` is what a firing does."""
     train: TrainPhase = TrainPhase()
     eval: EvalPhase = EvalPhase()
 

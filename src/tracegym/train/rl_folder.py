@@ -11,6 +11,7 @@
     partial/step-000009.jsonl       the groups of the step being made that finished so far, a line each: a resume
                                     after a kill mid-step keeps them instead of running them again
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
+    tripwires.jsonl                 each tripwire that fired (`train.tripwire`): its wire, step and what it saw
     trainer_metrics.jsonl           the trainer's records: one per step; the first after a resume says from which
                                     checkpoint (`"resumed_from": 8`; `trained_steps`: the records the weights carry)
     traces/step-000007.jsonl        the member traces of step 7's episodes (a single-agent rollout's trace alone)
@@ -187,6 +188,8 @@ class RLFolder:
         """The orchestrator's records."""
         self.trainer_metrics = JsonlLog(path / "trainer_metrics.jsonl")
         """The trainer's records."""
+        self.tripwires = JsonlLog(path / "tripwires.jsonl")
+        """The tripwires that fired (`train.tripwire`), one record each."""
         self.tracking: Tracking | None = None
         """Where the orchestrator's records and sample traces also go (`track`)."""
 

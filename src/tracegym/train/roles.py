@@ -24,6 +24,7 @@ from tracegym.runtimes.processes import Parent, watch_parent
 from tracegym.runtimes.watchdog import reporting
 from tracegym.train.regeneration import STOPPED_EXIT, EmptyBatch
 from tracegym.train.rl_folder import Endpoints, RLFolder
+from tracegym.train.tripwire import TripwireStop
 
 if TYPE_CHECKING:
     from tracegym.train.orchestrator import Orchestrator
@@ -125,7 +126,7 @@ def main(argv: list[str]) -> int:
     try:
         with reporting(RLFolder(Path(argv[1])).logs, progress_name(argv[0])):
             ROLES[argv[0]](Path(argv[1]))
-    except EmptyBatch as exc:  # not a crash: the run cannot learn as configured, and says why
+    except (EmptyBatch, TripwireStop) as exc:  # not a crash: the run cannot (or should not) go on, and says why
         print(f"{argv[0]}: stopped the run: {exc}", file=sys.stderr)
         return STOPPED_EXIT
     except TracegymError as exc:
