@@ -33,6 +33,9 @@ def test_two_rl_steps_train_the_adapter_and_vllm_serves_it(tmp_path):
     evals = [r for r in records if "eval_reward" in r]
     assert [(r["eval_step"], r["policy_version"]) for r in evals] == [(0, 0), (2, 2)]  # the last one ran on "policy"
     assert (run / "checkpoints" / "step-000002" / "DONE").is_file()
+    replayed = subprocess.run([sys.executable, "-m", "tracegym.cli.main", "rl", "--replay", str(run), "--step", "1"],
+                              capture_output=True, text=True, timeout=600)
+    assert replayed.returncode == 0 and "bit for bit" in replayed.stdout, replayed.stdout + replayed.stderr[-2000:]
 
 
 def test_two_rl_steps_with_merged_sync_have_vllm_merge_each_adapter_in_place(tmp_path):

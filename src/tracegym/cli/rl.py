@@ -1,5 +1,6 @@
 """`tracegym rl @ config.toml [--resume RUN_DIR] [--dry-run] [--cluster slurm]`: train a model with RL on tracegym
-environments (here, or through a Slurm batch script it writes)."""
+environments (here, or through a Slurm batch script it writes); `tracegym rl --replay RUN_DIR --step K` trains a
+stored step again and checks it bit for bit (`train.replay`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from tracegym.train.teacher import check_teacher
 
 def run(args: list[str]) -> int:
     """Validate, then start (or resume) the run and supervise it to the end."""
+    replayed, args = pop_flag(args, "--replay")
+    if replayed is not None:
+        return replay_step(Path(replayed), args)
     resume, rest = pop_flag(args, "--resume")
     checked = "--validate" in rest  # a pre-flight: the training environments' gold passes, a no-op is not paid
     config, warnings = parse_rl_args([a for a in rest if a != "--validate"])
@@ -61,6 +65,23 @@ def run(args: list[str]) -> int:
             return 0
         sigterm_unwinds()  # SIGTERM stops every process of the run, as Ctrl-C does
         return verdict(launch(plan, watchdog=config.watchdog), folder, config.max_error_rate)
+
+
+def replay_step(run_dir: Path, args: list[str]) -> int:
+    """`--replay RUN_DIR --step K`: step K of that run trained again from its stored inputs; 0 when the weights
+    equal the run's bit for bit, 1 (naming the first step and tensor that differ) when not."""
+    from tracegym.train.replay import replay
+    from tracegym.train.roles import load_config
+    from tracegym.train.trainer import build_trainer
+
+    step, rest = pop_flag(args, "--step")
+    if step is None or not step.isdigit() or rest:
+        raise UsageError("usage: tracegym rl --replay RUN_DIR --step K (K: a trained step, from 0)")
+    if not (run_dir / "config.toml").is_file():
+        raise UsageError(f"--replay: {run_dir} is not an RL run folder (no config.toml)")
+    result = replay(run_dir, int(step), load_config(run_dir).trainer, build_trainer)
+    print(f"tracegym rl: {result.line()}")
+    return 0 if result.equal else 1
 
 
 def check_sandboxes(config: RLConfig) -> None:

@@ -8,6 +8,8 @@
                                     vLLM, or full weights / without LoRA, merged weights but the frozen embeddings)
     weights/merged/                 the merged weights at the last checkpoint: a servable model directory
     checkpoints/step-000008/DONE    a complete checkpoint after 8 steps (trainer and orchestrator state)
+    digests/step-000007.json        the trainable weights' hashes after step 7, per tensor (`train.weight_digest`):
+                                    what `tracegym rl --replay` compares a rerun step against
     partial/step-000009.jsonl       the groups of the step being made that finished so far, a line each: a resume
                                     after a kill mid-step keeps them instead of running them again
     metrics.jsonl                   the orchestrator's records: one per step, per held-out evaluation, per bad trace
@@ -346,6 +348,10 @@ class RLFolder:
         if path.exists():
             shutil.rmtree(path)
         return path
+
+    def digest_path(self, step: int) -> Path:
+        """Where the weight digest after training step `step` lives (`digests/step-N.json`)."""
+        return self.path / "digests" / f"{step_name(step)}.json"
 
     def checkpoint_path(self, step: int) -> Path:
         """Where the checkpoint after `step` steps lives (`checkpoints/step-N/`)."""

@@ -1,19 +1,23 @@
-"""Trainer loop: the trainer process of an RL run: wait for each step's batch, step, publish the new weights to
-vLLM, checkpoint (with the orchestrator's state that came with the batch). Resumes from the newest checkpoint in
-the run folder (its first step record then says `"resumed_from": N`), then trains the batches made past it.
+"""Trainer loop: the trainer process of an RL run: wait for each step's batch, step, record the weights' digest
+(`train.weight_digest`), publish the new weights to vLLM, checkpoint (with the orchestrator's state that came with
+the batch). Resumes from the newest checkpoint in the run folder (its first step record then says
+`"resumed_from": N`), then trains the batches made past it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tracegym.config.run_dir import write_atomic
 from tracegym.runtimes.watchdog import Stage, watch
 from tracegym.train.rl_folder import ORCHESTRATOR_STATE, RESUMED_FROM, Batch, Poll, RLFolder, step_of
 from tracegym.train.trainer import Trainer
+from tracegym.train.weight_digest import weight_digest
 
 Publish = Callable[[Path, int], str]
 """Make the weights in a directory the served policy of a version; returns the model name requests use."""
@@ -50,16 +54,29 @@ class TrainerLoop:
         if not batch.samples:
             self.trainer.version += 1  # an empty batch (every group filtered) still advances the step
         trained = time.perf_counter()
+        digest = self.record_digest(step)
+        digested = time.perf_counter()
         self.serve_weights()
         synced = time.perf_counter()
         if self.main:
             resumed = {} if self.resumed_from is None else {RESUMED_FROM: self.resumed_from}
             self.folder.trainer_metrics.append({"step": step, **metrics, "train_s": trained - started,
-                                                "weight_sync_s": synced - trained,
+                                                "digest_s": digested - trained, "weights_digest": digest,
+                                                "weight_sync_s": synced - digested,
                                                 "generation_s": batch.meta.get("generation_s"), **resumed})
         self.resumed_from = None
         if (step + 1) % self.checkpoint_every == 0 or step + 1 == self.steps:
             self.checkpoint(step + 1, batch.state)
+
+    def record_digest(self, step: int) -> str:
+        """Hash the weights the step left (every rank: a sharded tensor is gathered) and write the digest where
+        `tracegym rl --replay` finds it; its whole hash."""
+        digest = weight_digest(self.trainer.model)
+        if self.main:
+            path = self.folder.digest_path(step)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(digest.to_json()))
+        return digest.whole
 
     @property
     def main(self) -> bool:
