@@ -9,6 +9,7 @@ one is gathered: every rank calls `weight_digest`).
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -51,9 +52,13 @@ class WeightDigest:
 
 
 def weight_digest(model: torch.nn.Module) -> WeightDigest:
-    """The digest of `model`'s trainable weights now (a collective when they are sharded)."""
-    return WeightDigest({name: tensor_hash(full(p.detach())) for name, p in model.named_parameters()
-                         if p.requires_grad}, torch.get_num_threads())
+    """The digest of `model`'s trainable weights now (a collective when they are sharded), hashed on as many
+    threads as torch uses (hashlib lets go of the GIL: a 135M model's 540 MB hash in about half the time on 2)."""
+    named = [(name, full(p.detach())) for name, p in model.named_parameters() if p.requires_grad]
+    threads = torch.get_num_threads()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        hashes = list(pool.map(tensor_hash, (tensor for _, tensor in named)))
+    return WeightDigest({name: h for (name, _), h in zip(named, hashes, strict=True)}, threads)
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:
