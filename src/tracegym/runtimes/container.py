@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -84,6 +85,10 @@ wait 10 s for SIGTERM first); else `rm -f`."""
 LABEL = "tracegym.sandbox"
 RUN_MOUNT = "/run/tracegym-init"
 """Where a run's own folder (the init's `status` report, its `lifeline` FIFO) is bound in the container."""
+CGROUP_MOUNT = "/run/tracegym-cgroup"
+"""Where the entry files of the sandbox's own cgroup are bound (`0`, `1`: one per hierarchy), where the engine
+cannot cap the container (rootless podman on cgroup v1): the init enters them before it execs the program."""
+CAPPING_CONTROLLERS = ("memory", "pids")
 INIT_TASKS = 32
 """What the pids cgroup allows beyond `Limits.processes`: the init's own threads (its main one, the lifeline's,
 the forwarder's and two per proxied connection)."""
@@ -125,6 +130,20 @@ def _no_answer(client: str) -> str | None:
     return f"{said[-1].strip() if said else 'no reason given'}; info exit status {done.returncode}"
 
 
+@functools.cache
+def engine_caps(engine: str) -> bool:
+    """True when `engine` caps a container's memory and processes itself: as root, or a docker (its daemon's,
+    root's), or a rootless podman given the memory and pids controllers (cgroup v2, delegated); not a rootless
+    podman on cgroup v1, which ignores `--memory` and `--pids-limit` (and says so on the run's stderr)."""
+    if os.geteuid() == 0 or Path(engine).name != "podman":
+        return True
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError):
+        done = subprocess.run([engine, "info", "--format", "{{json .Host.CgroupControllers}}"], capture_output=True,
+                              timeout=PROBE_TIMEOUT_S, text=True)
+        return done.returncode == 0 and set(CAPPING_CONTROLLERS) <= set(json.loads(done.stdout or "[]"))
+    return False
+
+
 @dataclass
 class _RunFiles:
     """One run's folder on the host (bound in at RUN_MOUNT) and our end of its lifeline FIFO."""
@@ -149,10 +168,13 @@ class ContainerConfinement(Confinement):
     `ENGINE start` of a container created ahead for it (`ahead`)."""
 
     private_tmp = True
-    sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
+    init_on_host = False
 
-    def __init__(self, engine: str, image: str, *, ahead: bool = True) -> None:
+    def __init__(self, engine: str, image: str, *, ahead: bool = True, caps: bool = True) -> None:
         self.engine, self.image, self.ahead = engine, image, ahead
+        self.sandbox_cgroup = not caps
+        """`caps`: the engine's own cgroup holds the container (`--memory`, `--pids-limit`); else (rootless podman
+        on cgroup v1) the sandbox's cgroup of ours, which the init enters from inside (`cgroup_entries`)."""
         self.kind = Path(engine).name
         """The engine's name (`podman`, `docker`): which of its flags apply."""
         self._runs: dict[str, _RunFiles] = {}
@@ -185,7 +207,7 @@ class ContainerConfinement(Confinement):
         else:
             files, name = self._open_run(launch), container_name(launch.marker)
             command = [self.engine, "run", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
-                       self.image, *container_init(launch.init)]
+                       self.image, *container_init(launch.init, len(launch.cgroup))]
         self._runs[launch.marker], self._names[launch.marker] = files, name
         self._started.append(name)
         if self.ahead and self._wraps >= PREPARE_FROM and self._prepared is None:
@@ -199,12 +221,12 @@ class ContainerConfinement(Confinement):
     def _flags(self, launch: Launch) -> list[str]:
         """The container's confinement for `launch` (all but its name and run folder)."""
         limits = launch.limits
+        memory, processes = f"{limits.memory_mb}m", str(limits.processes + INIT_TASKS)
+        caps = [] if self.sandbox_cgroup else ["--memory", memory, "--memory-swap", memory, "--pids-limit", processes]
         flags = ["--log-driver", "none", "--network", "host" if limits.network else "none",
                  "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
-                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
-                 "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
-                 "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
-                 "-v", f"{launch.workdir}:{launch.workdir}"]
+                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch), *caps,
+                 *ulimits(launch), *cgroup_entries(launch), "-v", f"{launch.workdir}:{launch.workdir}"]
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
             flags += ["-v", f"{folder}:{folder}:ro"]
@@ -394,16 +416,25 @@ def _write_run(folder: Path, launch: Launch, *, ahead: bool = False) -> None:
     (`argv`), written to its folder: read by the preludes inside, never on the engine's command line."""
     (folder / "environ").write_bytes(b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items()))
     if ahead:
-        init = [launch.init[4], *container_init(launch.init)[5:]]
+        init = [launch.init[4], *container_init(launch.init, len(launch.cgroup))[5:]]
         (folder / "argv").write_bytes(b"\0".join(os.fsencode(arg) for arg in init))
 
 
-def container_init(init: list[str]) -> list[str]:
+def container_init(init: list[str], cgroup_files: int = 0) -> list[str]:
     """The program init's command as the container runs it: the image's interpreter, the environment prelude,
-    and the run's files at RUN_MOUNT for its STATUS and LIFELINE in place of the descriptors' numbers it is given
-    on the host (see `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE ...`)."""
+    and the run's files at RUN_MOUNT for its STATUS and LIFELINE (and, with a cgroup of ours, its `cgroup_files`
+    entry files at CGROUP_MOUNT for CGROUP_FDS) in place of the descriptors' numbers it is given on the host (see
+    `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE UID CWD NETWORK CGROUP_FDS
+    ...`)."""
+    entries = ",".join(f"{CGROUP_MOUNT}/{i}" for i in range(cgroup_files)) or "-"
     return [INIT_PYTHON, *init[1:4], ENVIRON_PRELUDE + init[4], f"{RUN_MOUNT}/status", f"{RUN_MOUNT}/lifeline",
-            *init[7:]]
+            *init[7:10], entries, *init[11:]]
+
+
+def cgroup_entries(launch: Launch) -> list[str]:
+    """The entry files of the sandbox's own cgroup, each bound alone (the program sees no other file of it: not
+    its caps) at CGROUP_MOUNT (none where the engine caps the container)."""
+    return [flag for i, path in enumerate(launch.cgroup) for flag in ("-v", f"{path}:{CGROUP_MOUNT}/{i}")]
 
 
 def scratch_mounts(launch: Launch) -> list[str]:
@@ -473,7 +504,8 @@ class Container:
         engine, _ = detect_engine()
         assert engine is not None
         await remove_abandoned_containers(engine)
-        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead), self.limits)
+        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead, caps=engine_caps(engine)),
+                              self.limits)
 
 
 _HAVE: set[tuple[str, str]] = set()
