@@ -27,15 +27,19 @@ from tracegym.envs.task import Task
 from tracegym.runtimes.container import (
     _SWEPT,
     BOOT_PRELUDE,
+    CGROUP_MOUNT,
     LABEL,
     RUN_MOUNT,
     Container,
     ContainerConfinement,
     container_init,
     detect_engine,
+    engine_caps,
     find_engine,
+    has_image,
     missing_image,
     owner_of,
+    pause_process,
     remove_abandoned_containers,
     scratch_mounts,
 )
@@ -87,6 +91,78 @@ def test_podman_comes_first_when_both_answer(tmp_path: Path) -> None:
     fake_engine(tmp_path, "docker")
     fake_engine(tmp_path, "podman")
     assert find_engine(str(tmp_path))[0] == str(tmp_path / "podman")
+
+
+DOCKER_CLI = """#!/bin/sh
+# answers as docker's CLI (24.0) does, its daemon up; an empty image store; each call logged
+echo "$@" >> "$0.log"
+case "$1" in
+info) printf 'Client: Docker Engine - Community\n Version:    24.0.7\n Context:    default\n\nServer:\n'
+      printf ' Containers: 0\n Server Version: 24.0.7\n Storage Driver: overlay2\n Cgroup Driver: cgroupfs\n'
+      printf ' Cgroup Version: 1\n Security Options:\n  seccomp\n'; exit 0;;
+image) [ "$2" = inspect ] && { echo '[]'; echo "Error: No such image: $3" >&2; exit 1; };;
+esac
+echo "docker: '$1' is not a docker command." >&2; exit 1
+"""
+
+
+def test_a_docker_cli_whose_daemon_answers_is_the_engine_where_no_podman_is(tmp_path: Path) -> None:
+    """A fake `docker` on PATH answering as docker's CLI does (no daemon runs here): found by `info` alone,
+    its store asked for the image (`image inspect`), never pulled from, and the hint names docker."""
+    docker = tmp_path / "docker"
+    docker.write_text(DOCKER_CLI)
+    docker.chmod(0o755)
+    assert find_engine(str(tmp_path)) == (str(docker), "")
+    assert not has_image(str(docker), IMAGE)
+    assert (tmp_path / "docker.log").read_text().splitlines() == ["info", f"image inspect {IMAGE}"]
+    assert "not in docker's store" in missing_image(str(docker), IMAGE)
+
+
+def test_a_docker_container_is_run_with_the_engines_caps_and_no_podman_only_step(tmp_path: Path) -> None:
+    """Docker's daemon (root's) caps the container; its command line has no podman `init` and no `rm -i`."""
+    assert engine_caps("/usr/bin/docker")
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    confinement = ContainerConfinement("/usr/bin/docker", IMAGE)
+    command = confinement.wrap(launch_in(workdir, 1, Limits(memory_mb=300)))
+    assert command[:2] == ["/usr/bin/docker", "run"] and "--memory" in command and "--pids-limit" in command
+
+
+def test_a_rootless_podman_without_the_memory_and_pids_controllers_does_not_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rootless podman on cgroup v1 lists no controllers (it would ignore --memory and warn on the run's stderr);
+    on cgroup v2 with them delegated it caps."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for folder, controllers, caps in (("v1", "[]", False), ("v2", '["cpu","memory","pids"]', True)):
+        (tmp_path / folder).mkdir()
+        script = tmp_path / folder / "podman"
+        script.write_text(f"#!/bin/sh\necho '{controllers}'\n")
+        script.chmod(0o755)
+        assert engine_caps(str(script)) is caps, folder
+
+
+def test_where_the_engine_cannot_cap_the_sandboxs_cgroup_entries_are_bound_for_the_init(tmp_path: Path) -> None:
+    """No --memory or --pids-limit; each entry file of the sandbox's cgroup bound alone, and the init told their
+    paths inside in place of descriptors."""
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    entries = (Path("/sys/fs/cgroup/memory/u/tg-1/cgroup.procs"), Path("/sys/fs/cgroup/pids/u/tg-1/cgroup.procs"))
+    launch = launch_in(workdir, 1)
+    launch = Launch(launch.argv, launch.init, workdir, launch.limits, launch.env, launch.marker, None, cgroup=entries)
+    command = ContainerConfinement("/usr/bin/podman", IMAGE, caps=False).wrap(launch)
+    assert "--memory" not in command and "--pids-limit" not in command
+    assert f"{entries[0]}:{CGROUP_MOUNT}/0" in command and f"{entries[1]}:{CGROUP_MOUNT}/1" in command
+    assert command[command.index(IMAGE) + 1:][10] == f"{CGROUP_MOUNT}/0,{CGROUP_MOUNT}/1"
+
+
+def test_a_rootless_podmans_pause_process_is_found_from_its_run_root(tmp_path: Path) -> None:
+    """Its pid file is `libpod/tmp/pause.pid` beside the run root `podman info` names."""
+    (tmp_path / "run" / "libpod" / "tmp").mkdir(parents=True)
+    (tmp_path / "run" / "libpod" / "tmp" / "pause.pid").write_text(str(os.getpid()))
+    script = tmp_path / "podman"
+    script.write_text(f"#!/bin/sh\necho {tmp_path / 'run' / 'containers'}\n")
+    script.chmod(0o755)
+    assert pause_process(str(script)) == os.getpid()
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")

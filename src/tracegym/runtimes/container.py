@@ -69,7 +69,7 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
-from tracegym.runtimes.workdir import private_folders
+from tracegym.runtimes.workdir import capped_elsewhere, private_folders
 
 ENGINES = ("podman", "docker")
 """Tried in this order; the first that answers is used."""
@@ -144,6 +144,32 @@ def engine_caps(engine: str) -> bool:
     return False
 
 
+def pause_process(engine: str) -> int | None:
+    """The pid of a rootless podman's pause process (which holds its user and mount namespaces between commands),
+    made by a `podman unshare` where there is none yet; None when it cannot be found."""
+    pid_file = _pause_file(engine)
+    for attempt in range(2):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text()) if pid_file else 0
+            if pid and process_alive(pid):
+                return pid
+        if attempt == 0:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([engine, "unshare", "true"], capture_output=True, timeout=PROBE_TIMEOUT_S)
+    return None
+
+
+@functools.cache
+def _pause_file(engine: str) -> Path | None:
+    """Where a rootless podman writes its pause process's pid: `libpod/tmp/pause.pid` beside its run root."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run([engine, "info", "--format", "{{.Store.RunRoot}}"], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+        if done.returncode == 0 and done.stdout.strip():
+            return Path(done.stdout.strip()).parent / "libpod" / "tmp" / "pause.pid"
+    return None
+
+
 @dataclass
 class _RunFiles:
     """One run's folder on the host (bound in at RUN_MOUNT) and our end of its lifeline FIFO."""
@@ -184,10 +210,22 @@ class ContainerConfinement(Confinement):
         """The containers of the sandbox's runs: the engine keeps each after its end, until the close."""
         self._wraps = 0
         self._prepared: _Prepared | None = None
+        self._holder: int | None = None
+        """The rootless engine's pause process, in whose namespaces the sandbox's tmpfs is mounted."""
+
+    def disk_holder(self) -> int | None:
+        """A rootless podman's pause process (its user and mount namespaces are where the engine makes every
+        container's mounts), where it has one; None as root (the tmpfs is the host's) and for docker."""
+        if os.geteuid() != 0 and self.kind == "podman":
+            self._holder = pause_process(self.engine)
+        return self._holder
 
     async def command(self, launch: Launch) -> list[str]:
         """`wrap(launch)`, after the container being prepared ahead with this run's flags is made (its remaining
         creation is shorter than a whole `run`)."""
+        if self._holder is not None and not process_alive(self._holder):
+            raise OSError(f"{self.kind}'s pause process {self._holder}, whose namespaces held the sandbox's capped "
+                          f"folder, is gone (the engine was reset): open a new sandbox")
         prepared = self._prepared
         if prepared is not None and prepared.flags == self._flags(launch):
             await _made(prepared, kill=False)
@@ -442,7 +480,7 @@ def scratch_mounts(launch: Launch) -> list[str]:
     `disk_mb` (as root), its subfolders bound there, so they and the working directory share that one cap, and
     what the program leaves there is the host's to read and goes with the folder; else (no tmpfs of ours) a
     private tmpfs of `disk_mb` each."""
-    if not os.path.ismount(launch.workdir.parent):
+    if not os.path.ismount(launch.workdir.parent) and not capped_elsewhere(launch.workdir.parent):
         size = launch.limits.disk_mb
         return ["--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
     binds = [flag for inside, source in private_folders(launch.workdir)

@@ -134,6 +134,11 @@ class Confinement:
         """The command that runs `launch` confined."""
         raise NotImplementedError
 
+    def disk_holder(self) -> int | None:
+        """The process in whose user and mount namespaces the wrapper's mounts are made, where that is not this
+        process's (a rootless container engine's): the sandbox's tmpfs is mounted there (None: none)."""
+        return None
+
     async def command(self, launch: Launch) -> list[str]:
         """`wrap(launch)`, once what it needs is ready (a runtime that prepares a run ahead waits for it here)."""
         return self.wrap(launch)
@@ -196,7 +201,8 @@ class ProcessSandbox:
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
-        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb, confinement.disk_namespace)
+        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb, confinement.disk_namespace,
+                                                       confinement.disk_holder())
         """`disk_capped`: whether the sandbox's files (working directory, and where namespaced its /tmp, /var/tmp,
         /dev/shm and home) share one tmpfs capped at `limits.disk_mb` (see `runtimes.workdir`)."""
         self.cgroup: SandboxCgroup | None = None
