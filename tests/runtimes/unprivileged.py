@@ -171,6 +171,10 @@ class TestUser:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        pause = self.pause_pid()
+        for point in held_mounts(pause) if pause else []:
+            found.append(f"the sandbox tmpfs at {point} still mounted in the user's podman namespaces")
+            subprocess.run(["nsenter", f"--target={pause}", "--mount", "umount", "--lazy", point], check=False)
         for path in files_of(self.uid):
             if path == self.engine_lock() and not engine:
                 continue
@@ -182,6 +186,14 @@ class TestUser:
         """The shared-memory lock of its rootless podman (the engine's own, for its life: not a sandbox's
         leftover), once it has used podman."""
         return Path(f"/dev/shm/libpod_rootless_lock_{self.uid}") if self.engine_pause else None
+
+
+def held_mounts(pid: int) -> list[str]:
+    """The sandbox tmpfs mounts in the mount namespace of process `pid` (a rootless podman's pause process)."""
+    with contextlib.suppress(OSError):
+        lines = Path(f"/proc/{pid}/mounts").read_text().splitlines()
+        return [line.split()[1] for line in lines if line.split()[0] == "tracegym-sandbox"]
+    return []
 
 
 def read_line(fd: int, timeout_s: float) -> str:

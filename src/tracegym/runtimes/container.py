@@ -15,11 +15,16 @@ program never makes one ahead.
 The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
 needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root, the
-sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
+sandbox's working directory bound at the same path and its /tmp, /var/tmp, /dev/shm and home bound from
 subfolders of the sandbox's folder, the one tmpfs of `Limits.disk_mb` they all share with the working directory
-(not root: a private tmpfs of `disk_mb` each; see `scratch_mounts`), the engine's memory cgroup (`memory_mb` for
-the whole run, no swap) and pids cgroup (`processes` plus the init's own threads). The init is the container's
-pid 1: it reaps orphans, and its exit ends every process left.
+(as root, mounted on the host; rootless podman, mounted in the user and mount namespaces of its pause process,
+where it makes every container's mounts: `disk_holder`; elsewhere a private tmpfs of `disk_mb` each: see
+`scratch_mounts`), the engine's memory cgroup (`memory_mb` for the whole run, no swap) and pids cgroup
+(`processes` plus the init's own threads). Where the engine cannot cap (`engine_caps`: rootless podman on cgroup
+v1 ignores `--memory` and `--pids-limit`, and says so on the run's stderr) those flags are not given and the
+sandbox's own cgroup (`runtimes.cgroup`, under the user's delegated one) holds the program instead: its entry
+files are bound in at CGROUP_MOUNT, each alone, and the init enters them before the exec. The init is the
+container's pid 1: it reaps orphans, and its exit ends every process left.
 
 The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` only by number), so the init's status
 report and its lifeline are files of the run's own folder beside the working directory, bound in at `RUN_MOUNT` and
@@ -36,10 +41,14 @@ in the container; the memory cap over the whole run; nothing left after a cancel
 agent program reaching the proxy; a run in a container made ahead). Start to the program's first instruction:
 see `benchmarks/container_start.py` and the README. crun (Debian's 1.8.1) refuses this host's cgroup layout
 (cgroup v1 beside a cgroup2 hierarchy that holds a controller: "cgroups in hybrid mode not supported"), so runc
-stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests) and given the
-same command line (less podman's `rm -i -t 0` and `init`) but has not run here. As non-root (rootless podman) the
-sandbox has no uid of its own: the init and the program share one, so the program could reach the run's folder;
-untested.
+stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests, one answering
+as docker's CLI does: there is no docker daemon here) and given the same command line (less podman's `rm -i -t 0`
+and `init`) but has not run here. As an unprivileged user (rootless podman 4.3 + runc, fuse-overlayfs storage, the
+image loaded from root's `podman save`, cgroup v1 with a cgroup delegated to the user) the hostile escape battery
+passes every row (tests/runtimes/test_escape_battery_hostile.py, slow). There the sandbox has no uid of its own:
+the init and the program are both the container's root, the user itself, so the program can read and rewrite its
+own run's folder (its status report); and the tmpfs of a sandbox whose host process was killed before its close
+stays mounted in podman's namespaces until the pause process ends.
 """
 
 from __future__ import annotations

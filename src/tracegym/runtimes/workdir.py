@@ -25,6 +25,9 @@ working directory, /tmp, /var/tmp, /dev/shm and home together gets ENOSPC, not t
   working directory has the same path inside and out, and the host reads and writes the tmpfs through it. The
   egress relay's folder (`egress`) stays the host's, bound by the keeper into its tmpfs (its sockets are made by
   the host).
+- Not root, for a runtime whose mounts are made in another process's namespaces (rootless podman: its pause
+  process's), the tmpfs is mounted there (`nsenter`, as the owner of its user namespace) and seen by the host the
+  same way, through that process's root; it is unmounted there at removal.
 - Elsewhere (not root, and no keeper: the process-group fallback, a host without unprivileged user namespaces) the
   folder is plain and uncapped, which the log says once, naming why.
 """
