@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,7 +55,7 @@ from tracegym.runtimes.container_image import (
 )
 from tracegym.runtimes.process_sandbox import MARKER, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable
-from tracegym.runtimes.workdir import make_workdir, remove_workdir
+from tracegym.runtimes.workdir import make_workdir, read_file, remove_workdir, write_file
 from tracegym.testing import ScriptedModel
 
 NO_DAEMON = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
@@ -163,6 +163,39 @@ def test_a_rootless_podmans_pause_process_is_found_from_its_run_root(tmp_path: P
     script.write_text(f"#!/bin/sh\necho {tmp_path / 'run' / 'containers'}\n")
     script.chmod(0o755)
     assert pause_process(str(script)) == os.getpid()
+
+
+@pytest.fixture
+def holder() -> Iterator[int]:
+    """A process holding a user and mount namespace of its own, as a rootless podman's pause process does."""
+    proc = subprocess.Popen(["unshare", "--user", "--map-root-user", "--mount", "cat"], stdin=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"), 30)
+        yield proc.pid
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+
+
+def test_a_rootless_engines_sandbox_folder_is_one_tmpfs_in_its_pause_process_namespaces(
+        holder: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mounted where the engine makes its containers' mounts, reached by the host through the holder's root, the
+    scratch folders bound from it (one cap), and unmounted there at removal."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    workdir, capped = make_workdir(f"{os.getpid()}-holder-test", None, 4, holder=holder)
+    try:
+        assert capped and workdir.is_symlink()
+        assert f"tracegym-sandbox {workdir.parent} tmpfs" in Path(f"/proc/{holder}/mounts").read_text()
+        write_file(workdir, "sub/a.txt", "from the host")
+        assert read_file(workdir, "sub/a.txt") == b"from the host"
+        with pytest.raises(OSError, match="No space left"):
+            (workdir / "fill").write_bytes(b"x" * (5 << 20))
+        flags = scratch_mounts(Launch([], [], workdir, Limits(disk_mb=4), {}, "x/1/", None))
+        assert "--tmpfs" not in flags and f"{workdir.parent / 'tmp'}:/tmp:nosuid,nodev" in flags
+    finally:
+        remove_workdir(workdir.parent)
+    assert "tracegym-sandbox" not in Path(f"/proc/{holder}/mounts").read_text() and not workdir.parent.exists()
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
