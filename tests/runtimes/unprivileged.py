@@ -4,8 +4,12 @@ home with a 0600 secret, a supplementary group owning a listening socket and a f
 left behind (the user's processes, its files in /tmp, /var/tmp and /dev/shm), and at the end deletes the user,
 its home and its group. As an admin would (see `runtimes.cgroup`), root delegates a cgroup to the user at the
 conventional `/tracegym-<user name>` (cgroup v1: in the memory and pids hierarchies), so its sandboxes cap memory
-and processes per sandbox; `without_delegation` takes it away for a test. Rows are served by one process of the
-user's for the session (restarted when a row kills it: that is an escape), so each costs no interpreter start."""
+and processes per sandbox; `without_delegation` takes it away for a test. For the container runtime it sets the
+user up for rootless podman as an admin would (`give_container_image`: subordinate ids, fuse-overlayfs storage, an
+XDG_RUNTIME_DIR in its home, root's image loaded into its store); podman's own pause process and lock file are the
+engine's, not a row's leftovers, but a sandbox tmpfs left mounted in its namespaces is one. Rows are served by one
+process of the user's for the session (restarted when a row kills it: that is an escape), so each costs no
+interpreter start."""
 
 from __future__ import annotations
 
