@@ -164,7 +164,7 @@ async def test_aggregate_memory_stays_under_the_default_cap(request: pytest.Fixt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap", "container"])
 async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_is_per_process(
         test_user: TestUser, runtime_id: str) -> None:
     """The user's runner given no cgroup (a fresh runner: the warning is once per process)."""
@@ -176,9 +176,10 @@ async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap", "container"])
 async def test_an_allow_listed_host_port_is_reached_as_the_user(test_user: TestUser, runtime_id: str) -> None:
-    """The relay's folder reaches the sandbox where the keeper's tmpfs covers the sandbox's folder."""
+    """The relay's folder reaches the sandbox where the keeper's tmpfs (or, rootless podman, the one in its pause
+    process's namespaces) covers the sandbox's folder."""
     verdict = await test_user.run_row("egress_reached", runtime_id)
     if verdict.skipped:
         pytest.skip(verdict.skipped)
