@@ -125,6 +125,7 @@ def test_a_docker_container_is_run_with_the_engines_caps_and_no_podman_only_step
     workdir.mkdir(parents=True)
     confinement = ContainerConfinement("/usr/bin/docker", IMAGE)
     command = confinement.wrap(launch_in(workdir, 1, Limits(memory_mb=300)))
+    confinement._close_run("abc/1/")
     assert command[:2] == ["/usr/bin/docker", "run"] and "--memory" in command and "--pids-limit" in command
 
 
@@ -149,7 +150,9 @@ def test_where_the_engine_cannot_cap_the_sandboxs_cgroup_entries_are_bound_for_t
     entries = (Path("/sys/fs/cgroup/memory/u/tg-1/cgroup.procs"), Path("/sys/fs/cgroup/pids/u/tg-1/cgroup.procs"))
     launch = launch_in(workdir, 1)
     launch = Launch(launch.argv, launch.init, workdir, launch.limits, launch.env, launch.marker, None, cgroup=entries)
-    command = ContainerConfinement("/usr/bin/podman", IMAGE, caps=False).wrap(launch)
+    confinement = ContainerConfinement("/usr/bin/podman", IMAGE, caps=False)
+    command = confinement.wrap(launch)
+    confinement._close_run("abc/1/")
     assert "--memory" not in command and "--pids-limit" not in command
     assert f"{entries[0]}:{CGROUP_MOUNT}/0" in command and f"{entries[1]}:{CGROUP_MOUNT}/1" in command
     assert command[command.index(IMAGE) + 1:][10] == f"{CGROUP_MOUNT}/0,{CGROUP_MOUNT}/1"
