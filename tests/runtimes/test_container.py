@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,15 +27,19 @@ from tracegym.envs.task import Task
 from tracegym.runtimes.container import (
     _SWEPT,
     BOOT_PRELUDE,
+    CGROUP_MOUNT,
     LABEL,
     RUN_MOUNT,
     Container,
     ContainerConfinement,
     container_init,
     detect_engine,
+    engine_caps,
     find_engine,
+    has_image,
     missing_image,
     owner_of,
+    pause_process,
     remove_abandoned_containers,
     scratch_mounts,
 )
@@ -51,7 +55,7 @@ from tracegym.runtimes.container_image import (
 )
 from tracegym.runtimes.process_sandbox import MARKER, Launch, ProcessSandbox
 from tracegym.runtimes.sandbox import Forward, Limits, RuntimeUnavailable
-from tracegym.runtimes.workdir import make_workdir, remove_workdir
+from tracegym.runtimes.workdir import make_workdir, read_file, remove_workdir, write_file
 from tracegym.testing import ScriptedModel
 
 NO_DAEMON = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
@@ -87,6 +91,114 @@ def test_podman_comes_first_when_both_answer(tmp_path: Path) -> None:
     fake_engine(tmp_path, "docker")
     fake_engine(tmp_path, "podman")
     assert find_engine(str(tmp_path))[0] == str(tmp_path / "podman")
+
+
+DOCKER_CLI = """#!/bin/sh
+# answers as docker's CLI (24.0) does, its daemon up; an empty image store; each call logged
+echo "$@" >> "$0.log"
+case "$1" in
+info) printf 'Client: Docker Engine - Community\n Version:    24.0.7\n Context:    default\n\nServer:\n'
+      printf ' Containers: 0\n Server Version: 24.0.7\n Storage Driver: overlay2\n Cgroup Driver: cgroupfs\n'
+      printf ' Cgroup Version: 1\n Security Options:\n  seccomp\n'; exit 0;;
+image) [ "$2" = inspect ] && { echo '[]'; echo "Error: No such image: $3" >&2; exit 1; };;
+esac
+echo "docker: '$1' is not a docker command." >&2; exit 1
+"""
+
+
+def test_a_docker_cli_whose_daemon_answers_is_the_engine_where_no_podman_is(tmp_path: Path) -> None:
+    """A fake `docker` on PATH answering as docker's CLI does (no daemon runs here): found by `info` alone,
+    its store asked for the image (`image inspect`), never pulled from, and the hint names docker."""
+    docker = tmp_path / "docker"
+    docker.write_text(DOCKER_CLI)
+    docker.chmod(0o755)
+    assert find_engine(str(tmp_path)) == (str(docker), "")
+    assert not has_image(str(docker), IMAGE)
+    assert (tmp_path / "docker.log").read_text().splitlines() == ["info", f"image inspect {IMAGE}"]
+    assert "not in docker's store" in missing_image(str(docker), IMAGE)
+
+
+def test_a_docker_container_is_run_with_the_engines_caps_and_no_podman_only_step(tmp_path: Path) -> None:
+    """Docker's daemon (root's) caps the container; its command line has no podman `init` and no `rm -i`."""
+    assert engine_caps("/usr/bin/docker")
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    confinement = ContainerConfinement("/usr/bin/docker", IMAGE)
+    command = confinement.wrap(launch_in(workdir, 1, Limits(memory_mb=300)))
+    confinement._close_run("abc/1/")
+    assert command[:2] == ["/usr/bin/docker", "run"] and "--memory" in command and "--pids-limit" in command
+
+
+def test_a_rootless_podman_without_the_memory_and_pids_controllers_does_not_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rootless podman on cgroup v1 lists no controllers (it would ignore --memory and warn on the run's stderr);
+    on cgroup v2 with them delegated it caps."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for folder, controllers, caps in (("v1", "[]", False), ("v2", '["cpu","memory","pids"]', True)):
+        (tmp_path / folder).mkdir()
+        script = tmp_path / folder / "podman"
+        script.write_text(f"#!/bin/sh\necho '{controllers}'\n")
+        script.chmod(0o755)
+        assert engine_caps(str(script)) is caps, folder
+
+
+def test_where_the_engine_cannot_cap_the_sandboxs_cgroup_entries_are_bound_for_the_init(tmp_path: Path) -> None:
+    """No --memory or --pids-limit; each entry file of the sandbox's cgroup bound alone, and the init told their
+    paths inside in place of descriptors."""
+    workdir = tmp_path / "sandbox" / "work"
+    workdir.mkdir(parents=True)
+    entries = (Path("/sys/fs/cgroup/memory/u/tg-1/cgroup.procs"), Path("/sys/fs/cgroup/pids/u/tg-1/cgroup.procs"))
+    launch = launch_in(workdir, 1)
+    launch = Launch(launch.argv, launch.init, workdir, launch.limits, launch.env, launch.marker, None, cgroup=entries)
+    confinement = ContainerConfinement("/usr/bin/podman", IMAGE, caps=False)
+    command = confinement.wrap(launch)
+    confinement._close_run("abc/1/")
+    assert "--memory" not in command and "--pids-limit" not in command
+    assert f"{entries[0]}:{CGROUP_MOUNT}/0" in command and f"{entries[1]}:{CGROUP_MOUNT}/1" in command
+    assert command[command.index(IMAGE) + 1:][10] == f"{CGROUP_MOUNT}/0,{CGROUP_MOUNT}/1"
+
+
+def test_a_rootless_podmans_pause_process_is_found_from_its_run_root(tmp_path: Path) -> None:
+    """Its pid file is `libpod/tmp/pause.pid` beside the run root `podman info` names."""
+    (tmp_path / "run" / "libpod" / "tmp").mkdir(parents=True)
+    (tmp_path / "run" / "libpod" / "tmp" / "pause.pid").write_text(str(os.getpid()))
+    script = tmp_path / "podman"
+    script.write_text(f"#!/bin/sh\necho {tmp_path / 'run' / 'containers'}\n")
+    script.chmod(0o755)
+    assert pause_process(str(script)) == os.getpid()
+
+
+@pytest.fixture
+def holder() -> Iterator[int]:
+    """A process holding a user and mount namespace of its own, as a rootless podman's pause process does."""
+    proc = subprocess.Popen(["unshare", "--user", "--map-root-user", "--mount", "cat"], stdin=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"), 30)
+        yield proc.pid
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+
+
+def test_a_rootless_engines_sandbox_folder_is_one_tmpfs_in_its_pause_process_namespaces(
+        holder: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mounted where the engine makes its containers' mounts, reached by the host through the holder's root, the
+    scratch folders bound from it (one cap), and unmounted there at removal."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    workdir, capped = make_workdir(f"{os.getpid()}-holder-test", None, 4, holder=holder)
+    try:
+        assert capped and workdir.is_symlink()
+        assert f"tracegym-sandbox {workdir.parent} tmpfs" in Path(f"/proc/{holder}/mounts").read_text()
+        write_file(workdir, "sub/a.txt", "from the host")
+        assert read_file(workdir, "sub/a.txt") == b"from the host"
+        with pytest.raises(OSError, match="No space left"):
+            (workdir / "fill").write_bytes(b"x" * (5 << 20))
+        flags = scratch_mounts(Launch([], [], workdir, Limits(disk_mb=4), {}, "x/1/", None))
+        assert "--tmpfs" not in flags and f"{workdir.parent / 'tmp'}:/tmp:nosuid,nodev" in flags
+    finally:
+        remove_workdir(workdir.parent)
+    assert "tracegym-sandbox" not in Path(f"/proc/{holder}/mounts").read_text() and not workdir.parent.exists()
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from escape_rows import RUNTIME_IDS, Props, Verdict, listening_socket, run_row
 from reward_hack import install_roots, solution
-from unprivileged import TestUser, create_test_user, delete_test_user, find_python
+from unprivileged import TestUser, create_test_user, delete_test_user, find_python, give_container_image
 
+from tracegym.runtimes.container_image import BuiltImage
 from tracegym.tasksets.function_problems import FAMILIES
 
 USERS = ("root", "user")
@@ -99,16 +100,31 @@ def host_props() -> Iterator[Props]:
 
 
 @pytest.fixture(scope="session")
-def test_user(host_props: Props) -> Iterator[TestUser]:
-    """The unprivileged user of the session, deleted at its end whatever happened."""
+def test_user(request: pytest.FixtureRequest, host_props: Props) -> Iterator[TestUser]:
+    """The unprivileged user of the session, with root's container image in its own rootless podman's store
+    (where root has it), deleted at its end whatever happened."""
     user = create_test_user(host_props)
     try:
         why = find_python(user)
         if why:
             pytest.skip(why)
+        give_image(request, user)
         yield user
     finally:
         delete_test_user(user)
+
+
+def give_image(request: pytest.FixtureRequest, user: TestUser) -> None:
+    """Root's container image (built for the session) loaded into the user's store; where it cannot be, the
+    user's container rows skip, saying why."""
+    try:
+        built: BuiltImage = request.getfixturevalue("container_image")
+    except pytest.skip.Exception as exc:
+        user.unavailable["container"] = f"root has no container image to give the test user: {exc}"
+        return
+    why = give_container_image(user, built.engine, built.image)
+    if why:
+        user.unavailable["container"] = why
 
 
 async def verdict_of(request: pytest.FixtureRequest, row: str, runtime_id: str, user: str) -> Verdict:
@@ -148,7 +164,7 @@ async def test_aggregate_memory_stays_under_the_default_cap(request: pytest.Fixt
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap", "container"])
 async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_is_per_process(
         test_user: TestUser, runtime_id: str) -> None:
     """The user's runner given no cgroup (a fresh runner: the warning is once per process)."""
@@ -160,9 +176,10 @@ async def test_without_a_delegated_cgroup_the_result_and_one_warning_say_memory_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap"])
+@pytest.mark.parametrize("runtime_id", ["subprocess", "bubblewrap", "container"])
 async def test_an_allow_listed_host_port_is_reached_as_the_user(test_user: TestUser, runtime_id: str) -> None:
-    """The relay's folder reaches the sandbox where the keeper's tmpfs covers the sandbox's folder."""
+    """The relay's folder reaches the sandbox where the keeper's tmpfs (or, rootless podman, the one in its pause
+    process's namespaces) covers the sandbox's folder."""
     verdict = await test_user.run_row("egress_reached", runtime_id)
     if verdict.skipped:
         pytest.skip(verdict.skipped)

@@ -4,8 +4,12 @@ home with a 0600 secret, a supplementary group owning a listening socket and a f
 left behind (the user's processes, its files in /tmp, /var/tmp and /dev/shm), and at the end deletes the user,
 its home and its group. As an admin would (see `runtimes.cgroup`), root delegates a cgroup to the user at the
 conventional `/tracegym-<user name>` (cgroup v1: in the memory and pids hierarchies), so its sandboxes cap memory
-and processes per sandbox; `without_delegation` takes it away for a test. Rows are served by one process of the
-user's for the session (restarted when a row kills it: that is an escape), so each costs no interpreter start."""
+and processes per sandbox; `without_delegation` takes it away for a test. For the container runtime it sets the
+user up for rootless podman as an admin would (`give_container_image`: subordinate ids, fuse-overlayfs storage, an
+XDG_RUNTIME_DIR in its home, root's image loaded into its store); podman's own pause process and lock file are the
+engine's, not a row's leftovers, but a sandbox tmpfs left mounted in its namespaces is one. Rows are served by one
+process of the user's for the session (restarted when a row kills it: that is an escape), so each costs no
+interpreter start."""
 
 from __future__ import annotations
 
@@ -40,6 +44,10 @@ RUNNER_FILES = ("escape_rows.py", "runtime_helpers.py", "reward_hack.py")
 RUNNER_TIMEOUT_S = 120.0
 """The longest one row may take as the user."""
 GROUP_FOLDER = Path("/var/lib")
+RUNTIME_DIR = ".run"
+"""The user's XDG_RUNTIME_DIR, in its home."""
+SUBIDS = 65536
+"""How many subordinate uids and gids the user's rootless podman maps (useradd's default count)."""
 """Where the group's socket and file go: a system folder, as a docker socket's would be (not a scratch folder)."""
 
 
@@ -73,14 +81,20 @@ class TestUser:
     """The cgroup folders delegated to it (v1: its memory and pids folders)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """What its runner's environment adds (a `TRACEGYM_CGROUP`)."""
+    engine_pause: Path | None = None
+    """Where its rootless podman writes the pid of its pause process (the engine's own, which holds the user's
+    namespace between podman calls: not a sandbox's leftover)."""
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` as this user, with its groups (the supplementary one included) and nothing of ours."""
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", "--", *argv]
 
     def environment(self) -> dict[str, str]:
+        """Its login's environment: XDG_RUNTIME_DIR in its home (a login manager's /run/user/UID), where its
+        rootless podman keeps its run state, not in /tmp."""
         return {"PATH": SANDBOX_PATH, "HOME": str(self.home), "USER": self.name, "LOGNAME": self.name,
-                "LANG": "C.UTF-8", "PYTHONPATH": self.pythonpath, "PYTHONDONTWRITEBYTECODE": "1", **self.extra_env}
+                "LANG": "C.UTF-8", "PYTHONPATH": self.pythonpath, "PYTHONDONTWRITEBYTECODE": "1",
+                "XDG_RUNTIME_DIR": str(self.home / RUNTIME_DIR), **self.extra_env}
 
     def restart_runner(self) -> None:
         """End the runner: the next row starts a new one (with the environment as it is then)."""
@@ -139,25 +153,51 @@ class TestUser:
         said = self.log.read_text(errors="replace")[-3000:]
         return Verdict(broken=f"the runner said no verdict (exit status {proc.returncode}); its stderr ends: {said}")
 
-    def processes(self) -> list[int]:
-        """The user's live processes but its runner."""
+    def processes(self, *, engine: bool = False) -> list[int]:
+        """The user's live processes but its runner (and but its podman's pause process, unless `engine`)."""
         runner = self.runner_proc.pid if self.runner_proc and self.runner_proc.poll() is None else None
-        return [pid for pid in processes_of(self.uid) if pid != runner]
+        pause = None if engine else self.pause_pid()
+        return [pid for pid in processes_of(self.uid) if pid not in (runner, pause)]
 
-    def sweep(self) -> list[str]:
-        """What of this user outlived its last row (processes but the runner, files in the scratch folders), each
-        removed."""
+    def pause_pid(self) -> int | None:
+        """The pid of its rootless podman's pause process, when it has one."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(self.engine_pause.read_text()) if self.engine_pause else None
+        return None
+
+    def sweep(self, *, engine: bool = False) -> list[str]:
+        """What of this user outlived its last row (processes but the runner and, unless `engine`, its podman's
+        pause process; files in the scratch folders), each removed."""
         found: list[str] = []
-        if not wait_until(lambda: not self.processes(), 3):
-            pids = self.processes()
+        if not wait_until(lambda: not self.processes(engine=engine), 3):
+            pids = self.processes(engine=engine)
             found += [f"process {pid} of the user alive after the row: {command_line(pid)}" for pid in pids]
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+        pause = self.pause_pid()
+        for point in held_mounts(pause) if pause else []:
+            found.append(f"the sandbox tmpfs at {point} still mounted in the user's podman namespaces")
+            subprocess.run(["nsenter", f"--target={pause}", "--mount", "umount", "--lazy", point], check=False)
         for path in files_of(self.uid):
+            if path == self.engine_lock() and not engine:
+                continue
             found.append(f"{path} of the user left after the row")
             remove(path)
         return found
+
+    def engine_lock(self) -> Path | None:
+        """The shared-memory lock of its rootless podman (the engine's own, for its life: not a sandbox's
+        leftover), once it has used podman."""
+        return Path(f"/dev/shm/libpod_rootless_lock_{self.uid}") if self.engine_pause else None
+
+
+def held_mounts(pid: int) -> list[str]:
+    """The sandbox tmpfs mounts in the mount namespace of process `pid` (a rootless podman's pause process)."""
+    with contextlib.suppress(OSError):
+        lines = Path(f"/proc/{pid}/mounts").read_text().splitlines()
+        return [line.split()[1] for line in lines if line.split()[0] == "tracegym-sandbox"]
+    return []
 
 
 def read_line(fd: int, timeout_s: float) -> str:
@@ -183,6 +223,9 @@ def create_test_user(session: Props) -> TestUser:
                    check=True, capture_output=True)
     entry = pwd.getpwnam(name)
     user = TestUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir), group, session)
+    runtime_dir = user.home / RUNTIME_DIR
+    runtime_dir.mkdir(mode=0o700)
+    os.chown(runtime_dir, user.uid, user.gid)
     secret = user.home / "secret.txt"
     secret.write_text(f"tg-battery-secret-{secrets.token_hex(8)}")
     os.chown(secret, user.uid, user.gid)
@@ -224,7 +267,7 @@ def delete_test_user(user: TestUser) -> None:
     """Kill what the user still runs, remove its files in the scratch folders, what was made for it, its home,
     itself and its group (each step tried whatever the others did)."""
     user.restart_runner()
-    user.sweep()
+    user.sweep(engine=True)
     remove_cgroups(user.cgroups)
     user.log.unlink(missing_ok=True)
     for server in user.sockets:
@@ -313,3 +356,47 @@ def remove(path: Path) -> None:
     else:
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+def give_container_image(user: TestUser, engine: str, image: str) -> str | None:
+    """Set the user up for rootless podman as an admin would (subordinate ids, a store on fuse-overlayfs where
+    installed, else podman's default) and load root's `image` into its store (`podman save` as root, `podman load`
+    as the user: no registry); None when done, else why it cannot be."""
+    if Path(engine).name != "podman":
+        return f"the test user's container engine is rootless podman; root's engine is {engine}"
+    add_subids(user.name)
+    config = user.home / ".config" / "containers"
+    if shutil.which("fuse-overlayfs"):
+        config.mkdir(parents=True)
+        (config / "storage.conf").write_text('[storage]\ndriver = "overlay"\n[storage.options.overlay]\n'
+                                             'mount_program = "/usr/bin/fuse-overlayfs"\n')
+        subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(user.home / ".config")], check=True)
+    user.engine_pause = user.home / RUNTIME_DIR / "libpod" / "tmp" / "pause.pid"
+    folder = Path(tempfile.mkdtemp(prefix="tg-battery-image-", dir="/var/tmp"))
+    try:
+        folder.chmod(0o755)
+        archive = folder / "image.tar"
+        saved = subprocess.run([engine, "save", "-q", "-o", str(archive), image], capture_output=True, text=True,
+                               timeout=300, check=False)
+        if saved.returncode != 0:
+            return f"root's {engine} could not save {image}: {saved.stderr.strip()}"
+        archive.chmod(0o644)
+        loaded = subprocess.run(user.command([engine, "load", "-q", "-i", str(archive)]), capture_output=True,
+                                text=True, env=user.environment(), cwd=user.home, timeout=300, check=False)
+        if loaded.returncode != 0:
+            return f"the test user's rootless podman could not load {image}: {loaded.stderr.strip()}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return None
+
+
+def add_subids(name: str) -> None:
+    """Give user `name` SUBIDS subordinate uids and gids after the last range handed out, where useradd did not
+    (it does only where /etc/subuid exists)."""
+    for kind, file in (("uids", Path("/etc/subuid")), ("gids", Path("/etc/subgid"))):
+        ranges = [line.split(":") for line in (file.read_text().splitlines() if file.exists() else [])]
+        if any(entry[0] == name for entry in ranges):
+            continue
+        start = max([100_000, *(int(entry[1]) + int(entry[2]) for entry in ranges if len(entry) == 3)])
+        subprocess.run(["usermod", f"--add-sub{kind}", f"{start}-{start + SUBIDS - 1}", name], check=True,
+                       capture_output=True)

@@ -154,13 +154,17 @@ class SandboxCgroup:
         (self.pids / "pids.max").write_text(str(processes))
         self.caps = (memory_mb, processes)
 
+    def entry_files(self) -> list[Path]:
+        """Its entry files (one per hierarchy): a single-threaded process that writes `0` to them enters it."""
+        return [folder / self._files.entry for folder in self.folders]
+
     def entry_fds(self) -> list[int]:
-        """Descriptors of each entry file, open for writing (close-on-exec); a single-threaded process that writes
-        `0` to them enters it. The caller closes them."""
+        """Descriptors of each entry file (`entry_files`), open for writing (close-on-exec). The caller closes
+        them."""
         fds: list[int] = []
         try:
-            for folder in self.folders:
-                fds.append(os.open(folder / self._files.entry, os.O_WRONLY | os.O_CLOEXEC))
+            for path in self.entry_files():
+                fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
         except OSError:
             for fd in fds:
                 os.close(fd)

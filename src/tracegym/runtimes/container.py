@@ -15,11 +15,16 @@ program never makes one ahead.
 The container has no network (`--network none`, a network namespace with only its loopback; with
 `Limits.network` the host's network, as bubblewrap's `--share-net`), every capability dropped but the two the init
 needs to drop to the sandbox's uid (SETUID, SETGID; gone at the drop), no_new_privs, a read-only root, the
-sandbox's working directory bound at the same path and, as root, its /tmp, /var/tmp, /dev/shm and home bound from
+sandbox's working directory bound at the same path and its /tmp, /var/tmp, /dev/shm and home bound from
 subfolders of the sandbox's folder, the one tmpfs of `Limits.disk_mb` they all share with the working directory
-(not root: a private tmpfs of `disk_mb` each; see `scratch_mounts`), the engine's memory cgroup (`memory_mb` for
-the whole run, no swap) and pids cgroup (`processes` plus the init's own threads). The init is the container's
-pid 1: it reaps orphans, and its exit ends every process left.
+(as root, mounted on the host; rootless podman, mounted in the user and mount namespaces of its pause process,
+where it makes every container's mounts: `disk_holder`; elsewhere a private tmpfs of `disk_mb` each: see
+`scratch_mounts`), the engine's memory cgroup (`memory_mb` for the whole run, no swap) and pids cgroup
+(`processes` plus the init's own threads). Where the engine cannot cap (`engine_caps`: rootless podman on cgroup
+v1 ignores `--memory` and `--pids-limit`, and says so on the run's stderr) those flags are not given and the
+sandbox's own cgroup (`runtimes.cgroup`, under the user's delegated one) holds the program instead: its entry
+files are bound in at CGROUP_MOUNT, each alone, and the init enters them before the exec. The init is the
+container's pid 1: it reaps orphans, and its exit ends every process left.
 
 The engine passes no descriptor on (docker cannot; podman's `--preserve-fds` only by number), so the init's status
 report and its lifeline are files of the run's own folder beside the working directory, bound in at `RUN_MOUNT` and
@@ -36,10 +41,14 @@ in the container; the memory cap over the whole run; nothing left after a cancel
 agent program reaching the proxy; a run in a container made ahead). Start to the program's first instruction:
 see `benchmarks/container_start.py` and the README. crun (Debian's 1.8.1) refuses this host's cgroup layout
 (cgroup v1 beside a cgroup2 hierarchy that holds a controller: "cgroups in hybrid mode not supported"), so runc
-stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests) and given the
-same command line (less podman's `rm -i -t 0` and `init`) but has not run here. As non-root (rootless podman) the
-sandbox has no uid of its own: the init and the program share one, so the program could reach the run's folder;
-untested.
+stays; installing it makes podman pick it by default. Docker is detected (fake engines in the tests, one answering
+as docker's CLI does: there is no docker daemon here) and given the same command line (less podman's `rm -i -t 0`
+and `init`) but has not run here. As an unprivileged user (rootless podman 4.3 + runc, fuse-overlayfs storage, the
+image loaded from root's `podman save`, cgroup v1 with a cgroup delegated to the user) the hostile escape battery
+passes every row (tests/runtimes/test_escape_battery_hostile.py, slow). There the sandbox has no uid of its own:
+the init and the program are both the container's root, the user itself, so the program can read and rewrite its
+own run's folder (its status report); and the tmpfs of a sandbox whose host process was killed before its close
+stays mounted in podman's namespaces until the pause process ends.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import shutil
 import signal
@@ -68,7 +78,7 @@ from tracegym.runtimes.process_sandbox import (
 )
 from tracegym.runtimes.processes import process_alive
 from tracegym.runtimes.sandbox import Limits, RuntimeUnavailable
-from tracegym.runtimes.workdir import private_folders
+from tracegym.runtimes.workdir import capped_elsewhere, private_folders
 
 ENGINES = ("podman", "docker")
 """Tried in this order; the first that answers is used."""
@@ -84,6 +94,10 @@ wait 10 s for SIGTERM first); else `rm -f`."""
 LABEL = "tracegym.sandbox"
 RUN_MOUNT = "/run/tracegym-init"
 """Where a run's own folder (the init's `status` report, its `lifeline` FIFO) is bound in the container."""
+CGROUP_MOUNT = "/run/tracegym-cgroup"
+"""Where the entry files of the sandbox's own cgroup are bound (`0`, `1`: one per hierarchy), where the engine
+cannot cap the container (rootless podman on cgroup v1): the init enters them before it execs the program."""
+CAPPING_CONTROLLERS = ("memory", "pids")
 INIT_TASKS = 32
 """What the pids cgroup allows beyond `Limits.processes`: the init's own threads (its main one, the lifeline's,
 the forwarder's and two per proxied connection)."""
@@ -125,6 +139,46 @@ def _no_answer(client: str) -> str | None:
     return f"{said[-1].strip() if said else 'no reason given'}; info exit status {done.returncode}"
 
 
+@functools.cache
+def engine_caps(engine: str) -> bool:
+    """True when `engine` caps a container's memory and processes itself: as root, or a docker (its daemon's,
+    root's), or a rootless podman given the memory and pids controllers (cgroup v2, delegated); not a rootless
+    podman on cgroup v1, which ignores `--memory` and `--pids-limit` (and says so on the run's stderr)."""
+    if os.geteuid() == 0 or Path(engine).name != "podman":
+        return True
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired, ValueError):
+        done = subprocess.run([engine, "info", "--format", "{{json .Host.CgroupControllers}}"], capture_output=True,
+                              timeout=PROBE_TIMEOUT_S, text=True)
+        return done.returncode == 0 and set(CAPPING_CONTROLLERS) <= set(json.loads(done.stdout or "[]"))
+    return False
+
+
+def pause_process(engine: str) -> int | None:
+    """The pid of a rootless podman's pause process (which holds its user and mount namespaces between commands),
+    made by a `podman unshare` where there is none yet; None when it cannot be found."""
+    pid_file = _pause_file(engine)
+    for attempt in range(2):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text()) if pid_file else 0
+            if pid and process_alive(pid):
+                return pid
+        if attempt == 0:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([engine, "unshare", "true"], capture_output=True, timeout=PROBE_TIMEOUT_S)
+    return None
+
+
+@functools.cache
+def _pause_file(engine: str) -> Path | None:
+    """Where a rootless podman writes its pause process's pid: `libpod/tmp/pause.pid` beside its run root."""
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run([engine, "info", "--format", "{{.Store.RunRoot}}"], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S)
+        if done.returncode == 0 and done.stdout.strip():
+            return Path(done.stdout.strip()).parent / "libpod" / "tmp" / "pause.pid"
+    return None
+
+
 @dataclass
 class _RunFiles:
     """One run's folder on the host (bound in at RUN_MOUNT) and our end of its lifeline FIFO."""
@@ -149,10 +203,13 @@ class ContainerConfinement(Confinement):
     `ENGINE start` of a container created ahead for it (`ahead`)."""
 
     private_tmp = True
-    sandbox_cgroup = False  # the engine's own cgroup holds the container: --memory, --pids-limit
+    init_on_host = False
 
-    def __init__(self, engine: str, image: str, *, ahead: bool = True) -> None:
+    def __init__(self, engine: str, image: str, *, ahead: bool = True, caps: bool = True) -> None:
         self.engine, self.image, self.ahead = engine, image, ahead
+        self.sandbox_cgroup = not caps
+        """`caps`: the engine's own cgroup holds the container (`--memory`, `--pids-limit`); else (rootless podman
+        on cgroup v1) the sandbox's cgroup of ours, which the init enters from inside (`cgroup_entries`)."""
         self.kind = Path(engine).name
         """The engine's name (`podman`, `docker`): which of its flags apply."""
         self._runs: dict[str, _RunFiles] = {}
@@ -162,10 +219,22 @@ class ContainerConfinement(Confinement):
         """The containers of the sandbox's runs: the engine keeps each after its end, until the close."""
         self._wraps = 0
         self._prepared: _Prepared | None = None
+        self._holder: int | None = None
+        """The rootless engine's pause process, in whose namespaces the sandbox's tmpfs is mounted."""
+
+    def disk_holder(self) -> int | None:
+        """A rootless podman's pause process (its user and mount namespaces are where the engine makes every
+        container's mounts), where it has one; None as root (the tmpfs is the host's) and for docker."""
+        if os.geteuid() != 0 and self.kind == "podman":
+            self._holder = pause_process(self.engine)
+        return self._holder
 
     async def command(self, launch: Launch) -> list[str]:
         """`wrap(launch)`, after the container being prepared ahead with this run's flags is made (its remaining
         creation is shorter than a whole `run`)."""
+        if self._holder is not None and not process_alive(self._holder):
+            raise OSError(f"{self.kind}'s pause process {self._holder}, whose namespaces held the sandbox's capped "
+                          f"folder, is gone (the engine was reset): open a new sandbox")
         prepared = self._prepared
         if prepared is not None and prepared.flags == self._flags(launch):
             await _made(prepared, kill=False)
@@ -185,7 +254,7 @@ class ContainerConfinement(Confinement):
         else:
             files, name = self._open_run(launch), container_name(launch.marker)
             command = [self.engine, "run", *self._identity(name, launch), *flags, "-v", f"{files.folder}:{RUN_MOUNT}",
-                       self.image, *container_init(launch.init)]
+                       self.image, *container_init(launch.init, len(launch.cgroup))]
         self._runs[launch.marker], self._names[launch.marker] = files, name
         self._started.append(name)
         if self.ahead and self._wraps >= PREPARE_FROM and self._prepared is None:
@@ -199,12 +268,12 @@ class ContainerConfinement(Confinement):
     def _flags(self, launch: Launch) -> list[str]:
         """The container's confinement for `launch` (all but its name and run folder)."""
         limits = launch.limits
+        memory, processes = f"{limits.memory_mb}m", str(limits.processes + INIT_TASKS)
+        caps = [] if self.sandbox_cgroup else ["--memory", memory, "--memory-swap", memory, "--pids-limit", processes]
         flags = ["--log-driver", "none", "--network", "host" if limits.network else "none",
                  "--cap-drop", "ALL", "--cap-add", "SETUID", "--cap-add", "SETGID",
-                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch),
-                 "--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m",
-                 "--pids-limit", str(limits.processes + INIT_TASKS), *ulimits(launch),
-                 "-v", f"{launch.workdir}:{launch.workdir}"]
+                 "--security-opt", "no-new-privileges", "--read-only", *scratch_mounts(launch), *caps,
+                 *ulimits(launch), *cgroup_entries(launch), "-v", f"{launch.workdir}:{launch.workdir}"]
         if launch.forward is not None:  # the init carries the loopback port to this socket: the host's, read-only
             folder = str(launch.forward.socket.parent)
             flags += ["-v", f"{folder}:{folder}:ro"]
@@ -394,16 +463,25 @@ def _write_run(folder: Path, launch: Launch, *, ahead: bool = False) -> None:
     (`argv`), written to its folder: read by the preludes inside, never on the engine's command line."""
     (folder / "environ").write_bytes(b"".join(f"{name}={value}\0".encode() for name, value in launch.env.items()))
     if ahead:
-        init = [launch.init[4], *container_init(launch.init)[5:]]
+        init = [launch.init[4], *container_init(launch.init, len(launch.cgroup))[5:]]
         (folder / "argv").write_bytes(b"\0".join(os.fsencode(arg) for arg in init))
 
 
-def container_init(init: list[str]) -> list[str]:
+def container_init(init: list[str], cgroup_files: int = 0) -> list[str]:
     """The program init's command as the container runs it: the image's interpreter, the environment prelude,
-    and the run's files at RUN_MOUNT for its STATUS and LIFELINE in place of the descriptors' numbers it is given
-    on the host (see `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE ...`)."""
+    and the run's files at RUN_MOUNT for its STATUS and LIFELINE (and, with a cgroup of ours, its `cgroup_files`
+    entry files at CGROUP_MOUNT for CGROUP_FDS) in place of the descriptors' numbers it is given on the host (see
+    `runtimes.program_init` for the layout: `python -I -S -c SOURCE STATUS LIFELINE UID CWD NETWORK CGROUP_FDS
+    ...`)."""
+    entries = ",".join(f"{CGROUP_MOUNT}/{i}" for i in range(cgroup_files)) or "-"
     return [INIT_PYTHON, *init[1:4], ENVIRON_PRELUDE + init[4], f"{RUN_MOUNT}/status", f"{RUN_MOUNT}/lifeline",
-            *init[7:]]
+            *init[7:10], entries, *init[11:]]
+
+
+def cgroup_entries(launch: Launch) -> list[str]:
+    """The entry files of the sandbox's own cgroup, each bound alone (the program sees no other file of it: not
+    its caps) at CGROUP_MOUNT (none where the engine caps the container)."""
+    return [flag for i, path in enumerate(launch.cgroup) for flag in ("-v", f"{path}:{CGROUP_MOUNT}/{i}")]
 
 
 def scratch_mounts(launch: Launch) -> list[str]:
@@ -411,7 +489,7 @@ def scratch_mounts(launch: Launch) -> list[str]:
     `disk_mb` (as root), its subfolders bound there, so they and the working directory share that one cap, and
     what the program leaves there is the host's to read and goes with the folder; else (no tmpfs of ours) a
     private tmpfs of `disk_mb` each."""
-    if not os.path.ismount(launch.workdir.parent):
+    if not os.path.ismount(launch.workdir.parent) and not capped_elsewhere(launch.workdir.parent):
         size = launch.limits.disk_mb
         return ["--tmpfs", f"/tmp:size={size}m", "--tmpfs", f"/var/tmp:size={size}m", "--shm-size", f"{size}m"]
     binds = [flag for inside, source in private_folders(launch.workdir)
@@ -473,7 +551,8 @@ class Container:
         engine, _ = detect_engine()
         assert engine is not None
         await remove_abandoned_containers(engine)
-        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead), self.limits)
+        return ProcessSandbox(ContainerConfinement(engine, self.image, ahead=self.ahead, caps=engine_caps(engine)),
+                              self.limits)
 
 
 _HAVE: set[tuple[str, str]] = set()

@@ -92,6 +92,9 @@ class Launch:
     egress: EgressRoute | None = None
     """The allow-list's destinations the init carries into the run's own network namespace (None: no allow-list,
     or the run shares the host's network)."""
+    cgroup: tuple[Path, ...] = ()
+    """The entry files of the sandbox's cgroup (none: no cgroup of ours), for a wrapper that passes no descriptor
+    on (a container's: its init opens them where they are bound)."""
 
 
 def socket_folders(launch: Launch) -> list[Path]:
@@ -121,12 +124,20 @@ class Confinement:
     """True when the wrapper can start inside the namespaces of the keeper that caps the sandbox's files where we
     are not root (see `runtimes.workdir`): it makes the sandbox's own namespaces itself."""
     sandbox_cgroup: bool = True
-    """True when the sandbox's programs run under the program init on this host, so a cgroup of ours can hold
-    them (False where the runtime's engine makes its own: a container's)."""
+    """True when a cgroup of ours holds the sandbox's programs (False where the runtime's engine makes its own: a
+    container's, where the engine can cap one)."""
+    init_on_host: bool = True
+    """True when this host's python3 runs the program init (it is then given compiled; a container's image's
+    python3 is given its source)."""
 
     def wrap(self, launch: Launch) -> list[str]:
         """The command that runs `launch` confined."""
         raise NotImplementedError
+
+    def disk_holder(self) -> int | None:
+        """The process in whose user and mount namespaces the wrapper's mounts are made, where that is not this
+        process's (a rootless container engine's): the sandbox's tmpfs is mounted there (None: none)."""
+        return None
 
     async def command(self, launch: Launch) -> list[str]:
         """`wrap(launch)`, once what it needs is ready (a runtime that prepares a run ahead waits for it here)."""
@@ -190,7 +201,8 @@ class ProcessSandbox:
         self.uid = random.randrange(*UID_RANGE) if os.geteuid() == 0 else None
         """The sandbox's own host uid when we are root (its programs run as it), else None."""
         remove_abandoned_workdirs()
-        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb, confinement.disk_namespace)
+        self._workdir, self.disk_capped = make_workdir(self.id, self.uid, limits.disk_mb, confinement.disk_namespace,
+                                                       confinement.disk_holder())
         """`disk_capped`: whether the sandbox's files (working directory, and where namespaced its /tmp, /var/tmp,
         /dev/shm and home) share one tmpfs capped at `limits.disk_mb` (see `runtimes.workdir`)."""
         self.cgroup: SandboxCgroup | None = None
@@ -261,9 +273,10 @@ class ProcessSandbox:
         cgroup_fds: list[int] = []
         try:
             cgroup_fds, counts = self._enter_cgroup(limits)
+            entries = tuple(self.cgroup.entry_files()) if self.cgroup is not None else ()
             proc, wrapper = await self._spawn(
                 Launch(list(argv), [], self._workdir, limits, self._environment(env or {}, marker), marker, self.uid,
-                       forward, egress), stdin is not None, status_w, lifeline_r, cgroup_fds)
+                       forward, egress, entries), stdin is not None, status_w, lifeline_r, cgroup_fds)
         except OSError as exc:  # the wrapper itself could not start: say so, as for a missing program
             os.close(status_r)
             os.close(lifeline_w)
@@ -333,7 +346,7 @@ class ProcessSandbox:
                      cgroup_fds: list[int]) -> tuple[asyncio.subprocess.Process, _ExitProtocol]:
         """The wrapper started, and its protocol (which says when it exits)."""
         drops_to = self.confinement.init_drops_to(self.uid)
-        code = init_code() if self.confinement.sandbox_cgroup else INIT_SOURCE  # else not our python3 runs it
+        code = init_code() if self.confinement.init_on_host else INIT_SOURCE
         init = [sandbox_python(), "-I", "-S", "-c", code, str(status_w), str(lifeline_r),
                 "-" if drops_to is None else str(drops_to), str(self._workdir), self._network(launch),
                 ",".join(map(str, cgroup_fds)) or "-", *map(str, self._rlimits(launch.limits)), "--", *launch.argv]
@@ -357,11 +370,14 @@ class ProcessSandbox:
     def _rlimits(self, limits: Limits) -> list[int]:
         """The init's rlimits, in its order (0: none). RLIMIT_NPROC counts every process of a uid: exact under a
         uid of our own, else the user's processes now plus the limit (approximate: the user's other processes come
-        and go). RLIMIT_AS only where no cgroup caps memory: the cgroup caps what is used, while an address-space
-        cap refuses what is merely reserved (a JVM's heap, V8's cages, Go's arenas: such programs would not
-        start)."""
+        and go; none where a cgroup caps the processes exactly, as it does in a rootless container, where the
+        kernel counts the engine's helpers of the user's namespace too). RLIMIT_AS only where no cgroup caps
+        memory: the cgroup caps what is used, while an address-space cap refuses what is merely reserved (a JVM's
+        heap, V8's cages, Go's arenas: such programs would not start)."""
         own_uid = self.uid is not None
         processes = limits.processes + (3 if own_uid else _processes_of(os.getuid()))  # + init and wrapper
+        if not own_uid and self.cgroup is not None:
+            processes = 0
         address_space = 0 if self.cgroup is not None else limits.memory_mb
         return [limits.cpu_seconds, address_space, limits.file_size_mb, limits.open_files, processes]
 

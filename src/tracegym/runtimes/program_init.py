@@ -19,7 +19,7 @@ kills whatever the program left behind; outside a PID namespace (the process-gro
 group, itself last, while it still leads it (so the group id cannot have been reused). When the host closes the
 other end of LIFELINE_FD (the host process died, even by SIGKILL), it kills its process group and exits.
 STATUS_FD and LIFELINE_FD may be paths instead (a container's, bound in from the host): a file to write the report
-to, and a FIFO the host holds open.
+to, and a FIFO the host holds open; so may each of CGROUP_FDS (a rootless container's cgroup entry files, bound in).
 
 NETWORK is `-` when the run shares the host's network. Otherwise the run has a network namespace of its own and
 NETWORK is `own` then one line per thing to set up in it before the program starts:
@@ -67,7 +67,7 @@ STATUS_FILE = posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_NOFOLLOW
 def main() -> None:
     status_fd, lifeline_fd = channel(sys.argv[1], STATUS_FILE), channel(sys.argv[2], posix.O_RDONLY)
     uid, cwd, network = sys.argv[3], sys.argv[4], sys.argv[5]
-    cgroups = [] if sys.argv[6] == "-" else [int(fd) for fd in sys.argv[6].split(",")]
+    cgroups = [] if sys.argv[6] == "-" else [channel(entry, posix.O_WRONLY) for entry in sys.argv[6].split(",")]
     limits = [int(v) for v in sys.argv[7:7 + len(LIMITS)]]
     argv = sys.argv[8 + len(LIMITS):]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a namespace's pid 1, a program's SIGINT must not end us

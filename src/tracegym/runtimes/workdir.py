@@ -25,6 +25,9 @@ working directory, /tmp, /var/tmp, /dev/shm and home together gets ENOSPC, not t
   working directory has the same path inside and out, and the host reads and writes the tmpfs through it. The
   egress relay's folder (`egress`) stays the host's, bound by the keeper into its tmpfs (its sockets are made by
   the host).
+- Not root, for a runtime whose mounts are made in another process's namespaces (rootless podman: its pause
+  process's), the tmpfs is mounted there (`nsenter`, as the owner of its user namespace) and seen by the host the
+  same way, through that process's root; it is unmounted there at removal.
 - Elsewhere (not root, and no keeper: the process-group fallback, a host without unprivileged user namespaces) the
   folder is plain and uncapped, which the log says once, naming why.
 """
@@ -62,13 +65,15 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 0x2, 0x4, 0x2
 
 
-def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: bool = False) -> tuple[Path, bool]:
+def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: bool = False,
+                 holder: int | None = None) -> tuple[Path, bool]:
     """A new sandbox folder and its working directory, owned by its `uid` (when given), inside a folder of ours
     it cannot rename or replace; and whether the folder is capped at `disk_mb` (one tmpfs: on the host where we are
-    root, else in a keeper's namespaces where the runtime's programs start `namespaced`: see the module)."""
+    root, else in a keeper's namespaces where the runtime's programs start `namespaced`, or in those of the process
+    `holder` whose mounts they see: see the module)."""
     folder = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{sandbox_id}-"))
     os.chmod(folder, 0o711)
-    why = _cap(folder, disk_mb, namespaced)
+    why = _cap(folder, disk_mb, namespaced, holder)
     if why is not None:
         _warn_uncapped(disk_mb, why)
     inside = _KEEPERS[folder].root / folder.relative_to("/") if folder in _KEEPERS else folder
@@ -88,10 +93,12 @@ def make_workdir(sandbox_id: str, uid: int | None, disk_mb: int, namespaced: boo
     return workdir, why is None
 
 
-def _cap(folder: Path, disk_mb: int, namespaced: bool) -> str | None:
+def _cap(folder: Path, disk_mb: int, namespaced: bool, holder: int | None = None) -> str | None:
     """Cap `folder` at `disk_mb` (see the module); None when it is, else why it cannot be."""
     if os.geteuid() == 0:
         return None if _mount_tmpfs(folder, disk_mb) else "mounting its tmpfs failed"
+    if holder is not None:
+        return _mount_in_holder(folder, disk_mb, holder)
     if namespaced:
         return _start_keeper(folder, disk_mb)
     return "its runtime starts no namespaces a tmpfs of ours could be mounted in (not root: no right to mount here)"
@@ -99,17 +106,27 @@ def _cap(folder: Path, disk_mb: int, namespaced: bool) -> str | None:
 
 @dataclass
 class _Keeper:
-    """The process holding a sandbox folder's tmpfs in namespaces of its own (see the module)."""
+    """The process holding a sandbox folder's tmpfs in namespaces of its own (see the module); or, with no `proc`
+    of ours, the process `pid` in whose namespaces we mounted it (a rootless container engine's)."""
 
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
+    pid: int = 0
+    folder: Path | None = None
+    """The folder mounted over in the holder's namespaces (unmounted there at the end)."""
 
     @property
     def root(self) -> Path:
         """Its root (its mount namespace's), as the host reaches it."""
-        return Path(f"/proc/{self.proc.pid}/root")
+        return Path(f"/proc/{self.proc.pid if self.proc else self.pid}/root")
 
     def end(self) -> None:
-        """Close its pipe (it exits, its namespaces and tmpfs go with it) and reap it."""
+        """Close its pipe (it exits, its namespaces and tmpfs go with it) and reap it; a holder's tmpfs is
+        unmounted in its namespaces (lazily: what the program left goes with it)."""
+        if self.proc is None:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run([*_joining(self.pid), "umount", "--lazy", str(self.folder)], capture_output=True,
+                               timeout=KEEPER_START_S)
+            return
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         try:
@@ -156,13 +173,49 @@ def _start_keeper(folder: Path, disk_mb: int) -> str | None:
     return None
 
 
+def capped_elsewhere(folder: Path) -> bool:
+    """True when `folder`'s tmpfs is in a keeper's or a holder's namespaces (the host sees its entries through
+    symlinks)."""
+    return folder in _KEEPERS
+
+
 def enter_disk(folder: Path) -> list[str]:
     """The command prefix that starts a wrapper in the namespaces of `folder`'s keeper (as the owner of its user
-    namespace, root in it); none where the folder has no keeper."""
+    namespace, root in it); none where the folder has no keeper of ours (a holder's wrapper is the engine's client,
+    which enters them itself)."""
     keeper = _KEEPERS.get(folder)
-    if keeper is None:
+    if keeper is None or keeper.proc is None:
         return []
-    return ["nsenter", f"--target={keeper.proc.pid}", "--user", "--mount", "--preserve-credentials", "--"]
+    return _joining(keeper.proc.pid)
+
+
+def _joining(pid: int) -> list[str]:
+    """The command prefix that runs a command in the user and mount namespaces of process `pid` (ours: we own its
+    user namespace, and are root in it)."""
+    return ["nsenter", f"--target={pid}", "--user", "--mount", "--preserve-credentials", "--"]
+
+
+_HOLDER_SCRIPT = ('exec 3<"$0/$2" && mount -t tmpfs -o "size=$1m,mode=0711,nosuid,nodev" tracegym-sandbox "$0" && '
+                  'mkdir -m 0700 "$0/$2" && mount --no-canonicalize --bind /proc/self/fd/3 "$0/$2"')
+"""The keeper's mounts (`_KEEPER_SCRIPT`), made in a holder's namespaces, which outlive the script."""
+
+
+def _mount_in_holder(folder: Path, disk_mb: int, holder: int) -> str | None:
+    """Mount `folder`'s tmpfs in the user and mount namespaces of process `holder` (a rootless container engine's:
+    its containers' bind mounts are made there); None, else why it could not be."""
+    if shutil.which("nsenter") is None:
+        return "nsenter is not installed (Debian/Ubuntu: util-linux): no tmpfs can be mounted where the engine sees it"
+    (folder / RELAY).mkdir(mode=0o700)
+    try:
+        done = subprocess.run([*_joining(holder), "sh", "-c", _HOLDER_SCRIPT, str(folder), str(disk_mb), RELAY],
+                              capture_output=True, timeout=KEEPER_START_S, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"mounting its tmpfs in the namespaces of process {holder} failed: {exc}"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"mounting its tmpfs in the namespaces of process {holder} failed: {said}"
+    _KEEPERS[folder] = _Keeper(None, holder, folder)
+    return None
 
 
 RELAY = "egress"
