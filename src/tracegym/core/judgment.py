@@ -21,6 +21,7 @@ class Judgment(BaseModel):
     score: float | None = None
     """The score read from the reply; None when the call failed or the reply did not parse."""
     cached: bool = False
-    """True when the verdict came from the judge's cache (an earlier call with the same prompt), not a new call."""
+    """True when the verdict was not asked for this trace: it came from the judge's cache or from a call another
+    trace made with the same prompt at the same time."""
     seconds: float = 0.0
     """How long the call took (0 for a cached verdict)."""

@@ -106,7 +106,11 @@ class Judge:
         started = time.monotonic()
         cached = self.cache and not _FRESH.get() and prompt in self._verdicts
         try:
-            reply, value = self._verdicts[prompt] if cached else await self._ask_once(prompt)
+            if cached:
+                reply, value = self._verdicts[prompt]
+            else:
+                (reply, value), asked = await self._ask_once(prompt)
+                cached = not asked
         except JudgeError as exc:
             trace.judgments.append(Judgment(judge=self.name, model=self.endpoint.model, prompt=prompt,
                                             reply=exc.reply, seconds=time.monotonic() - started))
@@ -128,14 +132,14 @@ class Judge:
                              f"has no field of (fields: question, answer, response, {', '.join(sorted(row))})")
         return self.prompt.format_map(values)
 
-    async def _ask_once(self, prompt: str) -> tuple[str, float]:
+    async def _ask_once(self, prompt: str) -> tuple[tuple[str, float], bool]:
         """The verdict on `prompt`, asked once even when several rollouts want it at the same time (one whose
-        asker was cancelled is asked again)."""
+        asker was cancelled is asked again); and whether this call asked (False: it shared another's)."""
         asking = self._asking.get(prompt)
         if asking is not None and asking.get_loop() is asyncio.get_running_loop():
             await asyncio.wait([asking])  # cancelling this waiter leaves the asker's call alone
             if not asking.cancelled():
-                return asking.result()  # its JudgeError, if it failed, is this rollout's too
+                return asking.result(), False  # its JudgeError, if it failed, is this rollout's too
         future: asyncio.Future[tuple[str, float]] = asyncio.get_running_loop().create_future()
         self._asking[prompt] = future
         try:
@@ -152,7 +156,7 @@ class Judge:
                 del self._asking[prompt]
         future.set_result(verdict)
         self._remember(prompt, verdict)
-        return verdict
+        return verdict, True
 
     async def _ask(self, prompt: str) -> tuple[str, float]:
         messages: list[Message] = [system(self.system_prompt)] if self.system_prompt else []

@@ -1,0 +1,105 @@
+"""Group rewards and judge rewards through `tracegym eval` and `tracegym rescore`: a rescore scores each task's
+stored rollouts as a group again, a judge's calls land in the run folder, a judge failure is counted as one, and
+`--repeat` asks the judge afresh each time."""
+
+import itertools
+import json
+import threading
+
+import tracegym as tg
+from tracegym.cli.main import main
+from tracegym.core.trace import RewardScore
+from tracegym.envs.rollout import Timeouts
+from tracegym.eval.rescore import rescore
+from tracegym.testing import Fail, FakeOpenAIServer, ScriptedModel
+
+QA = '''
+import tracegym as tg
+
+
+class QAConfig(tg.TasksetConfig):
+    judge_url: str = "http://127.0.0.1:9/v1"
+
+
+class QA(tg.Taskset[QAConfig]):
+    id = "qa"
+
+    def load(self):
+        return [{"prompt": "What is 2+2?", "answer": "4", "id": "sum"}]
+
+
+def qa(config=None):
+    plain = QA(config)
+    judge = tg.Endpoint(base_url=plain.config.judge_url, model="judge", api_key_env=None, max_retries=0)
+    return QA(plain.config, rewards=[tg.Judge(judge)])
+'''
+
+
+@tg.reward(group=True)
+def first_to_finish(task, traces):
+    """1 for the lowest rollout index of the group (a stand-in for any comparison among the group)."""
+    return [float(t.rollout_index == min(x.rollout_index for x in traces)) for t in traces]
+
+
+def eval_run(tmp_path, module, policy, judge, rollouts=2, code=0):
+    assert main(["eval", f"{module}:qa", "-r", str(rollouts), "--model.base-url", policy.base_url, "--no-serve",
+                 "--taskset.judge-url", judge.base_url, "--output-dir", str(tmp_path / "out"), "--no-rich"]) == code
+    [run] = list((tmp_path / "out").glob("*/*"))
+    return run
+
+
+def qa_module(tmp_path):
+    module = tmp_path / "qa.py"
+    module.write_text(QA)
+    return module
+
+
+async def test_rescore_scores_each_task_s_stored_rollouts_as_one_group_again():
+    taskset = tg.Taskset(id="first", data=[{"prompt": "a"}, {"prompt": "b"}], rewards=[first_to_finish])
+    traces = await tg.evaluate(taskset, ScriptedModel(["done"]), rollouts=2)
+    stale = [t.model_copy(update={"rewards": {"first_to_finish": RewardScore(score=0.5)}}) for t in traces]
+    result = await rescore(taskset, stale, Timeouts())
+    assert [(t.task_key, t.rollout_index, t.reward) for t in result.traces] == [
+        ("0", 0, 1.0), ("0", 1, 0.0), ("1", 0, 1.0), ("1", 1, 0.0)]
+
+
+async def test_rescore_leaves_a_trace_that_ended_on_an_error_out_of_its_group():
+    taskset = tg.Taskset(id="first", data=[{"prompt": "a"}], rewards=[first_to_finish])
+    model = ScriptedModel(rule=lambda r: Fail(400, "bad") if r.sampling.seed == 0 else "done")
+    traces = await tg.evaluate(taskset, model, rollouts=2, sampling=tg.Sampling(seed=0))
+    result = await rescore(taskset, traces, Timeouts())
+    assert [t.reward for t in result.traces] == [None, 1.0]  # rollout 1 is the first of the group that finished
+
+
+def test_a_judge_s_calls_are_kept_in_the_run_folder(tmp_path):
+    with FakeOpenAIServer(rule=lambda r: "4") as policy, FakeOpenAIServer(["VERDICT: yes"], model="judge") as judge:
+        run = eval_run(tmp_path, qa_module(tmp_path), policy, judge)
+    traces = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    assert [[(j["score"], j["cached"]) for j in t["judgments"]] for t in traces] in (
+        [[(1.0, False)], [(1.0, True)]], [[(1.0, True)], [(1.0, False)]])
+    assert json.loads((run / "summary.json").read_text())["reward"] == 1.0
+
+
+def test_a_judge_that_cannot_answer_is_counted_as_a_judge_failure_not_a_zero(tmp_path):
+    with FakeOpenAIServer(rule=lambda r: "4") as policy, FakeOpenAIServer([Fail(500, "down")], model="judge") as judge:
+        run = eval_run(tmp_path, qa_module(tmp_path), policy, judge, code=1)  # every rollout failed: exit 1
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reward"] is None and summary["failures"] == {"judge_error": 2}
+    assert summary["errors_by_kind"]["judge"] == 2
+
+
+def test_rescore_repeat_asks_the_judge_afresh_each_time(tmp_path, capsys):
+    said = itertools.cycle(["yes", "no"])
+    lock = threading.Lock()
+
+    def flipping(request):
+        with lock:
+            return f"VERDICT: {next(said)}"
+
+    module = qa_module(tmp_path)
+    with FakeOpenAIServer(rule=lambda r: "4") as policy, FakeOpenAIServer(rule=flipping, model="judge") as judge:
+        run = eval_run(tmp_path, module, policy, judge, rollouts=1)
+        capsys.readouterr()
+        assert main(["rescore", str(run), "--repeat", "4"]) == 0
+    assert len(judge.requests) == 1 + 4
+    assert "judge: 1 of 1 traces changed across 4 rescorings" in capsys.readouterr().out
