@@ -1,6 +1,6 @@
-"""Group rewards and judge rewards through `tracegym eval` and `tracegym rescore`: a rescore scores each task's
-stored rollouts as a group again, a judge's calls land in the run folder, a judge failure is counted as one, and
-`--repeat` asks the judge afresh each time."""
+"""Group rewards and judge rewards through `tracegym eval` and `tracegym rescore`: a resume reruns a task's group
+whole, a rescore scores each task's stored rollouts as a group again, a judge's calls land in the run folder, a judge
+failure is counted as one, and `--repeat` asks the judge afresh each time."""
 
 import itertools
 import json
@@ -103,3 +103,41 @@ def test_rescore_repeat_asks_the_judge_afresh_each_time(tmp_path, capsys):
         assert main(["rescore", str(run), "--repeat", "4"]) == 0
     assert len(judge.requests) == 1 + 4
     assert "judge: 1 of 1 traces changed across 4 rescorings" in capsys.readouterr().out
+
+
+GROUPED = """
+import tracegym as tg
+
+
+@tg.reward(group=True)
+def first_done(task, traces):
+    return [float(t.rollout_index == min(x.rollout_index for x in traces)) for t in traces]
+
+
+grouped = tg.Taskset(id="grouped", data=[{"prompt": "a"}, {"prompt": "b"}], rewards=[first_done])
+"""
+
+
+def test_resume_reruns_the_whole_group_of_a_task_with_a_rollout_to_redo(tmp_path):
+    module = tmp_path / "grouped.py"
+    module.write_text(GROUPED)
+    failed = threading.Event()
+    asked: list[str] = []
+
+    def once_down(request):  # the first request for task "a" fails: its rollout ends on a model error
+        asked.append(request.messages[-1].text)
+        if request.messages[-1].text == "a" and not failed.is_set():
+            failed.set()
+            return Fail(400, "bad request")
+        return "done"
+
+    with FakeOpenAIServer(rule=once_down) as policy:
+        assert main(["eval", f"{module}:grouped", "-r", "2", "--model.base-url", policy.base_url, "--no-serve",
+                     "--max-error-rate", "1", "--output-dir", str(tmp_path / "out"), "--no-rich"]) == 0
+        [run] = list((tmp_path / "out").glob("*/*"))
+        asked.clear()
+        assert main(["eval", "--resume", str(run), "--no-rich"]) == 0
+    assert sorted(asked) == ["a", "a"]
+    records = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
+    scores = sorted((r["task_key"], r["rollout_index"], r["rewards"]["first_done"]["score"]) for r in records)
+    assert scores == [("0", 0, 1.0), ("0", 1, 0.0), ("1", 0, 1.0), ("1", 1, 0.0)]
