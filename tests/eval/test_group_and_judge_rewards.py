@@ -141,3 +141,36 @@ def test_resume_reruns_the_whole_group_of_a_task_with_a_rollout_to_redo(tmp_path
     records = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
     scores = sorted((r["task_key"], r["rollout_index"], r["rewards"]["first_done"]["score"]) for r in records)
     assert scores == [("0", 0, 1.0), ("0", 1, 0.0), ("1", 0, 1.0), ("1", 1, 0.0)]
+
+
+SHORTEST = """
+import tracegym as tg
+
+
+class Answer(tg.Task):
+    @tg.reward
+    def correct(self, trace):
+        return float(trace.last_reply.strip() == self.data.answer)
+
+    @tg.reward(group=True)
+    def shortest_correct(self, traces):
+        right = [len(t.last_reply) for t in traces if t.rewards["correct"].score == 1.0]
+        return [float(t.rewards["correct"].score == 1.0 and len(t.last_reply) == min(right)) for t in traces]
+
+
+class Answers(tg.Taskset):
+    id = "answers"
+    task_class = Answer
+
+    def load(self):
+        return [{"prompt": "2+2?", "answer": "4"}]
+"""
+
+
+def test_validate_scores_a_group_reward_on_each_agent_s_rollout_as_a_group_of_one(tmp_path, capsys):
+    module = tmp_path / "answers.py"
+    module.write_text(SHORTEST)
+    assert main(["validate", f"{module}:Answers"]) == 0
+    out = capsys.readouterr().out
+    assert "gold:  1 of 1 passed" in out
+    assert "group scorers (shortest_correct) scored each rollout as a group of one" in out
