@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym import Endpoint, Judge, Task, TaskData, Taskset, TasksetConfig, Trace, reward
+from tracegym.tasksets.debate import Debate, DebateTask
 
 SPEC = f"{Path(__file__)}:ranked"
 
@@ -48,3 +49,18 @@ def ranked(config: Any = None) -> Ranked:
     plain = Ranked(config)
     judge = plain.config.judge
     return plain if judge is None else Ranked(plain.config, rewards=[Judge(judge)])
+
+
+class ComparedDebate(DebateTask):
+    """A debate with a group reward, which a multi-agent taskset cannot have."""
+
+    @reward(group=True)
+    def compared(self, traces: list[Trace]) -> list[float]:
+        return [0.0] * len(traces)
+
+
+class GroupedDebate(Debate):
+    task_class = ComparedDebate
+
+
+MULTI_AGENT_SPEC = f"{Path(__file__)}:GroupedDebate"

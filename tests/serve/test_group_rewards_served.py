@@ -8,11 +8,11 @@ import threading
 from collections import defaultdict
 
 import pytest
-from group_reward_tasks import SPEC, ranked
+from group_reward_tasks import MULTI_AGENT_SPEC, SPEC, ranked
 from serve_helpers import running_server
 
 import tracegym as tg
-from tracegym.serve import EnvClient
+from tracegym.serve import EnvClient, EnvServer
 from tracegym.testing import FakeOpenAIServer
 
 
@@ -81,3 +81,8 @@ async def test_a_judge_on_the_server_records_its_calls_on_the_traces_that_come_b
     assert [t.rewards["judge"].score for t in traces] == [1.0, 1.0]
     assert [(j.judge, j.model, j.score) for t in traces for j in t.judgments] == [("judge", "judge-model", 1.0)] * 2
     assert "Response:\nx" in traces[0].judgments[0].prompt and len(judge.requests) == 2
+
+
+def test_a_server_of_a_multi_agent_taskset_with_a_group_reward_is_refused_before_any_worker_starts():
+    with pytest.raises(tg.UsageError, match="group reward 'compared' on a multi-agent taskset"):
+        EnvServer(MULTI_AGENT_SPEC)
