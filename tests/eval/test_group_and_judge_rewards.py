@@ -80,6 +80,14 @@ def test_a_judge_s_calls_are_kept_in_the_run_folder(tmp_path):
     assert json.loads((run / "summary.json").read_text())["reward"] == 1.0
 
 
+def test_show_prints_each_judge_call_of_a_trace(tmp_path, capsys):
+    with FakeOpenAIServer(rule=lambda r: "4") as policy, FakeOpenAIServer(["VERDICT: yes"], model="judge") as judge:
+        run = eval_run(tmp_path, qa_module(tmp_path), policy, judge, rollouts=1)
+    capsys.readouterr()
+    assert main(["show", str(run), "-n", "1"]) == 0
+    assert "judge judge (judge): 1, said 'VERDICT: yes'" in capsys.readouterr().out
+
+
 def test_a_judge_that_cannot_answer_is_counted_as_a_judge_failure_not_a_zero(tmp_path):
     with FakeOpenAIServer(rule=lambda r: "4") as policy, FakeOpenAIServer([Fail(500, "down")], model="judge") as judge:
         run = eval_run(tmp_path, qa_module(tmp_path), policy, judge, code=1)  # every rollout failed: exit 1
