@@ -73,7 +73,8 @@ class Rescored(BaseModel):
 
 
 async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> Trace:
-    """A copy of `trace` scored by the taskset's current scorers (unscored when its replay diverged)."""
+    """A copy of `trace` scored by the taskset's current scorers (unscored when its replay diverged); alone, outside
+    its group, its group rewards are None (`rescore` scores groups)."""
     new, _ = await _rescore(taskset, trace, timeouts)
     return new
 
