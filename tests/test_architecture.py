@@ -136,7 +136,8 @@ def test_circles_finds_a_loop_through_a_lazy_import(tmp_path: Path):
 
 PUBLIC_SURFACE = [
     "ContextLengthError", "Endpoint", "EnvironmentTask", "EnvironmentTaskset", "Episode", "ErrorKind", "FailureKind",
-    "InfrastructureError", "InvalidMove", "Member", "Message", "ModelClient", "ModelError", "ModelRequest",
+    "InfrastructureError", "InvalidMove", "Judge", "JudgeError", "Member", "Message", "ModelClient", "ModelError",
+    "ModelRequest",
     "ModelResponse", "MultiAgentTask", "Outcome", "Sampling", "Seat", "Slot", "StopReason", "Task", "TaskData",
     "Taskset", "TasksetConfig", "Timeouts", "ToolCall", "Trace", "TracegymError", "UsageError", "evaluate",
     "evaluate_episodes", "known_tasksets", "load_taskset", "make_client", "metric", "reward", "run_episode",

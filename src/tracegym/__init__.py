@@ -3,7 +3,8 @@
 Define a taskset, evaluate a model on it, serve it out of process, train on it. The names below are the
 public surface:
 - define a taskset: `Task`, `Taskset`, `TasksetConfig`, `TaskData`, `reward`, `metric`, `stop`, `Message`
-  (and `EnvironmentTask` / `EnvironmentTaskset` for TRL-style environment classes);
+  (and `EnvironmentTask` / `EnvironmentTaskset` for TRL-style environment classes); `reward(group=True)` for a
+  reward over a task's group of rollouts, `Judge` for a reward a judge model gives;
 - run rollouts in this process: `run_rollout` (one), `run_group` (the rollouts of one task), `evaluate` (a
   taskset), with `Sampling` and `Timeouts`; `load_taskset` / `known_tasksets` find tasksets by id;
 - reach a model: `Endpoint` (or a live client from `make_client`); write one: `ModelClient`, `ModelRequest`,
@@ -24,6 +25,7 @@ from tracegym.core.errors import (
     ErrorKind,
     FailureKind,
     InfrastructureError,
+    JudgeError,
     ModelError,
     TracegymError,
     UsageError,
@@ -34,6 +36,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.environment import EnvironmentTask, EnvironmentTaskset
 from tracegym.envs.evaluate import evaluate, evaluate_episodes, run_episode, run_group, run_rollout
+from tracegym.envs.judge import Judge
 from tracegym.envs.multi_agent import InvalidMove, MultiAgentTask
 from tracegym.envs.registry import known_tasksets, load_taskset
 from tracegym.envs.rollout import Timeouts
@@ -58,6 +61,8 @@ __all__ = [
     "FailureKind",
     "InfrastructureError",
     "InvalidMove",
+    "Judge",
+    "JudgeError",
     "Member",
     "Message",
     "ModelClient",

@@ -88,7 +88,8 @@ def test_errors_by_kind_counts_traces_not_errors():
     twice = _trace("a", error=ErrorKind.TOOL)
     twice.errors.append(TraceError(kind=ErrorKind.TOOL, stage="tool:calc", message="again"))
     summary = summarize([twice, _trace("b", error=ErrorKind.TOOL), _trace("c", error=ErrorKind.MODEL), _trace("d")])
-    assert summary.errors_by_kind == {"model": 1, "tool": 2, "task": 0, "timeout": 0, "infrastructure": 0}
+    assert summary.errors_by_kind == {"model": 1, "tool": 2, "task": 0, "timeout": 0, "infrastructure": 0,
+                                     "judge": 0}
 
 
 def test_failures_count_each_failed_trace_once_by_its_failure_kind():

@@ -1,6 +1,7 @@
-"""`tracegym rescore RUN_DIR [--repeat N] [--taskset.FIELD V ...]`: recompute rewards of a run's stored episodes; no
-model calls. `--repeat N` scores every trace N times and reports how much each reward moved (`eval.rescore_noise`):
-a judge's or a sampled reward's noise, in the summary under `noise`.
+"""`tracegym rescore RUN_DIR [--repeat N] [--taskset.FIELD V ...]`: recompute rewards of a run's stored episodes; the
+policy model is not called (a judge reward asks its judge model). `--repeat N` scores every trace N times and
+reports how much each reward moved (`eval.rescore_noise`): a judge's or a sampled reward's noise, in the summary
+under `noise` (judges ask their model afresh each time, not their cache).
 
 A single-agent run's traces are rescored one by one, a multi-agent run's episodes by replay (see `eval.rescore`).
 Writes the rescored episodes as an episode log, `traces.rescored-<time>-<hex>.jsonl` and
@@ -11,6 +12,7 @@ stay. Traces whose replay diverged are counted and listed, here and under `diver
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from rich.console import Console
 from tracegym.cli.flag import pop_flag
 from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
+from tracegym.envs.judge import fresh_verdicts
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
@@ -75,7 +78,9 @@ def _rescore_traces(folder: RunFolder, taskset: Taskset, config: EvalConfig, sto
     """A single-agent run's traces rescored one by one (as solo episodes), and their summary with the traces
     whose replay diverged; scored `repeats` times, the first scoring is kept and the noise across all reported."""
     traces = [t for e in stored for t in e.traces.values()]
-    results = [asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency)) for _ in range(repeats)]
+    with fresh_verdicts() if repeats > 1 else contextlib.nullcontext():  # each repeat asks its judges again
+        results = [asyncio.run(rescore(taskset, traces, config.timeouts, config.concurrency))
+                   for _ in range(repeats)]
     result = results[0]
     before = summarize(traces, pass_threshold=config.pass_threshold, cuts=config.cuts)
     after = summarize(result.traces, pass_threshold=config.pass_threshold, cuts=config.cuts)

@@ -9,12 +9,15 @@ from rich.panel import Panel
 from rich.text import Text
 
 from tracegym.core.errors import UsageError
+from tracegym.core.judgment import Judgment
 from tracegym.core.trace import Trace
 from tracegym.eval.eval_config import EvalConfig, validate_saved
 from tracegym.eval.run_folder import EPISODES, TRACES, RunFolder
 from tracegym.eval.run_summary import run_table, summarize_run
 
 ROLE_STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
+SHOWN_REPLY = 120
+"""Characters of a judge's reply shown."""
 
 
 def run(args: list[str]) -> int:
@@ -46,7 +49,7 @@ def run(args: list[str]) -> int:
 
 
 def trace_panel(trace: Trace) -> Panel:
-    """One trace: its messages, rewards, stop reason and errors."""
+    """One trace: its messages, rewards, stop reason, judge calls and errors."""
     parts: list[Text] = []
     for message in trace.messages:
         text = message.text
@@ -57,10 +60,20 @@ def trace_panel(trace: Trace) -> Panel:
     parts.append(Text(f"reward {trace.reward}  ({rewards})  stop: {trace.stop_reason}"
                       f"{' by ' + trace.stopped_by if trace.stopped_by else ''}  tokens: "
                       f"{trace.usage.prompt_tokens} in, {trace.usage.completion_tokens} out", style="bold"))
+    for judgment in trace.judgments:
+        parts.append(Text(judged(judgment), style="cyan"))
     for error in trace.errors:
         parts.append(Text(f"{error.kind.value} error in {error.stage}: {error.message}", style="red"))
     member = f" {trace.member}" if trace.member else ""
     return Panel(Group(*parts), title=f"{trace.task_key}#{trace.rollout_index}{member}", title_align="left")
+
+
+def judged(judgment: Judgment) -> str:
+    """One judge call on a trace: the judge, its model, the score read (cached or not) and the reply, shortened."""
+    score = "-" if judgment.score is None else f"{judgment.score:g}"
+    reply = "(no reply)" if judgment.reply is None else repr(" ".join(judgment.reply.split())[:SHOWN_REPLY])
+    return (f"judge {judgment.judge} ({judgment.model}): {score}{' (cached)' if judgment.cached else ''}, "
+            f"said {reply}")
 
 
 def _count(args: list[str]) -> int:

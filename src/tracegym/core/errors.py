@@ -16,7 +16,8 @@ recorded without one (older traces, a record made by hand) gets its failure kind
     +-- StageTimeout              timeout: model_timeout, tool_timeout, scoring_timeout, rollout_timeout at
     |                             `rollout` or `episode`, task_timeout elsewhere
     +-- InfrastructureError       infrastructure: model_unavailable at `model`, env_server_error at `env_server`,
-                                  env_unavailable elsewhere
+    |                             env_unavailable elsewhere
+    +-- JudgeError                judge: judge_error
     any other exception           model at `model` (model_error), tool at `tool:*` (tool_error), else task
 """
 
@@ -38,6 +39,9 @@ class ErrorKind(StrEnum):
     TASK = "task"
     TIMEOUT = "timeout"
     INFRASTRUCTURE = "infrastructure"
+    JUDGE = "judge"
+    """A judge reward's model call failed or its verdict could not be read (`envs.judge`): the rollout is
+    unscored, not retried (its own model calls went well)."""
 
 
 class FailureKind(StrEnum):
@@ -65,7 +69,8 @@ class FailureKind(StrEnum):
     SCORING_TIMEOUT = "scoring_timeout"
     """A reward or metric ran past its timeout."""
     JUDGE_ERROR = "judge_error"
-    """A judge's verdict could not be read (a multi-agent episode's referee)."""
+    """A judge could not give a verdict: a judge reward's model call failed or its reply did not parse
+    (`envs.judge`), or a multi-agent episode's referee gave none that could be read."""
     ROLLOUT_TIMEOUT = "rollout_timeout"
     """The whole rollout (or episode) ran past its timeout."""
     SANDBOX_ERROR = "sandbox_error"
@@ -94,7 +99,7 @@ _FAULT = {
     FailureKind.SANDBOX_ERROR: ErrorKind.INFRASTRUCTURE, FailureKind.ENV_UNAVAILABLE: ErrorKind.INFRASTRUCTURE,
     FailureKind.WORKER_DIED: ErrorKind.INFRASTRUCTURE, FailureKind.ENV_SERVER_ERROR: ErrorKind.INFRASTRUCTURE,
     FailureKind.MODEL_ERROR: ErrorKind.MODEL, FailureKind.CONTEXT_OVERFLOW: ErrorKind.MODEL,
-    FailureKind.TOOL_ERROR: ErrorKind.TOOL,
+    FailureKind.TOOL_ERROR: ErrorKind.TOOL, FailureKind.JUDGE_ERROR: ErrorKind.JUDGE,
 }
 
 _TIMEOUT_BY_STAGE = {"model": FailureKind.MODEL_TIMEOUT, "tool": FailureKind.TOOL_TIMEOUT,
@@ -126,6 +131,8 @@ def failure_of(kind: ErrorKind, stage: str) -> FailureKind:
         return FailureKind.MODEL_ERROR
     if kind == ErrorKind.TOOL:
         return FailureKind.TOOL_ERROR
+    if kind == ErrorKind.JUDGE:
+        return FailureKind.JUDGE_ERROR
     return FailureKind.SCORING_ERROR if head in ("scoring", "rescore") else FailureKind.TASK_ERROR
 
 
@@ -201,6 +208,18 @@ class InfrastructureError(TracegymError):
     """Something outside the task broke (endpoint down, worker died); may be retried a bounded number of times."""
 
     kind = ErrorKind.INFRASTRUCTURE
+
+
+class JudgeError(TracegymError):
+    """A judge reward could not give a verdict: its model call failed, or its reply (`reply`, when it gave one) did
+    not parse."""
+
+    kind = ErrorKind.JUDGE
+    failure = FailureKind.JUDGE_ERROR
+
+    def __init__(self, message: str, reply: str | None = None) -> None:
+        super().__init__(message)
+        self.reply = reply
 
 
 class UsageError(TracegymError):

@@ -1,4 +1,4 @@
-"""Trace: the record of one rollout (task, message graph, rewards, metrics, errors, timing, usage, stop)."""
+"""Trace: the record of one rollout (task, message graph, rewards, metrics, errors, judgments, timing, usage, stop)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, SerializeAsAny, field_validator
 
 from tracegym.core.errors import ErrorKind, FailureKind, StageTimeout, TraceError
 from tracegym.core.graph import MessageGraph
+from tracegym.core.judgment import Judgment
 from tracegym.core.messages import Message, ToolCall
 from tracegym.core.record import Record
 from tracegym.core.task_data import TaskData
@@ -106,6 +107,8 @@ class Trace(Record):
     rewards: dict[str, RewardScore] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)
     errors: list[TraceError] = Field(default_factory=list)
+    judgments: list[Judgment] = Field(default_factory=list)
+    """The judge calls its judge rewards made (`envs.judge`), in the order they were made."""
     spans: list[Span] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     stop_reason: StopReason | None = None

@@ -24,6 +24,7 @@ from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.episode import play
+from tracegym.envs.group_scoring import score_group, score_solo_group, scores_groups
 from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
@@ -101,8 +102,10 @@ async def run_group(taskset: Taskset, data: TaskData, model: ModelArg, rollouts:
     check_options(options)
     check_single_agent(taskset)
     async with live(model) as client:
-        return list(await asyncio.gather(
+        traces = list(await asyncio.gather(
             *(run_rollout(taskset, data, client, rollout_index=i, **options) for i in range(rollouts))))
+    await score_group(taskset, traces, scoring_timeout(options.get("timeouts")))
+    return traces
 
 
 async def evaluate_iter(taskset: str | Taskset, model: ModelArg,
@@ -161,8 +164,18 @@ async def evaluate_episodes_iter(taskset: str | Taskset, model: ModelArg, *, sea
             return await run_episode(work.taskset, pair[0], client, episode_index=pair[1], seats=seats,
                                      **work.options)
 
-        async for episode in as_finished(work.pairs, one, work.concurrency):
-            yield episode
+        if not scores_groups(work.taskset):
+            async for episode in as_finished(work.pairs, one, work.concurrency):
+                yield episode
+            return
+
+        async def group(pairs: list[tuple[TaskData, int]]) -> list[Episode]:  # held until its group scorers ran
+            done = await asyncio.gather(*(one(pair) for pair in pairs))
+            return await score_solo_group(work.taskset, done, scoring_timeout(work.options.get("timeouts")))
+
+        async for episodes in as_finished(same_task_runs(work.pairs), group, work.concurrency, size=len):
+            for episode in episodes:
+                yield episode
 
 
 async def evaluate_episodes(taskset: str | Taskset, model: ModelArg, *, seats: Seats | None = None,
@@ -253,6 +266,25 @@ def plan(taskset: str | Taskset, *, num_tasks: int | None = None, rollouts: int 
     if pairs is None:
         pairs = ((d, i) for d in ts for i in range(rollouts))
     return Plan(ts, iter(pairs), concurrency, options)
+
+
+def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int | None = None,
+                   ) -> Iterator[list[tuple[TaskData, int]]]:
+    """Consecutive (task, rollout index) pairs of the same task, in runs of at most `most` (None: a task's whole
+    run, its group), drawn lazily."""
+    run: list[tuple[TaskData, int]] = []
+    for pair in pairs:
+        if run and ((most is not None and len(run) >= most) or not (pair[0] is run[0][0] or pair[0] == run[0][0])):
+            yield run
+            run = []
+        run.append(pair)
+    if run:
+        yield run
+
+
+def scoring_timeout(timeouts: Timeouts | None) -> float:
+    """Seconds each scorer (a group scorer too) may take under these timeouts (None: the defaults)."""
+    return (timeouts or Timeouts()).scoring
 
 
 def check_options(options: Mapping[str, object], known: Collection[str] = RolloutOptions.__optional_keys__) -> None:

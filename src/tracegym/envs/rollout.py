@@ -250,7 +250,7 @@ class Rollout:
         """Record every reward and metric of the task as unscored (None) on the trace."""
         for scorer in self.task.scorers:
             if scorer.kind != "stop":
-                _record_score(self.trace, scorer.kind, scorer.name, scorer.weight, None)
+                record_score(self.trace, scorer.kind, scorer.name, scorer.weight, None)
 
     # --- helpers -----------------------------------------------------------------------------------------
     async def timed(self, stage: str, aw: Awaitable[T], timeout: float) -> T:
@@ -311,9 +311,13 @@ async def within(stage: str, aw: Awaitable[T], timeout: float) -> T:
 async def score(task: Task, trace: Trace, timeout: float, turn: int | None = None) -> None:
     """Run every reward and metric of `task` on `trace` (in order); one that raises, runs past `timeout` or
     returns something other than a number is recorded as an error and scored None; one that raises
-    NotApplicable is not recorded. Used at the end of a rollout and to re-score stored traces."""
+    NotApplicable is not recorded. A group scorer is recorded None here: its group scores it once the group's
+    rollouts are all done (`envs.group_scoring`). Used at the end of a rollout and to re-score stored traces."""
     for scorer in task.scorers:
         if scorer.kind == "stop":
+            continue
+        if scorer.group:
+            record_score(trace, scorer.kind, scorer.name, scorer.weight, None)
             continue
         stage = f"scoring:{scorer.name}"
         result: float | None = None
@@ -323,10 +327,11 @@ async def score(task: Task, trace: Trace, timeout: float, turn: int | None = Non
             continue
         except Exception as exc:  # task code's failure (or timeout) is this scorer's error; the others still score
             trace.errors.append(classify(exc, stage, turn))
-        _record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
+        record_score(trace, scorer.kind, scorer.name, scorer.weight, result)
 
 
-def _record_score(trace: Trace, kind: str, name: str, weight: float, value: float | None) -> None:
+def record_score(trace: Trace, kind: str, name: str, weight: float, value: float | None) -> None:
+    """Record one reward's (or metric's) score on the trace; None: it failed or has not run."""
     if kind == "reward":
         trace.rewards[name] = RewardScore(score=value, weight=weight)
     else:

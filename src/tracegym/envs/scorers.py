@@ -5,12 +5,17 @@ a weight (the trace's reward is the weighted sum) and all scorers an order (lowe
 metric returns a real number or a bool (numpy's scalars included); anything else, a numeric string too, is
 an error on the trace naming it, and it scores None. The decorators return the function itself, marked, so
 editors and type checkers see its own signature.
+
+A group reward or metric (`@reward(group=True)`) scores the rollouts of one task together (e.g. each against the
+group's best, or a vote among them): `(task, traces)` or a Task method `(self, traces)`, given the traces of the
+group that ended normally (in rollout-index order, each already scored by the others) and returning one number per
+trace, in that order. `envs.group_scoring` runs it once the group's rollouts are all done.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, SupportsFloat, TypeGuard, TypeVar, overload
 
@@ -37,6 +42,8 @@ class Scorer:
     name: str
     weight: float = 1.0
     order: int = 0
+    group: bool = False
+    """Scores a task's group of rollouts at once (`envs.group_scoring`), not each rollout alone."""
 
     def number(self, value: object) -> float:
         """A reward's or metric's result as a float. Any real number is one (int, float, bool, Fraction, numpy's
@@ -47,9 +54,21 @@ class Scorer:
         raise TaskError(f"{self.kind} {self.name!r} returned {type(value).__name__} {shown}; "
                         f"a {self.kind} must return a number or a bool")
 
+    def numbers(self, values: object, count: int) -> list[float]:
+        """A group scorer's result as one float per trace of its group of `count`: a sequence of that length (a
+        list, a tuple, a numpy array) whose items are each a `number`; anything else is a TaskError naming this
+        scorer."""
+        items = None if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable) else list(
+            values)
+        if items is None or len(items) != count:
+            got = type(values).__name__ if items is None else f"{len(items)} values"
+            raise TaskError(f"group {self.kind} {self.name!r} returned {got}; it must return {count} numbers, "
+                            "one per trace of the group")
+        return [self.number(value) for value in items]
+
     def bind(self, target: object) -> Scorer:
         """This scorer with its function bound to `target` (a method's instance)."""
-        return Scorer(self.fn.__get__(target), self.kind, self.name, self.weight, self.order)
+        return replace(self, fn=self.fn.__get__(target))
 
 
 def _is_numpy_bool(value: object) -> TypeGuard[SupportsFloat]:
@@ -58,32 +77,42 @@ def _is_numpy_bool(value: object) -> TypeGuard[SupportsFloat]:
     return kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")
 
 
+def mark(target: object, scorer: Scorer) -> None:
+    """Mark `target` (a function, or a callable object such as a judge) as `scorer`: `as_scorer` reads it back."""
+    setattr(target, _MARK, scorer)
+
+
 def _mark(kind: ScorerKind, fn: F | None, **meta: Any) -> F | Callable[[F], F]:
     def decorate(f: F) -> F:
         name = meta.pop("name", None) or f.__name__
-        setattr(f, _MARK, Scorer(f, kind, name, **meta))
+        mark(f, Scorer(f, kind, name, **meta))
         return f
 
     return decorate(fn) if fn is not None else decorate
 
 
 @overload
-def reward(fn: F, *, weight: float = 1.0, order: int = 0, name: str | None = None) -> F: ...
+def reward(fn: F, *, weight: float = 1.0, order: int = 0, name: str | None = None, group: bool = False) -> F: ...
 @overload
-def reward(fn: None = None, *, weight: float = 1.0, order: int = 0, name: str | None = None) -> Callable[[F], F]: ...
+def reward(fn: None = None, *, weight: float = 1.0, order: int = 0, name: str | None = None,
+           group: bool = False) -> Callable[[F], F]: ...
 def reward(fn: F | None = None, *, weight: float = 1.0, order: int = 0,
-           name: str | None = None) -> F | Callable[[F], F]:
-    """Mark a reward function; usable bare (`@reward`) or with arguments (`@reward(weight=0.5)`)."""
-    return _mark("reward", fn, weight=weight, order=order, name=name)
+           name: str | None = None, group: bool = False) -> F | Callable[[F], F]:
+    """Mark a reward function; usable bare (`@reward`) or with arguments (`@reward(weight=0.5)`); `group=True`:
+    a group reward, `(task, traces) -> list of numbers` (see the module's docstring)."""
+    return _mark("reward", fn, weight=weight, order=order, name=name, group=group)
 
 
 @overload
-def metric(fn: F, *, order: int = 0, name: str | None = None) -> F: ...
+def metric(fn: F, *, order: int = 0, name: str | None = None, group: bool = False) -> F: ...
 @overload
-def metric(fn: None = None, *, order: int = 0, name: str | None = None) -> Callable[[F], F]: ...
-def metric(fn: F | None = None, *, order: int = 0, name: str | None = None) -> F | Callable[[F], F]:
-    """Mark a metric: scored and reported like a reward but never part of the total."""
-    return _mark("metric", fn, order=order, name=name)
+def metric(fn: None = None, *, order: int = 0, name: str | None = None,
+           group: bool = False) -> Callable[[F], F]: ...
+def metric(fn: F | None = None, *, order: int = 0, name: str | None = None,
+           group: bool = False) -> F | Callable[[F], F]:
+    """Mark a metric: scored and reported like a reward but never part of the total; `group=True` as for a
+    reward."""
+    return _mark("metric", fn, order=order, name=name, group=group)
 
 
 @overload

@@ -160,8 +160,9 @@ class Task(Generic[DataT, ConfigT]):
         """The task's rewards, metrics or stops, in evaluation order."""
         return [s for s in self.scorers if s.kind == kind]
 
-    async def call_scorer(self, scorer: Scorer, trace: Trace) -> Any:
-        """Run one scorer; methods get `(trace)`, plain functions `(task, trace)`."""
+    async def call_scorer(self, scorer: Scorer, trace: Trace | list[Trace]) -> Any:
+        """Run one scorer; methods get `(trace)`, plain functions `(task, trace)` (a group scorer: the group's
+        traces in place of the trace)."""
         if getattr(scorer.fn, "__self__", None) is self:
             return await call_maybe_async(scorer.fn, trace)
         return await call_maybe_async(scorer.fn, self, trace)

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
+from tracegym.envs.scorers import Scorer, scorers_of
 from tracegym.envs.task import Task, class_tools, make_scorers, type_argument
 from tracegym.envs.taskset_config import C, ConfigT, TasksetConfig, config_from, first_error
 from tracegym.envs.tools import Tool
@@ -178,6 +179,11 @@ class Taskset(Generic[ConfigT]):
         return clone
 
     # --- building tasks ----------------------------------------------------------------------------------
+    @property
+    def scorers(self) -> list[Scorer]:
+        """Every scorer its tasks run, unbound: the task class's own, then those given to the taskset."""
+        return [*scorers_of(self.task_class), *self._scorers]
+
     @property
     def data_class(self) -> type[TaskData]:
         """The row type: the task class's (`class MyTask(Task[MyData])`), decided there once."""

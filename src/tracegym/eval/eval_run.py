@@ -22,6 +22,7 @@ from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, TracegymError, UsageError
 from tracegym.core.task_data import TaskData
 from tracegym.envs.evaluate import bounded_taskset, evaluate_episodes_iter
+from tracegym.envs.group_scoring import scores_groups
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.dashboard import Dashboard, PlainDashboard, RichDashboard, Tally
 from tracegym.eval.episode_summary import EpisodeSummary
@@ -61,16 +62,19 @@ def work_for(parts: EvalParts, folder: RunFolder | None = None) -> Work:
     expected = [(d, i) for d in tasks for i in range(parts.rollouts)]
     if folder is None:
         return Work(expected, expected)
-    kept = kept_on_resume(folder, expected)
+    kept = kept_on_resume(folder, expected, whole_groups=scores_groups(parts.taskset))
     done = {(e.task_key, e.episode_index) for e in kept}
     return Work(expected, [(d, i) for d, i in expected if (d.key, i) not in done], kept=kept)
 
 
-def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]]) -> list[Episode]:
+def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]], whole_groups: bool = False,
+                   ) -> list[Episode]:
     """The folder's episodes to keep: those that ended normally with every member's trace, of a pair still
-    expected. The rest move to the folder's `errored` log, lines that cannot be read at all to `<file>.unreadable`
-    (named on stderr), and the log is rewritten with the kept ones alone (so a folder of the old layout is in the
-    new one after it). Leaves the folder alone when a stored task is not the taskset's now (`check_same_tasks`)."""
+    expected (`whole_groups`, for a taskset with group rewards: only of tasks whose every rollout is kept, so a
+    task's group reruns whole). The rest move to the folder's `errored` log, lines that cannot be read at all to
+    `<file>.unreadable` (named on stderr), and the log is rewritten with the kept ones alone (so a folder of the old
+    layout is in the new one after it). Leaves the folder alone when a stored task is not the taskset's now
+    (`check_same_tasks`)."""
     folder.log.repair()
     read = folder.log.read()
     stored = read.episodes
@@ -82,6 +86,9 @@ def kept_on_resume(folder: RunFolder, expected: list[tuple[TaskData, int]]) -> l
     wanted = {(d.key, i) for d, i in expected}
     good = {(e.task_key, e.episode_index): e for e in stored
             if e.ended_normally and set(e.traces) == set(e.members) and (e.task_key, e.episode_index) in wanted}
+    if whole_groups:  # a group reward compares a task's rollouts: one missing, its group runs again whole
+        short = {key for key, i in wanted if (key, i) not in good}
+        good = {pair: e for pair, e in good.items() if pair[0] not in short}
     kept = set(map(id, good.values()))
     errored = [e for e in stored if id(e) not in kept]
     if errored:

@@ -7,7 +7,8 @@ one the model saw. A replay that answers differently (a random game, a clock, a 
 some other state: the trace is reported as diverged and left unscored, with the first differing call recorded
 as an error at stage `rescore`, never scored on that other state. Rewards and metrics computed by scorers are
 replaced; the loop's own counts (tool calls, tool errors) and the trace's other errors are kept. A trace that
-did not end normally (an error, a timeout, a cancel) stays unscored, as it was.
+did not end normally (an error, a timeout, a cancel) stays unscored, as it was. The taskset's group rewards
+(`envs.group_scoring`) then score each task's rescored traces together: every stored rollout of a task is its group.
 
 An episode of a multi-agent taskset is rescored by replay too: the episode driver runs again with each member's
 model answering from that member's stored replies (`Replay`), so the referee's current code rebuilds the game and
@@ -30,6 +31,7 @@ from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
 from tracegym.envs.episode import play
 from tracegym.envs.evaluate import CONCURRENCY
+from tracegym.envs.group_scoring import score_group, scores_groups
 from tracegym.envs.multi_agent import MultiAgentTask
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts, score, within
 from tracegym.envs.task import Task
@@ -71,7 +73,8 @@ class Rescored(BaseModel):
 
 
 async def rescore_trace(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> Trace:
-    """A copy of `trace` scored by the taskset's current scorers (unscored when its replay diverged)."""
+    """A copy of `trace` scored by the taskset's current scorers (unscored when its replay diverged); alone, outside
+    its group, its group rewards are None (`rescore` scores groups)."""
     new, _ = await _rescore(taskset, trace, timeouts)
     return new
 
@@ -86,7 +89,29 @@ async def rescore(taskset: Taskset, traces: list[Trace], timeouts: Timeouts,
             return await _rescore(taskset, trace, timeouts)
 
     done = await asyncio.gather(*(one(t) for t in traces))
+    await _score_groups(taskset, [t for t, d in done if d is None and not _failed_rescore(t)], timeouts, gate)
     return Rescored(traces=[t for t, _ in done], diverged=[d for _, d in done if d is not None])
+
+
+async def _score_groups(taskset: Taskset, traces: list[Trace], timeouts: Timeouts, gate: asyncio.Semaphore) -> None:
+    """The taskset's group scorers over each task's rescored traces (every stored rollout of the task is its
+    group), once they are all rescored alone."""
+    if not scores_groups(taskset):
+        return
+    groups: dict[str, list[Trace]] = {}
+    for trace in traces:
+        groups.setdefault(trace.task_key, []).append(trace)
+
+    async def one(group: list[Trace]) -> None:
+        async with gate:
+            await score_group(taskset, group, timeouts.scoring)
+
+    await asyncio.gather(*(one(g) for g in groups.values()))
+
+
+def _failed_rescore(trace: Trace) -> bool:
+    """True when rescoring this trace failed before its scorers ran (its Task could not be built or replayed)."""
+    return any(e.stage == "rescore" for e in trace.errors)
 
 
 async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[Trace, Divergence | None]:
@@ -94,6 +119,7 @@ async def _rescore(taskset: Taskset, trace: Trace, timeouts: Timeouts) -> tuple[
     new.rewards = {}
     new.metrics = {k: v for k, v in trace.metrics.items() if k in LOOP_METRICS}
     new.errors = [e for e in trace.errors if not e.stage.startswith(("scoring:", "rescore"))]
+    new.judgments = []  # the judges of this scoring record their own calls
     try:
         task = taskset.task(new.task)
     except Exception as exc:  # the taskset's code building this Task: its error is this trace's, the rest go on
@@ -222,6 +248,7 @@ async def rescore_episode(taskset: Taskset, episode: Episode, timeouts: Timeouts
         trace.rewards = dict(again.rewards) if again else {k: RewardScore(score=None, weight=r.weight)
                                                            for k, r in trace.rewards.items()}
         trace.metrics = dict(again.metrics) if again else {k: None for k in trace.metrics}
+        trace.judgments = list(again.judgments) if again else []
         new.member_metrics[member] = dict(trace.metrics)
     return new
 

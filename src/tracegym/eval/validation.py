@@ -12,6 +12,7 @@ from tracegym.core.messages import Message, assistant
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_rollout
+from tracegym.envs.group_scoring import group_scorers, score_group
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
 from tracegym.models.client import ModelRequest, ModelResponse
@@ -58,6 +59,8 @@ class Validation:
     pass_threshold: float
     noop_max: float
     checks: list[TaskCheck] = field(default_factory=list)
+    group_scorers: list[str] = field(default_factory=list)
+    """The taskset's group rewards and metrics: scored on each agent's rollout as a group of one."""
 
     def gold_failed(self) -> list[TaskCheck]:
         """Tasks whose gold reply did not earn `pass_threshold` (an error or an unscored reward fails too)."""
@@ -86,6 +89,8 @@ class Validation:
                + (f"; {n - gold} have no gold reply (Task.gold), not checked" if gold < n else ""),
                f"  no-op: {len(self.noop_passed())} of {n} paid more than {self.noop_max:g} for an empty reply"
                + (f"; {len(self.noop_errored())} failed" if self.noop_errored() else "")]
+        if self.group_scorers:
+            out.append(f"  group scorers ({', '.join(self.group_scorers)}) scored each rollout as a group of one")
         out += [f"  gold fails   {c.key}: {_outcome(c.gold)}" for c in self.gold_failed() if c.gold is not None]
         out += [f"  no-op passes {c.key}: {_outcome(c.noop)}" for c in self.noop_passed()]
         out += [f"  no-op failed {c.key}: {_outcome(c.noop)}" for c in self.noop_errored()]
@@ -94,15 +99,18 @@ class Validation:
 
 async def validate(taskset: Taskset, rows: Sequence[TaskData], *, pass_threshold: float = 1.0, noop_max: float = 0.0,
                    timeouts: Timeouts | None = None, concurrency: int = 8) -> Validation:
-    """Run the gold and no-op agents on every row (in this process, at most `concurrency` rollouts at once)."""
+    """Run the gold and no-op agents on every row (in this process, at most `concurrency` rollouts at once); each
+    rollout is its own group (a group of one) for the taskset's group rewards."""
     gate = asyncio.Semaphore(concurrency)
+    timeouts = timeouts or Timeouts()
 
     async def agent(row: TaskData, name: str, replies: Sequence[Message] | None) -> Trace | None:
         if replies is None:
             return None
         async with gate:
-            return await run_rollout(taskset, row, ReplyModel(name, replies), timeouts=timeouts or Timeouts(),
-                                     infra_retries=0)
+            trace = await run_rollout(taskset, row, ReplyModel(name, replies), timeouts=timeouts, infra_retries=0)
+            await score_group(taskset, [trace], timeouts.scoring)
+            return trace
 
     async def check(row: TaskData) -> TaskCheck:
         gold, noop = await asyncio.gather(agent(row, GOLD, gold_replies(taskset, row)),
@@ -111,7 +119,8 @@ async def validate(taskset: Taskset, rows: Sequence[TaskData], *, pass_threshold
         return TaskCheck(key=row.key, gold=gold, noop=noop)
 
     checks = await asyncio.gather(*(check(row) for row in rows))
-    return Validation(taskset=taskset.id, pass_threshold=pass_threshold, noop_max=noop_max, checks=list(checks))
+    return Validation(taskset=taskset.id, pass_threshold=pass_threshold, noop_max=noop_max, checks=list(checks),
+                      group_scorers=[s.name for s in group_scorers(taskset)])
 
 
 def gold_replies(taskset: Taskset, row: TaskData) -> list[Message] | None:

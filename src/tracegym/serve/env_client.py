@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar, Unpack
 
 from pydantic import ValidationError
@@ -43,8 +43,10 @@ from tracegym.envs.evaluate import (
     in_task_order,
     members_of,
     plan,
+    same_task_runs,
     seats_of,
 )
+from tracegym.envs.group_scoring import scores_groups
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import Seats, bind
@@ -224,12 +226,14 @@ class EnvClient:
 
     async def run(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
                   rollout_indices: list[int] | None = None, timeouts: Timeouts | None = None,
-                  infra_retries: int = INFRA_RETRIES, request_id: str | None = None) -> list[Trace]:
+                  infra_retries: int = INFRA_RETRIES, request_id: str | None = None, group: bool = True,
+                  ) -> list[Trace]:
         """The `run` request itself: rollouts of one task (one per rollout index, default [0]); traces in index
         order. A rollout that fails is a trace with errors; a failed request (server gone, worker died too
-        often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it."""
+        often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it; `group`:
+        the rollouts are one group of the task, scored together by its group rewards (`RunRequest.group`)."""
         payload = _payload(data=data, endpoint=endpoint, sampling=sampling, rollout_indices=rollout_indices or [0],
-                           timeouts=timeouts, infra_retries=infra_retries)
+                           timeouts=timeouts, infra_retries=infra_retries, group=group)
         return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
 
     # --- the in-process API, run on the server ------------------------------------------------------------
@@ -239,7 +243,7 @@ class EnvClient:
         check_options(options)
         check_single_agent(taskset)
         await self._check_serves_once(taskset)
-        [trace] = await self._traces(taskset.id, data, model, [rollout_index], options)
+        [trace] = await self._traces(taskset.id, data, model, [rollout_index], options, group=False)
         return trace
 
     async def run_group(self, taskset: Taskset, data: TaskData, model: Endpoint, rollouts: int,
@@ -265,9 +269,10 @@ class EnvClient:
         return await in_task_order(self.evaluate_iter, taskset, model, options)
 
     async def _traces(self, taskset_id: str, data: TaskData, model: Endpoint, indices: list[int],
-                      options: RolloutOptions) -> list[Trace]:
-        """The rollouts of one request, as the traces of its solo episodes (a failed request: a failed trace each)."""
-        episodes = await self._episodes(taskset_id, [SOLO], data, model, indices, None, options)
+                      options: RolloutOptions, group: bool = True) -> list[Trace]:
+        """The rollouts of one request, as the traces of its solo episodes (a failed request: a failed trace each);
+        `group`: as `run`'s."""
+        episodes = await self._episodes(taskset_id, [SOLO], data, model, indices, None, options, group=group)
         return [e.traces[SOLO] for e in episodes]
 
     # --- a served taskset's rows and runs, without its code -----------------------------------------------
@@ -303,11 +308,13 @@ class EnvClient:
     async def run_episodes(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
                            episode_indices: list[int] | None = None, seats: Seats | None = None,
                            timeouts: Timeouts | None = None, infra_retries: int = INFRA_RETRIES,
-                           request_id: str | None = None) -> list[Episode]:
+                           request_id: str | None = None, group: bool = True) -> list[Episode]:
         """The `run` request for episodes of one task (one per episode index, default [0]), every member
-        playing as `endpoint` unless `seats` binds it to another Endpoint; a failed request raises."""
+        playing as `endpoint` unless `seats` binds it to another Endpoint; a failed request raises. `group`: as
+        `run`'s."""
         payload = _payload(data=data, endpoint=endpoint, sampling=sampling, rollout_indices=episode_indices or [0],
-                           timeouts=timeouts, infra_retries=infra_retries, episodes=True, seats=dict(seats or {}))
+                           timeouts=timeouts, infra_retries=infra_retries, episodes=True, seats=dict(seats or {}),
+                           group=group)
         return [Episode.model_validate(e) for e in await self.request("run", payload, request_id=request_id)]
 
     async def run_episode(self, taskset: Taskset, data: TaskData, model: Endpoint, *, episode_index: int = 0,
@@ -335,7 +342,8 @@ class EnvClient:
             return await self._episodes(work.taskset.id, members, group[0][0], endpoint, indices, seats,
                                         work.options)
 
-        groups = same_task_runs(work.pairs, min(self.per_request, work.concurrency))
+        most = None if scores_groups(work.taskset) else min(self.per_request, work.concurrency)  # a group whole
+        groups = same_task_runs(work.pairs, most)
         async for episodes in as_finished(groups, one, work.concurrency, size=len):
             for episode in episodes:
                 yield episode
@@ -346,10 +354,12 @@ class EnvClient:
         return await in_order(self.evaluate_episodes_iter, taskset, model, options, seats=seats)
 
     async def _episodes(self, taskset_id: str, members: list[str], data: TaskData, model: Endpoint,
-                        indices: list[int], seats: Seats | None, options: RolloutOptions) -> list[Episode]:
-        """The episodes of one request, a failed episode per index when the request failed."""
+                        indices: list[int], seats: Seats | None, options: RolloutOptions,
+                        group: bool = True) -> list[Episode]:
+        """The episodes of one request, a failed episode per index when the request failed; `group`: as `run`'s."""
         try:
-            return await self.run_episodes(data, _endpoint(model), episode_indices=indices, seats=seats, **options)
+            return await self.run_episodes(data, _endpoint(model), episode_indices=indices, seats=seats,
+                                           group=group, **options)
         except UsageError:
             raise
         except Exception as exc:  # the request is the boundary, as for rollouts: its episodes fail as data
@@ -420,18 +430,6 @@ def distinct_addresses(addresses: list[str]) -> list[str]:
     if len(kept) < len(addresses):
         log.warning("env server addresses %s list one more than once; using each once", ", ".join(addresses))
     return kept
-
-
-def same_task_runs(pairs: Iterable[tuple[TaskData, int]], most: int) -> Iterator[list[tuple[TaskData, int]]]:
-    """Consecutive (task, rollout index) pairs of the same task, in runs of at most `most`, drawn lazily."""
-    run: list[tuple[TaskData, int]] = []
-    for pair in pairs:
-        if run and (len(run) >= most or not (pair[0] is run[0][0] or pair[0] == run[0][0])):
-            yield run
-            run = []
-        run.append(pair)
-    if run:
-        yield run
 
 
 def _payload(**fields: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.evaluate import multi_agent_class
+from tracegym.envs.group_scoring import group_scorers
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
@@ -103,6 +104,7 @@ class EnvServer:
                  sandbox: AdmissionConfig | None = None) -> None:
         self.options = dict(taskset_options or {})
         self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
+        group_scorers(self.taskset)  # so does a group reward it cannot run (on a multi-agent taskset)
         self.rows = TaskRows(self.taskset)
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
         self.sandbox = sandbox

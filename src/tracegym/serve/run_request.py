@@ -1,5 +1,5 @@
-"""RunRequest: the payload of a `run` request (task data, endpoint, sampling, rollout indices, timeouts, retries;
-for a multi-agent taskset, episodes and their seat binding)."""
+"""RunRequest: the payload of a `run` request (task data, endpoint, sampling, rollout indices, timeouts, retries,
+whether they are a group; for a multi-agent taskset, episodes and their seat binding)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class RunRequest(BaseModel):
     rollout_indices: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=4096)
     timeouts: Timeouts | None = None
     infra_retries: int = Field(default=INFRA_RETRIES, ge=0, le=100)
+    group: bool = True
+    """The rollouts are one group of the task: the taskset's group rewards (`envs.group_scoring`) score them
+    together once all are done. False: each is left with its group scores None, as a rollout run alone."""
     episodes: bool = False
     """Run episodes of a multi-agent taskset (the indices are episode indices; the reply holds Episodes)."""
     seats: dict[str, Seat] = Field(default_factory=dict)

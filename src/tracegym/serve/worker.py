@@ -29,7 +29,8 @@ from pydantic import ValidationError
 
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, UsageError
-from tracegym.envs.evaluate import check_single_agent, run_episode
+from tracegym.envs.evaluate import check_single_agent, run_episode, scoring_timeout
+from tracegym.envs.group_scoring import score_solo_group, scores_groups
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
@@ -176,8 +177,12 @@ class Worker:
                 seats[member] = Seat(model=model, trainable=seat.trainable)
             indices = request.rollout_indices
             if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
-                return [await self._one(request, policy, seats, indices[0])]
-            return list(await asyncio.gather(*(self._one(request, policy, seats, i) for i in indices)))
+                done = [await self._one(request, policy, seats, indices[0])]
+            else:
+                done = list(await asyncio.gather(*(self._one(request, policy, seats, i) for i in indices)))
+        if request.group and scores_groups(self.taskset):
+            return await score_solo_group(self.taskset, done, scoring_timeout(request.timeouts))
+        return done
 
     async def _one(self, request: RunRequest, policy: ModelClient, seats: dict[str, Seat], index: int) -> Episode:
         return await run_episode(self.taskset, request.data, policy, episode_index=index, seats=seats,
