@@ -151,6 +151,6 @@ def sandbox_of(taskset: Taskset) -> tuple[Runtime, list[Limits]] | None:
         return None
     harness_limits = getattr(task.harness, "limits", None)
     sandboxed = any(getattr(task.tool(spec.name), "sandboxed", False) for spec in task.tool_specs())
-    if type(task).runtime is Task.runtime and harness_limits is None and not sandboxed:
+    if type(task).runtime is Task.runtime and task.runtime_name is None and harness_limits is None and not sandboxed:
         return None
-    return task.runtime(), [harness_limits] if isinstance(harness_limits, Limits) else []
+    return task.sandbox_runtime(), [harness_limits] if isinstance(harness_limits, Limits) else []

@@ -31,6 +31,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.envs.task import Task, class_tools, make_scorers, type_argument
 from tracegym.envs.taskset_config import C, ConfigT, TasksetConfig, config_from, first_error
 from tracegym.envs.tools import Tool
+from tracegym.runtimes.catalog import runtime_for
 
 Row = TaskData | Mapping[str, Any]
 R = TypeVar("R", bound=Row)
@@ -51,6 +52,8 @@ class Taskset(Generic[ConfigT]):
     row_maker: ClassVar[Callable[[random.Random, Any, int], Row] | None] = None
     """A generated taskset's `make_row(rng, config, index)`: then `load` returns `seeded_rows(row_maker, config,
     config.num_tasks)`, or an endless stream when `infinite` (the config needs `num_tasks` unless it is)."""
+    runtime_override: str | None = None
+    """The runtime every task's sandbox opens in, over its task class's choice (`with_runtime`); None: theirs."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -197,10 +200,21 @@ class Taskset(Generic[ConfigT]):
         """A fresh Task for one rollout of this row."""
         return self.task_class(self.as_data(row), **self._task_options())
 
+    def with_runtime(self, name: str | None) -> Self:
+        """This taskset with every task's sandbox opened in runtime `name` (under the limits the task gives its
+        programs), whatever runtime its task class chooses: a command's `--env.runtime`. None: itself."""
+        if name is None:
+            return self
+        runtime_for(name)  # an unknown name fails here, listing the known ones
+        clone = copy.copy(self)
+        clone.runtime_override = name
+        return clone
+
     def _task_options(self) -> dict[str, Any]:
         """What every Task of this taskset is built with besides its row (a task class that needs more adds it)."""
+        override = {"runtime": self.runtime_override} if self.runtime_override is not None else {}
         return {"config": self.config, "scorers": self._scorers, "tools": self._tools, "taskset_id": self.id,
-                "max_turns": self._max_turns}
+                "max_turns": self._max_turns, **override}
 
 
 def seeded_rows(make_row: Callable[[random.Random, C, int], R], config: C, count: int | None) -> Iterator[R]:

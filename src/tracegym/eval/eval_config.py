@@ -270,7 +270,10 @@ def parse_combined_args(args: Sequence[str], *, defaults: dict[str, Any] | None 
     if defaults:
         default = validate_saved(cls, defaults, source)
     elif ids:
-        default = cls.model_validate({"eval": {"env": [{"id": i} for i in ids]}})
+        try:
+            default = cls.model_validate({"eval": {"env": [{"id": i} for i in ids]}})
+        except ValidationError as exc:
+            raise UsageError(f"tracegym eval {' '.join(ids)}: {first_error(exc)}") from None
     config, warnings = parse_command(cls, list(args[len(ids):]), prog="tracegym eval",
                                      description=description, default=default, renames=RENAMES)
     for warning in warnings:

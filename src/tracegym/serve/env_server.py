@@ -100,9 +100,12 @@ class EnvServer:
                  worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
                  max_abandoned_threads: int = MAX_ABANDONED_THREADS, max_open_bytes: int = MAX_OPEN_BYTES,
                  max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES,
-                 sandbox: AdmissionConfig | None = None) -> None:
+                 sandbox: AdmissionConfig | None = None, runtime: str | None = None) -> None:
         self.options = dict(taskset_options or {})
-        self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
+        self.runtime = runtime
+        """The runtime every task's sandbox opens in (`Taskset.with_runtime`); None: each task class's choice."""
+        self.taskset = load_taskset(taskset_id, self.options or None).with_runtime(runtime)  # fails here, before
+        # any worker starts
         self.rows = TaskRows(self.taskset)
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
         self.sandbox = sandbox
@@ -154,7 +157,8 @@ class EnvServer:
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
         self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
-                               self.max_abandoned_threads, start_timeout=self.start_timeout, sandbox=self.sandbox)
+                               self.max_abandoned_threads, start_timeout=self.start_timeout, sandbox=self.sandbox,
+                               runtime=self.runtime)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:

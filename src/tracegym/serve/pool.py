@@ -112,8 +112,11 @@ class WorkerPool:
 
     def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
                  log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS,
-                 start_timeout: float = START_TIMEOUT, sandbox: AdmissionConfig | None = None) -> None:
+                 start_timeout: float = START_TIMEOUT, sandbox: AdmissionConfig | None = None,
+                 runtime: str | None = None) -> None:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
+        self.runtime = runtime
+        """The runtime every task's sandbox opens in (`Taskset.with_runtime`); None: each task class's choice."""
         self.sandbox = sandbox
         """How the workers admit sandboxes, together (each its `size.most`-th share); None: the host's defaults."""
         self.log_dir, self.max_abandoned_threads, self.start_timeout = log_dir, max_abandoned_threads, start_timeout
@@ -134,7 +137,7 @@ class WorkerPool:
                    "--taskset", self.taskset_id, "--options", json.dumps(self.options),
                    "--max-abandoned-threads", str(self.max_abandoned_threads),
                    "--sandbox", (self.sandbox or AdmissionConfig()).model_dump_json(), "--sandbox-share",
-                   str(self.size.most)]
+                   str(self.size.most), *(["--runtime", self.runtime] if self.runtime else [])]
         out = self._log_file(name)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out or subprocess.DEVNULL,
                                 stderr=out or None)
