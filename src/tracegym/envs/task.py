@@ -100,7 +100,7 @@ class Task(Generic[DataT, ConfigT]):
         self.scorers: list[Scorer] = sorted([*own, *scorers], key=lambda s: s.order)
         self._tools: dict[str, Tool] = {t.name: t for t in [*class_tools(type(self)), *tools]}
         self._sandbox: TaskSandbox | None = None
-        self.runtime_name = runtime
+        self.runtime_override = runtime
         """The runtime the command's config names for this task's env (`--env.runtime`), over `runtime()`'s."""
 
     # --- hooks to override -------------------------------------------------------------------------------
@@ -139,11 +139,11 @@ class Task(Generic[DataT, ConfigT]):
 
     def sandbox_runtime(self) -> Runtime:
         """The runtime this rollout's sandbox opens: `runtime()`, or the one the command's config names for the
-        env (`runtime_name`) under the limits `runtime()` gives its programs."""
+        env (`runtime_override`) under the limits `runtime()` gives its programs."""
         own = self.runtime()
-        if self.runtime_name is None:
+        if self.runtime_override is None:
             return own
-        return runtime_for(self.runtime_name, getattr(own, "limits", None))
+        return runtime_for(self.runtime_override, getattr(own, "limits", None))
 
     async def sandbox(self) -> Sandbox:
         """This rollout's sandbox, opened on first use (RuntimeUnavailable when `runtime()` cannot run on this
