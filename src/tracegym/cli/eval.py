@@ -85,9 +85,10 @@ def run(args: list[str]) -> int:
 
 
 def loaded(config: EvalConfig) -> Taskset:
-    """The run's taskset, built with its options (its tasks' sandboxes in `--env.runtime` when given), its seats
-    (`--seat.ID`) checked against the taskset's."""
-    taskset = load_taskset(config.taskset.id, config.taskset_options()).with_runtime(config.env.runtime)
+    """The run's taskset, built with its options (its tasks' sandboxes in `--env.runtime` and its rollouts driven
+    by `--env.harness.*`, when given), its seats (`--seat.ID`) checked against the taskset's."""
+    taskset = load_taskset(config.taskset.id, config.taskset_options())
+    taskset = taskset.with_runtime(config.env.runtime).with_harness(config.env.harness)
     if config.seat:
         bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
     return taskset

@@ -88,6 +88,7 @@ class Task(Generic[DataT, ConfigT]):
         taskset_id: str = "",
         max_turns: int | None = None,
         runtime: str | None = None,
+        harness: Harness | None = None,
     ) -> None:
         self.data = data
         # the class's _config_class is its type argument, so its defaults are a ConfigT
@@ -102,6 +103,8 @@ class Task(Generic[DataT, ConfigT]):
         self._sandbox: TaskSandbox | None = None
         self.runtime_override = runtime
         """The runtime the command's config names for this task's env (`--env.runtime`), over `runtime()`'s."""
+        if harness is not None:  # the command's config names the env's harness (`--env.harness.*`)
+            self.harness = harness
 
     # --- hooks to override -------------------------------------------------------------------------------
     async def setup(self) -> None:

@@ -28,6 +28,8 @@ from pydantic import ValidationError
 
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
+from tracegym.envs.harness import Harness
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.envs.task import Task, class_tools, make_scorers, type_argument
 from tracegym.envs.taskset_config import C, ConfigT, TasksetConfig, config_from, first_error
 from tracegym.envs.tools import Tool
@@ -54,6 +56,8 @@ class Taskset(Generic[ConfigT]):
     config.num_tasks)`, or an endless stream when `infinite` (the config needs `num_tasks` unless it is)."""
     runtime_override: str | None = None
     """The runtime every task's sandbox opens in, over its task class's choice (`with_runtime`); None: theirs."""
+    harness_override: Harness | None = None
+    """What drives every rollout, over its task class's `harness` (`with_harness`); None: theirs."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -210,9 +214,26 @@ class Taskset(Generic[ConfigT]):
         clone.runtime_override = name
         return clone
 
+    def with_harness(self, choice: HarnessChoice | None) -> Self:
+        """This taskset with every rollout driven by the agent program `choice` describes instead of its task
+        class's harness (tracegym's own turn loop, by default): a command's `--env.harness.*`. None: itself. A
+        multi-agent taskset is refused by name: a program plays one seat's rollout, not an episode."""
+        from tracegym.envs.multi_agent import is_multi_agent  # it imports this module
+
+        if choice is None:
+            return self
+        if is_multi_agent(self):
+            raise UsageError(f"harness: taskset {self.id!r} is multi-agent; a program harness drives a single "
+                             "rollout, not an episode of several seats")
+        clone = copy.copy(self)
+        clone.harness_override = choice.harness()
+        return clone
+
     def _task_options(self) -> dict[str, Any]:
         """What every Task of this taskset is built with besides its row (a task class that needs more adds it)."""
-        override = {"runtime": self.runtime_override} if self.runtime_override is not None else {}
+        override: dict[str, Any] = {"runtime": self.runtime_override} if self.runtime_override is not None else {}
+        if self.harness_override is not None:
+            override["harness"] = self.harness_override
         return {"config": self.config, "scorers": self._scorers, "tools": self._tools, "taskset_id": self.id,
                 "max_turns": self._max_turns, **override}
 

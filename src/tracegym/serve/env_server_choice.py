@@ -12,10 +12,12 @@ named as `tracegym serve`'s own flags, which `WorkerPoolChoice` also declares).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator
 
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.runtimes.admission import AdmissionConfig, split_refusal
 from tracegym.runtimes.catalog import RUNTIMES
 from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES
@@ -73,6 +75,10 @@ class WorkerPoolChoice(BaseModel):
     """The runtime every task's sandboxed tools and agent program run in (`subprocess`, `bubblewrap`,
     `container`, `process-group`: `runtimes.catalog`), under the limits the task gives them, whatever runtime its
     task class chooses (`Task.runtime`); unset: the task class's choice. prime-rl's per-env `runtime`."""
+    harness: HarnessChoice | None = None
+    """An agent program that drives every rollout instead of tracegym's own turn loop, whatever harness the task
+    class has (`envs.harness_choice`: `command`, `env`, `setup`, `limits`), e.g. `--env.harness.command
+    '["my-agent", "{prompt}"]'`; unset: the task class's. prime-rl's per-env `harness`."""
     sandbox: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """How the server's workers admit sandboxes, together: `sandbox.max_starting` (starting at once),
     `sandbox.jitter_s`, `sandbox.setup_budget_s`, `sandbox.memory_reserve_mb`, `sandbox.memory_overcommit`,
@@ -124,7 +130,10 @@ class WorkerPoolChoice(BaseModel):
         for name, field in WorkerPoolChoice.model_fields.items():
             value, flag = getattr(self, name), "--" + name.replace("_", "-")
             default = field.get_default(call_default_factory=True)
-            if isinstance(value, BaseModel):  # a section: its fields not at their defaults, `--section.field`
+            if isinstance(value, BaseModel) and default is None:  # a section unset by default: every field, as JSON
+                args += [arg for key, inner in value.model_dump(mode="json").items()
+                         for arg in (f"{flag}.{key.replace('_', '-')}", json.dumps(inner))]
+            elif isinstance(value, BaseModel):  # a section: its fields not at their defaults, `--section.field`
                 args += [arg for key, inner in value.model_dump().items() if inner != getattr(default, key)
                          for arg in (f"{flag}.{key.replace('_', '-')}", str(inner))]
             elif value != default:
