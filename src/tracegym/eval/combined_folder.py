@@ -14,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tracegym.config.run_dir import make_run_dir
-from tracegym.eval.eval_config import EvalEnv
-from tracegym.eval.run_folder import RunFolder
+from tracegym.eval.combined_summary import CombinedSummary, combine, taskset_row
+from tracegym.eval.eval_config import EvalConfig, EvalEnv, combined_config_class, is_combined_data, validate_saved
+from tracegym.eval.run_folder import SUMMARY, RunFolder
+from tracegym.eval.run_summary import summarize_run
 
 MAX_NAME = 60
 """Longest folder name made of the tasksets' names; more tasksets are named by their count."""
@@ -31,6 +33,33 @@ class CombinedFolder(RunFolder):
         joined = "_".join(e.folder_name() for e in envs)
         folder = cls.create(output_dir, joined if len(joined) <= MAX_NAME else f"{len(envs)}-tasksets", model, run_id)
         return cls(folder.path)
+
+    @classmethod
+    def open_if_combined(cls, path: Path) -> CombinedFolder | None:
+        """The combined run folder at `path`; None when it is a run folder of one taskset (a UsageError when it
+        is no run folder at all)."""
+        folder = RunFolder.open(path)
+        return cls(path) if is_combined_data(folder.read_config()) else None
+
+    def config(self) -> EvalConfig:
+        """The combined run's saved config (its `eval.env` entries); a bad one is a UsageError naming the file."""
+        return validate_saved(combined_config_class(), self.read_config(), str(self.config_path))
+
+    def summary(self) -> CombinedSummary:
+        """The combined summary of what the member folders hold now (a taskset whose run wrote no summary yet:
+        not run)."""
+        config = self.config()
+        rows, not_run = [], []
+        for env in config.eval.env:
+            if not (self.member(env) / SUMMARY).is_file():  # its run never began (or never got as far as one)
+                not_run.append(env.folder_name())
+                continue
+            member = RunFolder.open(self.member(env))
+            saved = validate_saved(EvalConfig, member.read_config(), str(member.config_path))
+            summary = summarize_run(member.log.read().episodes, pass_threshold=saved.pass_threshold,
+                                    wall_time=member.earlier_wall_time() or None, cuts=saved.cuts)
+            rows.append(taskset_row(env.folder_name(), env.id, summary))
+        return combine(rows, not_run)
 
     def member(self, env: EvalEnv) -> Path:
         """Where the run folder of `env` is (or will be)."""

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from tracegym.config.run_dir import owned
 from tracegym.eval.combined_folder import CombinedFolder
-from tracegym.eval.combined_summary import CombinedSummary, combine, combined_table, taskset_row
+from tracegym.eval.combined_summary import CombinedSummary, combined_table
 from tracegym.eval.episode_summary import EpisodeSummary
 from tracegym.eval.eval_config import EvalEnv
 from tracegym.eval.eval_parts import EvalParts
@@ -62,11 +62,11 @@ class CombinedRun:
                 try:
                     done.append(execute(member.parts, folder, work, resume=resume, out=self.out, endpoint=endpoint))
                 except (KeyboardInterrupt, Stalled):
-                    self.conclude(done)
+                    self.conclude()
                     print(f"finish every taskset of the run with: tracegym eval --resume {self.folder.path}",
                           file=self.out, flush=True)
                     raise
-        return self.conclude(done), done
+        return self.conclude(), done
 
     def _open(self, member: Member, stack: contextlib.ExitStack) -> tuple[RunFolder, Work, bool]:
         """A member's run folder (held for the run), what it has left to run, and whether it is a resume."""
@@ -81,10 +81,10 @@ class CombinedRun:
         folder.write_config(member.config)
         return folder, member.work or work_for(member.parts), False
 
-    def conclude(self, done: list[RunSummary]) -> CombinedSummary:
-        """The combined summary of the members run so far (the rest named as not run), written and shown."""
-        rows = [taskset_row(m.env.folder_name(), m.env.id, s) for m, s in zip(self.members, done, strict=False)]
-        summary = combine(rows, [m.env.folder_name() for m in self.members[len(done):]])
+    def conclude(self) -> CombinedSummary:
+        """The combined summary of the member folders as they are now (`CombinedFolder.summary`), written and
+        shown."""
+        summary = self.folder.summary()
         self.folder.write_summary(summary.model_dump(mode="json"))
         title = f"{len(self.members)} tasksets · {self.members[0].parts.model.display_name()} · {self.folder.path}"
         print(file=self.out)
