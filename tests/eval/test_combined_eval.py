@@ -2,6 +2,7 @@
 `--resume` of the combined run, and bad input refused before anything is written."""
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,26 @@ def test_show_of_a_combined_run_prints_its_table_and_rescore_names_the_member_fo
     assert "reverse-text" in out and "arithmetic" in out and "all (mean of tasksets)" in out
     assert main(["rescore", str(run)]) == 2
     assert f"rescore each one's run folder: tracegym rescore {run}/<taskset>" in capsys.readouterr().err
+
+
+def test_an_entry_gives_its_own_env_server_options_over_the_runs(server, tmp_path):
+    config = tmp_path / "evals.toml"
+    config.write_text('[env]\nworkers = 1\n\n[[eval.env]]\nid = "reverse-text"\nenv = { runtime = "process-group" }\n'
+                      '\n[[eval.env]]\nid = "arithmetic"\n')
+    assert main(eval_args(server, tmp_path / "out", "@", str(config), "-n", "1", "--dry-run")) == 0
+    assert main(eval_args(server, tmp_path / "out", "@", str(config), "-n", "1")) == 0
+    run = combined_run_folder(tmp_path / "out")
+    first, second = (tomllib.loads((run / name / "config.toml").read_text())["env"]
+                     for name in ("reverse-text", "arithmetic"))
+    assert (first["runtime"], first["workers"]) == ("process-group", 1)
+    assert "runtime" not in second and second["workers"] == 1
+
+
+def test_a_bad_env_option_of_one_entry_names_the_entry_and_writes_nothing(server, tmp_path, capsys):
+    config = tmp_path / "evals.toml"
+    config.write_text('[[eval.env]]\nid = "reverse-text"\n\n[[eval.env]]\nid = "arithmetic"\nenv = { runtime = '
+                      '"gvisor" }\n')
+    assert main(eval_args(server, tmp_path / "out", "@", str(config))) == 2
+    assert "eval.env.1 (arithmetic): field 'env.runtime': Value error, unknown runtime 'gvisor'" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -62,6 +62,9 @@ class EvalEnv(BaseModel):
     rollouts: int | None = Field(default=None, gt=0,
                                  validation_alias=AliasChoices("rollouts", "rollouts_per_example"))
     """Rollouts per task of this taskset; unset: the run's `rollouts`. `rollouts_per_example` (prime-rl's) too."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """This taskset's env-server options over the run's `[env]` (`EnvServerChoice`'s keys: `runtime`, `harness`,
+    `workers`, `elastic`, `address`, ...), e.g. `env = { runtime = "bubblewrap", workers = 2 }`."""
 
     def folder_name(self) -> str:
         """Its run folder's name inside the combined run's folder."""
@@ -292,6 +295,7 @@ def entry_config(combined: EvalConfig, index: int) -> EvalConfig:
     where = f"eval.env.{index} ({entry.id})"
     data = combined.model_dump(mode="json", exclude={"eval", "taskset", "dry_run"}, exclude_none=True)
     data["taskset"] = {"id": entry.id, **entry.options}
+    data["env"] = merge(data.get("env", {}), entry.env)
     data.update({k: v for k, v in (("num_tasks", entry.num_tasks), ("rollouts", entry.rollouts)) if v is not None})
     try:
         cls = config_class(entry.id)
