@@ -123,29 +123,28 @@ def run_combined(args: list[str], folder: CombinedFolder | None = None, saved: d
     config = parse_combined_args(args, defaults=saved, source=source, description=USAGE)
     if folder is not None and saved is not None:
         check_same_run(saved, config, folder)
-    members_config = [entry_config(config, i) for i in range(len(config.eval.env))]
-    tasksets = [loaded(member) for member in members_config]
+    configs = [entry_config(config, i) for i in range(len(config.eval.env))]
+    tasksets = [loaded(member) for member in configs]
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
-    for member_config, taskset in zip(members_config, tasksets, strict=True):
-        check_host(member_config, taskset)
+    for member, taskset in zip(configs, tasksets, strict=True):
+        check_host(member, taskset)
     if not config.serve:
         configure_admission(config.env.sandbox)
     config, endpoint = reached(config)
-    members = [Member(env, eval_parts(m.model_copy(update={"model": config.model}), t), m.to_toml_dict())
-               for env, m, t in zip(config.eval.env, members_config, tasksets, strict=True)]
-    if folder is None:
-        for member in members:  # found before the folder is made: a taskset whose loading fails leaves none
-            member.work = work_for(member.parts)
+    new = folder is None
+    members = [Member.of(env, member.model_copy(update={"model": config.model}), taskset, new=new)
+               for env, member, taskset in zip(config.eval.env, configs, tasksets, strict=True)]
+    if folder is None:  # made once every taskset's work is found: a taskset whose loading fails leaves none
         folder = CombinedFolder.create_for(config.output_dir, config.eval.env, members[0].parts.model.display_name(),
                                            config.run_id)
-        with owned(folder.path):
-            folder.write_config(config.to_toml_dict())
     with owned(folder.path):
+        if new:
+            folder.write_config(config.to_toml_dict())
         _, summaries = CombinedRun(folder, members).run(endpoint)
-    codes = [verdict(s, config.max_error_rate, name=m.env.folder_name()) for m, s in zip(members, summaries,
-                                                                                         strict=True)]
+    codes = [verdict(summary, config.max_error_rate, name=member.env.folder_name())
+             for member, summary in zip(members, summaries, strict=True)]
     return max(codes, default=0)
 
 

@@ -13,11 +13,12 @@ from typing import IO, Any
 from rich.console import Console
 
 from tracegym.config.run_dir import owned
+from tracegym.envs.taskset import Taskset
 from tracegym.eval.combined_folder import CombinedFolder
 from tracegym.eval.combined_summary import CombinedSummary, combined_table
 from tracegym.eval.episode_summary import EpisodeSummary
-from tracegym.eval.eval_config import EvalEnv
-from tracegym.eval.eval_parts import EvalParts
+from tracegym.eval.eval_config import EvalConfig, EvalEnv
+from tracegym.eval.eval_parts import EvalParts, eval_parts
 from tracegym.eval.eval_run import Work, execute, work_for
 from tracegym.eval.run_folder import CONFIG, RunFolder
 from tracegym.eval.summary import Summary
@@ -38,6 +39,12 @@ class Member:
     """Its run's config as `config.toml` holds it (a single-taskset run's: `--resume` of its folder alone works)."""
     work: Work | None = None
     """What to run, found before the combined folder was made (a new run); None: found from its folder."""
+
+    @classmethod
+    def of(cls, env: EvalEnv, config: EvalConfig, taskset: Taskset, *, new: bool) -> Member:
+        """The member for entry `env`, its config and loaded taskset; `new`: its work found now (a new run)."""
+        parts = eval_parts(config, taskset)
+        return cls(env, parts, config.to_toml_dict(), work_for(parts) if new else None)
 
 
 @dataclass
