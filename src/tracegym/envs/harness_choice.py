@@ -16,8 +16,10 @@ from tracegym.runtimes.sandbox import Limits
 
 
 class HarnessChoice(BaseModel):
-    """An agent program to run for each rollout instead of tracegym's own turn loop (`envs.harness`): in the
-    task's sandbox, its model calls through the interception proxy."""
+    """An agent program to run for each rollout instead of tracegym's own turn loop (`envs.harness`), whatever
+    harness the task class has: in the task's sandbox, its model calls through the interception proxy. A command's
+    env-server section takes it as `harness` (`--env.harness.command '["my-agent", "{prompt}"]'`; prime-rl's per-env
+    `harness`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     command: list[str] = Field(min_length=1)
@@ -29,7 +31,9 @@ class HarnessChoice(BaseModel):
     setup: list[str] = Field(default_factory=list)
     """A command run in the working directory first (within the setup timeout); empty: none."""
     limits: Limits = Limits(wall_seconds=600.0)
-    """The program's limits (`limits.wall_seconds` its time limit; network off unless `limits.network`)."""
+    """The program's limits: `limits.wall_seconds` its time limit, 600 s (a `ProgramHarness`'s) when no `limits`
+    key is given; once one is (`--env.harness.limits.memory-mb 512`), the others take `Limits`' own defaults (60 s
+    wall): give `wall_seconds` with it. Network off unless `limits.network`."""
 
     @model_validator(mode="after")
     def _templates(self) -> HarnessChoice:

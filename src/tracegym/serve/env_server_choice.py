@@ -76,9 +76,7 @@ class WorkerPoolChoice(BaseModel):
     `container`, `process-group`: `runtimes.catalog`), under the limits the task gives them, whatever runtime its
     task class chooses (`Task.runtime`); unset: the task class's choice. prime-rl's per-env `runtime`."""
     harness: HarnessChoice | None = None
-    """An agent program that drives every rollout instead of tracegym's own turn loop, whatever harness the task
-    class has (`envs.harness_choice`: `command`, `env`, `setup`, `limits`), e.g. `--env.harness.command
-    '["my-agent", "{prompt}"]'`; unset: the task class's. prime-rl's per-env `harness`."""
+    """An agent program to drive every rollout; unset: the task's."""
     sandbox: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """How the server's workers admit sandboxes, together: `sandbox.max_starting` (starting at once),
     `sandbox.jitter_s`, `sandbox.setup_budget_s`, `sandbox.memory_reserve_mb`, `sandbox.memory_overcommit`,
