@@ -1,4 +1,4 @@
-"""`tracegym eval`: evaluate a model on a taskset into a run folder, or `--resume` an interrupted run."""
+"""`tracegym eval`: evaluate a model on a taskset (or several) into a run folder, or `--resume` an interrupted run."""
 
 from __future__ import annotations
 
@@ -16,13 +16,26 @@ from tracegym.envs.evaluate import seats_of
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat, bind
 from tracegym.envs.task_sandbox import check_taskset
+from tracegym.envs.taskset import Taskset
+from tracegym.eval.combined_folder import CombinedFolder
+from tracegym.eval.combined_run import CombinedRun, Member
 from tracegym.eval.episode_summary import EpisodeSummary
-from tracegym.eval.eval_config import RUN_DEFINING, EvalConfig, parse_eval_args, validate_saved
+from tracegym.eval.eval_config import (
+    RUN_DEFINING,
+    EvalConfig,
+    entry_config,
+    is_combined,
+    is_combined_data,
+    parse_combined_args,
+    parse_eval_args,
+    validate_saved,
+)
 from tracegym.eval.eval_parts import eval_parts
 from tracegym.eval.eval_run import execute, work_for
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
+from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import reach
 from tracegym.models.renderer import load_renderer
 from tracegym.runtimes.admission import configure_admission
@@ -30,38 +43,34 @@ from tracegym.serve.env_client import check_env_server
 
 USAGE = """Evaluate a model on a taskset; results go to a run folder under --output-dir.
   tracegym eval TASKSET [OPTIONS]           a new run (or --taskset.id, or [taskset] in an @ file)
-  tracegym eval --resume RUN_DIR [OPTIONS]  finish an interrupted run with its saved config: reruns
-                                            the missing and errored rollouts"""
+  tracegym eval A B C [OPTIONS]             several tasksets (or [[eval.env]] entries in an @ file): a run
+                                            folder each inside one combined run folder, one summary
+  tracegym eval --resume RUN_DIR [OPTIONS]  finish an interrupted run (a combined one too) with its saved
+                                            config: reruns the missing and errored rollouts"""
 
 
 def run(args: list[str]) -> int:
-    """Parse, validate, then run (new run folder) or resume (existing one)."""
+    """Parse, validate, then run (new run folder) or resume (existing one); several tasksets: `run_combined`."""
     resume_dir, rest = pop_flag(args, "--resume")
     if resume_dir is not None:
         folder = RunFolder.open(Path(resume_dir))
         saved = folder.read_config()
+        if is_combined_data(saved):
+            return run_combined(rest, CombinedFolder(folder.path), saved)
         config = parse_eval_args(rest, defaults=saved, source=str(folder.config_path), description=USAGE)
         check_same_run(saved, config, folder)
+    elif is_combined(rest):
+        return run_combined(rest)
     else:
         config = parse_eval_args(rest, description=USAGE)
-    taskset = load_taskset(config.taskset.id, config.taskset_options())  # a bad option fails before any folder
-    if config.seat:  # so does a seat the taskset has not
-        bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
+    taskset = loaded(config)  # a bad option or seat fails before any folder
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
-    if config.env.address is not None:  # a server of another taskset or config fails before any folder too
-        asyncio.run(check_env_server(config.env.address, taskset))
-    else:  # so does a sandbox this host cannot run as asked (a server elsewhere checked its own host)
-        check_taskset(taskset)
+    check_host(config, taskset)
     if not config.serve:  # the rollouts' sandboxes open in this process
         configure_admission(config.env.sandbox)
-    endpoint = None
-    if config.model.base_url is not None:  # asked once, before any folder is made; record which model answered
-        endpoint = reach(config.model_choice())
-        if endpoint.client == "tokens":  # else every rollout would fail on it: once, here, naming the flag
-            load_renderer(endpoint.tokenizer or endpoint.model, endpoint.renderer)
-        config = config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})})
+    config, endpoint = reached(config)
     parts = eval_parts(config, taskset)
     if resume_dir is not None:
         with owned(folder.path):
@@ -75,12 +84,77 @@ def run(args: list[str]) -> int:
     return verdict(summary, config.max_error_rate)
 
 
-def verdict(summary: Summary | EpisodeSummary, max_error_rate: float) -> int:
-    """The exit code of a finished run: 1, saying why on stderr, when too much of it failed; else 0."""
+def loaded(config: EvalConfig) -> Taskset:
+    """The run's taskset, built with its options (its tasks' sandboxes in `--env.runtime` and its rollouts driven
+    by `--env.harness.*`, when given), its seats (`--seat.ID`) checked against the taskset's."""
+    taskset = load_taskset(config.taskset.id, config.taskset_options())
+    taskset = taskset.with_runtime(config.env.runtime).with_harness(config.env.harness)
+    if config.seat:
+        bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
+    return taskset
+
+
+def check_host(config: EvalConfig, taskset: Taskset) -> None:
+    """Before any folder: a server at `--env.address` of another taskset or config fails, and so does a sandbox
+    this host cannot run as asked (a server elsewhere checked its own host)."""
+    if config.env.address is not None:
+        asyncio.run(check_env_server(config.env.address, taskset))
+    else:
+        check_taskset(taskset)
+
+
+def reached(config: EvalConfig) -> tuple[EvalConfig, Endpoint | None]:
+    """The endpoint at `--model.base-url`, asked once before any folder is made, and the config naming the model
+    that answered; (config, None) when the run serves its model itself."""
+    if config.model.base_url is None:
+        return config, None
+    endpoint = reach(config.model_choice())
+    if endpoint.client == "tokens":  # else every rollout would fail on it: once, here, naming the flag
+        load_renderer(endpoint.tokenizer or endpoint.model, endpoint.renderer)
+    return config.model_copy(update={"model": config.model.model_copy(update={"name": endpoint.model})}), endpoint
+
+
+def run_combined(args: list[str], folder: CombinedFolder | None = None, saved: dict | None = None) -> int:
+    """Several tasksets (`tracegym eval A B C`, `[[eval.env]]`), or `--resume` of such a run (`folder`, its
+    `saved` config): every taskset loaded and checked before any folder is made, the model reached (or served)
+    once, each taskset run into its own run folder in turn, then the combined summary. Exit 1 when any taskset's
+    run failed past `--max-error-rate`."""
+    source = str(folder.config_path) if folder else "the saved config"
+    config = parse_combined_args(args, defaults=saved, source=source, description=USAGE)
+    if folder is not None and saved is not None:
+        check_same_run(saved, config, folder)
+    configs = [entry_config(config, i) for i in range(len(config.eval.env))]
+    tasksets = [loaded(member) for member in configs]
+    if config.dry_run:
+        print(tomli_w.dumps(config.to_toml_dict()), end="")
+        return 0
+    for member, taskset in zip(configs, tasksets, strict=True):
+        check_host(member, taskset)
+    if not config.serve:
+        configure_admission(config.env.sandbox)
+    config, endpoint = reached(config)
+    new = folder is None
+    members = [Member.of(env, member.model_copy(update={"model": config.model}), taskset, new=new)
+               for env, member, taskset in zip(config.eval.env, configs, tasksets, strict=True)]
+    if folder is None:  # made once every taskset's work is found: a taskset whose loading fails leaves none
+        folder = CombinedFolder.create_for(config.output_dir, config.eval.env, members[0].parts.model.display_name(),
+                                           config.run_id)
+    with owned(folder.path):
+        if new:
+            folder.write_config(config.to_toml_dict())
+        _, summaries = CombinedRun(folder, members).run(endpoint)
+    codes = [verdict(summary, config.max_error_rate, name=member.env.folder_name())
+             for member, summary in zip(members, summaries, strict=True)]
+    return max(codes, default=0)
+
+
+def verdict(summary: Summary | EpisodeSummary, max_error_rate: float, name: str = "") -> int:
+    """The exit code of a finished run: 1, saying why on stderr (naming the taskset's run `name` of a combined
+    run), when too much of it failed; else 0."""
     failed = too_many_failed(summary, max_error_rate)
     if failed is None:
         return 0
-    print(f"tracegym eval: {failed}", file=sys.stderr)
+    print(f"tracegym eval: {name + ': ' if name else ''}{failed}", file=sys.stderr)
     return 1
 
 

@@ -28,7 +28,7 @@ from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
 from tracegym.eval.episode_summary import episode_table, summarize_episodes
-from tracegym.eval.eval_config import EvalConfig, parse_eval_args
+from tracegym.eval.eval_config import EvalConfig, is_combined_data, parse_eval_args
 from tracegym.eval.rescore import Divergence, rescore, rescore_episodes
 from tracegym.eval.rescore_noise import noise_lines, reward_noise
 from tracegym.eval.run_folder import RunFolder
@@ -43,6 +43,9 @@ def run(args: list[str]) -> int:
     if not args or args[0].startswith("-"):
         raise UsageError("usage: tracegym rescore RUN_DIR [--repeat N] [--taskset.FIELD VALUE ...]")
     folder = RunFolder.open(Path(args[0]))
+    if is_combined_data(folder.read_config()):
+        raise UsageError(f"{folder.path} is a combined run of several tasksets; rescore each one's run folder: "
+                         f"tracegym rescore {folder.path}/<taskset>")
     repeat, rest = pop_flag(args[1:], "--repeat")
     repeats = _repeats(repeat)
     config = parse_eval_args(rest, defaults=folder.read_config(), source=str(folder.config_path))

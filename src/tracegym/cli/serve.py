@@ -81,7 +81,8 @@ def run(args: list[str]) -> int:
                        worker_timeout=cfg.worker_timeout, exit_with_parent=cfg.exit_with_parent,
                        max_abandoned_threads=cfg.max_abandoned_threads, max_request_bytes=cfg.max_request_bytes,
                        max_open_bytes=cfg.max_open_bytes, max_peer_bytes=cfg.max_peer_bytes,
-                       max_server_bytes=cfg.max_server_bytes, sandbox=cfg.sandbox)
+                       max_server_bytes=cfg.max_server_bytes, sandbox=cfg.sandbox, runtime=cfg.runtime,
+                       harness=cfg.harness)
     check_taskset(server.taskset)  # a sandbox this host cannot run as asked fails here, before any worker starts
     address = server.bind()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,7 +98,7 @@ def serve_openenv(cfg: ServeConfig) -> int:
     """Bind, print `address: ws://...`, serve over OpenEnv until SIGINT/SIGTERM."""
     from tracegym.interop.openenv_server import OpenEnvServer  # imports openenv: only when asked for
 
-    taskset = load_taskset(cfg.taskset.id, cfg.options())
+    taskset = load_taskset(cfg.taskset.id, cfg.options()).with_runtime(cfg.runtime).with_harness(cfg.harness)
     check_taskset(taskset)
     server = OpenEnvServer.from_settings(taskset, cfg.openenv)
     sock = server.bind(cfg.openenv.host, cfg.port)

@@ -1,4 +1,5 @@
-"""`tracegym show RUN_DIR [-n N]`: a run's summary and a few of its traces (its episodes' members'), readable."""
+"""`tracegym show RUN_DIR [-n N]`: a run's summary and a few of its traces (its episodes' members'), readable; of a
+combined run (several tasksets), the combined table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from rich.text import Text
 from tracegym.core.errors import UsageError
 from tracegym.core.judgment import Judgment
 from tracegym.core.trace import Trace
+from tracegym.eval.combined_folder import CombinedFolder
+from tracegym.eval.combined_summary import combined_table
 from tracegym.eval.eval_config import EvalConfig, validate_saved
 from tracegym.eval.run_folder import EPISODES, TRACES, RunFolder
 from tracegym.eval.run_summary import run_table, summarize_run
@@ -24,8 +27,13 @@ def run(args: list[str]) -> int:
     """Show the folder named first; `-n N` traces (default 3), errored ones first."""
     if not args or args[0].startswith("-"):
         raise UsageError("usage: tracegym show RUN_DIR [-n N]")
-    folder = RunFolder.open(Path(args[0]))
     count = _count(args[1:])
+    combined = CombinedFolder.open_if_combined(Path(args[0]))
+    if combined is not None:  # several tasksets: their table; each one's traces with `show` of its folder
+        Console().print(combined_table(combined.summary(), title=str(combined.path)))
+        print(f"each taskset's run: tracegym show {combined.path}/<taskset>")
+        return 0
+    folder = RunFolder.open(Path(args[0]))
     stored = folder.log.read()
     config = validate_saved(EvalConfig, folder.read_config(), str(folder.config_path))  # no taskset import
     summary = summarize_run(stored.episodes, pass_threshold=config.pass_threshold, cuts=config.cuts)

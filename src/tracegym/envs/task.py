@@ -87,6 +87,8 @@ class Task(Generic[DataT, ConfigT]):
         tools: Sequence[Tool] = (),
         taskset_id: str = "",
         max_turns: int | None = None,
+        runtime: str | None = None,
+        harness: Harness | None = None,
     ) -> None:
         self.data = data
         # the class's _config_class is its type argument, so its defaults are a ConfigT
@@ -99,6 +101,10 @@ class Task(Generic[DataT, ConfigT]):
         self.scorers: list[Scorer] = sorted([*own, *scorers], key=lambda s: s.order)
         self._tools: dict[str, Tool] = {t.name: t for t in [*class_tools(type(self)), *tools]}
         self._sandbox: TaskSandbox | None = None
+        self.runtime_override = runtime
+        """The runtime the command's config names for this task's env (`--env.runtime`), over `runtime()`'s."""
+        if harness is not None:  # the command's config names the env's harness (`--env.harness.*`)
+            self.harness = harness
 
     # --- hooks to override -------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -134,6 +140,14 @@ class Task(Generic[DataT, ConfigT]):
         limits; override to choose another runtime or limits (from the taskset's config, say)."""
         return runtime_for("subprocess")
 
+    def sandbox_runtime(self) -> Runtime:
+        """The runtime this rollout's sandbox opens: `runtime()`, or the one the command's config names for the
+        env (`runtime_override`) under the limits `runtime()` gives its programs."""
+        own = self.runtime()
+        if self.runtime_override is None:
+            return own
+        return runtime_for(self.runtime_override, getattr(own, "limits", None))
+
     async def sandbox(self) -> Sandbox:
         """This rollout's sandbox, opened on first use (RuntimeUnavailable when `runtime()` cannot run on this
         host) and closed by `cleanup`."""
@@ -141,7 +155,7 @@ class Task(Generic[DataT, ConfigT]):
 
     def _rollout_sandbox(self) -> TaskSandbox:
         if self._sandbox is None:
-            self._sandbox = TaskSandbox(self.runtime())
+            self._sandbox = TaskSandbox(self.sandbox_runtime())
         return self._sandbox
 
     # --- used by the rollout loop ------------------------------------------------------------------------

@@ -151,6 +151,7 @@ def sandbox_of(taskset: Taskset) -> tuple[Runtime, list[Limits]] | None:
         return None
     harness_limits = getattr(task.harness, "limits", None)
     sandboxed = any(getattr(task.tool(spec.name), "sandboxed", False) for spec in task.tool_specs())
-    if type(task).runtime is Task.runtime and harness_limits is None and not sandboxed:
+    chosen = type(task).runtime is not Task.runtime or task.runtime_override is not None
+    if not chosen and harness_limits is None and not sandboxed:
         return None
-    return task.runtime(), [harness_limits] if isinstance(harness_limits, Limits) else []
+    return task.sandbox_runtime(), [harness_limits] if isinstance(harness_limits, Limits) else []

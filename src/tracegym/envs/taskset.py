@@ -28,10 +28,13 @@ from pydantic import ValidationError
 
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
+from tracegym.envs.harness import Harness
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.envs.scorers import Scorer, scorers_of
 from tracegym.envs.task import Task, class_tools, make_scorers, type_argument
 from tracegym.envs.taskset_config import C, ConfigT, TasksetConfig, config_from, first_error
 from tracegym.envs.tools import Tool
+from tracegym.runtimes.catalog import runtime_for
 
 Row = TaskData | Mapping[str, Any]
 R = TypeVar("R", bound=Row)
@@ -52,6 +55,10 @@ class Taskset(Generic[ConfigT]):
     row_maker: ClassVar[Callable[[random.Random, Any, int], Row] | None] = None
     """A generated taskset's `make_row(rng, config, index)`: then `load` returns `seeded_rows(row_maker, config,
     config.num_tasks)`, or an endless stream when `infinite` (the config needs `num_tasks` unless it is)."""
+    runtime_override: str | None = None
+    """The runtime every task's sandbox opens in, over its task class's choice (`with_runtime`); None: theirs."""
+    harness_override: Harness | None = None
+    """What drives every rollout, over its task class's `harness` (`with_harness`); None: theirs."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -203,10 +210,38 @@ class Taskset(Generic[ConfigT]):
         """A fresh Task for one rollout of this row."""
         return self.task_class(self.as_data(row), **self._task_options())
 
+    def with_runtime(self, name: str | None) -> Self:
+        """This taskset with every task's sandbox opened in runtime `name` (under the limits the task gives its
+        programs), whatever runtime its task class chooses: a command's `--env.runtime`. None: itself."""
+        if name is None:
+            return self
+        runtime_for(name)  # an unknown name fails here, listing the known ones
+        clone = copy.copy(self)
+        clone.runtime_override = name
+        return clone
+
+    def with_harness(self, choice: HarnessChoice | None) -> Self:
+        """This taskset with every rollout driven by the agent program `choice` describes instead of its task
+        class's harness (tracegym's own turn loop, by default): a command's `--env.harness.*`. None: itself. A
+        multi-agent taskset is refused by name: a program plays one seat's rollout, not an episode."""
+        from tracegym.envs.multi_agent import is_multi_agent  # it imports this module
+
+        if choice is None:
+            return self
+        if is_multi_agent(self):
+            raise UsageError(f"harness: taskset {self.id!r} is multi-agent; a program harness drives a single "
+                             "rollout, not an episode of several seats")
+        clone = copy.copy(self)
+        clone.harness_override = choice.harness()
+        return clone
+
     def _task_options(self) -> dict[str, Any]:
         """What every Task of this taskset is built with besides its row (a task class that needs more adds it)."""
+        override: dict[str, Any] = {"runtime": self.runtime_override} if self.runtime_override is not None else {}
+        if self.harness_override is not None:
+            override["harness"] = self.harness_override
         return {"config": self.config, "scorers": self._scorers, "tools": self._tools, "taskset_id": self.id,
-                "max_turns": self._max_turns}
+                "max_turns": self._max_turns, **override}
 
 
 def seeded_rows(make_row: Callable[[random.Random, C, int], R], config: C, count: int | None) -> Iterator[R]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_config import BaseConfig
 
 from tracegym.config.command_line import merge, parse_command, read_files
@@ -26,7 +26,9 @@ from tracegym.core.sampling import Sampling
 from tracegym.envs.evaluate import CONCURRENCY, INFRA_RETRIES
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import SeatChoice
+from tracegym.envs.taskset_config import first_error
 from tracegym.envs.taskset_section import typed_by_taskset
+from tracegym.eval.run_folder import _safe
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import EnvServerChoice
@@ -42,6 +44,48 @@ class TasksetSection(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     id: str
     """Taskset id: a built-in, an installed one, `package.module:Name` or `path/to/file.py:Name`."""
+
+
+class EvalEnv(BaseModel):
+    """One taskset of a run that evaluates several (`[[eval.env]]`, prime-rl's spelling; `tracegym eval A B C`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str
+    """Taskset id, as `--taskset.id` takes it."""
+    name: str | None = None
+    """Its run folder's name inside the combined run's; unset: the id (its last path part, made a folder name)."""
+    options: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("options", "args"))
+    """The taskset's own options (its Config fields, as `--taskset.NAME` gives them to one taskset); `args`
+    (prime-rl's name) is taken too."""
+    num_tasks: int | None = Field(default=None, gt=0, validation_alias=AliasChoices("num_tasks", "num_examples"))
+    """Tasks of this taskset (its first N); unset: the run's `num_tasks`. `num_examples` (prime-rl's) too."""
+    rollouts: int | None = Field(default=None, gt=0,
+                                 validation_alias=AliasChoices("rollouts", "rollouts_per_example"))
+    """Rollouts per task of this taskset; unset: the run's `rollouts`. `rollouts_per_example` (prime-rl's) too."""
+    env: dict[str, Any] = Field(default_factory=dict)
+    """This taskset's env-server options over the run's `[env]` (`EnvServerChoice`'s keys: `runtime`, `harness`,
+    `workers`, `elastic`, `address`, ...), e.g. `env = { runtime = "bubblewrap", workers = 2 }`."""
+
+    def folder_name(self) -> str:
+        """Its run folder's name inside the combined run's folder."""
+        return self.name or _safe(self.id)
+
+
+def _distinct_folders(envs: list[EvalEnv]) -> list[EvalEnv]:
+    names = [e.folder_name() for e in envs]
+    twice = sorted({n for n in names if names.count(n) > 1 or n == "logs"})  # logs/: the combined run's own
+    if twice:
+        raise ValueError(f"two entries would share the run folder {twice[0]!r}: give one of them a `name`")
+    return envs
+
+
+class EvalSet(BaseModel):
+    """The tasksets of a run that evaluates several, each into its own run folder inside the combined one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    env: Annotated[list[EvalEnv], AfterValidator(_distinct_folders)] = Field(default_factory=list)
+    """The tasksets, in the order they run; the run's other options (model, sampling, `-n`, `-r`, `[env]`, ...)
+    apply to each."""
 
 
 class EvalConfig(BaseConfig):
@@ -92,6 +136,10 @@ class EvalConfig(BaseConfig):
     """Live dashboard; `--no-rich` prints plain log lines instead (for CI and files)."""
     dry_run: bool = False
     """Validate the config, print it resolved, and exit."""
+    eval: EvalSet = EvalSet()
+    """Several tasksets in one run (`[[eval.env]]` entries: `id`, `options`, `num_tasks`, `rollouts`, `name`; or
+    `tracegym eval A B C`): one run folder each inside a combined run folder, whose `summary.json` holds them all;
+    `--resume` of the combined folder finishes each. A single-taskset run leaves it empty."""
 
     def model_choice(self) -> ModelChoice:
         """The model section, its HTTP attempts capped at the model stage's timeout (a longer attempt would be
@@ -104,10 +152,14 @@ class EvalConfig(BaseConfig):
 
     def to_toml_dict(self) -> dict[str, Any]:
         """This config as TOML-ready data (no None values, paths as text)."""
-        return toml_ready(self.model_dump(mode="json", exclude={"dry_run"}))
+        data = self.model_dump(mode="json", exclude={"dry_run"})
+        if not self.eval.env:
+            data.pop("eval")
+        return toml_ready(data)
 
 
-RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold", "cuts")
+RUN_DEFINING = ("taskset", "model.name", "seat", "num_tasks", "rollouts", "sampling", "pass_threshold", "cuts",
+                "eval")
 """Fields (dotted paths) a resumed run must share with the saved one (the others only change how it runs)."""
 
 RENAMES = [*moved_into("model", MOVED_KEYS), Rename("env_address", "env.address"),
@@ -166,3 +218,89 @@ def find_taskset_id(args: Sequence[str]) -> str | None:
         merged = merge(merged, file.data)
     section = merged.get("taskset")
     return section.get("id") if isinstance(section, dict) else None
+
+
+def leading_ids(args: Sequence[str]) -> list[str]:
+    """The taskset ids named before the first option (`tracegym eval A B C ...`)."""
+    ids = []
+    for arg in args:
+        if arg.startswith("-") or arg.startswith("@"):
+            break
+        ids.append(arg)
+    return ids
+
+
+def is_combined(args: Sequence[str]) -> bool:
+    """True when the arguments name several tasksets: two or more ids before the first option, or `eval.env`
+    entries (`[[eval.env]]` in an `@` file, or an `--eval.env` flag)."""
+    if len(leading_ids(args)) > 1:
+        return True
+    files, flags, _ = read_files(args, renames=())
+    return any(f.startswith("--eval.env") for f in flags) or any(is_combined_data(f.data) for f in files)
+
+
+def is_combined_data(data: dict[str, Any]) -> bool:
+    """True when a config's data (an `@` file's, a run folder's `config.toml`) has `eval.env` entries."""
+    section = data.get("eval")
+    return isinstance(section, dict) and bool(section.get("env"))
+
+
+def combined_config_class() -> type[EvalConfig]:
+    """EvalConfig for a run of several tasksets: its `taskset` section left unset (each `eval.env` entry names
+    its own)."""
+    return create_model("EvalConfig", __base__=EvalConfig, taskset=(TasksetSection | None, None))
+
+
+NO_TASKSET_SECTION = ("taskset: this run evaluates several tasksets (eval.env); give each its options in its "
+                      "[[eval.env]] entry (`options = { max_words = 5 }`), not in [taskset] or --taskset.*")
+
+
+def parse_combined_args(args: Sequence[str], *, defaults: dict[str, Any] | None = None,
+                        source: str = "the saved config", description: str | None = None) -> EvalConfig:
+    """Parse the arguments of a run of several tasksets (`tracegym eval A B C ...`, `[[eval.env]]` entries);
+    `defaults`: a combined run's saved config, which the arguments override. Taskset options go in each entry:
+    a `[taskset]` section or `--taskset.*` flag is a UsageError."""
+    ids = leading_ids(args)
+    cls = combined_config_class()
+    if ids and defaults:
+        raise UsageError(f"--resume takes no taskset ids (got {' '.join(ids)}): the run's tasksets are in {source}")
+    if ids and is_combined(args[len(ids):]):
+        raise UsageError(f"tasksets named twice: as arguments ({' '.join(ids)}) and as eval.env entries "
+                         "([[eval.env]] in an @ file, or --eval.env); give them one way")
+    if any(flag.startswith("--taskset") for flag in args):
+        raise UsageError(NO_TASKSET_SECTION)
+    default: EvalConfig | None = None
+    if defaults:
+        default = validate_saved(cls, defaults, source)
+    elif ids:
+        try:
+            default = cls.model_validate({"eval": {"env": [{"id": i} for i in ids]}})
+        except ValidationError as exc:
+            raise UsageError(f"tracegym eval {' '.join(ids)}: {first_error(exc)}") from None
+    config, warnings = parse_command(cls, list(args[len(ids):]), prog="tracegym eval",
+                                     description=description, default=default, renames=RENAMES)
+    for warning in warnings:
+        print(f"tracegym: warning: {warning}", file=sys.stderr)
+    if config.taskset is not None:
+        raise UsageError(NO_TASKSET_SECTION)
+    return config
+
+
+
+def entry_config(combined: EvalConfig, index: int) -> EvalConfig:
+    """The config of one taskset of a combined run (`eval.env` entry `index`): the combined run's options, its
+    taskset and options, and its own `num_tasks` / `rollouts` where it gives them; a bad id or option is a
+    UsageError naming the entry."""
+    entry = combined.eval.env[index]
+    where = f"eval.env.{index} ({entry.id})"
+    data = combined.model_dump(mode="json", exclude={"eval", "taskset", "dry_run"}, exclude_none=True)
+    data["taskset"] = {"id": entry.id, **entry.options}
+    data["env"] = merge(data.get("env", {}), entry.env)
+    data.update({k: v for k, v in (("num_tasks", entry.num_tasks), ("rollouts", entry.rollouts)) if v is not None})
+    try:
+        cls = config_class(entry.id)
+        return cls.model_validate(data)
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    except ValidationError as exc:
+        raise UsageError(f"{where}: {first_error(exc, known=cls.model_fields)}") from None

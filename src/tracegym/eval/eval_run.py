@@ -184,11 +184,14 @@ def execute(parts: EvalParts, folder: RunFolder, work: Work, *, resume: bool = F
     """Run `work` into `folder`; return its summary (also written to `summary.json` and printed).
     Ctrl-C keeps every finished episode, writes the summary so far, and says how to resume. The wall time is
     that of every session of the run (a resume adds its own to the earlier ones). `endpoint`: the model endpoint
-    the command reached already (at `--model.base-url`); None: serve `parts.model`."""
+    the command reached already (at `--model.base-url`); None: serve `parts.model`. With nothing left to run (a
+    finished run resumed) only the summary is written again."""
     out = out or sys.stdout
     earlier = folder.earlier_wall_time() if resume else 0.0
-    tally = Tally(total=len(work.expected) * parts.members, done_before=len(work.kept) * parts.members)
     title = f"{parts.name} · {parts.model.display_name()} · {folder.path}"
+    if not work.todo:  # a resume of a finished run: nothing to serve the model or start an env server for
+        return conclude(parts, folder, earlier, out, title)
+    tally = Tally(total=len(work.expected) * parts.members, done_before=len(work.kept) * parts.members)
     with (folder.logs / "eval.log").open("a", encoding="utf-8") as log:
         boards: list[Dashboard] = [PlainDashboard(tally, log, every=1)]
         boards.append(RichDashboard(tally, title, Console(file=out)) if parts.rich else PlainDashboard(tally, out))

@@ -33,6 +33,7 @@ from zmq.utils.monitor import parse_monitor_message
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.evaluate import multi_agent_class
 from tracegym.envs.group_scoring import group_scorers
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
@@ -101,9 +102,15 @@ class EnvServer:
                  worker_timeout: float = WORKER_TIMEOUT, exit_with_parent: bool = False,
                  max_abandoned_threads: int = MAX_ABANDONED_THREADS, max_open_bytes: int = MAX_OPEN_BYTES,
                  max_peer_bytes: int = MAX_PEER_BYTES, max_server_bytes: int = MAX_SERVER_BYTES,
-                 sandbox: AdmissionConfig | None = None) -> None:
+                 sandbox: AdmissionConfig | None = None, runtime: str | None = None,
+                 harness: HarnessChoice | None = None) -> None:
         self.options = dict(taskset_options or {})
-        self.taskset = load_taskset(taskset_id, self.options or None)  # fails here, before any worker starts
+        self.runtime = runtime
+        """The runtime every task's sandbox opens in (`Taskset.with_runtime`); None: each task class's choice."""
+        self.harness = harness
+        """The program that drives every rollout (`Taskset.with_harness`); None: each task class's harness."""
+        self.taskset = load_taskset(taskset_id, self.options or None).with_runtime(runtime).with_harness(harness)
+        # (a bad taskset, option, runtime or harness fails here, before any worker starts)
         group_scorers(self.taskset)  # so does a group reward it cannot run (on a multi-agent taskset)
         self.rows = TaskRows(self.taskset)
         self.taskset_id, self.address, self.size = taskset_id, address, size or PoolSize.static()
@@ -156,7 +163,8 @@ class EnvServer:
         self._tmp = tempfile.mkdtemp(prefix="tracegym-serve-")
         self.backend.bind(f"ipc://{self._tmp}/backend")
         self.pool = WorkerPool(self.taskset_id, self.options, f"ipc://{self._tmp}/backend", self.size, self.log_dir,
-                               self.max_abandoned_threads, start_timeout=self.start_timeout, sandbox=self.sandbox)
+                               self.max_abandoned_threads, start_timeout=self.start_timeout, sandbox=self.sandbox,
+                               runtime=self.runtime, harness=self.harness)
         return self.bound
 
     def _socket(self, kind: int) -> zmq.Socket:

@@ -12,11 +12,14 @@ named as `tracegym serve`'s own flags, which `WorkerPoolChoice` also declares).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationInfo, field_validator
 
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.runtimes.admission import AdmissionConfig, split_refusal
+from tracegym.runtimes.catalog import RUNTIMES
 from tracegym.serve.budget import MAX_OPEN_BYTES, MAX_PEER_BYTES, MAX_SERVER_BYTES
 from tracegym.serve.env_server import WORKER_TIMEOUT
 from tracegym.serve.pool import MAX_ABANDONED_THREADS, PoolSize
@@ -68,11 +71,24 @@ class WorkerPoolChoice(BaseModel):
     (every connection proved the secret in its handshake)."""
     max_server_bytes: ByteSize = Field(default=ByteSize(MAX_SERVER_BYTES), gt=0)
     """With a shared secret: the most bytes of `run` requests not yet answered the server holds in all."""
+    runtime: str | None = None
+    """The runtime every task's sandboxed tools and agent program run in (`subprocess`, `bubblewrap`,
+    `container`, `process-group`: `runtimes.catalog`), under the limits the task gives them, whatever runtime its
+    task class chooses (`Task.runtime`); unset: the task class's choice. prime-rl's per-env `runtime`."""
+    harness: HarnessChoice | None = None
+    """An agent program to drive every rollout; unset: the task's."""
     sandbox: AdmissionConfig = Field(default_factory=AdmissionConfig)
     """How the server's workers admit sandboxes, together: `sandbox.max_starting` (starting at once),
     `sandbox.jitter_s`, `sandbox.setup_budget_s`, `sandbox.memory_reserve_mb`, `sandbox.memory_overcommit`,
     `sandbox.warm_pool`, ... (see `runtimes.admission`; the defaults come from this host's cores and memory). Each
     worker process (the most workers plus the spares) admits its share, so the caps hold for the whole server."""
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, runtime: str | None) -> str | None:
+        if runtime is not None and runtime not in RUNTIMES:
+            raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
+        return runtime
 
     @field_validator("elastic")
     @classmethod
@@ -112,7 +128,10 @@ class WorkerPoolChoice(BaseModel):
         for name, field in WorkerPoolChoice.model_fields.items():
             value, flag = getattr(self, name), "--" + name.replace("_", "-")
             default = field.get_default(call_default_factory=True)
-            if isinstance(value, BaseModel):  # a section: its fields not at their defaults, `--section.field`
+            if isinstance(value, BaseModel) and default is None:  # a section unset by default: every field, as JSON
+                args += [arg for key, inner in value.model_dump(mode="json").items()
+                         for arg in (f"{flag}.{key.replace('_', '-')}", json.dumps(inner))]
+            elif isinstance(value, BaseModel):  # a section: its fields not at their defaults, `--section.field`
                 args += [arg for key, inner in value.model_dump().items() if inner != getattr(default, key)
                          for arg in (f"{flag}.{key.replace('_', '-')}", str(inner))]
             elif value != default:

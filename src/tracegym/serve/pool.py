@@ -25,12 +25,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.runtimes import processes
 from tracegym.runtimes.admission import AdmissionConfig
+
+if TYPE_CHECKING:
+    from tracegym.envs.harness_choice import HarnessChoice
 
 START_TIMEOUT = 60.0
 """Default seconds a worker may take to say ready before it is killed as a failed start."""
@@ -112,8 +115,13 @@ class WorkerPool:
 
     def __init__(self, taskset_id: str, options: dict[str, Any], backend: str, size: PoolSize,
                  log_dir: Path | None = None, max_abandoned_threads: int = MAX_ABANDONED_THREADS,
-                 start_timeout: float = START_TIMEOUT, sandbox: AdmissionConfig | None = None) -> None:
+                 start_timeout: float = START_TIMEOUT, sandbox: AdmissionConfig | None = None,
+                 runtime: str | None = None, harness: HarnessChoice | None = None) -> None:
         self.taskset_id, self.options, self.backend, self.size = taskset_id, options, backend, size
+        self.runtime = runtime
+        """The runtime every task's sandbox opens in (`Taskset.with_runtime`); None: each task class's choice."""
+        self.harness = harness
+        """The program that drives every rollout (`Taskset.with_harness`); None: each task class's harness."""
         self.sandbox = sandbox
         """How the workers admit sandboxes, together (each its `size.most`-th share); None: the host's defaults."""
         self.log_dir, self.max_abandoned_threads, self.start_timeout = log_dir, max_abandoned_threads, start_timeout
@@ -134,7 +142,8 @@ class WorkerPool:
                    "--taskset", self.taskset_id, "--options", json.dumps(self.options),
                    "--max-abandoned-threads", str(self.max_abandoned_threads),
                    "--sandbox", (self.sandbox or AdmissionConfig()).model_dump_json(), "--sandbox-share",
-                   str(self.size.most)]
+                   str(self.size.most), *(["--runtime", self.runtime] if self.runtime else []),
+                   *(["--harness", self.harness.model_dump_json()] if self.harness else [])]
         out = self._log_file(name)
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out or subprocess.DEVNULL,
                                 stderr=out or None)

@@ -31,6 +31,7 @@ from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.envs.evaluate import check_single_agent, run_episode, scoring_timeout
 from tracegym.envs.group_scoring import score_solo_group, scores_groups
+from tracegym.envs.harness_choice import HarnessChoice
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
@@ -217,13 +218,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-abandoned-threads", type=int, default=MAX_ABANDONED_THREADS)
     parser.add_argument("--sandbox", default="{}", help="the server's AdmissionConfig, JSON")
     parser.add_argument("--sandbox-share", type=int, default=1, help="worker processes sharing it")
+    parser.add_argument("--runtime", default=None, help="the runtime every task's sandbox opens in")
+    parser.add_argument("--harness", default=None, help="the program that drives every rollout, JSON")
     args = parser.parse_args(argv)
     configure_admission(AdmissionConfig.model_validate_json(args.sandbox), args.sandbox_share)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # this process's own entry point: its handlers are ours
     processes.die_with_parent(signal.SIGTERM)  # the server gone (even by kill -9): SIGTERM, handled as a stop
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     options = json.loads(args.options)
-    taskset = load_taskset(args.taskset, options or None)
+    harness = HarnessChoice.model_validate_json(args.harness) if args.harness else None
+    taskset = load_taskset(args.taskset, options or None).with_runtime(args.runtime).with_harness(harness)
     log.info("worker %s (pid %d) serving %s", args.name, os.getpid(), taskset.id)
     asyncio.run(_serve_until_sigterm(Worker(taskset, args.backend, args.name, args.max_abandoned_threads)))
     log.info("worker %s stopped", args.name)
