@@ -41,6 +41,9 @@ WAIT_S = 10.0**9
 """The model stage's timeout: the agent may think as long as it likes; the server's idle timeout ends a session
 that stopped talking."""
 
+TOOL_ERROR_STARTS = ("Error: ", "{'error': ")
+"""How the tool error texts of `Task.tool_error_text` and of environment classes (TRL's) begin."""
+
 
 class SessionError(Exception):
     """A message the session cannot act on now (a step before reset, after the end); the session goes on."""
@@ -186,14 +189,15 @@ class TasksetSession:
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """A turn calling one tool (MCP `tools/call`): its result text and whether it failed (counted by the loop
-        where the rollout runs here; in a worker, read from the text: the default tool error text `Error: ...`)."""
+        where the rollout runs here; in a worker, whose count arrives with the trace only, told by the text: the
+        error texts of `Task` and of environment classes, TOOL_ERROR_STARTS; a task's own text is not recognised)."""
         before = self._tool_errors()
         observation = await self.step(TasksetAction(tool_calls=[ToolCallAction(name=name, arguments=arguments)]))
         results = [m["content"] for m in observation.messages if m["role"] == "tool"]
         text = results[0] if results else observation.text
         if self.agent.live is not None or self.trace is not None:
             return text, self._tool_errors() > before
-        return text, bool(results) and isinstance(text, str) and text.startswith("Error: ")
+        return text, bool(results) and isinstance(text, str) and text.startswith(TOOL_ERROR_STARTS)
 
     def tools(self) -> list[dict[str, Any]]:
         """The tools of the rollout's task (of the first task before any reset), MCP-shaped."""
