@@ -50,6 +50,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
+from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
@@ -98,6 +100,8 @@ class OpenEnvServer:
                  source: tuple[str, dict[str, Any]] | None = None, secret: str | None = None,
                  **fields: Any) -> None:
         self.settings = OpenEnvSettings.model_validate({**(settings or OpenEnvSettings()).model_dump(), **fields})
+        self.others = opponent_seats(taskset, self.settings)
+        """With a multi-agent taskset: the other members' binding (the agent plays `settings.seat`)."""
         self.taskset, self.picker = taskset, TaskPicker(taskset)
         self.source = source or (taskset.id, taskset.config.model_dump(mode="json"))
         self.secret = secret
@@ -187,7 +191,9 @@ class OpenEnvServer:
             yield url
 
     def _new_session(self) -> TasksetSession:
-        runner: Runner | None = self.workers.runner() if self.workers is not None else None
+        runner: Runner | None = None
+        if self.workers is not None:
+            runner = self.workers.runner(self.settings.seat, self.others) if self.others else self.workers.runner()
         return TasksetSession(self.taskset, self.picker, runner=runner)
 
     # --- holding sessions --------------------------------------------------------------------------------
@@ -426,6 +432,24 @@ class OpenEnvServer:
         if not self.secret:
             return True
         return hmac.compare_digest((header or "").encode(), f"Bearer {self.secret}".encode())
+
+
+def opponent_seats(taskset: Taskset, settings: OpenEnvSettings) -> dict[str, Seat]:
+    """For a multi-agent taskset, the members other than `settings.seat`, each played by `settings.opponent`
+    (none for a single-agent one); a UsageError naming the seats when the settings cannot serve it."""
+    if not is_multi_agent(taskset):
+        if settings.seat is not None or settings.opponent is not None:
+            raise UsageError(f"taskset {taskset.id!r} is single-agent: --openenv.seat and --openenv.opponent are for "
+                             "multi-agent tasksets")
+        return {}
+    task = taskset.task(taskset[0])
+    members = task.members if isinstance(task, MultiAgentTask) else []
+    if settings.seat not in members or settings.opponent is None or not settings.workers:
+        raise UsageError(f"taskset {taskset.id!r} is multi-agent (seats: {', '.join(members)}): an OpenEnv agent plays "
+                         "one seat, given by --openenv.seat NAME, and the others are played by --openenv.opponent "
+                         "(--openenv.opponent.base-url URL --openenv.opponent.model NAME), in worker processes "
+                         "(--openenv.workers 1 or more)")
+    return {m: Seat(model=settings.opponent, trainable=False) for m in members if m != settings.seat}
 
 
 async def _refuse(websocket: WebSocket, frame: dict[str, Any], code: int = 1000) -> None:

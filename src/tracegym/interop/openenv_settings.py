@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tracegym.models.endpoint import Endpoint
+
 
 class OpenEnvSettings(BaseModel):
     """Settings of `tracegym serve ID --protocol openenv` (`--openenv.NAME VALUE`)."""
@@ -32,6 +34,11 @@ class OpenEnvSettings(BaseModel):
     workers: int = Field(default=1, ge=0)
     """Worker processes running the sessions' rollouts (tracegym's env-server pool), so task code that ends its
     process costs only its own session; 0: rollouts run in the server's process (faster, not isolated)."""
+    seat: str | None = None
+    """With a multi-agent taskset: the member the OpenEnv agent plays (the others are `opponent`'s)."""
+    opponent: Endpoint | None = None
+    """With a multi-agent taskset: the model endpoint playing every other seat (`--openenv.opponent.base-url URL
+    --openenv.opponent.model NAME`; a scripted policy is an endpoint too, e.g. `tracegym.testing`'s fake server)."""
     tls_certfile: Path | None = None
     """PEM certificate: serve HTTPS and WSS (needs `tls_keyfile`)."""
     tls_keyfile: Path | None = None

@@ -29,6 +29,7 @@ from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.rollout import Timeouts
+from tracegym.envs.seats import Seats
 from tracegym.interop.openenv_session import AGENT, WAIT_S, AgentTurns, Runner, SessionError
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
@@ -71,8 +72,9 @@ class SessionWorkers:
             self.server.stop()
             await asyncio.to_thread(thread.join, 30)
 
-    def runner(self) -> Runner:
-        """A session's Runner: its rollouts run in a worker, reaching the agent through the relay."""
+    def runner(self, seat: str | None = None, others: Seats | None = None) -> Runner:
+        """A session's Runner: its rollouts run in a worker, reaching the agent through the relay; with `seat`, they
+        are episodes of a multi-agent taskset where the agent plays `seat` and `others` binds the other members."""
         token = secrets.token_urlsafe(18)
         endpoint = Endpoint(base_url=f"{self.base_url}/{token}/v1", model=AGENT, api_key_env=None, max_retries=0,
                             timeout=WAIT_S, tokens="off")
@@ -81,8 +83,15 @@ class SessionWorkers:
             assert self.client is not None, "SessionWorkers used outside `running()`"
             self.agents[token] = agent
             try:
-                [trace] = await self.client.run(data, endpoint, timeouts=timeouts, infra_retries=0)
-                return trace
+                if seat is None:
+                    [trace] = await self.client.run(data, endpoint, timeouts=timeouts, infra_retries=0)
+                    return trace
+                [episode] = await self.client.run_episodes(data, endpoint, seats=others, timeouts=timeouts,
+                                                           infra_retries=0)
+                if seat not in episode.traces:
+                    raise SessionError(f"the episode ended before seat {seat!r} played: "
+                                       f"{episode.error.message if episode.error else 'no trace'}")
+                return episode.traces[seat]
             finally:
                 if self.agents.get(token) is agent:
                     del self.agents[token]
