@@ -3,10 +3,11 @@ relay that carries each rollout's model calls back to its session.
 
 A session's rollout is an ordinary `run` request to a tracegym env server (`serve.env_server`, in a thread of this
 process, its workers separate processes) whose model endpoint is this relay: a loopback-only HTTP server answering
-`POST /TOKEN/v1/chat/completions` with the agent's next step (`AgentTurns.turn`), TOKEN unguessable and one per
-session. So task code that ends its process (`os._exit`) or crashes it costs its own session only: the env server
-reruns the dead worker's other rollouts, which the relay answers from their agents' earlier turns, and answers the
-poison one with an error once it has killed a worker on its own.
+`POST /v1/chat/completions` with the agent's next step (`AgentTurns.turn`) of the session its body names (`session`:
+an unguessable token per session, sent through the run's `Sampling.extra`; one endpoint for every session, so a
+worker keeps one HTTP client for them all). So task code that ends its process (`os._exit`) or crashes it costs
+its own session only: the env server reruns the dead worker's other rollouts, which the relay answers from their
+agents' earlier turns, and answers the poison one with an error once it has killed a worker on its own.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from tracegym.core.messages import Message
+from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.rollout import Timeouts
@@ -45,9 +47,10 @@ class SessionWorkers:
         self.server = EnvServer(taskset_id, options, size=PoolSize(min=workers))
         self.agents: dict[str, AgentTurns] = {}
         """The agent of each session's running rollout, by relay token."""
-        self.relay = Starlette(routes=[Route("/{token}/v1/chat/completions", self._complete, methods=["POST"])])
+        self.relay = Starlette(routes=[Route("/v1/chat/completions", self._complete, methods=["POST"])])
         self.client: EnvClient | None = None
-        self.base_url = ""
+        self.endpoint: Endpoint | None = None
+        """The relay as the model endpoint of every session's rollouts."""
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionWorkers]:
@@ -60,7 +63,8 @@ class SessionWorkers:
         relay.config.load()
         relay.lifespan = relay.config.lifespan_class(relay.config)  # what `serve` sets before `startup`
         await relay.startup(sockets=[sock])
-        self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.endpoint = Endpoint(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", model=AGENT,
+                                 api_key_env=None, max_retries=0, timeout=WAIT_S, tokens="off")
         self.client = EnvClient(address)
         try:
             yield self
@@ -76,17 +80,17 @@ class SessionWorkers:
         """A session's Runner: its rollouts run in a worker, reaching the agent through the relay; with `seat`, they
         are episodes of a multi-agent taskset where the agent plays `seat` and `others` binds the other members."""
         token = secrets.token_urlsafe(18)
-        endpoint = Endpoint(base_url=f"{self.base_url}/{token}/v1", model=AGENT, api_key_env=None, max_retries=0,
-                            timeout=WAIT_S, tokens="off")
+        sampling = Sampling(extra={"session": token})
 
         async def run(data: TaskData, agent: AgentTurns, timeouts: Timeouts) -> Trace:
-            assert self.client is not None, "SessionWorkers used outside `running()`"
+            endpoint = self.endpoint
+            assert self.client is not None and endpoint is not None, "SessionWorkers used outside `running()`"
             self.agents[token] = agent
             try:
                 if seat is None:
-                    [trace] = await self.client.run(data, endpoint, timeouts=timeouts, infra_retries=0)
+                    [trace] = await self.client.run(data, endpoint, sampling, timeouts=timeouts, infra_retries=0)
                     return trace
-                [episode] = await self.client.run_episodes(data, endpoint, seats=others, timeouts=timeouts,
+                [episode] = await self.client.run_episodes(data, endpoint, sampling, seats=others, timeouts=timeouts,
                                                            infra_retries=0)
                 if seat not in episode.traces:
                     raise SessionError(f"the episode ended before seat {seat!r} played: "
@@ -99,10 +103,10 @@ class SessionWorkers:
 
     async def _complete(self, request: Request) -> JSONResponse:
         """A worker's model call: the agent's answer to the turn it asks for."""
-        agent = self.agents.get(request.path_params["token"])
+        body = await request.json()
+        agent = self.agents.get(body.get("session")) if isinstance(body, dict) else None
         if agent is None:
             return JSONResponse({"error": {"message": "no rollout of this session is running"}}, 404)
-        body = await request.json()
         messages = [Message.from_openai(m) for m in body.get("messages") or []]
         try:
             message = await agent.turn(messages, body.get("tools") or [])
