@@ -1,14 +1,21 @@
 """Our OpenEnv server under hostile or careless clients: JSON nested past its depth limit gets an error frame (the
 session goes on); an HTTP body over the limit gets 413 unread; a connection slow to send its headers is closed;
 when full, the session idle longest gives its place; off loopback the secret never goes in clear (TLS, or refused);
-and OpenEnv's own `MCPToolClient` and `GenericEnvClient` (http:// and ws:// URLs) work against it."""
+and OpenEnv's own `MCPToolClient` and `GenericEnvClient` (http:// and ws:// URLs) work against it. The slow test
+sends `tracegym serve --protocol openenv` a 1 GB body and 1,000 clients that never finish their headers."""
 
 import asyncio
+import contextlib
 import json
+import os
+import re
+import resource
 import socket
 import ssl
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -158,3 +165,50 @@ def test_openenvs_generic_client_plays_from_an_http_or_ws_url(reverse_url, schem
             await env.reset(index=2)
             return await env.step({"message": row.prompt[::-1]})
     assert asyncio.run(play()).reward == 1.0
+
+
+def rss_kib(pid):
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_until(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_huge_body_and_a_thousand_slow_header_clients_cost_the_server_neither_memory_nor_sockets():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 4096), hard), hard))
+    command = [sys.executable, "-m", "tracegym.cli.main", "serve", "reverse-text", "--protocol", "openenv", "--port",
+               "0", "--openenv.workers", "0", "--openenv.header-timeout", "3", "--exit-with-parent"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        port = int(proc.stdout.readline().decode().rsplit(":", 1)[1])
+        fds, rss = open_fds(proc.pid), rss_kib(proc.pid)
+        with socket.create_connection(("127.0.0.1", port)) as sock:  # a 1 GB body: refused before it is read
+            sock.sendall(b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000000\r\n\r\n")
+            with contextlib.suppress(OSError):  # the server may close while we still send
+                for _ in range(64):
+                    sock.sendall(b"x" * (1 << 20))
+            sock.settimeout(30)
+            assert sock.recv(64).startswith(b"HTTP/1.1 413")
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(1000)]
+        for sock in slow:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")  # headers never finished
+        wait_until(lambda: open_fds(proc.pid) <= fds + 5, 60)  # each closed by the server after 3 s
+        for sock in slow:
+            sock.close()
+        assert rss_kib(proc.pid) - rss < 64 << 10  # not the GB it was sent (a little for 1,000 connections)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
