@@ -39,7 +39,7 @@ def reverse_url():
 
 
 async def exchange(url, *frames, headers=None, ssl_context=None):
-    async with connect(f"{url}/ws", additional_headers=headers, ssl=ssl_context) as ws:
+    async with connect(f"{url}/ws", additional_headers=headers, ssl=ssl_context, open_timeout=60) as ws:
         answers = []
         for frame in frames:
             await ws.send(frame if isinstance(frame, str) else json.dumps(frame))
