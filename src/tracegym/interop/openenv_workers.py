@@ -104,7 +104,8 @@ class SessionWorkers:
     async def _complete(self, request: Request) -> JSONResponse:
         """A worker's model call: the agent's answer to the turn it asks for."""
         body = await request.json()
-        agent = self.agents.get(body.get("session")) if isinstance(body, dict) else None
+        token = body.get("session") if isinstance(body, dict) else None
+        agent = self.agents.get(token) if isinstance(token, str) else None
         if agent is None:
             return JSONResponse({"error": {"message": "no rollout of this session is running"}}, 404)
         messages = [Message.from_openai(m) for m in body.get("messages") or []]
