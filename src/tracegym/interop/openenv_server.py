@@ -145,9 +145,7 @@ class OpenEnvServer:
                 raise UsageError(f"serving on {host} (not loopback) over plain HTTP would send the shared secret in "
                                  "clear: give --openenv.tls-certfile and --openenv.tls-keyfile (or serve on loopback "
                                  "behind a TLS proxy)")
-        sock = socket.create_server((host, port), reuse_port=False)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        return sock
+        return listen(host, port)
 
     @property
     def scheme(self) -> str:
@@ -432,6 +430,16 @@ class OpenEnvServer:
         if not self.secret:
             return True
         return hmac.compare_digest((header or "").encode(), f"Bearer {self.secret}".encode())
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket whose connections send at once (TCP_NODELAY, inherited by each accepted socket: asyncio
+    sets it only on sockets it made itself, and without it a reply written in two parts, as uvicorn writes an HTTP
+    response, waits ~40 ms for the peer's delayed ACK)."""
+    sock = socket.create_server((host, port), reuse_port=False)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def opponent_seats(taskset: Taskset, settings: OpenEnvSettings) -> dict[str, Seat]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -32,6 +31,7 @@ from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import Seats
+from tracegym.interop.openenv_server import listen
 from tracegym.interop.openenv_session import AGENT, WAIT_S, AgentTurns, Runner, SessionError
 from tracegym.models.endpoint import Endpoint
 from tracegym.serve.env_client import EnvClient
@@ -58,7 +58,7 @@ class SessionWorkers:
         address = self.server.bind()
         thread = threading.Thread(target=self.server.serve, daemon=True, name="openenv-workers")
         thread.start()
-        sock = socket.create_server(("127.0.0.1", 0))
+        sock = listen("127.0.0.1", 0)
         relay = uvicorn.Server(uvicorn.Config(self.relay, log_level="warning", lifespan="off"))
         relay.config.load()
         relay.lifespan = relay.config.lifespan_class(relay.config)  # what `serve` sets before `startup`
