@@ -47,6 +47,12 @@ async def exchange(url, *frames, headers=None, ssl_context=None):
         return answers
 
 
+async def refusal(url, ssl_context):
+    """The frame a client without the secret gets (the server refuses it at once, then closes)."""
+    async with connect(f"{url}/ws", ssl=ssl_context, open_timeout=60) as ws:
+        return json.loads(await ws.recv())
+
+
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 2000, 30_000])
 def test_json_nested_past_the_depth_limit_gets_an_error_frame_and_the_session_goes_on(reverse_url, depth):
     bomb = '{"type": "step", "data": {"message": "x", "tool_calls": ' + "[" * depth + "]" * depth + "}}"
@@ -131,7 +137,7 @@ def test_with_tls_the_secret_travels_encrypted_and_is_required(certificate):
         assert url.startswith("wss://")
         [reset] = asyncio.run(exchange(url, {"type": "reset", "data": {"index": 0}}, ssl_context=context,
                                        headers={"Authorization": f"Bearer {SECRET}"}))
-        [refused] = asyncio.run(exchange(url, {"type": "reset", "data": {}}, ssl_context=context))
+        refused = asyncio.run(refusal(url, context))
         with pytest.raises(httpx.TransportError):  # plain HTTP is not spoken on that port
             httpx.get(url.replace("wss://", "http://") + "/health", timeout=10)
     assert reset["type"] == "observation"
