@@ -5,8 +5,8 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
    the same instant fake model (the fake OpenAI server in its own process) answers every turn. Through ZMQ the
    worker calls it; over OpenEnv the client is the agent: it calls the model, then steps (openenv's own client).
 2. The same environment (the taskset as an openenv Environment, `TasksetEnvironment`) on openenv's own server
-   (`create_app` under uvicorn) vs on ours: the agent answers at once, without a model, so the figures measure
-   the servers.
+   (`create_app` under uvicorn) vs on ours, its rollouts in a worker process (the default) and in its own process
+   (`--openenv.workers 0`): the agent answers at once, without a model, so the figures measure the servers.
 `concurrency` callers each run one rollout at a time until `rollouts` are done; each path is measured `--repeats`
 times, interleaved, and the medians are printed side by side with the ratio to the first path. An OpenEnv caller keeps
 its session (WebSocket) open and resets it for the next rollout, as a trainer's environments do; with "raw WS" it
@@ -186,8 +186,11 @@ def openenv_create_app(turns: int, deflate: bool = True) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ours(turns: int) -> Iterator[str]:
-    args = ["--protocol", "openenv", "--port", "0", "--openenv.max-concurrent-envs", str(MAX_SESSIONS)]
+def ours(turns: int, workers: int = 1) -> Iterator[str]:
+    """Our OpenEnv server (`tracegym serve --protocol openenv`), its rollouts in `workers` worker processes (0: in its
+    own process)."""
+    args = ["--protocol", "openenv", "--port", "0", "--openenv.max-concurrent-envs", str(MAX_SESSIONS),
+            "--openenv.workers", str(workers)]
     with local_server(SPEC, {"turns": turns}, extra_args=args) as url:
         yield url
 
@@ -219,12 +222,20 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--turns", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--workers", type=int, default=1, help="workers of the ZMQ env server")
+    parser.add_argument("--sections", type=int, nargs="+", default=[1, 2], help="which comparisons to run")
     args = parser.parse_args()
 
     def count(turns: int, concurrency: int) -> int:
         return max(50, args.rollouts // turns // (4 if concurrency == 1 else 1))
 
     header = "| turns | conc. | path | rollouts/s | vs first | p50 ms | failed |\n|---|---|---|---|---|---|---|"
+    if 1 in args.sections:
+        section_one(args, count, header)
+    if 2 in args.sections:
+        section_two(args, count, header)
+
+
+def section_one(args: argparse.Namespace, count: Callable[[int, int], int], header: str) -> None:
     print("## 1. Our OpenEnv server vs our ZMQ env server (instant fake model)\n" + header)
     with fake_endpoint() as base_url:
         endpoint = Endpoint(base_url=base_url, model="fake-model", api_key_env=None, max_retries=0)
@@ -235,13 +246,17 @@ def main() -> None:
                          "our OpenEnv server, raw WS": over_openenv(url, endpoint, raw=True)}
                 for c in args.concurrency:
                     compare(paths, turns, c, count(turns, c), args.repeats)
+
+
+def section_two(args: argparse.Namespace, count: Callable[[int, int], int], header: str) -> None:
     print("\n## 2. The same environment on openenv's own server vs ours (agent answers at once)\n" + header)
     for turns in args.turns:
         with openenv_create_app(turns) as theirs, openenv_create_app(turns, deflate=False) as plain, \
-                ours(turns) as url:
+                ours(turns) as url, ours(turns, workers=0) as in_process:
             paths = {"openenv create_app": over_openenv(theirs, None),
                      "openenv create_app, no deflate": over_openenv(plain, None),
-                     "our OpenEnv server": over_openenv(url, None)}
+                     "our OpenEnv server (1 worker)": over_openenv(url, None),
+                     "our OpenEnv server (0 workers)": over_openenv(in_process, None)}
             for c in args.concurrency:
                 compare(paths, turns, c, count(turns, c), args.repeats)
 

@@ -54,7 +54,7 @@ async def episode(url, index=0):
 
 
 def test_each_kind_of_bad_input_gets_its_error_frame_and_the_session_goes_on():
-    with OpenEnvServer(load_taskset("reverse-text"), max_frame_bytes=64 << 10).running() as url:
+    with OpenEnvServer(load_taskset("reverse-text"), max_frame_bytes=64 << 10, workers=0).running() as url:
         async def scenario():
             async with connect(f"{url}/ws", max_size=None) as ws:
                 answers = [(await exchange(ws, frame))["data"]["code"] for frame, _ in BAD]
@@ -78,7 +78,7 @@ def test_each_kind_of_bad_input_gets_its_error_frame_and_the_session_goes_on():
 
 
 def test_a_frame_past_the_socket_limit_closes_only_that_socket():
-    with OpenEnvServer(load_taskset("reverse-text"), max_frame_bytes=1024).running() as url:
+    with OpenEnvServer(load_taskset("reverse-text"), max_frame_bytes=1024, workers=0).running() as url:
         async def scenario():
             with pytest.raises(ConnectionClosed) as closed:  # on the send, or on the read after it
                 async with connect(f"{url}/ws", max_size=None) as ws:
@@ -92,7 +92,7 @@ def test_a_frame_past_the_socket_limit_closes_only_that_socket():
 
 def test_with_a_secret_only_clients_that_send_it_are_served():
     secret = "s" * 24
-    server = OpenEnvServer(load_taskset("reverse-text"), secret=secret)
+    server = OpenEnvServer(load_taskset("reverse-text"), secret=secret, workers=0)
     with server.running() as url:
         async def scenario():
             async with connect(f"{url}/ws") as ws:

@@ -1,6 +1,7 @@
 """tracegym tasksets served over OpenEnv, driven by the `openenv` package's own client: single-turn, multi-turn,
 tool and class-based tasksets; tasks by index, seed or key; isolated concurrent sessions, capacity and idle timeout;
-MCP `tools/list` and `tools/call`; the HTTP routes; and a TRL-style environment class wrapping that client."""
+MCP `tools/list` and `tools/call`; the HTTP routes; and a TRL-style environment class wrapping that client. The tool
+and MCP tests run their rollouts in a worker process (the default), the others in the server's (`workers=0`)."""
 
 import asyncio
 import json
@@ -17,7 +18,7 @@ from tracegym.interop.openenv_server import OpenEnvServer
 
 @pytest.fixture(scope="module")
 def reverse_url():
-    with OpenEnvServer(load_taskset("reverse-text"), max_concurrent_envs=64).running() as url:
+    with OpenEnvServer(load_taskset("reverse-text"), max_concurrent_envs=64, workers=0).running() as url:
         yield url
 
 
@@ -60,7 +61,7 @@ def test_reset_picks_a_task_by_index_seed_or_key_and_refuses_an_unknown_one(reve
 def test_a_multi_turn_taskset_answers_each_move_until_it_ends():
     word = registry_load("wordle")[0].answer
     assert "q" not in word
-    with OpenEnvServer(registry_load("wordle")).running() as url:
+    with OpenEnvServer(registry_load("wordle"), workers=0).running() as url:
         results = play(url, {"message": "<guess>qqqqq</guess>"}, {"message": f"<guess>{word}</guess>"}, index=0)
     _, wrong, right = results
     assert not wrong.done and wrong.observation["text"] == "QQQQQ: X X X X X\n5 guesses left."
@@ -87,7 +88,7 @@ def test_a_class_based_environment_is_stepped_through_its_methods():
     taskset = registry_load("counter-env", {"max_step": 100})
     row = taskset[0]
     move = "increment" if row.target > row.start else "decrement"
-    with OpenEnvServer(taskset).running() as url:
+    with OpenEnvServer(taskset, workers=0).running() as url:
         reset, moved, done = play(
             url, {"tool_calls": [{"name": move, "arguments": {"amount": abs(row.target - row.start)}}]},
             {"message": "done"}, key=row.key)
@@ -116,7 +117,7 @@ def test_concurrent_sessions_are_isolated(reverse_url):
 
 
 def test_past_max_concurrent_envs_a_session_gets_capacity_reached_and_others_go_on():
-    server = OpenEnvServer(load_taskset("reverse-text"), max_concurrent_envs=2)
+    server = OpenEnvServer(load_taskset("reverse-text"), max_concurrent_envs=2, workers=0)
     with server.running() as url:
         async def scenario():
             held = [GenericEnvClient(base_url=url) for _ in range(2)]
@@ -136,7 +137,7 @@ def test_past_max_concurrent_envs_a_session_gets_capacity_reached_and_others_go_
 
 
 def test_an_idle_session_times_out_with_a_session_error_and_is_closed():
-    with OpenEnvServer(load_taskset("reverse-text"), session_timeout=0.3).running() as url:
+    with OpenEnvServer(load_taskset("reverse-text"), session_timeout=0.3, workers=0).running() as url:
         async def idle():
             async with connect(f"{url}/ws") as ws:
                 await ws.send(json.dumps({"type": "reset", "data": {}}))
@@ -179,8 +180,8 @@ def test_mcp_lists_and_calls_the_tasks_tools_over_the_websocket():
     assert sorted(t["name"] for t in listed["data"]["result"]["tools"]) == ["decrement", "get_count", "increment"]
     assert listed["data"]["result"]["tools"][0]["inputSchema"]["type"] == "object"
     assert "reset" in early["data"]["error"]["message"]
-    assert called["data"]["result"] == {"content": [{"type": "text", "text": f"The counter is now {row.start + 1}."}],
-                                        "isError": False}
+    said = f"The counter is now {row.start + 1}."
+    assert called["data"]["result"] == {"content": [{"type": "text", "text": said}], "isError": False, "data": said}
     assert called["data"]["id"] == 7 and refused["data"]["result"]["isError"] is True
     assert state["data"]["step_count"] == 2 and state["data"]["task"] == row.key and not state["data"]["done"]
 

@@ -100,12 +100,12 @@ def serve_openenv(cfg: ServeConfig) -> int:
 
     taskset = load_taskset(cfg.taskset.id, cfg.options()).with_runtime(cfg.runtime).with_harness(cfg.harness)
     check_taskset(taskset)
-    server = OpenEnvServer.from_settings(taskset, cfg.openenv)
+    server = OpenEnvServer.from_settings(taskset, cfg.openenv, source=(cfg.taskset.id, cfg.options()))
     sock = server.bind(cfg.openenv.host, cfg.port)
     if cfg.exit_with_parent:
         processes.watch_parent(lambda: os.kill(os.getpid(), signal.SIGTERM))  # uvicorn stops on SIGTERM
-    print(f"address: ws://{cfg.openenv.host}:{sock.getsockname()[1]}", flush=True)
-    print(f"serving {server.taskset.id} over OpenEnv (at most {cfg.openenv.max_concurrent_envs} sessions); "
-          "Ctrl-C to stop", file=sys.stderr, flush=True)
+    print(f"address: {server.scheme}://{cfg.openenv.host}:{sock.getsockname()[1]}", flush=True)
+    print(f"serving {server.taskset.id} over OpenEnv (at most {cfg.openenv.max_concurrent_envs} sessions, "
+          f"{cfg.openenv.workers or 'no'} worker processes); Ctrl-C to stop", file=sys.stderr, flush=True)
     server.serve(sock)
     return 0

@@ -112,3 +112,30 @@ def schemas() -> dict[str, Any]:
     """What `GET /schema` answers."""
     return {"action": TasksetAction.model_json_schema(), "observation": TasksetObservation.model_json_schema(),
             "state": TasksetState.model_json_schema()}
+
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a frame or body may have (a deeper one is refused, not parsed further)."""
+
+
+class TooDeep(ValueError):
+    """JSON nested deeper than MAX_DEPTH."""
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse a frame or body: ValueError when it is not JSON, TooDeep when nested past MAX_DEPTH (a nesting bomb
+    is refused with a message instead of exhausting the parser's stack)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"JSON nested too deeply (more than {MAX_DEPTH} levels)") from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth >= MAX_DEPTH:
+                    raise TooDeep(f"JSON nested too deeply (more than {MAX_DEPTH} levels)")
+                stack.append((child, depth + 1))
+    return value

@@ -3,12 +3,17 @@
 Each WebSocket at `/ws` is one session (`TasksetSession`): `reset` picks a task (by `index`, `seed` or `key`) and
 answers with its prompt; `step` takes the agent's message or tool calls and answers with what the environment
 added, and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`). Sessions are
-isolated (each its own rollout), at most `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`), and one idle
-for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets OpenEnv's error frames
-(`INVALID_JSON`, `UNKNOWN_TYPE`, `VALIDATION_ERROR`, `EXECUTION_ERROR`) and the session goes on; other sessions never
-notice. HTTP: `/health`, `/schema`, `/metadata`, `/state`, `/reset` (a one-off rollout's prompt), `/step` (refused:
-steps need a session) and `/mcp` (`tools/list`). Binding anywhere but loopback needs a shared secret
-(`TRACEGYM_ENV_SECRET`), which clients send as `Authorization: Bearer SECRET`.
+isolated (each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
+`max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
+its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
+OpenEnv's error frames (`INVALID_JSON`, also for JSON nested past `MAX_DEPTH`; `UNKNOWN_TYPE`, `VALIDATION_ERROR`,
+`EXECUTION_ERROR`) and the session goes on; other sessions never notice. HTTP: `/health`, `/schema`, `/metadata`,
+`/state`, `/reset` (a one-off rollout's prompt), `/step` (refused: steps need a session) and `/mcp` (`tools/list`,
+`tools/call`, and the session lifecycle of OpenEnv's `MCPToolClient`: `openenv/session/create` makes a session that a
+WebSocket joins with `/ws?session_id=ID`, `openenv/session/close` ends it). A body over `max_frame_bytes` gets 413
+unread; a connection that has not sent its headers within `header_timeout` is closed. Binding anywhere but loopback
+needs a shared secret (`TRACEGYM_ENV_SECRET`, sent by clients as `Authorization: Bearer SECRET`) and TLS, so the
+secret never crosses a network in clear.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import json
 import logging
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -39,41 +47,68 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
+from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
     TasksetAction,
     TasksetState,
+    TooDeep,
     error_frame,
+    loads,
     mcp_tools,
     schemas,
     step_result,
 )
-from tracegym.interop.openenv_session import SessionError, TaskPicker, TasksetSession
+from tracegym.interop.openenv_session import Runner, SessionError, TaskPicker, TasksetSession
 from tracegym.interop.openenv_settings import OpenEnvSettings
 from tracegym.serve.curve import shared_secret
 from tracegym.serve.wire import SECRET_ENV, is_loopback
 
 log = logging.getLogger("tracegym.interop.openenv_server")
 
-DEFAULTS = OpenEnvSettings()
 Reply = tuple[dict[str, Any] | None, bool]
 """A WebSocket message's answer (None: none) and whether the session goes on."""
 
 
-class OpenEnvServer:
-    """The ASGI app (`.app`) serving one taskset; `serve` runs it in the foreground, `running` in a thread."""
+class BodyTooLarge(Exception):
+    """An HTTP body over the server's limit (answered 413)."""
 
-    def __init__(self, taskset: Taskset, *, max_concurrent_envs: int = DEFAULTS.max_concurrent_envs,
-                 session_timeout: float | None = DEFAULTS.session_timeout,
-                 max_frame_bytes: int = DEFAULTS.max_frame_bytes, secret: str | None = None) -> None:
+
+@dataclass(eq=False)
+class Held:
+    """A session the server holds: its rollouts, its WebSocket (None for one made over HTTP MCP until a WebSocket
+    joins it), and since when it has waited for its client (None: it is answering one now)."""
+
+    session: TasksetSession
+    websocket: WebSocket | None = None
+    idle_since: float | None = field(default_factory=time.monotonic)
+
+    def idle(self, now: float) -> float:
+        return 0.0 if self.idle_since is None else now - self.idle_since
+
+
+class OpenEnvServer:
+    """The ASGI app (`.app`) serving one taskset; `serve` runs it in the foreground, `running` in a thread.
+    `source`: the taskset's id and options as its workers load it (default: its id and config)."""
+
+    def __init__(self, taskset: Taskset, settings: OpenEnvSettings | None = None, *,
+                 source: tuple[str, dict[str, Any]] | None = None, secret: str | None = None,
+                 **fields: Any) -> None:
+        self.settings = OpenEnvSettings.model_validate({**(settings or OpenEnvSettings()).model_dump(), **fields})
+        self.others = opponent_seats(taskset, self.settings)
+        """With a multi-agent taskset: the other members' binding (the agent plays `settings.seat`)."""
         self.taskset, self.picker = taskset, TaskPicker(taskset)
-        self.max_concurrent_envs, self.session_timeout = max_concurrent_envs, session_timeout
-        self.max_frame_bytes, self.secret = max_frame_bytes, secret
-        self.active = 0
-        """Sessions open now."""
+        self.source = source or (taskset.id, taskset.config.model_dump(mode="json"))
+        self.secret = secret
+        self.held: dict[str, Held] = {}
+        """The sessions open now, by id."""
+        self.workers: Any = None
+        """The worker pool running the sessions' rollouts (`SessionWorkers`), while serving with workers."""
         self.app = Starlette(routes=[
             Route("/health", lambda _: JSONResponse({"status": "healthy"})),
             Route("/schema", self._guard(lambda _: JSONResponse(schemas()))),
@@ -89,36 +124,107 @@ class OpenEnvServer:
             "reset": self._reset, "step": self._step, "state": self._state, "close": self._close, "mcp": self._mcp}
 
     @classmethod
-    def from_settings(cls, taskset: Taskset, settings: OpenEnvSettings) -> OpenEnvServer:
+    def from_settings(cls, taskset: Taskset, settings: OpenEnvSettings,
+                      source: tuple[str, dict[str, Any]] | None = None) -> OpenEnvServer:
         """A server with these settings and the shared secret in force ($TRACEGYM_ENV_SECRET), if any."""
-        return cls(taskset, max_concurrent_envs=settings.max_concurrent_envs, session_timeout=settings.session_timeout,
-                   max_frame_bytes=settings.max_frame_bytes, secret=shared_secret(None))
+        return cls(taskset, settings, source=source, secret=shared_secret(None))
+
+    @property
+    def active(self) -> int:
+        """Sessions open now."""
+        return len(self.held)
 
     # --- running -----------------------------------------------------------------------------------------
-    def bind(self, host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-        """A listening socket (port 0: a free one); a host other than loopback needs the secret."""
-        if not is_loopback(f"tcp://{host}:0") and not self.secret:
-            raise UsageError(f"serving on {host} (not loopback) needs a shared secret: set {SECRET_ENV}")
-        sock = socket.create_server((host, port), reuse_port=False)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        return sock
+    def bind(self, host: str | None = None, port: int = 0) -> socket.socket:
+        """A listening socket (port 0: a free one); a host other than loopback needs the secret and TLS."""
+        host = host or self.settings.host
+        if not is_loopback(f"tcp://{host}:0"):
+            if not self.secret:
+                raise UsageError(f"serving on {host} (not loopback) needs a shared secret: set {SECRET_ENV}")
+            if self.settings.tls_certfile is None:
+                raise UsageError(f"serving on {host} (not loopback) over plain HTTP would send the shared secret in "
+                                 "clear: give --openenv.tls-certfile and --openenv.tls-keyfile (or serve on loopback "
+                                 "behind a TLS proxy)")
+        return listen(host, port)
+
+    @property
+    def scheme(self) -> str:
+        """`wss` with TLS, else `ws`."""
+        return "wss" if self.settings.tls_certfile is not None else "ws"
 
     def uvicorn_server(self) -> uvicorn.Server:
         # frames up to 4x our own limit reach us and are answered; past it uvicorn closes the socket (1009).
         # No per-message deflate: compressing small JSON frames costs more CPU than the bytes it saves on loopback
-        return uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off", ws_ping_interval=None,
-                                             ws_per_message_deflate=False,
-                                             ws_max_size=max(16 << 20, 4 * self.max_frame_bytes)))
+        s = self.settings
+        return uvicorn.Server(uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", ws_ping_interval=None, ws_per_message_deflate=False,
+            ws_max_size=max(16 << 20, 4 * s.max_frame_bytes), http=header_deadline(s.header_timeout),
+            ssl_certfile=s.tls_certfile, ssl_keyfile=s.tls_keyfile))
+
+    async def serve_async(self, sock: socket.socket, server: uvicorn.Server | None = None) -> None:
+        """Answer on `sock` (with the worker pool, if any) until `server` (default: a new one) exits."""
+        server = server or self.uvicorn_server()
+        if not self.settings.workers:
+            await server.serve(sockets=[sock])
+            return
+        from tracegym.interop.openenv_workers import SessionWorkers  # starts processes: only when asked for
+
+        async with SessionWorkers(*self.source, self.settings.workers).running() as workers:
+            self.workers = workers
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                self.workers = None
 
     def serve(self, sock: socket.socket) -> None:
         """Answer on `sock` until SIGINT or SIGTERM."""
-        asyncio.run(self.uvicorn_server().serve(sockets=[sock]))
+        asyncio.run(self.serve_async(sock))
 
     @contextlib.contextmanager
     def running(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
         """Serve in a background thread for the `with` block; yields the `ws://HOST:PORT` URL."""
-        with serving(self.app, host, port, server=self.uvicorn_server(), sock=self.bind(host, port)) as url:
+        sock, server = self.bind(host, port), self.uvicorn_server()
+        with serving(self.app, host, port, server=server, sock=sock, serve=self.serve_async(sock, server),
+                     scheme=self.scheme) as url:
             yield url
+
+    def _new_session(self) -> TasksetSession:
+        runner: Runner | None = None
+        if self.workers is not None:
+            runner = self.workers.runner(self.settings.seat, self.others) if self.others else self.workers.runner()
+        return TasksetSession(self.taskset, self.picker, runner=runner)
+
+    # --- holding sessions --------------------------------------------------------------------------------
+    async def _admit(self) -> dict[str, Any] | None:
+        """Make room for one more session: None when there is (closing sessions past their time, or the one idle
+        longest past `reap_idle_after` when full); else the CAPACITY_REACHED frame."""
+        now, s = time.monotonic(), self.settings
+        for sid, held in list(self.held.items()):  # a session made over HTTP has no loop to time it out
+            if held.websocket is None and s.session_timeout is not None and held.idle(now) > s.session_timeout:
+                await self._drop(sid, f"session idle for more than {s.session_timeout:g} s: closed")
+        if self.active < s.max_concurrent_envs:
+            return None
+        sid, held = max(self.held.items(), key=lambda item: item[1].idle(now))
+        if s.reap_idle_after is not None and held.idle(now) > s.reap_idle_after:
+            await self._drop(sid, f"session idle for {held.idle(now):.0f} s while the server was full: closed to "
+                                  "make room")
+            return None
+        return error_frame(WSErrorCode.CAPACITY_REACHED, f"server at capacity: {self.active}/{s.max_concurrent_envs} "
+                           "sessions active", active_sessions=self.active, max_sessions=s.max_concurrent_envs)
+
+    def _open(self, websocket: WebSocket | None) -> tuple[str, Held]:
+        sid = uuid.uuid4().hex
+        self.held[sid] = held = Held(self._new_session(), websocket)
+        return sid, held
+
+    async def _drop(self, sid: str, why: str | None = None) -> None:
+        """Stop holding a session: end its rollout, and close its WebSocket (saying `why`, if given)."""
+        held = self.held.pop(sid, None)
+        if held is None:
+            return
+        if held.websocket is not None and why is not None:
+            await _refuse(held.websocket, error_frame(WSErrorCode.SESSION_ERROR, why))
+        await held.session.close()
 
     # --- WebSocket sessions ------------------------------------------------------------------------------
     async def _websocket(self, websocket: WebSocket) -> None:
@@ -127,33 +233,44 @@ class OpenEnvServer:
             await _refuse(websocket, error_frame(WSErrorCode.SESSION_ERROR, "unauthorized: send the shared secret "
                                                  "as `Authorization: Bearer SECRET`"), code=1008)
             return
-        if self.active >= self.max_concurrent_envs:
-            await _refuse(websocket, error_frame(
-                WSErrorCode.CAPACITY_REACHED, f"server at capacity: {self.active}/{self.max_concurrent_envs} "
-                "sessions active", active_sessions=self.active, max_sessions=self.max_concurrent_envs))
-            return
-        self.active += 1
-        session = TasksetSession(self.taskset, self.picker)
+        joining = websocket.query_params.get("session_id")
+        if joining is not None:
+            held = self.held.get(joining)
+            if held is None or held.websocket is not None:
+                await _refuse(websocket, error_frame(WSErrorCode.SESSION_ERROR, f"no session {joining!r} to join (or "
+                                                     "one WebSocket joined it already)"))
+                return
+            sid, held.websocket = joining, websocket
+        else:
+            refusal = await self._admit()
+            if refusal is not None:
+                await _refuse(websocket, refusal)
+                return
+            sid, held = self._open(websocket)
         try:
-            await self._converse(websocket, session)
+            await self._converse(websocket, held)
         except WebSocketDisconnect:
             pass
         finally:
-            self.active -= 1
-            await session.close()
+            if self.held.get(sid) is held:
+                await self._drop(sid)
 
-    async def _converse(self, websocket: WebSocket, session: TasksetSession) -> None:
+    async def _converse(self, websocket: WebSocket, held: Held) -> None:
+        timeout = self.settings.session_timeout
         while True:
+            held.idle_since = time.monotonic()
             try:
-                async with asyncio.timeout(self.session_timeout):  # no task per message, unlike wait_for
+                async with asyncio.timeout(timeout):  # no task per message, unlike wait_for
                     message = await websocket.receive()
             except TimeoutError:
+                assert timeout is not None
                 await _refuse(websocket, error_frame(WSErrorCode.SESSION_ERROR, f"session idle for more than "
-                                                     f"{self.session_timeout:g} s: closed"))
+                                                     f"{timeout:g} s: closed"))
                 return
             if message["type"] == "websocket.disconnect":
                 return
-            reply, goes_on = await self._answer(session, message.get("text") or message.get("bytes") or b"")
+            held.idle_since = None
+            reply, goes_on = await self._answer(held.session, message.get("text") or message.get("bytes") or b"")
             if reply is not None:
                 await websocket.send_text(json.dumps(reply))
             if not goes_on:
@@ -162,12 +279,13 @@ class OpenEnvServer:
 
     async def _answer(self, session: TasksetSession, frame: str | bytes) -> Reply:
         """The answer to one frame; bad input is answered with an error frame and the session goes on."""
-        size = len(frame) if isinstance(frame, bytes) or 4 * len(frame) <= self.max_frame_bytes else len(frame.encode())
-        if size > self.max_frame_bytes:  # (a text frame that short cannot be over, however it encodes)
+        limit = self.settings.max_frame_bytes
+        size = len(frame) if isinstance(frame, bytes) or 4 * len(frame) <= limit else len(frame.encode())
+        if size > limit:  # (a text frame that short cannot be over, however it encodes)
             return error_frame(WSErrorCode.VALIDATION_ERROR, f"frame of {size} bytes is over this server's limit of "
-                               f"{self.max_frame_bytes} bytes"), True
+                               f"{limit} bytes"), True
         try:
-            message = json.loads(frame)
+            message = loads(frame)
         except (ValueError, UnicodeDecodeError) as exc:
             return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}"), True
         if not isinstance(message, dict):
@@ -184,7 +302,6 @@ class OpenEnvServer:
                                errors=json.loads(exc.json(include_url=False, include_context=False))), True
         except (SessionError, UsageError) as exc:
             return error_frame(WSErrorCode.EXECUTION_ERROR, str(exc)), True
-
     async def _reset(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
         choice = ResetChoice.model_validate(WSResetMessage.model_validate(message).data)
         return {"type": "observation", "data": step_result(await session.reset(choice))}, True
@@ -218,19 +335,20 @@ class OpenEnvServer:
                              "`arguments` (an object)")
         if session is None:
             return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, "tools/call needs a session: open a "
-                             "WebSocket at /ws and reset it")
+                             "WebSocket at /ws and reset it (or give the `session_id` of openenv/session/create)")
         try:
             text, failed = await session.call_tool(name, arguments)
         except SessionError as exc:
             return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, str(exc))
-        return rpc_result(request, {"content": [{"type": "text", "text": text}], "isError": failed})
+        # `data` too: what OpenEnv's MCPToolClient.call_tool returns (as from a FastMCP environment)
+        return rpc_result(request, {"content": [{"type": "text", "text": text}], "isError": failed, "data": text})
 
     # --- HTTP --------------------------------------------------------------------------------------------
     async def _http_reset(self, request: Request) -> JSONResponse:
         """A one-off rollout's prompt (OpenEnv's HTTP reset keeps no session)."""
         try:
-            choice = ResetChoice.model_validate(await _body(request))
-            session = TasksetSession(self.taskset, self.picker)
+            choice = ResetChoice.model_validate(await self._body(request))
+            session = self._new_session()
             try:
                 return JSONResponse(step_result(await session.reset(choice)))
             finally:
@@ -242,7 +360,7 @@ class OpenEnvServer:
 
     async def _http_step(self, request: Request) -> JSONResponse:
         try:
-            TasksetAction.model_validate(StepRequest.model_validate(await _body(request)).action)
+            TasksetAction.model_validate(StepRequest.model_validate(await self._body(request)).action)
         except ValidationError as exc:
             return JSONResponse({"detail": json.loads(exc.json(include_url=False, include_context=False))}, 422)
         return JSONResponse({"detail": "a step needs a session: open a WebSocket at /ws (one session each), reset, "
@@ -250,18 +368,62 @@ class OpenEnvServer:
 
     async def _http_mcp(self, request: Request) -> JSONResponse:
         try:
-            rpc = JsonRpcRequest.model_validate(await _body(request))
+            rpc = JsonRpcRequest.model_validate(await self._body(request))
         except ValidationError as exc:
             return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {
                 "code": JsonRpcErrorCode.INVALID_REQUEST.value, "message": f"Invalid request: {exc}"}})
-        return JSONResponse(await self._rpc(rpc, None))
+        if rpc.method == "openenv/session/create":
+            refusal = await self._admit()
+            if refusal is not None:
+                return JSONResponse(rpc_error(rpc, JsonRpcErrorCode.INTERNAL_ERROR, refusal["data"]["message"]))
+            return JSONResponse(rpc_result(rpc, {"session_id": self._open(None)[0]}))
+        sid = rpc.params.get("session_id")
+        held = self.held.get(sid) if isinstance(sid, str) else None
+        if sid is not None and held is None:
+            return JSONResponse(rpc_error(rpc, JsonRpcErrorCode.INVALID_PARAMS, f"Unknown session_id: {sid}"))
+        if rpc.method == "openenv/session/close":
+            if held is None:
+                return JSONResponse(rpc_error(rpc, JsonRpcErrorCode.INVALID_PARAMS, "`session_id` is required"))
+            await self._drop(sid, "session closed by openenv/session/close")
+            return JSONResponse(rpc_result(rpc, {"session_id": sid, "closed": True}))
+        if held is None:
+            return JSONResponse(await self._rpc(rpc, None))
+        held.idle_since = None
+        try:
+            return JSONResponse(await self._rpc(rpc, held.session))
+        finally:
+            held.idle_since = time.monotonic()
+
+    async def _body(self, request: Request) -> Any:
+        """The body's JSON (its text when it is not JSON: validation then names it); BodyTooLarge past the limit
+        (refused by its declared length before it is read, else as it arrives)."""
+        limit = self.settings.max_frame_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(f"a body of {declared} bytes is over this server's limit of {limit} bytes")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise BodyTooLarge(f"a body over this server's limit of {limit} bytes")
+        try:
+            return loads(bytes(raw)) if raw.strip() else {}
+        except TooDeep:
+            raise
+        except ValueError:
+            return raw.decode(errors="replace")  # not JSON: validation says so, naming the body
 
     def _guard(self, endpoint: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Any]]:
         async def guarded(request: Request) -> Any:
             if not self._authorized(request.headers.get("authorization")):
                 return JSONResponse({"detail": "unauthorized: send `Authorization: Bearer SECRET`"}, 401)
-            answer = endpoint(request)
-            return await answer if asyncio.iscoroutine(answer) else answer
+            try:
+                answer = endpoint(request)
+                return await answer if asyncio.iscoroutine(answer) else answer
+            except BodyTooLarge as exc:
+                return JSONResponse({"detail": str(exc)}, 413, headers={"connection": "close"})
+            except TooDeep as exc:
+                return JSONResponse({"detail": str(exc)}, 400)
         return guarded
 
     def _authorized(self, header: str | None) -> bool:
@@ -270,19 +432,39 @@ class OpenEnvServer:
         return hmac.compare_digest((header or "").encode(), f"Bearer {self.secret}".encode())
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket whose connections send at once (TCP_NODELAY, inherited by each accepted socket: asyncio
+    sets it only on sockets it made itself, and without it a reply written in two parts, as uvicorn writes an HTTP
+    response, waits ~40 ms for the peer's delayed ACK)."""
+    sock = socket.create_server((host, port), reuse_port=False)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def opponent_seats(taskset: Taskset, settings: OpenEnvSettings) -> dict[str, Seat]:
+    """For a multi-agent taskset, the members other than `settings.seat`, each played by `settings.opponent`
+    (none for a single-agent one); a UsageError naming the seats when the settings cannot serve it."""
+    if not is_multi_agent(taskset):
+        if settings.seat is not None or settings.opponent is not None:
+            raise UsageError(f"taskset {taskset.id!r} is single-agent: --openenv.seat and --openenv.opponent are for "
+                             "multi-agent tasksets")
+        return {}
+    task = taskset.task(taskset[0])
+    members = task.members if isinstance(task, MultiAgentTask) else []
+    if settings.seat not in members or settings.opponent is None or not settings.workers:
+        raise UsageError(f"taskset {taskset.id!r} is multi-agent (seats: {', '.join(members)}): an OpenEnv agent plays "
+                         "one seat, given by --openenv.seat NAME, and the others are played by --openenv.opponent "
+                         "(--openenv.opponent.base-url URL --openenv.opponent.model NAME), in worker processes "
+                         "(--openenv.workers 1 or more)")
+    return {m: Seat(model=settings.opponent, trainable=False) for m in members if m != settings.seat}
+
+
 async def _refuse(websocket: WebSocket, frame: dict[str, Any], code: int = 1000) -> None:
     """Say why in an error frame, then close (as openenv's server refuses a session)."""
     with contextlib.suppress(Exception):  # the peer may be gone already
         await websocket.send_text(json.dumps(frame))
         await websocket.close(code)
-
-
-async def _body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw) if raw.strip() else {}
-    except ValueError:
-        return raw.decode(errors="replace")  # not JSON: validation says so, naming the body
 
 
 def rpc_result(request: JsonRpcRequest, result: Any) -> dict[str, Any]:
@@ -293,14 +475,58 @@ def rpc_error(request: JsonRpcRequest, code: JsonRpcErrorCode, message: str) -> 
     return {"jsonrpc": "2.0", "id": request.id, "error": {"code": code.value, "message": message}}
 
 
+def header_deadline(seconds: float) -> type[HttpToolsProtocol]:
+    """uvicorn's HTTP protocol with a deadline for each request's headers (a WebSocket handshake's too): a connection
+    that has not sent them in time is closed, so slow or silent clients cannot hold sockets (uvicorn itself times
+    out only idle keep-alive connections)."""
+
+    class HeaderDeadline(HttpToolsProtocol):
+        deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self.deadline is None:
+                self.deadline = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def _too_slow(self) -> None:
+            self.deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderDeadline
+
+
 @contextlib.contextmanager
 def serving(app: Any, host: str = "127.0.0.1", port: int = 0, *, server: uvicorn.Server | None = None,
-            sock: socket.socket | None = None) -> Iterator[str]:
+            sock: socket.socket | None = None, serve: Awaitable[None] | None = None,
+            scheme: str = "ws") -> Iterator[str]:
     """Run an ASGI app (ours, or one of openenv's `create_app`) under uvicorn in a daemon thread for the `with`
-    block; yields its `ws://HOST:PORT` URL once it accepts connections."""
+    block (`serve`: the coroutine that runs `server`, if not its own `serve`); yields its `ws://HOST:PORT` URL once
+    it accepts connections."""
     sock = sock or socket.create_server((host, port))
     server = server or uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
+    main = serve or server.serve(sockets=[sock])
+    thread = threading.Thread(target=lambda: asyncio.run(main), daemon=True,  # type: ignore[arg-type]
                               name=f"uvicorn:{sock.getsockname()[1]}")
     thread.start()
     try:
@@ -308,8 +534,8 @@ def serving(app: Any, host: str = "127.0.0.1", port: int = 0, *, server: uvicorn
             if not thread.is_alive():
                 raise RuntimeError("the OpenEnv server thread ended before it started; see its log")
             threading.Event().wait(0.005)
-        yield f"ws://{host}:{sock.getsockname()[1]}"
+        yield f"{scheme}://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(30)
         sock.close()

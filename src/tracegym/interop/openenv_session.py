@@ -3,7 +3,10 @@ episode) through the one rollout loop, whose model turns are the agent's steps.
 
 The loop asks its model client for a turn; here that client (`AgentTurns`) hands the request to the session and
 waits for the agent's next `step`. So tools, environment answers, stops, `max_turns` and scoring behave exactly as
-in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours).
+in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours). The rollout
+runs in the server's process (`in_process`) or in an env-server worker (`openenv_server`'s relay: the worker's model
+calls come back over HTTP to `AgentTurns.turn`); a worker that died and reruns the rollout is answered from the
+agent's earlier turns, so the agent never sees the rerun.
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ import asyncio
 import contextlib
 import itertools
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tracegym.core.errors import UsageError
+from tracegym.core.errors import TracegymError, UsageError
 from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts
-from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
@@ -38,28 +41,81 @@ WAIT_S = 10.0**9
 """The model stage's timeout: the agent may think as long as it likes; the server's idle timeout ends a session
 that stopped talking."""
 
+TOOL_ERROR_STARTS = ("Error: ", "{'error': ")
+"""How the tool error texts of `Task.tool_error_text` and of environment classes (TRL's) begin."""
+
 
 class SessionError(Exception):
     """A message the session cannot act on now (a step before reset, after the end); the session goes on."""
 
 
 class AgentTurns:
-    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back."""
+    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back; the
+    agent's turns are kept, so a rerun of the rollout (its worker died) replays them instead of asking again."""
 
     name = AGENT
 
-    def __init__(self, out: asyncio.Queue[ModelRequest | None]) -> None:
-        self.out = out
+    def __init__(self) -> None:
+        self.out: asyncio.Queue[list[Message] | None] = asyncio.Queue()
+        """Each turn's messages as the agent is asked it (None: the rollout is over)."""
         self.reply: asyncio.Future[Message] | None = None
+        self.given: list[Message] = []
+        """The agent's turns so far."""
+        self.tools: list[dict[str, Any]] = []
+        """The tools of the last request, OpenAI-shaped."""
+        self.live: Trace | None = None
+        """The rollout's trace as it grows, where it runs in this process."""
+        self._asked = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.reply = asyncio.get_running_loop().create_future()
-        self.out.put_nowait(request)
-        message = await self.reply
+        message = await self.turn(request.messages, [t.to_openai() for t in request.tools or []])
         return ModelResponse(message, "tool_calls" if message.tool_calls else "stop")
+
+    async def turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """The agent's answer to the turn these messages ask for (its n-th, n = the assistant turns in them)."""
+        n = sum(m.role == "assistant" for m in messages)
+        if n < len(self.given):
+            return self.given[n]  # the rollout reran (its worker died): the agent said this already
+        if self.reply is not None and not self.reply.done():  # the same turn asked again by a rerun: it takes over
+            self.reply.set_exception(SessionError("superseded by a rerun of the rollout"))
+        self.reply = asyncio.get_running_loop().create_future()
+        if n >= self._asked:
+            self._asked, self.tools = n + 1, tools
+            self.out.put_nowait(messages)
+        return await self.reply
+
+    def answer(self, message: Message) -> None:
+        """Give the pending turn the agent's message; SessionError when no turn waits for one."""
+        if self.reply is None or self.reply.done():
+            raise SessionError("no turn is waiting for the agent")
+        self.given.append(message)
+        self.reply.set_result(message)
+
+    def waiting(self) -> bool:
+        return self.reply is not None and not self.reply.done()
+
+    def stop(self) -> None:
+        """The rollout is over: a pending turn (of a worker's rollout) is answered with an error."""
+        if self.reply is not None and not self.reply.done():
+            self.reply.set_exception(SessionError("the episode is over"))
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+Runner = Callable[[TaskData, AgentTurns, Timeouts], Awaitable[Trace]]
+"""Runs one rollout of a task with the agent as its model; its trace."""
+
+
+def in_process(taskset: Taskset) -> Runner:
+    """Rollouts of `taskset` run in this process."""
+    async def run(data: TaskData, agent: AgentTurns, timeouts: Timeouts) -> Trace:
+        task = taskset.task(data)
+        trace = Trace(task=data, taskset=task.taskset_id, model=AGENT, sampling=Sampling().model_dump(mode="json"))
+        agent.live = trace
+        await Rollout(task, agent, Sampling(), timeouts, trace).run()
+        return trace
+    return run
 
 
 class TaskPicker:
@@ -96,18 +152,20 @@ class TaskPicker:
 class TasksetSession:
     """One agent's session: `reset` starts a rollout (ending any running one), `step` plays a turn of it."""
 
-    def __init__(self, taskset: Taskset, picker: TaskPicker, timeouts: Timeouts | None = None) -> None:
+    def __init__(self, taskset: Taskset, picker: TaskPicker, timeouts: Timeouts | None = None,
+                 runner: Runner | None = None) -> None:
         self.taskset, self.picker = taskset, picker
         self.timeouts = timeouts or Timeouts(model=WAIT_S, rollout=WAIT_S)
-        self.task: Task[Any, Any] | None = None
+        self.runner = runner or in_process(taskset)
+        self.data: TaskData | None = None
         self.trace: Trace | None = None
-        """The running (or last) rollout's trace."""
+        """The last rollout's trace, once it ended."""
+        self.failure: str | None = None
+        """Why the last rollout produced no trace (its worker died running it), once it ended."""
         self.episode_id: str | None = None
-        self._turns: asyncio.Queue[ModelRequest | None] = asyncio.Queue()
-        self._agent = AgentTurns(self._turns)
+        self.agent = AgentTurns()
         self._running: asyncio.Task[None] | None = None
         self._shown = 0
-        self._steps = 0
         self._ended = False
 
     # --- the protocol ------------------------------------------------------------------------------------
@@ -115,67 +173,76 @@ class TasksetSession:
         """Start a rollout of the chosen task; its prompt (and tools) as the first observation."""
         data = self.picker.pick(choice)
         await self.close()
-        self.task = task = self.taskset.task(data)
-        self.episode_id, self._shown, self._ended, self._steps = choice.episode_id, 0, False, 0
-        self.trace = Trace(task=task.data, taskset=task.taskset_id, model=AGENT,
-                           sampling=Sampling().model_dump(mode="json"))
-        self._running = asyncio.create_task(self._play(Rollout(task, self._agent, Sampling(), self.timeouts,
-                                                               self.trace)))
+        self.data, self.trace, self.failure, self.agent = data, None, None, AgentTurns()
+        self.episode_id, self._shown, self._ended = choice.episode_id, 0, False
+        self._running = asyncio.create_task(self._play(data, self.agent))
         observation = await self._advance()
-        if observation.done and self.trace.errors:  # it ended before the agent's first turn: say why
+        if observation.done and self.trace is not None and self.trace.errors:  # it ended before the agent's turn
             raise SessionError(f"the task could not start: {self.trace.errors[0].message}")
-        return observation.model_copy(update={"tools": [s.to_openai() for s in task.tool_specs()], "task": data.key})
+        return observation.model_copy(update={"tools": self.agent.tools, "task": data.key})
 
     async def step(self, action: TasksetAction) -> TasksetObservation:
         """Play one agent turn; what the rollout added until the agent's next turn or its end."""
-        reply = self._waiting()
-        self._steps += 1
-        reply.set_result(action.to_message(self._steps))
+        self._check_waiting()
+        self.agent.answer(action.to_message(len(self.agent.given) + 1))
         return await self._advance()
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        """A turn calling one tool (MCP `tools/call`): its result text and whether it failed."""
+        """A turn calling one tool (MCP `tools/call`): its result text and whether it failed (counted by the loop
+        where the rollout runs here; in a worker, whose count arrives with the trace only, told by the text: the
+        error texts of `Task` and of environment classes, TOOL_ERROR_STARTS; a task's own text is not recognised)."""
         before = self._tool_errors()
         observation = await self.step(TasksetAction(tool_calls=[ToolCallAction(name=name, arguments=arguments)]))
         results = [m["content"] for m in observation.messages if m["role"] == "tool"]
-        return (results[0] if results else observation.text), self._tool_errors() > before
+        text = results[0] if results else observation.text
+        if self.agent.live is not None or self.trace is not None:
+            return text, self._tool_errors() > before
+        return text, bool(results) and isinstance(text, str) and text.startswith(TOOL_ERROR_STARTS)
 
     def tools(self) -> list[dict[str, Any]]:
         """The tools of the rollout's task (of the first task before any reset), MCP-shaped."""
-        return mcp_tools(self.task.tool_specs() if self.task is not None else self.picker.first_tools)
+        if self.data is None or not self.agent.tools:
+            return mcp_tools(self.picker.first_tools)
+        return [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                 "inputSchema": t["function"].get("parameters", {})} for t in self.agent.tools]
 
     def state(self) -> TasksetState:
         trace = self.trace
-        return TasksetState(episode_id=self.episode_id, step_count=trace.num_turns if trace else 0,
-                            task=trace.task_key if trace else None, done=self._ended,
+        return TasksetState(episode_id=self.episode_id, step_count=len(self.agent.given),
+                            task=self.data.key if self.data else None, done=self._ended,
                             reward=trace.reward if trace and self._ended else None,
                             stop_reason=trace.stop_reason.value if trace and trace.stop_reason else None)
 
     async def close(self) -> None:
         """End the running rollout (cancelled: its cleanup runs)."""
         running, self._running = self._running, None
+        self.agent.stop()
         if running is not None and not running.done():
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running
-        self._turns = asyncio.Queue()
-        self._agent.out = self._turns
 
     # --- inside ------------------------------------------------------------------------------------------
-    async def _play(self, rollout: Rollout) -> None:
+    async def _play(self, data: TaskData, agent: AgentTurns) -> None:
         try:
-            await rollout.run()
+            self.trace = await self.runner(data, agent, self.timeouts)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the rollout itself failed (its worker died running it, ...): the session says so
+            self.failure = str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}"
         finally:
-            self._turns.put_nowait(None)  # the rollout is over: wake whoever waits for its next turn
+            agent.stop()
+            agent.out.put_nowait(None)  # the rollout is over: wake whoever waits for its next turn
 
     async def _advance(self) -> TasksetObservation:
         """Run the rollout to the agent's next turn (or its end) and say what it added."""
-        request = await self._turns.get()
-        assert self.trace is not None
-        if request is None:
-            self._ended = True
-            return self._observation(self.trace.messages, done=True)
-        return self._observation(request.messages, done=False)
+        messages = await self.agent.out.get()
+        if messages is not None:
+            return self._observation(messages, done=False)
+        self._ended = True
+        if self.trace is None:
+            raise SessionError(f"the episode failed: {self.failure or 'its rollout ended without a trace'}")
+        return self._observation(self.trace.messages, done=True)
 
     def _observation(self, messages: list[Message], done: bool) -> TasksetObservation:
         new = [m for m in messages[self._shown:] if m.role != "assistant"]
@@ -191,15 +258,15 @@ class TasksetSession:
             "metrics": dict(trace.metrics), "stop_reason": trace.stop_reason.value if trace.stop_reason else None,
             "metadata": {"errors": [e.model_dump(mode="json") for e in trace.errors]} if trace.errors else {}})
 
-    def _waiting(self) -> asyncio.Future[Message]:
-        """The loop's pending request for the agent's turn; SessionError when there is none to play."""
-        if self.trace is None:
-            raise SessionError("no episode: send `reset` first")
-        reply = self._agent.reply
-        if self._ended or reply is None or reply.done():
-            ended = self.trace.stop_reason.value if self.trace.stop_reason else "ended"
-            raise SessionError(f"the episode is over ({ended}); send `reset` to start another")
-        return reply
-
     def _tool_errors(self) -> int:
-        return int((self.trace.metrics.get(LOOP_METRICS[1]) or 0) if self.trace else 0)
+        trace = self.trace or self.agent.live
+        return int((trace.metrics.get(LOOP_METRICS[1]) or 0) if trace else 0)
+
+    def _check_waiting(self) -> None:
+        """SessionError when the rollout has no turn for the agent to play."""
+        if self.data is None:
+            raise SessionError("no episode: send `reset` first")
+        if self._ended or not self.agent.waiting():
+            trace = self.trace
+            ended = trace.stop_reason.value if trace and trace.stop_reason else "ended"
+            raise SessionError(f"the episode is over ({ended}); send `reset` to start another")
