@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tracegym.core.errors import UsageError
-from tracegym.train.plots import TRAIN_COLOR, held_out_colors, plot_run
+from tracegym.train.plots import TRAIN_COLOR, evaluated_policy, held_out_colors, plot_run
 
 
 def _write_metrics(run_dir: Path) -> None:
@@ -46,3 +46,11 @@ def test_an_opd_run_also_gets_its_per_token_kl_curve(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     written = plot_run(tmp_path)
     assert "kl.png" in [p.name for p in written] and (tmp_path / "plots" / "kl.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_held_out_point_is_drawn_at_the_policy_it_ran_on_not_its_eval_step() -> None:
+    assert evaluated_policy({"eval_step": 2, "policy_version": 0, "eval_reward": 0.1}) == 0
+
+
+def test_a_held_out_point_without_a_policy_version_is_drawn_at_its_eval_step() -> None:
+    assert evaluated_policy({"eval_step": 2, "eval_reward": 0.1}) == 2

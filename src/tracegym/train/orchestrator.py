@@ -11,7 +11,7 @@ that sampled them, drop samples older than `max_async_steps`, and hand the batch
 empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
 with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
-after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
+after the last, each time on the policy trained on that many steps (waited for: an asynchronous run pauses there). Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
 episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
 `evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
 its pass-rate band when drawing, and refills the step's groups without signal. Each group is kept in the run
@@ -316,14 +316,15 @@ class Orchestrator:
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
-        """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
-        once the trainer has published it, the run's last step: from then on the evaluation is the watchdog's eval
-        drain; else the one served now), and a multi-agent one's game figures; each environment's episodes go to its
-        folder under `evals/`."""
+        """Mean reward (with a 95% interval) on each held-out environment under policy `step` (the policy trained on
+        `step` batches), and a multi-agent one's game figures; each environment's episodes go to its folder under
+        `evals/`. It waits for the trainer to publish that policy: the orchestrator hands over batch `step - 1`
+        before evaluating, so an asynchronous run's served policy may still be an older one, and "eval step N"
+        must be policy N (its record's `policy_version` says so). `wait`: the run's last step, from then on the
+        evaluation is the watchdog's eval drain."""
         if not self.held_out.envs:
             return
-        at_least = step if wait else 0
-        version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
+        version, model = await self.policy_when(lambda v: v >= step, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
         with watch(Stage.EVAL_DRAIN, f"after step {step}") if wait else contextlib.nullcontext():
             for env in self.held_out.envs:

@@ -17,6 +17,13 @@ def held_out_colors(envs: list[str]) -> dict[str, str]:
     return {env: HELD_OUT_COLORS[i % len(HELD_OUT_COLORS)] for i, env in enumerate(sorted(envs))}
 
 
+def evaluated_policy(record: dict[str, Any]) -> int:
+    """The step a held-out record is drawn at: the policy version it ran on (`policy_version`: the policy trained on
+    that many steps), which in a run from before evaluations waited for their policy may be older than its
+    `eval_step`; its `eval_step` when it has no version."""
+    return int(record.get("policy_version", record["eval_step"]))
+
+
 def plot_run(run_dir: Path) -> list[Path]:
     """Write `plots/*.png` for the run; returns the files written."""
     import matplotlib
@@ -49,7 +56,7 @@ def _reward(out: Path, steps: list[dict[str, Any]], evals: list[dict[str, Any]])
             alpha=0.6, linewidth=1)
     for env, color in held_out_colors(list({m["env"] for m in evals})).items():
         points = [m for m in evals if m["env"] == env]
-        ax.errorbar([m["eval_step"] for m in points], [m["eval_reward"] for m in points],
+        ax.errorbar([evaluated_policy(m) for m in points], [m["eval_reward"] for m in points],
                     yerr=[m.get("eval_reward_ci95", 0.0) for m in points], fmt="o-", capsize=3, color=color,
                     linewidth=2, label=f"held-out {env} (95% CI)")
     ax.set_xlabel("step")
