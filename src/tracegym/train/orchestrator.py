@@ -137,7 +137,7 @@ class Orchestrator:
         self.held_out = held_out or HeldOut(envs=[], sampling=plan.sampling)
         self.rng = random.Random(plan.seed)
         self.filters = filters or []
-        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
+        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key, group_passes)
         self.next_step = 0
         """The step whose batch comes next."""
 
@@ -404,7 +404,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
         rows = servers.rows(e, held_out=True, count=min(orch.eval.num_tasks, served.size or orch.eval.num_tasks))
         held_out.append(HeldOutEnv(e.id, served, rows, client, seating(e, served, f"orchestrator.eval.envs.{i}")))
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
-                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
+                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key,
+                                  group_passes)
     plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
@@ -463,9 +464,32 @@ class EnvServers:
         return name
 
 
-def group_rewards(group: Group) -> list[float]:
-    """The rewards a group's advantages compare: its episodes' trainable members' (a rollout's own)."""
-    return [t.reward for t in learner_traces(group) if trainable(t) and t.reward is not None]
+def group_rewards(group: Group) -> dict[str, list[float]]:
+    """The rewards a group's advantages compare, per seat: its episodes' trainable members' (a rollout's own, seat
+    `SOLO`)."""
+    return {seat: [r for _, r in scored] for seat, scored in scored_seats(group).items()}
+
+
+def group_passes(group: Group) -> dict[str, list[float]]:
+    """What a group's task's pass rates average, per seat: a game seat's wins (1 a win, 0.5 a draw, 0 a loss or
+    forfeit), else its reward (a rollout's; a member of an episode whose game set no outcomes)."""
+    return {seat: [PASSES.get(e.outcomes.get(seat), 0.0) if e.outcomes else r for e, r in scored]
+            for seat, scored in scored_seats(group).items()}
+
+
+PASSES = {Outcome.WIN: 1.0, Outcome.DRAW: 0.5}
+"""A game seat's pass per outcome (any other: 0) for online difficulty."""
+
+
+def scored_seats(group: Group) -> dict[str, list[tuple[Episode, float]]]:
+    """Each trainable seat's (episode, reward) in a group, of the members whose trace can be trained on."""
+    out: dict[str, list[tuple[Episode, float]]] = {}
+    for episode in group:
+        for member in episode.trainable_members:
+            trace = episode.traces.get(member)
+            if trace is not None and trainable(trace) and trace.reward is not None:
+                out.setdefault(member, []).append((episode, trace.reward))
+    return out
 
 
 def group_key(group: Group) -> str:
