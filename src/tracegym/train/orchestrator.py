@@ -11,12 +11,12 @@ that sampled them, drop samples older than `max_async_steps`, and hand the batch
 empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
 with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
-after the last, each time on the policy trained on that many steps (waited for: an asynchronous run pauses there). Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
-episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
-`evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
-its pass-rate band when drawing, and refills the step's groups without signal. Each group is kept in the run
-folder as it finishes, so a resume after a kill mid-step runs only the others (`rl_folder.FinishedGroups`,
-counted as `groups_kept`).
+after the last, each time on the policy trained on that many steps (waited for: an asynchronous run pauses there).
+Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's episodes
+to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to `evals/<env>/`.
+An environment with online difficulty (`difficulty.py`) passes over tasks outside its pass-rate band when drawing,
+and refills the step's groups without signal. Each group is kept in the run folder as it finishes, so a resume
+after a kill mid-step runs only the others (`rl_folder.FinishedGroups`, counted as `groups_kept`).
 
 `build_orchestrator` makes one from the `[orchestrator]` section and the parts the orchestrator process
 built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class takes only its parts.
