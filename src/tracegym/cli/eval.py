@@ -12,8 +12,9 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.config.run_dir import owned
 from tracegym.core.errors import UsageError
-from tracegym.envs.evaluate import seats_of
+from tracegym.envs.evaluate import multi_agent_class, seats_of
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.scripted_seat import check_scripts
 from tracegym.envs.seats import Seat, bind
 from tracegym.envs.task_sandbox import check_taskset
 from tracegym.eval.episode_summary import EpisodeSummary
@@ -45,8 +46,9 @@ def run(args: list[str]) -> int:
     else:
         config = parse_eval_args(rest, description=USAGE)
     taskset = load_taskset(config.taskset.id, config.taskset_options())  # a bad option fails before any folder
-    if config.seat:  # so does a seat the taskset has not
-        bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
+    if config.seat:  # so does a seat the taskset has not, or a script it cannot play
+        seats = bind(seats_of(taskset), {name: Seat(script=c.script) for name, c in config.seat.items()}, taskset.id)
+        check_scripts(multi_agent_class(taskset), seats)
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0

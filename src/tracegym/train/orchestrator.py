@@ -472,8 +472,8 @@ def group_rewards(group: Group) -> dict[str, list[float]]:
 
 def group_passes(group: Group) -> dict[str, list[float]]:
     """What a group's task's pass rates average, per seat: a game seat's wins (1 a win, 0.5 a draw, 0 a loss or
-    forfeit), else its reward (a rollout's; a member of an episode whose game set no outcomes)."""
-    return {seat: [PASSES.get(e.outcomes.get(seat), 0.0) if e.outcomes else r for e, r in scored]
+    forfeit), else its reward (a rollout's; a member the game gave no outcome)."""
+    return {seat: [PASSES.get(e.outcomes[seat], 0.0) if seat in e.outcomes else r for e, r in scored]
             for seat, scored in scored_seats(group).items()}
 
 
