@@ -169,7 +169,7 @@ def test_a_learner_trains_against_a_scripted_opponent_the_env_server_plays(tmp_p
             finally:
                 await orchestrator.aclose()
 
-        samples, metrics = asyncio.run(step_and_evaluate())
+        _, metrics = asyncio.run(step_and_evaluate())
     episodes = RLFolder(tmp_path).step_log(0).read().episodes
     assert [sorted(e.models.values()) for e in episodes] == [[server.model, "script:always-bet"]] * 4
     assert [e.trainable for e in episodes] == [{"player_0": True, "player_1": False},
