@@ -39,6 +39,7 @@ from tracegym.train.sft import (
 )
 from tracegym.train.signal import StepGroups
 from tracegym.train.teacher import reach_teacher
+from tracegym.train.trainer import sft_metrics
 
 
 # --- the student's renderers ------------------------------------------------------------------------------
@@ -312,3 +313,10 @@ def test_sft_on_a_multi_agent_taskset_is_refused_at_the_command_line_naming_the_
                                          r"mode = 'sft' trains on single-agent environments"):
         parse_rl_args(["@", "configs/sft/reverse_text_teacher.toml", "--orchestrator.train.envs",
                        '[{"id": "kuhn-poker"}]', "--dry-run"])
+
+
+def test_a_cross_entropy_step_logs_its_perplexity_and_no_ratio_figures():
+    rl_figures = {"loss": math.log(4), "grad_norm": 1.0, "tokens": 8.0, "masked_low_frac": 0.0, "masked_high_frac": 0.0,
+                  "ratio_mean": 0.0, "abs_log_ratio_mean": 0.0, "samples": 2.0}
+    assert sft_metrics(rl_figures) == {"loss": math.log(4), "grad_norm": 1.0, "tokens": 8.0, "samples": 2.0,
+                                       "perplexity": pytest.approx(4.0)}
