@@ -4,6 +4,7 @@ instead of a model, in process and through an env server; a script a game cannot
 import pytest
 
 import tracegym as tg
+from tracegym.cli.main import main
 from tracegym.core.errors import UsageError
 from tracegym.envs.evaluate import evaluate_episodes
 from tracegym.envs.registry import load_taskset
@@ -97,3 +98,8 @@ async def test_a_scripted_seat_crosses_the_wire_and_plays_on_an_env_server():
     assert all(e.ok and e.models == {"player_0": "bold", "player_1": "script:always-bet"} for e in episodes)
     assert all(actions(e, "player_1") == ["call"] and abs(e.rewards["player_0"]) == 2.0 for e in episodes)
     assert tg.Seat is Seat
+
+
+def test_the_eval_command_refuses_a_script_the_game_cannot_play_before_any_folder(tmp_path, capsys):
+    assert main(["eval", "kuhn-poker", "--seat.player_1.script", "perfect", "--output-dir", str(tmp_path)]) == 2
+    assert "seat 'player_1': script 'perfect'" in capsys.readouterr().err and not any(tmp_path.iterdir())
