@@ -354,6 +354,33 @@ async def test_invalid_moves_are_retried_then_forfeit():
     assert "Invalid move: say ok. Try again." in [m.text for m in episode.traces["b"].messages]
 
 
+async def test_a_forfeit_decides_the_game_and_settle_does_not_overwrite_its_outcomes():
+    class Judged(MultiAgentTask):
+        """Settles by a verdict that would make b win; a's forfeit must stand."""
+
+        seats = (Member(id="a", system_prompt="You are a."), Member(id="b", system_prompt="You are b."))
+        move_retries = 0
+        settled = 0
+
+        def move(self, member, text):
+            if text != "ok":
+                raise InvalidMove("say ok.")
+            return text
+
+        def settle(self):
+            type(self).settled += 1
+            self.outcomes = {"a": Outcome.WIN, "b": Outcome.LOSS}
+
+        @tg.reward
+        def payoff_reward(self, trace):
+            return self.payoff(trace.member)
+
+    model = ScriptedModel(rule=lambda r: "nope" if speaker(r) == "a" else "ok")
+    episode = await run_episode(_taskset(Judged), _taskset(Judged)[0], model)
+    assert episode.outcomes == {"a": Outcome.FORFEIT, "b": Outcome.WIN} and Judged.settled == 0
+    assert episode.rewards == {"a": -1.0, "b": 1.0} and episode.metrics["slots"] == 1
+
+
 async def test_a_members_prompt_too_long_ends_the_episode_truncated_and_scored():
     class Long(MultiAgentTask):
         seats = (Member(id="a", system_prompt="You are a."), Member(id="b", system_prompt="You are b."))

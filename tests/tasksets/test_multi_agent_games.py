@@ -69,3 +69,10 @@ async def test_an_unreadable_verdict_is_an_episode_error_not_a_reward_of_zero():
 def test_the_shipped_questions_are_well_formed():
     rows = list(load_taskset("debate"))
     assert len(rows) >= 30 and all(r.answer in r.sides.values() and len(set(r.sides.values())) == 2 for r in rows)
+
+
+async def test_random_tictactoe_players_only_ever_mark_free_cells():
+    taskset = load_taskset("tictactoe", {"num_tasks": 6})
+    seats = {"player_x": tg.Seat(script="random"), "player_o": tg.Seat(script="random")}
+    episodes = await evaluate_episodes(taskset, ScriptedModel(rule=lambda r: "unused"), rollouts=2, seats=seats)
+    assert all(e.ok and e.outcomes and e.metrics["invalid_moves"] == 0 for e in episodes)

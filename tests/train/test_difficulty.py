@@ -15,8 +15,9 @@ from test_trainer import one_thread, tiny_trainer  # noqa: F401 (one_thread is a
 from tracegym.core.episode import Episode
 from tracegym.core.errors import UsageError
 from tracegym.core.task_data import TaskData
-from tracegym.testing import FakeOpenAIServer
+from tracegym.testing import FakeOpenAIServer, make_episode
 from tracegym.train.difficulty import DifficultyConfig, OnlineDifficulty, TaskDifficulty
+from tracegym.train.orchestrator import group_key, group_passes, group_rewards
 from tracegym.train.rl_config import RLConfig
 from tracegym.train.rl_folder import RLFolder
 from tracegym.train.roles import orchestrator_for
@@ -96,6 +97,67 @@ def test_an_endless_stream_is_judged_by_what_was_seen_and_the_state_stays_bounde
     assert difficulty.draw(repeats.__next__).key == "fresh"
 
 
+def test_a_game_task_is_judged_per_seat_so_a_zero_sum_split_is_in_band_not_too_hard():
+    difficulty = TaskDifficulty(DifficultyConfig(), seed=0)
+    difficulty.observe("split", {"player_0": [1.0, 0.0], "player_1": [0.0, 1.0]})  # payoffs would average 0
+    difficulty.observe("one-sided", {"player_0": [1.0, 1.0], "player_1": [0.0, 1.0]})
+    assert (difficulty.verdict("split"), difficulty.verdict("one-sided")) == ("in_band", "in_band")
+
+
+def test_a_game_task_every_seat_of_which_always_wins_or_always_loses_is_decided():
+    difficulty = TaskDifficulty(DifficultyConfig(), seed=0)
+    difficulty.observe("k-vs-j", {"player_0": [1.0, 1.0], "player_1": [0.0, 0.0]})
+    difficulty.observe("lost-by-all", {"player_0": [0.0], "player_1": [0.0]})
+    assert (difficulty.verdict("k-vs-j"), difficulty.verdict("lost-by-all")) == ("decided", "too_hard")
+    assert difficulty.metrics()["decided"] == 1
+
+
+def test_a_checkpoint_of_per_task_rates_loads_as_one_seat():
+    difficulty = TaskDifficulty(DifficultyConfig(), seed=0)
+    state = difficulty.state_dict() | {"rates": [["t", [1.0, 1.0]]]}
+    difficulty.load_state_dict(state)
+    assert difficulty.verdict("t") == "too_easy" and TaskDifficulty(DifficultyConfig(), 0).verdict("t") == "unseen"
+
+
+def self_play(winners: list[str], key: str = "deal") -> list[Episode]:
+    """A self-play group of kuhn-poker episodes, both seats trained, won by `winners` in turn."""
+    data = TaskData(prompt="deal", id=key)
+    return [make_episode({seat: 1.0 if seat == winner else -1.0 for seat in ("player_0", "player_1")}, task=data)
+            for winner in winners]
+
+
+def orchestrators_difficulty() -> OnlineDifficulty[list[Episode]]:
+    return OnlineDifficulty({"kuhn": TaskDifficulty(DifficultyConfig(refills=2), seed=0)}, group_rewards,
+                            group_key, group_passes)
+
+
+def test_a_self_play_group_one_seat_of_which_always_wins_has_no_signal_and_its_deal_is_decided():
+    difficulty = orchestrators_difficulty()
+    decided = self_play(["player_0"] * 4)  # rewards +1 and -1 in every episode: no seat compares differently
+    assert group_rewards(decided) == {"player_0": [1.0] * 4, "player_1": [-1.0] * 4}
+    assert not difficulty.signal(decided)
+    difficulty.observe([("kuhn", decided)])
+    assert difficulty.envs["kuhn"].verdict("deal") == "decided"
+
+
+def test_a_self_play_group_whose_winner_varies_has_signal_and_its_deal_is_in_band():
+    difficulty = orchestrators_difficulty()
+    split = self_play(["player_0", "player_1", "player_0", "player_0"])
+    assert difficulty.signal(split)
+    difficulty.observe([("kuhn", split)])
+    assert difficulty.envs["kuhn"].rates["deal"] == {"player_0": [0.75], "player_1": [0.25]}
+    assert difficulty.envs["kuhn"].verdict("deal") == "in_band"
+
+
+def test_a_learner_seat_is_judged_by_its_own_wins_not_by_the_opponents():
+    data = TaskData(prompt="deal", id="d")
+    group = [make_episode({"player_0": 1.0, "player_1": -1.0}, task=data, trainable={"player_0": True,
+                                                                                      "player_1": False}),
+             make_episode({"player_0": -1.0, "player_1": 1.0}, task=data, trainable={"player_0": False,
+                                                                                      "player_1": True})]
+    assert group_passes(group) == {"player_0": [1.0], "player_1": [1.0]}  # the learner won as each seat
+
+
 # --- refills ------------------------------------------------------------------------------------------------------
 Group = tuple[str, list[float]]
 """A fake group: its task key and its rewards."""
@@ -128,7 +190,7 @@ def test_groups_without_signal_are_refilled_until_the_step_has_its_batch_size():
     assert calls == [["a", "a"], ["a"], ["a"]]  # both replaced; then one more is wanted, and is replaced once more
     assert sum(difficulty.signal(g) for g in groups) == 3 and len(groups) == 7
     assert difficulty.metrics() == {"difficulty/a/in_band": 3, "difficulty/a/too_easy": 2,
-                                    "difficulty/a/too_hard": 2, "difficulty/a/skipped": 0,
+                                    "difficulty/a/too_hard": 2, "difficulty/a/decided": 0, "difficulty/a/skipped": 0,
                                     "difficulty/a/refills": 4, "difficulty/a/no_signal": 4}
     assert difficulty.metrics()["difficulty/a/refills"] == 0  # the counts are per step
 

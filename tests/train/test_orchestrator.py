@@ -161,3 +161,49 @@ def test_held_out_figures_leave_failed_rollouts_out_of_the_mean_as_eval_does(tmp
     [record] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert (record["eval_n"], record["eval_unscored"]) == (2, 1)
     assert record["eval_reward"] == 1.0
+
+
+class AskedFolder(RLFolder):
+    """A run folder that counts the orchestrator's looks at the served policy, so a fake trainer can publish only
+    once the orchestrator has looked after a batch (an asynchronous run whose trainer is slower than generation)."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.looks = 0
+        self.looked = threading.Condition()
+
+    def policy(self, base_model: str) -> tuple[int, str]:
+        with self.looked:
+            self.looks += 1
+            self.looked.notify_all()
+        return super().policy(base_model)
+
+    def wait_for_a_look(self, after: int) -> None:
+        with self.looked:
+            assert self.looked.wait_for(lambda: self.looks > after, timeout=30), "the orchestrator stopped looking"
+
+
+def test_an_asynchronous_run_evaluates_step_n_on_policy_n_not_on_the_older_one_served(tmp_path, env_addresses):
+    folder = AskedFolder(tmp_path)
+
+    def slow_trainer() -> None:  # publishes version n+1 only after the orchestrator looked again past batch n
+        for step in range(3):
+            Poll("batch", 30).wait(lambda s=step: folder.read_batch(s))
+            folder.wait_for_a_look(after=folder.looks)
+            folder.publish_policy(step + 1, "fake-model")
+
+    with FakeOpenAIServer(rule=alternating_per_prompt()) as server:
+        config = RLConfig.model_validate({
+            "steps": 3, "trainer": {"model": "unused"}, "model": {"client": "chat"},
+            "orchestrator": {"tasks_per_step": 2, "group_size": 4, "max_async_steps": 1,
+                             "eval": {"envs": [{"id": "reverse-text", "options": {"seed": 9}}], "num_tasks": 2,
+                                      "every": 1}}})
+        orchestrator = orchestrator_for(config, folder, Endpoints(base_url=server.base_url, base_model=server.model,
+                                                                  envs=env_addresses))
+        thread = threading.Thread(target=slow_trainer)
+        thread.start()
+        asyncio.run(orchestrator.run())
+        thread.join(10)
+    evals = [r for r in folder.metrics.read() if "eval_step" in r]
+    assert [(r["eval_step"], r["policy_version"]) for r in evals] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert [r["staleness"] for r in folder.metrics.read() if "step" in r] == [0, 0, 0]

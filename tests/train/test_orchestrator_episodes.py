@@ -140,6 +140,40 @@ def test_a_step_of_self_play_through_a_real_env_server_trains_each_seat_on_its_o
         trace = traces[sample.trace_id]
         assert sample.token_ids == [i for n in trace.graph.nodes for i in (n.token_ids or [])]
         assert sum(sample.loss_mask) == sum(sum(n.mask or []) for n in trace.graph.nodes if n.sampled) > 0
-        assert abs(sample.advantage) == pytest.approx(0.9) or abs(sample.advantage) < 0.9  # RAE, |R| = 1
+        assert abs(sample.advantage) == pytest.approx(1.8) or abs(sample.advantage) < 1.8  # RAE, |R| = 2 chips
     assert metrics["seat/player_0/win_rate"] + metrics["seat/player_1/win_rate"] == pytest.approx(1.0)
     assert metrics["episodes"] == 4 and metrics["episode_errors"] == 0
+
+
+def test_a_learner_trains_against_a_scripted_opponent_the_env_server_plays(tmp_path):
+    """kuhn-poker on a real env server, the learner (the fake OpenAI server: always checks, and folds to a bet) in
+    each seat in turn against `always-bet`, which the env server plays; only the learner's traces train, and the
+    held-out evaluation plays the same script."""
+    env = {"id": "kuhn-poker", "options": {"num_tasks": 8},
+           "play": {"learner": "alternate", "opponent": "script", "script": "always-bet"}}
+    config = RLConfig.model_validate({
+        "steps": 1, "trainer": {"model": "unused"}, "model": {"client": "chat"},
+        "orchestrator": {"tasks_per_step": 2, "group_size": 2, "max_async_steps": 0, "advantage": "group_mean",
+                         "train": {"envs": [env]}, "eval": {"envs": [env], "num_tasks": 3}}})
+    with FakeOpenAIServer(rule=lambda request: "check fold") as server, \
+            local_server("kuhn-poker", {"num_tasks": 8}, workers=1) as address:
+        endpoints = Endpoints(base_url=server.base_url, base_model=server.model,
+                              envs={"kuhn-poker": address, "eval:kuhn-poker": address})
+        orchestrator = orchestrator_for(config, RLFolder(tmp_path), endpoints)
+
+        async def step_and_evaluate():
+            try:
+                collected = await orchestrator.collect(0, 0, server.model)
+                await orchestrator.evaluate(0)
+                return collected
+            finally:
+                await orchestrator.aclose()
+
+        _, metrics = asyncio.run(step_and_evaluate())
+    episodes = RLFolder(tmp_path).step_log(0).read().episodes
+    assert [sorted(e.models.values()) for e in episodes] == [[server.model, "script:always-bet"]] * 4
+    assert [e.trainable for e in episodes] == [{"player_0": True, "player_1": False},
+                                               {"player_0": False, "player_1": True}] * 2
+    assert metrics["learner/win_rate"] == 0.0 and metrics["rollouts"] == 4  # it folds every bet it faces
+    (record,) = [m for m in RLFolder(tmp_path).metrics.read() if "eval_reward" in m]
+    assert record["eval_n"] == 6 and record["eval_win_rate"] == 0.0 and record["eval_reward"] == -1.0

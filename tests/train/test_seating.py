@@ -83,6 +83,34 @@ def test_every_seat_pinned_leaves_no_seat_for_the_learner():
         seating(Play(learner="alternate"), pinned)
 
 
+def test_a_scripted_opponent_sits_in_every_seat_but_the_learners():
+    seats = seating(Play(learner="alternate", opponent="script", script="nash"))
+    bindings = [seats.next("policy", random.Random(0)) for _ in range(2)]
+    assert [{m: s.script for m, s in b.items()} for b in bindings] == [{"player_0": None, "player_1": "nash"},
+                                                                       {"player_0": "nash", "player_1": None}]
+    assert all(s.model is None for b in bindings for s in b.values())
+
+
+def test_a_seat_pinned_to_a_script_keeps_it_and_the_learner_never_takes_it():
+    seats = seating(Play(learner="alternate", opponent="base"), {"player_1": SeatChoice(script="random")})
+    for _ in range(2):
+        binding = seats.next("policy", random.Random(0))
+        assert binding["player_1"].script == "random" and binding["player_0"].model is None
+    assert seating(Play(), {"player_1": SeatChoice(script="random")}).learner_seats() == [None]
+
+
+@pytest.mark.parametrize("play", [{"learner": "alternate", "opponent": "script"},
+                                  {"learner": "alternate", "opponent": "base", "script": "nash"}])
+def test_a_scripted_opponent_and_its_script_go_together(play):
+    with pytest.raises(ValidationError, match="opponent = 'script' and script = NAME go together"):
+        Play(**play)
+
+
+def test_a_pinned_script_takes_no_model_and_never_trains():
+    with pytest.raises(ValidationError, match="cannot train"):
+        SeatChoice(script="random", trainable=True)
+
+
 def test_an_opponent_needs_a_single_learner():
     with pytest.raises(ValidationError, match="needs a single learner"):
         Play(opponent="base")
@@ -99,6 +127,16 @@ def test_a_seat_override_naming_a_seat_the_taskset_has_not_is_refused_naming_it(
                                          r"has no such seat"):
         parse_rl_args(["--orchestrator.train.envs", '[{"id": "kuhn-poker", "seats": {"player_9": {}}}]',
                        "--weight-sync", "lora"])
+
+
+@pytest.mark.parametrize(("env", "flag"), [
+    ('{"id": "kuhn-poker", "seats": {"player_1": {"script": "perfect"}}}', r"envs\.0\.seats\.player_1\.script"),
+    ('{"id": "kuhn-poker", "play": {"learner": "alternate", "opponent": "script", "script": "perfect"}}',
+     r"envs\.0\.play\.script"),
+])
+def test_a_script_the_game_cannot_play_is_refused_naming_the_flag(env, flag):
+    with pytest.raises(UsageError, match=flag + r": script 'perfect': KuhnPokerTask has no such scripted player"):
+        parse_rl_args(["--orchestrator.train.envs", f"[{env}]"])
 
 
 def test_seating_a_single_agent_taskset_is_refused():

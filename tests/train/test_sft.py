@@ -26,7 +26,7 @@ from tracegym.testing import FakeOpenAIServer, make_episode, make_trace, reply, 
 from tracegym.testing.oracle import oracle_server
 from tracegym.train.loss import cross_entropy_loss
 from tracegym.train.regeneration import EmptyBatch
-from tracegym.train.rl_config import RLConfig
+from tracegym.train.rl_config import RLConfig, parse_rl_args
 from tracegym.train.rl_folder import Endpoints, RLFolder
 from tracegym.train.roles import orchestrator_for
 from tracegym.train.samples import trace_samples
@@ -39,6 +39,7 @@ from tracegym.train.sft import (
 )
 from tracegym.train.signal import StepGroups
 from tracegym.train.teacher import reach_teacher
+from tracegym.train.trainer import sft_metrics
 
 
 # --- the student's renderers ------------------------------------------------------------------------------
@@ -305,3 +306,17 @@ def test_the_oracle_answers_known_tasks_and_refuses_others():
         bad = asyncio.run(run_rollout(other, next(iter(other)), endpoint))
     assert good.reward == 1.0 and good.last_reply == next(iter(taskset)).answer
     assert bad.errors and "404" in bad.errors[0].message and json.dumps(bad.errors[0].message)
+
+
+def test_sft_on_a_multi_agent_taskset_is_refused_at_the_command_line_naming_the_flag():
+    with pytest.raises(UsageError, match=r"--orchestrator\.train\.envs\.0: taskset 'kuhn-poker' is multi-agent; "
+                                         r"mode = 'sft' trains on single-agent environments"):
+        parse_rl_args(["@", "configs/sft/reverse_text_teacher.toml", "--orchestrator.train.envs",
+                       '[{"id": "kuhn-poker"}]', "--dry-run"])
+
+
+def test_a_cross_entropy_step_logs_its_perplexity_and_no_ratio_figures():
+    rl_figures = {"loss": math.log(4), "grad_norm": 1.0, "tokens": 8.0, "masked_low_frac": 0.0, "masked_high_frac": 0.0,
+                  "ratio_mean": 0.0, "abs_log_ratio_mean": 0.0, "samples": 2.0}
+    assert sft_metrics(rl_figures) == {"loss": math.log(4), "grad_norm": 1.0, "tokens": 8.0, "samples": 2.0,
+                                       "perplexity": pytest.approx(4.0)}

@@ -3,6 +3,7 @@
 makes the teacher's answers more likely."""
 
 import asyncio
+import math
 import statistics
 
 import pytest
@@ -63,4 +64,5 @@ def test_one_sft_step_learns_the_teachers_answers(tmp_path):
     metrics = trainer.step(samples)
     after = mean_nll(trainer, samples)
     assert metrics["loss"] == pytest.approx(before, rel=0.05), (metrics["loss"], before)  # the mean NLL
+    assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"])) and "ratio_mean" not in metrics
     assert after < 0.9 * before, f"mean NLL of the teacher's answers {before:.3f} -> {after:.3f}"

@@ -12,8 +12,9 @@ import tomli_w
 from tracegym.cli.flag import pop_flag
 from tracegym.config.run_dir import owned
 from tracegym.core.errors import UsageError
-from tracegym.envs.evaluate import seats_of
+from tracegym.envs.evaluate import multi_agent_class, seats_of
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.scripted_seat import check_scripts
 from tracegym.envs.seats import Seat, bind
 from tracegym.envs.task_sandbox import check_taskset
 from tracegym.envs.taskset import Taskset
@@ -86,11 +87,13 @@ def run(args: list[str]) -> int:
 
 def loaded(config: EvalConfig) -> Taskset:
     """The run's taskset, built with its options (its tasks' sandboxes in `--env.runtime` and its rollouts driven
-    by `--env.harness.*`, when given), its seats (`--seat.ID`) checked against the taskset's."""
+    by `--env.harness.*`, when given), its seats (`--seat.ID`, scripted ones' scripts too) checked against the
+    taskset's."""
     taskset = load_taskset(config.taskset.id, config.taskset_options())
     taskset = taskset.with_runtime(config.env.runtime).with_harness(config.env.harness)
-    if config.seat:
-        bind(seats_of(taskset), {name: Seat() for name in config.seat}, taskset.id)
+    if config.seat:  # a seat the taskset has not, or a script it cannot play, fails here
+        seats = bind(seats_of(taskset), {name: Seat(script=c.script) for name, c in config.seat.items()}, taskset.id)
+        check_scripts(multi_agent_class(taskset), seats)
     return taskset
 
 

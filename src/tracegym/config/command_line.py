@@ -1,6 +1,7 @@
 """Command line: a command's arguments (`@ file.toml` files merged left to right, then dotted flags) parsed into its
 validated config, old keys migrated with warnings, and every error one line naming where the bad key was given:
-the `--flag`, or the file and the TOML key as written there.
+the `--flag`, or the file and the TOML key as written there. A flag into a list's item (`--a.b.0.key`) is applied
+to the files' data first (`item_flags`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_config import ConfigFileError, cli
 
 from tracegym.config.error_report import Origin, known_keys, one_line, validation_line
+from tracegym.config.item_flags import apply_item_flags, model_defaults
 from tracegym.config.renames import Rename, migrate, migrate_flags
 from tracegym.core.errors import UsageError
 
@@ -41,6 +43,8 @@ def parse_command(cls: type[C], args: Sequence[str], *, prog: str, description: 
     merged: dict[str, Any] = {}
     for file in files:
         merged = merge(merged, file.data)
+    flags, merged = apply_item_flags(flags, merged, lambda: default.model_dump(mode="json") if default is not None
+                                     else model_defaults(cls))
     with tempfile.TemporaryDirectory() as tmp:  # the migrated files, merged, reach pydantic-config as one file
         merged_file = Path(tmp) / "merged.json"
         merged_file.write_text(json.dumps(merged))

@@ -7,7 +7,8 @@ since its last turn, attributed, then the referee's `observe` message: its promp
 N+1 extends its turn N exactly, tokens included), atomic slots (every member of a slot moves, then all moves are
 applied; a failed turn applies none, cancels its peers' turns still running and ends the episode with its error;
 a move that raises as it is applied undoes the slot's moves before it), bounded move retries and forfeits,
-quarantine of malformed markup, settling and per-member scoring.
+quarantine of malformed markup, settling (unless a member forfeited: the forfeit decided the game) and per-member
+scoring.
 
 An episode ends when its schedule is exhausted or the game is over (`completed`), a stop fires, `max_turns`
 slots ran, a member's prompt no longer fits (`truncated`; a reply cut by the completion budget is still that
@@ -83,6 +84,8 @@ class EpisodeRun:
         self.readers = {m: _Reader(task.private_tag) for m in episode.members}
         self.slots = 0
         self.stage = "setup"
+        self.forfeited = False
+        """A member forfeited: the game's outcomes are the forfeit's, and `settle` does not run."""
 
     async def run(self) -> Episode:
         """Play, settle and score within the rollout timeout (the whole episode's), then clean up."""
@@ -132,7 +135,8 @@ class EpisodeRun:
             check_slot(slot, self.episode.members)
             await self._slot(slot)
             self.slots += 1
-        self._call("settle", self.task.settle)
+        if not self.forfeited:  # a forfeit decided the game: settling would overwrite its outcomes
+            self._call("settle", self.task.settle)
         raise Ended(StopReason.COMPLETED)
 
     async def _slot(self, slot: Slot) -> None:
@@ -162,6 +166,7 @@ class EpisodeRun:
             for done in moves:
                 if done.move is FORFEIT:
                     self._call(f"forfeit:{done.member}", self.task.forfeit, done.member)
+                    self.forfeited = True
                 else:
                     self._call(f"act:{done.member}", self.task.act, done.member, done.move)
         except Exception:

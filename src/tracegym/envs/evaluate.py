@@ -29,6 +29,7 @@ from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, rollout
 from tracegym.envs.schedule import Member
+from tracegym.envs.scripted_seat import check_scripts, with_scripts
 from tracegym.envs.seats import Seat, Seats, bind
 from tracegym.envs.task_sandbox import check_taskset_async
 from tracegym.envs.taskset import Taskset
@@ -136,13 +137,16 @@ async def run_episode(taskset: Taskset, data: TaskData, model: ModelArg, *, epis
         return Episode.solo(await run_rollout(taskset, data, model, rollout_index=episode_index, **options))
     members = multi_agent_class(taskset).seats
     bound = bind(members, seats, taskset.id)
+    check_scripts(multi_agent_class(taskset), bound)
     trainable = {m.id: bound[m.id].trains(m) for m in members}
     infra_retries = options.get("infra_retries", INFRA_RETRIES)
+    sampling = options.get("sampling")
     async with live_seats(model, bound) as clients:
         for attempt in range(infra_retries + 1):
             try:
                 task = cast(MultiAgentTask, contained_call(taskset.task, data))  # multi_agent_class checked it
-                episode = await play(task, clients, options.get("sampling"), episode_index=episode_index,
+                players = with_scripts(task, clients, bound, sampling.seed if sampling else None, episode_index)
+                episode = await play(task, players, sampling, episode_index=episode_index,
                                      trainable=trainable, timeouts=options.get("timeouts"))
             except Exception as exc:  # the boundary around an episode, as around a rollout
                 return failed_episode(taskset.id, members_of(taskset), data, episode_index, exc)
@@ -157,7 +161,9 @@ async def evaluate_episodes_iter(taskset: str | Taskset, model: ModelArg, *, sea
     """Yield episodes as they finish (`rollouts` per task: episode indices 0..rollouts-1; `pairs`: (task,
     episode index) pairs)."""
     work = plan(taskset, **options)
-    bind(seats_of(work.taskset), seats, work.taskset.id)  # a bad seat fails before any episode
+    bound = bind(seats_of(work.taskset), seats, work.taskset.id)  # a bad seat fails before any episode
+    if is_multi_agent(work.taskset):
+        check_scripts(multi_agent_class(work.taskset), bound)  # so does a script the game cannot play
     await check_taskset_async(work.taskset)  # so does a sandbox this host cannot run as asked
     async with live(model) as client:
         async def one(pair: tuple[TaskData, int]) -> Episode:

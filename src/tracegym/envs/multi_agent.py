@@ -4,9 +4,16 @@ Subclass `MultiAgentTask` as you would `Task`: list the members in `seats`, say 
 (default: `rounds` rounds of turns in seat order), and give the referee's rules as hooks: `observe` (what a
 member is told before it acts), `move` (read a reply's public text into a move; raise `InvalidMove` to have the
 member try again, at most `move_retries` times, then it forfeits), `act` (apply the committed move) and
-`settle` (after the last slot, e.g. read the judge's verdict). Rewards and metrics are ordinary `@reward` /
-`@metric` methods, scored once per member on that member's own trace (`trace.member` says whose). Its taskset
-is an ordinary `Taskset` with `task_class` set to it. See `tasksets/kuhn_poker.py` for a worked example.
+`settle` (after the last slot, e.g. read the judge's verdict; it does not run after a forfeit). A game ends with
+`win(member)` (or by setting `outcomes` and `over` itself, e.g. a draw), and `forfeit(member)` ends it for a member
+that ran out of retries: its outcomes are final. `payoff(member)` is a member's reward from the outcomes (+1 win,
+-1 loss or forfeit, 0 draw or unfinished; override it for a game paid otherwise, e.g. kuhn-poker's chips), so a
+`@reward` that returns it is right however the game ended, a forfeit included. Rewards and metrics are ordinary
+`@reward` / `@metric` methods, scored once per member on that member's own trace (`trace.member` says whose); a
+reward must not read state that a forfeit may have left unset. `legal_moves(member)` lists the replies that are
+legal now (a `random` seat draws from them) and `scripts` names scripted players the game ships
+(`envs.scripted_seat`). Its taskset is an ordinary `Taskset` with `task_class` set to it. See
+`tasksets/kuhn_poker.py` for a worked example.
 
 Keep the game's state on the instance (one per episode) and a slot commits all its moves or none without more
 work: when the `act` (or `forfeit`) of one member of a simultaneous slot raises, the moves of that slot applied
@@ -19,8 +26,9 @@ overridden. A slot of one member takes no snapshot: its `act` should raise befor
 from __future__ import annotations
 
 import copy
+import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tracegym.core.episode import Outcome
@@ -34,6 +42,10 @@ from tracegym.envs.view import PRIVATE_TAG
 
 PAYOFF = {Outcome.WIN: 1.0, Outcome.LOSS: -1.0, Outcome.DRAW: 0.0, Outcome.FORFEIT: -1.0}
 """A game's reward per outcome (`MultiAgentTask.payoff`)."""
+
+
+Script = Callable[["MultiAgentTask", str, random.Random], str]
+"""A scripted player: `script(task, member, rng)` is `member`'s reply now (the text its `move` reads)."""
 
 
 class InvalidMove(TaskError):
@@ -69,6 +81,9 @@ class MultiAgentTask(Task[DataT, ConfigT]):
     shared_state: ClassVar[tuple[str, ...]] = ()
     """Attributes that are not the game's state (a client, a sandbox handle, a lock): `snapshot` shares them
     rather than copying them, and `restore` leaves them alone."""
+    scripts: ClassVar[Mapping[str, Script]] = {}
+    """Scripted players the game ships, by name (a seat's `script`, e.g. kuhn-poker's `nash`); `random` (a uniformly
+    random legal move) needs no entry, only `legal_moves`."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -149,24 +164,31 @@ class MultiAgentTask(Task[DataT, ConfigT]):
         for name, value in state.items():
             setattr(self, name, value)
 
+    def legal_moves(self, member: str) -> Sequence[str] | None:
+        """The replies that are legal moves for `member` now, each as `move` reads it (a `random` seat draws one);
+        None: the game cannot list them (a `random` seat is then refused by name)."""
+        return None
+
     def win(self, winner: str) -> None:
         """End the game: `winner` wins, the others lose."""
         self.outcomes = {m: Outcome.WIN if m == winner else Outcome.LOSS for m in self.members}
         self.over = True
 
     def payoff(self, member: str | None) -> float:
-        """A zero-sum game's reward for `member`: +1 win, -1 loss or forfeit, 0 draw or an unfinished game."""
+        """`member`'s reward from the game's outcomes (a `@reward` returning it is right however the game ended):
+        +1 win, -1 loss or forfeit, 0 draw or an unfinished game. Override it for a game paid otherwise."""
         outcome = self.outcomes.get(str(member))
         return PAYOFF[outcome] if outcome else 0.0
 
     def forfeit(self, member: str) -> None:
-        """`member` ran out of retries: by default it forfeits, the others win, and the game is over."""
+        """`member` ran out of retries: by default it forfeits, the others win, and the game is over; these
+        outcomes are final (`settle` does not run after a forfeit)."""
         self.outcomes = {m: Outcome.FORFEIT if m == member else Outcome.WIN for m in self.members}
         self.over = True
 
     def settle(self) -> None:
         """Decide the episode once its last slot is done (e.g. read the judge's verdict); raising fails the
-        episode (no member is scored)."""
+        episode (no member is scored). It does not run when a member forfeited: the forfeit decided the game."""
 
 
 def verdict(text: str, allowed: Sequence[str], judge: str = "judge") -> str:

@@ -175,7 +175,7 @@ class Worker:
             for member, seat in request.seats.items():
                 model = seat.model if not isinstance(seat.model, Endpoint) else await stack.enter_async_context(
                     self.models.use(seat.model))
-                seats[member] = Seat(model=model, trainable=seat.trainable)
+                seats[member] = Seat(model=model, script=seat.script, trainable=seat.trainable)
             indices = request.rollout_indices
             if len(indices) == 1:  # the common case: no child task, so no extra trip through the event loop
                 done = [await self._one(request, policy, seats, indices[0])]

@@ -6,19 +6,26 @@ Each player antes 1 chip. `player_0` acts first: `check` or `bet` (1 chip). Afte
 showdown the higher card takes the pot. The referee (this module's code) deals, tells each player only its own
 card and the betting so far (`observe`), reads the last legal action word in a reply's public text (`move`;
 anything in `<think>...</think>` is private), and asks again on an illegal reply: after `move_retries` retries
-the player forfeits. Rewards: `payoff` +1 to the winner, -1 to the loser (and to a forfeiting player); metrics:
-`chips` (net chips won) and `won`.
+the player forfeits, which costs it what a fold would (the chips it put in; the other takes the pot). Reward:
+`payoff`, the net chips a player won (+1 or +2 for a win, -1 or -2 for a loss or forfeit), so figures compare with
+the game's known value: at a Nash equilibrium `player_0` wins -1/18 chips a hand. Metric: `won`.
+
+Scripted players (a seat's `script`): `random` (a uniformly random legal action), `nash` (the equilibrium with
+alpha = 1/3, `NASH`) and `always-bet` (bets, or calls a bet).
 
 How it is written, as a template for your own game: `KuhnPokerTask(MultiAgentTask[KuhnDeal])` lists its two
-`seats`, yields whoever acts next from `schedule()` until `over`, and keeps the game on the instance (one per
-episode); `KuhnPoker(Taskset[KuhnConfig])` deals seeded rows. Run it: `tracegym eval kuhn-poker -n 200`.
+`seats`, yields whoever acts next from `schedule()` until `over`, keeps the game on the instance (one per episode),
+ends it with `win()` and pays `payoff()` in chips; `KuhnPoker(Taskset[KuhnConfig])` deals seeded rows. Run it:
+`tracegym eval kuhn-poker -n 200`.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from typing import cast
 
 from pydantic import Field
 
@@ -38,6 +45,16 @@ RULES = (
 )
 SEATS = (Member(id="player_0", system_prompt=f"You are player_0. {RULES}"),
          Member(id="player_1", system_prompt=f"You are player_1. {RULES}"))
+GAME_VALUE = Fraction(-1, 18)
+"""`player_0`'s expected chips a hand when both play a Nash equilibrium."""
+NASH: dict[tuple[str, str], Fraction] = {
+    # (actions so far, card) -> chance of the bolder action: bet, or call a bet; alpha = 1/3
+    ("", "J"): Fraction(1, 3), ("", "Q"): Fraction(0), ("", "K"): Fraction(1),
+    ("check bet", "J"): Fraction(0), ("check bet", "Q"): Fraction(2, 3), ("check bet", "K"): Fraction(1),
+    ("bet", "J"): Fraction(0), ("bet", "Q"): Fraction(1, 3), ("bet", "K"): Fraction(1),
+    ("check", "J"): Fraction(1, 3), ("check", "Q"): Fraction(0), ("check", "K"): Fraction(1),
+}
+"""A Nash equilibrium of Kuhn poker (alpha = 1/3): per (actions so far, card), the chance of the bolder action."""
 
 
 class KuhnConfig(TasksetConfig):
@@ -53,12 +70,29 @@ class KuhnDeal(TaskData):
     cards: dict[str, str]
 
 
+def nash(task: MultiAgentTask, member: str, rng: random.Random) -> str:
+    """A Nash-equilibrium player (`NASH`)."""
+    return bold_or_not(task, member, rng.random() < cast("KuhnPokerTask", task).bold_chance(member, NASH))
+
+
+def always_bet(task: MultiAgentTask, member: str, rng: random.Random) -> str:
+    """Bets, or calls a bet."""
+    return bold_or_not(task, member, True)
+
+
+def bold_or_not(task: MultiAgentTask, member: str, bold: bool) -> str:
+    """The bolder legal action (bet, call) or the other (check, fold)."""
+    passive, aggressive = sorted(cast("KuhnPokerTask", task).legal(), key=("check", "fold", "bet", "call").index)
+    return aggressive if bold else passive
+
+
 class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
     """One hand of Kuhn poker between `player_0` and `player_1`."""
 
     seats = SEATS
     public_outputs = False  # the referee narrates each action; a player's words beyond it are not the game
     move_retries = 2
+    scripts = {"nash": nash, "always-bet": always_bet}
 
     def __init__(self, data: KuhnDeal, **options: object) -> None:
         super().__init__(data, **options)
@@ -79,6 +113,9 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
         """The actions open to the player to act."""
         facing_bet = bool(self.history) and self.history[-1][1] == "bet"
         return ["call", "fold"] if facing_bet else ["check", "bet"]
+
+    def legal_moves(self, member: str) -> Sequence[str]:
+        return self.legal()
 
     def observe(self, member: str) -> str:
         done = "; ".join(f"{p} {a}s" for p, a in self.history) or "nobody has acted yet"
@@ -105,18 +142,22 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
             cards = self.data.cards
             self.win(max(self.members, key=lambda m: CARDS.index(cards[m])))
 
-    @reward(name="payoff")
-    def reward_payoff(self, trace: Trace) -> float:
-        """+1 for a win, -1 for a loss or a forfeit, 0 for an unfinished hand."""
-        return self.payoff(trace.member)
-
-    @metric(name="chips")
-    def net_chips(self, trace: Trace) -> float:
-        """Net chips this player won (the pot it took minus what it put in)."""
-        outcome, mine = self.outcomes.get(str(trace.member)), self.chips[str(trace.member)]
+    def payoff(self, member: str | None) -> float:
+        """Net chips `member` won: the other's chips in the pot for a win, minus its own for a loss or a forfeit
+        (a forfeit costs what a fold would), 0 for an unfinished hand."""
+        outcome, mine = self.outcomes.get(str(member)), self.chips.get(str(member), 0)
         if outcome == Outcome.WIN:
             return float(sum(self.chips.values()) - mine)
         return -float(mine) if outcome in (Outcome.LOSS, Outcome.FORFEIT) else 0.0
+
+    def bold_chance(self, member: str, strategy: dict[tuple[str, str], Fraction]) -> Fraction:
+        """The chance `strategy` gives `member` of the bolder action now (bet, or call a bet)."""
+        return strategy[(" ".join(a for _, a in self.history), self.data.cards[member])]
+
+    @reward(name="payoff")
+    def reward_payoff(self, trace: Trace) -> float:
+        """Net chips won: +1 or +2 for a win, -1 or -2 for a loss or a forfeit, 0 for an unfinished hand."""
+        return self.payoff(trace.member)
 
     @metric
     def won(self, trace: Trace) -> float:
@@ -131,9 +172,9 @@ def deal(rng: random.Random, cfg: KuhnConfig, index: int) -> KuhnDeal:
 
 
 class KuhnPoker(Taskset[KuhnConfig]):
-    """Kuhn poker self-play (two seats); reward: +1 win, -1 loss or forfeit."""
+    """Kuhn poker self-play (two seats); reward: net chips won (a forfeit loses what a fold would)."""
 
     id = "kuhn-poker"
-    description = "Two-player Kuhn poker (J/Q/K, one betting round); reward +1 win, -1 loss or forfeit."
+    description = "Two-player Kuhn poker (J/Q/K, one betting round); reward: net chips won (+-1 or +-2)."
     task_class = KuhnPokerTask
     row_maker = deal

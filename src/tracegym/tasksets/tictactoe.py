@@ -77,6 +77,10 @@ class TicTacToeTask(MultiAgentTask[Opening, TicTacToeConfig]):
             raise InvalidMove(f"cell {cell + 1} is taken.")
         return cell
 
+    def legal_moves(self, member: str) -> list[str]:
+        """The free cells' numbers (1-9)."""
+        return [str(cell + 1) for cell in range(9) if self.board[cell] is None]
+
     def act(self, member: str, move: int) -> None:
         self.board[move] = MARKS[member]
         self.played += 1

@@ -11,12 +11,12 @@ that sampled them, drop samples older than `max_async_steps`, and hand the batch
 empty is made again with new tasks, `batch_attempts` times at most, then the run stops saying why: `regeneration`)
 with the orchestrator's state (the trainer checkpoints that state with its own, so a resume restores
 both from one place). Held-out environments are evaluated before the first step, every `eval.every` steps and
-after the last. Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's
-episodes to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to
-`evals/<env>/`. An environment with online difficulty (`difficulty.py`) passes over tasks outside
-its pass-rate band when drawing, and refills the step's groups without signal. Each group is kept in the run
-folder as it finishes, so a resume after a kill mid-step runs only the others (`rl_folder.FinishedGroups`,
-counted as `groups_kept`).
+after the last, each time on the policy trained on that many steps (waited for: an asynchronous run pauses there).
+Metrics go to the run folder's `metrics.jsonl` (and the trackers `[tracking]` turns on), the step's episodes
+to its episode log (`traces/step-N.jsonl`, `episodes/step-N.jsonl`), a held-out evaluation's to `evals/<env>/`.
+An environment with online difficulty (`difficulty.py`) passes over tasks outside its pass-rate band when drawing,
+and refills the step's groups without signal. Each group is kept in the run folder as it finishes, so a resume
+after a kill mid-step runs only the others (`rl_folder.FinishedGroups`, counted as `groups_kept`).
 
 `build_orchestrator` makes one from the `[orchestrator]` section and the parts the orchestrator process
 built (`roles.orchestrator_for`: the policy's endpoint, the signal); the class takes only its parts.
@@ -140,7 +140,7 @@ class Orchestrator:
         self.held_out = held_out or HeldOut(envs=[], sampling=plan.sampling)
         self.rng = random.Random(plan.seed)
         self.filters = filters or []
-        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key)
+        self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key, group_passes)
         self.tripwires = tripwires or Tripwires(TripwireConfig(enabled=False))
         self.next_step = 0
         """The step whose batch comes next."""
@@ -343,14 +343,15 @@ class Orchestrator:
 
     # --- evaluation --------------------------------------------------------------------------------------
     async def evaluate(self, step: int, wait: bool = False) -> None:
-        """Mean reward (with a 95% interval) on each held-out environment under the policy of `step` (`wait`:
-        once the trainer has published it, the run's last step: from then on the evaluation is the watchdog's eval
-        drain; else the one served now), and a multi-agent one's game figures; each environment's episodes go to its
-        folder under `evals/`."""
+        """Mean reward (with a 95% interval) on each held-out environment under policy `step` (the policy trained on
+        `step` batches), and a multi-agent one's game figures; each environment's episodes go to its folder under
+        `evals/`. It waits for the trainer to publish that policy: the orchestrator hands over batch `step - 1`
+        before evaluating, so an asynchronous run's served policy may still be an older one, and "eval step N"
+        must be policy N (its record's `policy_version` says so). `wait`: the run's last step, from then on the
+        evaluation is the watchdog's eval drain."""
         if not self.held_out.envs:
             return
-        at_least = step if wait else 0
-        version, model = await self.policy_when(lambda v: v >= at_least, f"policy {step} to evaluate")
+        version, model = await self.policy_when(lambda v: v >= step, f"policy {step} to evaluate")
         endpoint = self.endpoint.model_copy(update={"model": model})
         with watch(Stage.EVAL_DRAIN, f"after step {step}") if wait else contextlib.nullcontext():
             for env in self.held_out.envs:
@@ -430,7 +431,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
         rows = servers.rows(e, held_out=True, count=min(orch.eval.num_tasks, served.size or orch.eval.num_tasks))
         held_out.append(HeldOutEnv(e.id, served, rows, client, seating(e, served, f"orchestrator.eval.envs.{i}")))
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
-                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key)
+                                   for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key,
+                                  group_passes)
     plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
@@ -490,9 +492,32 @@ class EnvServers:
         return name
 
 
-def group_rewards(group: Group) -> list[float]:
-    """The rewards a group's advantages compare: its episodes' trainable members' (a rollout's own)."""
-    return [t.reward for t in learner_traces(group) if trainable(t) and t.reward is not None]
+def group_rewards(group: Group) -> dict[str, list[float]]:
+    """The rewards a group's advantages compare, per seat: its episodes' trainable members' (a rollout's own, seat
+    `SOLO`)."""
+    return {seat: [r for _, r in scored] for seat, scored in scored_seats(group).items()}
+
+
+def group_passes(group: Group) -> dict[str, list[float]]:
+    """What a group's task's pass rates average, per seat: a game seat's wins (1 a win, 0.5 a draw, 0 a loss or
+    forfeit), else its reward (a rollout's; a member the game gave no outcome)."""
+    return {seat: [PASSES.get(e.outcomes[seat], 0.0) if seat in e.outcomes else r for e, r in scored]
+            for seat, scored in scored_seats(group).items()}
+
+
+PASSES = {Outcome.WIN: 1.0, Outcome.DRAW: 0.5}
+"""A game seat's pass per outcome (any other: 0) for online difficulty."""
+
+
+def scored_seats(group: Group) -> dict[str, list[tuple[Episode, float]]]:
+    """Each trainable seat's (episode, reward) in a group, of the members whose trace can be trained on."""
+    out: dict[str, list[tuple[Episode, float]]] = {}
+    for episode in group:
+        for member in episode.trainable_members:
+            trace = episode.traces.get(member)
+            if trace is not None and trainable(trace) and trace.reward is not None:
+                out.setdefault(member, []).append((episode, trace.reward))
+    return out
 
 
 def group_key(group: Group) -> str:

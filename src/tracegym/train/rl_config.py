@@ -25,7 +25,7 @@ from tracegym.train.difficulty import DifficultyConfig
 from tracegym.train.distillation import OPDConfig
 from tracegym.train.filters import Filters
 from tracegym.train.seating import Play, SeatChoice, check_seats, uses_base_weights
-from tracegym.train.sft import SFTConfig
+from tracegym.train.sft import SFTConfig, check_single_agent
 from tracegym.train.tracking import TrackingConfig
 from tracegym.train.trainer import TrainerConfig
 from tracegym.train.tripwire import TripwireConfig
@@ -375,13 +375,17 @@ def trainer_nodes(cluster: Literal["local", "slurm"], slurm: SlurmConfig) -> int
 
 def parse_rl_args(args: list[str]) -> tuple[RLConfig, list[str]]:
     """The validated config and the warnings (renamed keys; seating not checked here); more trainer ranks than a
-    step has rollouts (some would have nothing to train), or a seat a multi-agent taskset has not, is a UsageError
-    naming the flag."""
+    step has rollouts (some would have nothing to train), a seat a multi-agent taskset has not, or SFT on a
+    multi-agent taskset, is a UsageError naming the flag."""
     config, warnings = parse_command(RLConfig, args, prog="tracegym rl", renames=RENAMES)
     phases = {"train": config.orchestrator.train.envs, "eval": config.orchestrator.eval.envs}
     for phase, envs in phases.items():
         for i, env in enumerate(envs):
             if said := check_seats(f"--orchestrator.{phase}.envs.{i}", env.id, env.options, env.play, env.seats):
+                warnings.append(said)
+    if config.mode == "sft":
+        for i, env in enumerate(config.orchestrator.train.envs):
+            if said := check_single_agent(f"--orchestrator.train.envs.{i}", env.id, env.options):
                 warnings.append(said)
     ranks = config.trainer.num_processes * trainer_nodes(config.cluster, config.slurm)
     rollouts = config.orchestrator.tasks_per_step * config.orchestrator.group_size

@@ -2,12 +2,13 @@
 
 An environment's `play` says it for every episode: by default every seat is the policy and trains (shared-policy
 self-play). With `learner = "alternate"` or `"random"` one seat per episode is the learner (the policy, trained)
-and the others are opponents (not trained): the current policy, the base model, or a past checkpoint of the run
-drawn from the opponent pool. Alternation goes round the seats in seat order across the run's episodes; a random
-learner is drawn with the run's seeded generator (checkpointed), so a resumed run seats as the killed one would
-have. An environment's `seats` pin single members for good (a judge on another endpoint, a judge that trains);
-the learner is never put in a pinned seat. The result of each episode is a plain seat binding (`envs.seats.Seat`)
-that crosses the wire.
+and the others are opponents (not trained): the current policy, the base model, a past checkpoint of the run
+drawn from the opponent pool, or a scripted player (`envs.scripted_seat`: a random legal move, a game's script).
+Alternation goes round the seats in seat order across the run's episodes; a random learner is drawn with the
+run's seeded generator (checkpointed), so a resumed run seats as the killed one would have. An environment's
+`seats` pin single members for good (a judge on another endpoint, a judge that trains, a scripted player); the
+learner is never put in a pinned seat. The result of each episode is a plain seat binding (`envs.seats.Seat`) that
+crosses the wire.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tracegym.core.errors import UsageError
-from tracegym.envs.evaluate import members_of
+from tracegym.envs.evaluate import members_of, multi_agent_class
 from tracegym.envs.multi_agent import is_multi_agent
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.scripted_seat import load_script
 from tracegym.envs.seats import Seat
 from tracegym.models.endpoint import Endpoint, HttpUrl
 
@@ -39,12 +41,23 @@ class SeatChoice(BaseModel):
     policy."""
     base_url: HttpUrl | None = None
     """Another OpenAI-compatible endpoint serving `model` (e.g. a judge elsewhere); unset: the run's vLLM."""
+    script: str | None = None
+    """A scripted player instead of a model, run by the env server: `random` (a uniformly random legal move), a
+    script the game names (kuhn-poker's `nash`, `always-bet`) or `package.module:function`; it never trains."""
     trainable: bool | None = None
     """Train this member's trace (e.g. `true` for a judge playing as the policy); unset: when it plays as the
     policy and its task says it trains (a judge does not)."""
 
+    @property
+    def plays_elsewhere(self) -> bool:
+        """Whether this member plays as something other than the policy (another model, a script)."""
+        return self.model is not None or self.script is not None
+
     @model_validator(mode="after")
     def _model_for_url(self) -> SeatChoice:
+        if self.script is not None and (self.model is not None or self.base_url is not None or self.trainable):
+            raise ValueError(f"script {self.script!r} plays the seat by itself: give no model or base_url, and it "
+                             "cannot train")
         if self.base_url is not None and self.model is None:
             raise ValueError("a seat with a base_url names the model served there (model = ...)")
         if self.base_url is None and self.model not in (None, BASE):
@@ -60,10 +73,14 @@ class Play(BaseModel):
     learner: Literal["all", "alternate", "random"] = "all"
     """`all`: every seat is the policy and trains (shared-policy self-play); `alternate`: one seat per episode is
     the learner, taking the seats in turn; `random`: that seat is drawn per episode (seeded)."""
-    opponent: Literal["policy", "base", "pool"] = "policy"
+    opponent: Literal["policy", "base", "pool", "script"] = "policy"
     """With a single learner, who sits in the other seats (not trained): `policy` (the current policy), `base`
-    (the base model) or `pool` (a past checkpoint of this run, drawn per episode). `base` and `pool` need
-    `weight_sync = "lora"`: the run's vLLM keeps the base weights and serves each checkpoint as an adapter."""
+    (the base model), `pool` (a past checkpoint of this run, drawn per episode) or `script` (the scripted player
+    `script` names). `base` and `pool` need `weight_sync = "lora"`: the run's vLLM keeps the base weights and
+    serves each checkpoint as an adapter."""
+    script: str | None = None
+    """With `opponent = "script"`: the scripted player every opponent is, `random` (a uniformly random legal
+    move), a script the game names (kuhn-poker's `nash`, `always-bet`) or `package.module:function`."""
     pool_latest: int = Field(default=4, ge=1)
     """The pool: the latest N policies of the run (the base model, then each checkpoint's)."""
     pool_pick: Literal["uniform", "latest"] = "uniform"
@@ -74,6 +91,8 @@ class Play(BaseModel):
         if self.learner == "all" and self.opponent != "policy":
             raise ValueError(f"opponent = {self.opponent!r} needs a single learner per episode "
                              "(learner = 'alternate' or 'random')")
+        if (self.opponent == "script") != (self.script is not None):
+            raise ValueError("opponent = 'script' and script = NAME go together (e.g. script = 'random')")
         return self
 
     @property
@@ -88,11 +107,12 @@ def uses_base_weights(play: Play, seats: Mapping[str, SeatChoice]) -> bool:
 
 
 def check_seats(where: str, env_id: str, options: Mapping[str, Any], play: Play,
-                seats: Mapping[str, Any]) -> str | None:
+                seats: Mapping[str, SeatChoice]) -> str | None:
     """At the command line, that an environment's seating fits its taskset, imported here: a UsageError naming
-    `where` (`--orchestrator.train.envs.0`) when the taskset is single-agent or lacks a seat `seats` names. A
-    taskset that cannot be imported here (its code may live only where its env server runs) is a warning, returned:
-    the orchestrator checks the seats against what the env server says it serves."""
+    `where` (`--orchestrator.train.envs.0`) when the taskset is single-agent, lacks a seat `seats` names, or cannot
+    play a script named. A taskset that cannot be imported here (its code may live only where its env server runs)
+    is a warning, returned: the orchestrator checks the seats against what the env server says it serves, and the
+    env server the scripts."""
     if play == Play() and not seats:
         return None
     try:
@@ -108,6 +128,14 @@ def check_seats(where: str, env_id: str, options: Mapping[str, Any], play: Play,
     if unknown:
         raise UsageError(f"{where}.seats: seat {unknown[0]!r}: taskset {env_id!r} has no such seat (seats: "
                          f"{', '.join(members)})")
+    scripts = {f"{where}.seats.{name}.script": seat.script for name, seat in seats.items() if seat.script}
+    if play.script is not None:
+        scripts[f"{where}.play.script"] = play.script
+    for key, script in scripts.items():
+        try:
+            load_script(script, multi_agent_class(taskset))
+        except UsageError as exc:
+            raise UsageError(f"{key}: {exc}") from None
     return None
 
 
@@ -124,11 +152,11 @@ class Seating:
         opponent pool (needed for `opponent = "pool"`)."""
         self.members, self.play, self.pinned = list(members), play, dict(pinned)
         self.endpoint, self.base_model, self.opponents = endpoint, base_model, opponents
-        self.free = [m for m in self.members if m not in self.pinned or self.pinned[m].model is None]
-        """Seats the learner may take (not pinned to another model)."""
+        self.free = [m for m in self.members if m not in self.pinned or not self.pinned[m].plays_elsewhere]
+        """Seats the learner may take (not pinned to another model or a script)."""
         if play.learner != "all" and not self.free:
-            raise UsageError(f"every seat ({', '.join(self.members)}) is pinned to a model: none is left for the "
-                             "learner")
+            raise UsageError(f"every seat ({', '.join(self.members)}) is pinned to a model or a script: none is "
+                             "left for the learner")
         if play.opponent == "pool" and opponents is None:
             raise UsageError("opponent = 'pool' needs an opponent pool")
         self.turn = 0
@@ -150,10 +178,14 @@ class Seating:
         out = {}
         for member in self.members:
             pin = self.pinned.get(member)
-            if pin is not None and pin.model is not None:
+            if pin is not None and pin.script is not None:
+                out[member] = Seat(script=pin.script)
+            elif pin is not None and pin.model is not None:
                 out[member] = Seat(model=self.pinned_endpoint(pin), trainable=pin.trainable)
             elif learner is None or member == learner:
                 out[member] = Seat(trainable=pin.trainable if pin else None)
+            elif self.play.script is not None:
+                out[member] = Seat(script=self.play.script)
             else:
                 out[member] = Seat(model=self.at_vllm(self.opponent(policy, rng)), trainable=False)
         return out
@@ -163,7 +195,7 @@ class Seating:
         return [None] if self.play.learner == "all" else list(self.free)
 
     def opponent(self, policy: str, rng: random.Random) -> str:
-        """The model name an opponent plays as in the next episode."""
+        """The model name an opponent plays as in the next episode (one not scripted)."""
         if self.play.opponent == "policy":
             return policy
         if self.play.opponent == "base":

@@ -30,6 +30,8 @@ from tracegym.core.messages import Message
 from tracegym.core.sample import Sample
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import Trace
+from tracegym.envs.multi_agent import is_multi_agent
+from tracegym.envs.registry import load_taskset
 from tracegym.models.client import ModelRequest
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import Renderer
@@ -136,6 +138,21 @@ def branch_tokens(messages: Sequence[Message], renderer: Renderer, tools: Sequen
 # --- the teacher as a source of batches ------------------------------------------------------------------
 DROPPED = "sft/dropped/"
 """The prefix of the metrics counting dropped teacher rollouts by reason."""
+
+
+def check_single_agent(where: str, env_id: str, options: dict[str, Any]) -> str | None:
+    """At the command line (`--dry-run` included): a UsageError naming `where` when a training environment's
+    taskset is multi-agent (SFT learns from a teacher's single-agent rollouts); a taskset that cannot be imported
+    here is a warning, returned: the first step refuses it."""
+    try:
+        taskset = load_taskset(env_id, dict(options))
+    except UsageError as exc:
+        return (f"{where}: taskset {env_id!r} cannot be loaded here ({exc}); mode = 'sft' refuses it at the first "
+                "step if it is multi-agent")
+    if is_multi_agent(taskset):
+        raise UsageError(f"{where}: taskset {env_id!r} is multi-agent; mode = 'sft' trains on single-agent "
+                         "environments (their teacher rollouts)")
+    return None
 
 
 class SFTSignal:

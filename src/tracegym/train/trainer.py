@@ -19,6 +19,7 @@ world size resumes at any other.
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -199,6 +200,8 @@ class Trainer:
         step_sums = dict(zip(LOSS_SUMS, totals[:-1], strict=True))  # over every rank's micro-batches
         seconds = time.perf_counter() - start
         metrics = _metrics(step_sums, grad_norm, len(samples), int(totals[-1]), self.version, seconds)
+        if self.config.objective == "cross_entropy":  # no sampler to compare with: a likelihood's own figures
+            metrics = sft_metrics(metrics)
         return {**metrics, "ranks": float(self.dp.world)}
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[MicroBatch]:
@@ -377,6 +380,17 @@ def _metrics(sums: dict[str, float], grad_norm: float, samples: int, batches: in
         "version": float(version),
         "seconds": seconds,
     }
+
+
+RATIO_METRICS = ("masked_low_frac", "masked_high_frac", "ratio_mean", "abs_log_ratio_mean")
+"""The policy-gradient loss's figures of the trainer-sampler ratio, which a cross-entropy step has not."""
+
+
+def sft_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A cross-entropy step's metrics: its loss is the mean NLL of the loss tokens, and `perplexity` its exp; the
+    ratio figures, which it has not, are left out (not logged as 0)."""
+    out = {k: v for k, v in metrics.items() if k not in RATIO_METRICS}
+    return {**out, "perplexity": math.exp(min(metrics["loss"], 700.0))}
 
 
 def _peft(model: PreTrainedModel | PeftModel) -> TypeIs[PeftModel]:
