@@ -182,7 +182,7 @@ def remote_function(name: str, description: str, parameters: dict[str, Any],
                           default=inspect.Parameter.empty if key in required else schema.get("default"))
         for key, schema in sorted(properties.items(), key=lambda item: item[0] not in required)])
     vars(tool).update(__signature__=signature)
-    tool.__annotations__ = {**hints, "return": str}
+    tool.__annotations__ = hints
     return tool
 
 

@@ -346,10 +346,11 @@ class OpenEnvTaskset(Taskset[OpenEnvConfig]):
         self._server = Catalog(self.config.url, functools.partial(headers, self.config),
                                functools.partial(connection, self.config))
 
-    @property
     def capacity(self) -> int | None:
         """The sessions the server holds at once, where it says so (`max_sessions` in its /health) or said so when
-        full; None when unknown. Rollouts beyond it wait for a free session."""
+        full; None when unknown (openenv's own server says it only when full). Rollouts beyond it wait for a free
+        session."""
+        self.offer()
         return self._server.capacity
 
     def load(self) -> Iterator[OpenEnvData]:
