@@ -167,3 +167,20 @@ def test_a_remote_tools_function_reads_as_its_json_schema():
         "required": ["mode"]}}
     assert inspect.signature(fn).parameters["mode"].annotation == Literal["fast", "slow"]
     assert asyncio.run(fn(mode="fast")) == {"mode": "fast"}
+
+
+def test_a_session_refused_while_this_tasksets_own_rollouts_hold_them_all_says_so():
+    from tracegym.core.errors import InfrastructureError
+
+    with echo_server(max_concurrent_envs=1) as url:  # TRL's batch of two rollouts, reset one after the other
+        taskset = OpenEnvTaskset({"url": url, "num_tasks": 2, **NO_WAIT})
+        env_class, rows = environment_factory(taskset), train_dataset(taskset)
+        first, second = env_class(), env_class()
+        first.reset(**rows[0])
+        with pytest.raises(InfrastructureError, match="this taskset's own rollouts hold all 1 of its sessions"):
+            second.reset(**rows[1])
+        first._cleanup()  # the first rollout ends: its session is free for the next
+        second.reset(**rows[1])
+        said = second.echo_message(message="hi")
+        second._cleanup()
+    assert said == "hi"

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import httpx
 
-from tracegym.core.errors import InfrastructureError
+from tracegym.core.errors import ErrorKind, InfrastructureError, TracegymError
 from tracegym.interop.openenv_connection import OpenEnvConnection
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,8 @@ class Catalog:
         self._lock = threading.Lock()
         self.capacity: int | None = None
         """The sessions the server holds at once, once known."""
+        self.held = 0
+        """Sessions this taskset's rollouts hold now (one each, from setup to cleanup; all on one event loop)."""
 
     def offer(self) -> Offer:
         """The server's Offer (asked on first use; an InfrastructureError, or the session's error, when it cannot
@@ -157,6 +159,18 @@ class Catalog:
             log.warning("OpenEnv server %s holds at most %d sessions at once: rollouts beyond %d wait for a free one "
                         "(run with -c %d, or give the server more: max_concurrent_envs)", self.url, max_sessions,
                         max_sessions, max_sessions)
+
+
+    def full_of_our_own(self, refused: TracegymError) -> TracegymError:
+        """A session refused while this taskset's own rollouts hold every one the server has, said so: waiting
+        cannot help where those rollouts wait for this one (TRL resets a whole generation batch before it
+        generates)."""
+        if refused.kind != ErrorKind.INFRASTRUCTURE or self.capacity is None or self.held < self.capacity:
+            return refused
+        return InfrastructureError(
+            f"{refused}: this taskset's own rollouts hold all {self.capacity} of its sessions; rollouts that run at "
+            "once need a session each (under TRL, every rollout of a generation batch): give the server more "
+            "(max_concurrent_envs) or run fewer at once")
 
 
 def remote_function(name: str, description: str, parameters: dict[str, Any],

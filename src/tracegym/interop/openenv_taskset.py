@@ -108,6 +108,8 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
         self.server = server
         self._offered = False
         """The server's Offer was read into this task's tools."""
+        self._holding = False
+        """This rollout holds its session (counted in `server.held`)."""
         self.connection: OpenEnvConnection | None = None
         self.rewards: list[float] = []
         """Every reward a step gave, in order."""
@@ -141,7 +143,12 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
         cfg = self.config
         await asyncio.to_thread(self._offer)  # asked once per taskset (before the first task, by `load`)
         self.connection = connection(cfg, self.server)
-        first = await self.connection.open(**self.data.reset)
+        try:
+            first = await self.connection.open(**self.data.reset)
+        except TracegymError as exc:
+            raise self.server.full_of_our_own(exc) from None
+        self.server.held += 1
+        self._holding = True
         self._first = self.observation_text(first)
         self._record(first, counts=False)
 
@@ -158,6 +165,9 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     async def cleanup(self) -> None:
         if self.connection is not None:
             await self.connection.close()
+        if self._holding:
+            self._holding = False
+            self.server.held -= 1
 
     @stop
     def said_done(self, trace: Trace) -> bool:
