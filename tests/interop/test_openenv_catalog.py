@@ -184,3 +184,13 @@ def test_a_session_refused_while_this_tasksets_own_rollouts_hold_them_all_says_s
         said = second.echo_message(message="hi")
         second._cleanup()
     assert said == "hi"
+
+
+def test_an_openenv_taskset_pickles_with_what_its_server_offers():
+    import pickle
+
+    with echo_server() as url:
+        taskset = OpenEnvTaskset({"url": url})
+        row = taskset[0]
+    copy = pickle.loads(pickle.dumps(taskset))  # the server is gone: the copy's tools come from the pickled offer
+    assert [s.name for s in copy.task(row).tool_specs()] == ["echo_message"]

@@ -147,6 +147,13 @@ class Catalog:
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
             return thread.submit(asyncio.run, listed()).result()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a TRL environment class carries its taskset): all but the lock and the sessions held here."""
+        return {**vars(self), "_lock": None, "held": 0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state, _lock=threading.Lock())
+
     def known(self) -> Offer | None:
         """The Offer if it was asked already (no I/O)."""
         return self._offer
