@@ -3,7 +3,8 @@
 `tracegym eval openenv:ws://127.0.0.1:8001 -n 20` (or `OpenEnvTaskset({"url": ...})`): task i resets the
 environment with seed `seed + i` on its own WebSocket session (one per rollout). The model is offered the
 server's MCP tools (`tools/list`) or, for an environment without them, one tool whose parameters are the
-server's action schema (`/schema`); each call is a step, and its observation is the tool's result. With
+server's action schema (`/schema`), both known before setup (`openenv_catalog` asks once per taskset, so TRL's
+adapter sees them); each call is a step, and its observation is the tool's result. With
 `text_action`, a plain reply is the action instead (a chat environment). The reward is read from each step's
 result (summed over the episode by default) and `done` ends the rollout. Schema-invalid actions come back to the
 model as tool errors; a server at capacity or a dropped connection is an infrastructure error (opening a session
