@@ -155,6 +155,11 @@ class Taskset(Generic[ConfigT]):
         """False for an infinite taskset that no `head` or `shuffle(bound=...)` has bounded."""
         return self._bounded
 
+    def capacity(self) -> int | None:
+        """The most rollouts it can run at once (a remote environment holding that many sessions), where known;
+        None: no limit of its own. `tracegym eval` runs at most that many whatever `-c` says (noted)."""
+        return None
+
     def __len__(self) -> int:
         if not self._bounded:
             raise UsageError(f"taskset {self.id!r} is infinite; bound it with head(n) first")

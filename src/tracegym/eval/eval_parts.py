@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from tracegym.models.model_choice import ModelChoice
 from tracegym.runtimes.watchdog import WatchdogConfig
 from tracegym.serve.env_server_choice import WorkerPoolChoice
 from tracegym.serve.local_server import local_server
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,12 +104,23 @@ def eval_parts(config: EvalConfig, taskset: Taskset) -> EvalParts:
     """The parts of the run `config` describes, around its loaded `taskset`: an `--env.address` wins over
     `--no-serve`, which runs the rollouts in this process instead of a local env server."""
     local = LocalEnvServer(config.taskset.id, config.taskset_options(), config.env) if config.serve else None
-    settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts, concurrency=config.concurrency,
+    settings = RolloutSettings(sampling=config.sampling, timeouts=config.timeouts,
+                               concurrency=within_capacity(config.concurrency, taskset),
                                infra_retries=config.infra_retries)
     return EvalParts(taskset=taskset, name=config.taskset.id, model=config.model_choice(), num_tasks=config.num_tasks,
                      rollouts=config.rollouts, settings=settings, env=config.env.address or local,
                      pass_threshold=config.pass_threshold, cuts=config.cuts, rich=config.rich,
                      seats=dict(config.seat), watchdog=config.watchdog)
+
+
+def within_capacity(concurrency: int, taskset: Taskset) -> int:
+    """`-c`, cut to the rollouts the taskset can run at once where it knows (an OpenEnv server's sessions), noted."""
+    capacity = taskset.capacity()
+    if capacity is None or capacity >= concurrency:
+        return concurrency
+    log.warning("taskset %s runs at most %d rollouts at once (its server's capacity): -c %d runs as -c %d",
+                taskset.id, capacity, concurrency, capacity)
+    return capacity
 
 
 def env_address(env: LocalEnvServer | list[str], stack: contextlib.ExitStack, log_dir: Path) -> str | list[str]:

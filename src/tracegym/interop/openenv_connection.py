@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import random
+from collections.abc import Callable
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, WebSocketException
@@ -67,8 +68,10 @@ class OpenEnvConnection:
 
     def __init__(self, url: str, *, retries: int = 3, backoff: float = 0.5, connect_timeout: float = 10.0,
                  message_timeout: float = 60.0, headers: dict[str, str] | None = None,
-                 capacity_wait: float = 0.0) -> None:
+                 capacity_wait: float = 0.0, on_capacity: Callable[[int], None] | None = None) -> None:
         self.url, self.retries, self.backoff, self.capacity_wait = url, retries, backoff, capacity_wait
+        self.on_capacity = on_capacity
+        """Told the server's `max_sessions` when a CAPACITY_REACHED frame says it."""
         self._options = {"connect_timeout_s": connect_timeout, "message_timeout_s": message_timeout,
                          "headers": headers}
         self._client: Any = None
@@ -88,6 +91,8 @@ class OpenEnvConnection:
             except TracegymError as exc:
                 await self.close()
                 full = isinstance(exc, OpenEnvError) and exc.code in RETRYABLE_CODES
+                if isinstance(exc, OpenEnvError) and full:
+                    self._said_capacity(exc)
                 delay = min(self.backoff * 2 ** min(attempt, 30), CAPACITY_POLL_S if full else MAX_BACKOFF_S)
                 if full and loop.time() + delay < waiting_until:
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -118,6 +123,11 @@ class OpenEnvConnection:
         if client is not None:
             with contextlib.suppress(Exception):  # a broken socket fails to close in many ways; it is over anyway
                 await client.close()
+
+    def _said_capacity(self, refusal: OpenEnvError) -> None:
+        sessions = refusal.data.get("max_sessions")
+        if self.on_capacity is not None and isinstance(sessions, int) and sessions > 0:
+            self.on_capacity(sessions)
 
     def _live(self) -> Any:
         if self._client is None:

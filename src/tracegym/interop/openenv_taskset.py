@@ -3,7 +3,8 @@
 `tracegym eval openenv:ws://127.0.0.1:8001 -n 20` (or `OpenEnvTaskset({"url": ...})`): task i resets the
 environment with seed `seed + i` on its own WebSocket session (one per rollout). The model is offered the
 server's MCP tools (`tools/list`) or, for an environment without them, one tool whose parameters are the
-server's action schema (`/schema`); each call is a step, and its observation is the tool's result. With
+server's action schema (`/schema`), both known before setup (`openenv_catalog` asks once per taskset, so TRL's
+adapter sees them); each call is a step, and its observation is the tool's result. With
 `text_action`, a plain reply is the action instead (a chat environment). The reward is read from each step's
 result (summed over the episode by default) and `done` ends the rollout. Schema-invalid actions come back to the
 model as tool errors; a server at capacity or a dropped connection is an infrastructure error (opening a session
@@ -15,15 +16,16 @@ To read rewards or observations another way, subclass `OpenEnvTask` (override `r
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-import httpx
 from pydantic import Field, TypeAdapter
 
-from tracegym.core.errors import ErrorKind, InfrastructureError, TaskError, ToolError, UsageError
+from tracegym.core.errors import ErrorKind, InfrastructureError, TaskError, ToolError, TracegymError, UsageError
 from tracegym.core.messages import Message, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
@@ -32,6 +34,7 @@ from tracegym.envs.scorers import metric, reward, stop
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.envs.tools import Tool
+from tracegym.interop.openenv_catalog import Catalog, Offer, remote_function
 from tracegym.interop.openenv_connection import OpenEnvConnection, OpenEnvError
 
 SCHEME = "openenv"
@@ -101,9 +104,13 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
 
     parallel_tools = False  # one session's steps happen in order
 
-    def __init__(self, data: OpenEnvData, *, server: ServerFacts, **options: Any) -> None:
+    def __init__(self, data: OpenEnvData, *, server: Catalog, **options: Any) -> None:
         super().__init__(data, **options)
         self.server = server
+        self._offered = False
+        """The server's Offer was read into this task's tools."""
+        self._holding = False
+        """This rollout holds its session (counted in `server.held`)."""
         self.connection: OpenEnvConnection | None = None
         self.rewards: list[float] = []
         """Every reward a step gave, in order."""
@@ -135,14 +142,16 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     # --- the rollout's hooks -----------------------------------------------------------------------------
     async def setup(self) -> None:
         cfg = self.config
-        self.connection = OpenEnvConnection(cfg.url, retries=cfg.retries, backoff=cfg.backoff, headers=headers(cfg),
-                                            connect_timeout=cfg.connect_timeout, message_timeout=cfg.message_timeout,
-                                            capacity_wait=cfg.capacity_wait)
-        first = await self.connection.open(**self.data.reset)
+        await asyncio.to_thread(self._offer)  # asked once per taskset (before the first task, by `load`)
+        self.connection = connection(cfg, self.server)
+        try:
+            first = await self.connection.open(**self.data.reset)
+        except TracegymError as exc:
+            raise self.server.full_of_our_own(exc) from None
+        self.server.held += 1
+        self._holding = True
         self._first = self.observation_text(first)
         self._record(first, counts=False)
-        for tool in await self._offered_tools():
-            self._tools[tool.name] = tool
 
     def prompt(self) -> list[Message]:
         messages = super().prompt()
@@ -157,6 +166,9 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     async def cleanup(self) -> None:
         if self.connection is not None:
             await self.connection.close()
+        if self._holding:
+            self._holding = False
+            self.server.held -= 1
 
     @stop
     def said_done(self, trace: Trace) -> bool:
@@ -207,33 +219,42 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
             self.steps += 1
         self.done = self.done_of(result)
 
-    async def _offered_tools(self) -> list[Tool]:
-        """The server's MCP tools, else (or with `tools = "action"`) the one action tool."""
-        schema = await self.server.action_schema(self.config.url, headers(self.config))
-        listed = [] if self.config.tools == "action" else await self._mcp_tools(schema)
-        if listed or self.config.tools == "mcp":
+    # --- the tools, known before setup ----------------------------------------------------------------------
+    def tool(self, name: str) -> Tool | None:
+        self._offer()
+        return super().tool(name)
+
+    def tool_specs(self) -> list[ToolSpec]:
+        self._offer()
+        return super().tool_specs()
+
+    def _offer(self) -> None:
+        """Offer the server's tools (its Offer is asked once per taskset): its MCP tools, else (or with
+        `tools = "action"`) the one action tool; none for a chat environment (`text_action`)."""
+        if not self._offered:
+            offer = self.server.offer()
+            self._offered = True
+            self._offer_tools(offer, offer.mcp_tools or [])
+
+    def _offer_tools(self, offer: Offer, listed: list[dict[str, Any]]) -> None:
+        cfg = self.config
+        listed = [] if cfg.tools == "action" else listed
+        if listed or cfg.tools == "mcp":
             if not listed:
-                raise TaskError(f"OpenEnv server {self.config.url} lists no MCP tools (tools = 'mcp')")
-            return listed
-        if self.config.text_action is not None and self.config.tools == "auto":
-            return []  # the reply itself is the action
-        return [self._tool(self.config.action_tool, schema.get("description") or "Take one action in the "
-                           "environment; returns its observation.", without_metadata(schema), self._act)]
+                raise TaskError(f"OpenEnv server {cfg.url} lists no MCP tools (tools = 'mcp')")
+            call = self._call_tool_by_step if offer.through_step else self._call_tool_by_mcp
+            for t in listed:
+                self._add_tool(t["name"], t.get("description") or "", t.get("inputSchema") or t.get("input_schema")
+                               or {"type": "object", "properties": {}}, _bound(call, t["name"]))
+        elif cfg.text_action is None or cfg.tools != "auto":  # else the reply itself is the action
+            schema = offer.action_schema
+            self._add_tool(cfg.action_tool, schema.get("description") or "Take one action in the environment; "
+                           "returns its observation.", without_metadata(schema), self._act)
 
-    async def _mcp_tools(self, schema: dict[str, Any]) -> list[Tool]:
-        assert self.connection is not None
-        try:
-            listed = await self.connection.mcp("tools/list")
-        except OpenEnvError:  # not an MCP environment: it offers its action schema instead
-            return []
-        through_step = "tool_name" in schema.get("properties", {})  # CallToolAction: a step gives reward and done
-        call = self._call_tool_by_step if through_step else self._call_tool_by_mcp
-        return [self._tool(t["name"], t.get("description") or "", t.get("inputSchema") or t.get("input_schema")
-                           or {"type": "object", "properties": {}}, _bound(call, t["name"]))
-                for t in (listed or {}).get("tools", [])]
-
-    def _tool(self, name: str, description: str, parameters: dict[str, Any], fn: Any) -> Tool:
-        return Tool(fn, ToolSpec(name=name, description=description, parameters=parameters), _ANY_ARGUMENTS)
+    def _add_tool(self, name: str, description: str, parameters: dict[str, Any], call: Any) -> None:
+        fn = remote_function(name, description, parameters, call)
+        self._tools[name] = Tool(fn, ToolSpec(name=name, description=description, parameters=parameters),
+                                 _ANY_ARGUMENTS)
 
     async def _act(self, **action: Any) -> str:
         return await self._guarded(lambda: self._step(action), self.observation_text)
@@ -312,33 +333,12 @@ def without_metadata(schema: dict[str, Any]) -> dict[str, Any]:
             "required": [r for r in schema.get("required", []) if r in properties]}
 
 
-def probe(url: str, auth: dict[str, str] | None = None, timeout: float = 10.0) -> None:
-    """Refuse a server that does not answer `GET /health` (every OpenEnv server has it), naming it."""
-    http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
-    try:
-        httpx.get(f"{http}/health", headers=auth, timeout=timeout).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise UsageError(f"OpenEnv server {url} does not answer (GET /health: {exc or type(exc).__name__}): is it "
-                         "running there?") from None
-
-
-class ServerFacts:
-    """What every task of one taskset asks the server once: its action schema (`GET /schema`)."""
-
-    def __init__(self) -> None:
-        self._schema: dict[str, Any] | None = None
-
-    async def action_schema(self, url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-        if self._schema is None:
-            http = url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
-            try:
-                async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
-                    response = await client.get(f"{http}/schema")
-                    response.raise_for_status()
-                    self._schema = response.json().get("action") or {}
-            except (httpx.HTTPError, ValueError) as exc:
-                raise InfrastructureError(f"OpenEnv server {url}: GET /schema failed ({exc})") from None
-        return self._schema
+def connection(config: OpenEnvConfig, catalog: Catalog | None = None) -> OpenEnvConnection:
+    """A session with the configured server (not open yet); a CAPACITY_REACHED frame tells `catalog` the capacity."""
+    return OpenEnvConnection(config.url, retries=config.retries, backoff=config.backoff, headers=headers(config),
+                             connect_timeout=config.connect_timeout, message_timeout=config.message_timeout,
+                             capacity_wait=config.capacity_wait,
+                             on_capacity=catalog.learned_capacity if catalog is not None else None)
 
 
 class OpenEnvTaskset(Taskset[OpenEnvConfig]):
@@ -354,14 +354,34 @@ class OpenEnvTaskset(Taskset[OpenEnvConfig]):
             raise UsageError("taskset 'openenv': field 'url' is required (ws://HOST:PORT), or use the id openenv:URL")
         if "id" not in options:
             self.id = f"{SCHEME}:{self.config.url}"
-        self._server = ServerFacts()
+        self._server = Catalog(self.config.url, functools.partial(headers, self.config),
+                               functools.partial(connection, self.config))
+
+    def capacity(self) -> int | None:
+        """The sessions the server holds at once, where it says so (`max_sessions` in its /health) or said so when
+        full; None when unknown (openenv's own server says it only when full). Rollouts beyond it wait for a free
+        session."""
+        self.offer()
+        return self._server.capacity
 
     def load(self) -> Iterator[OpenEnvData]:
         cfg = self.config
-        probe(cfg.url, headers(cfg))  # before the first task: a dead server is one line, not a failed rollout each
+        self.offer()  # before the first task: a dead server is one line, not a failed rollout each
         for index in range(cfg.num_tasks):
             yield OpenEnvData(id=str(index), prompt=cfg.instructions, system_prompt=cfg.system_prompt,
                               reset={**cfg.reset_args, "seed": cfg.seed + index})
+
+    def offer(self) -> Offer:
+        """What the server offers (asked once): its tools are the tasks' before setup; a UsageError naming the
+        server when it does not answer or its tools cannot be known."""
+        try:
+            offer = self._server.offer()
+        except TracegymError as exc:
+            said = str(exc) if str(exc).endswith("?") else f"{exc}: its tools must be known before the first rollout"
+            raise UsageError(said) from None
+        if self.config.tools == "mcp" and not offer.mcp_tools:
+            raise UsageError(f"OpenEnv server {self.config.url} lists no MCP tools (tools = 'mcp')")
+        return offer
 
     def _task_options(self) -> dict[str, Any]:
         return {**super()._task_options(), "server": self._server, "max_turns": self.config.max_turns}
