@@ -1,0 +1,96 @@
+"""verifiers harness: drives one rollout by a verifiers environment's own `rollout()` (its turn loop, environment
+responses, tools and stop conditions), its model calls going through the interception proxy to the rollout's model
+client, so each lands in the trace's message graph with exact tokens as a loop's turn does.
+
+The environment runs in the rollout's process (an env-server worker, or the eval process with `--no-serve`), as a
+taskset's own Python does; verifiers' OpenAI chat client calls the proxy at the rollout's key. Sampling is the
+rollout's (the proxy's rule: a call may lower `max_tokens` and add stop strings). How the rollout ended is read
+off verifiers' state: a failed model call ends it as the proxy recorded it; an error verifiers caught, its own
+timeout, a prompt over the context, the turn budget and its stop conditions become the trace's stop reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tracegym.core.errors import StageTimeout, TaskError
+from tracegym.core.trace import StopReason
+from tracegym.envs.proxy import InterceptionProxy, ProxyLease
+
+if TYPE_CHECKING:
+    from tracegym.envs.rollout import Rollout
+
+NORMAL_ENDS = {"no_tools_called": StopReason.COMPLETED, "has_final_env_response": StopReason.COMPLETED,
+               "max_turns_reached": StopReason.MAX_TURNS, "prompt_too_long": StopReason.TRUNCATED,
+               "max_total_completion_tokens_reached": StopReason.TRUNCATED}
+"""verifiers' built-in stop conditions and the stop reason each is; any other is a stop condition by its name."""
+
+
+@dataclass(frozen=True)
+class VerifiersHarness:
+    """Run `environment.rollout(...)` for each rollout of a verifiers taskset (stage `program`, within the
+    rollout's timeout); its state goes to `task.state` for the rubric."""
+
+    environment: Any
+
+    async def drive(self, rollout: Rollout) -> StopReason:
+        task: Any = rollout.task
+        async with InterceptionProxy.shared().lease(rollout) as lease:
+            try:
+                task.state = await rollout.timed("program", self._run(rollout, lease), rollout.timeouts.rollout)
+            except Exception as exc:  # the environment's own failure (model calls record theirs)
+                rollout.error_from(exc, "program")
+                return lease.ended.result() if lease.ended.done() else StopReason.after(exc)
+            calls, truncated = lease.calls, lease.truncated
+            if lease.ended.done():  # a model call's failure ended the rollout (recorded at its stage)
+                return lease.ended.result()
+        return _ending(rollout, task.state, calls, truncated, self.environment)
+
+    async def _run(self, rollout: Rollout, lease: ProxyLease) -> Any:
+        """verifiers' state after its rollout; cut short when a model call's failure ended the rollout."""
+        from openai import AsyncOpenAI
+        from verifiers.legacy.clients.openai_chat_completions_client import OpenAIChatCompletionsClient
+
+        openai = AsyncOpenAI(base_url=lease.base_url, api_key=lease.key, max_retries=0,
+                             timeout=rollout.timeouts.model + 5.0)
+        client = OpenAIChatCompletionsClient(openai)
+        row = rollout.task.data.row
+        sampling = dict(getattr(self.environment, "sampling_args", None) or {})
+        run = asyncio.create_task(self.environment.rollout(dict(row), client, rollout.model.name, sampling))
+        try:
+            await asyncio.wait({run, lease.ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not run.done():
+                run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            await openai.close()
+        return None if run.cancelled() else run.result()
+
+
+def _ending(rollout: Rollout, state: Any, calls: int, truncated: bool, environment: Any) -> StopReason:
+    """The stop reason verifiers' state says; an error it caught, or a timeout, recorded at `program`."""
+    error = state.get("error")
+    if error is not None:
+        cause = error.__cause__ or error
+        rollout.error_from(TaskError(f"the verifiers environment failed: {type(error).__name__}: {cause}"),
+                           "program")
+        return StopReason.ERROR
+    if state.get("timed_out"):
+        seconds = getattr(environment, "timeout_seconds", None)
+        rollout.error_from(StageTimeout(f"the verifiers environment's rollout ran past its timeout_seconds "
+                                        f"({seconds} s)"), "program")
+        return StopReason.TIMEOUT
+    if calls == 0:
+        rollout.error_from(TaskError("the verifiers environment never called the model"), "program")
+        return StopReason.ERROR
+    condition = state.get("stop_condition")
+    if condition == "max_turns_reached" and getattr(environment, "max_turns", None) == 1:
+        return StopReason.TRUNCATED if truncated else StopReason.COMPLETED  # a single-turn environment's end
+    if truncated or state.get("is_truncated"):
+        return StopReason.TRUNCATED
+    if condition in NORMAL_ENDS or condition is None:
+        return NORMAL_ENDS.get(condition, StopReason.COMPLETED)
+    rollout.end(StopReason.STOP_CONDITION, condition)
+    return StopReason.STOP_CONDITION
