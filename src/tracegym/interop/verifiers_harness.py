@@ -56,7 +56,8 @@ class VerifiersHarness:
         openai = AsyncOpenAI(base_url=lease.base_url, api_key=lease.key, max_retries=0,
                              timeout=rollout.timeouts.model + 5.0)
         client = OpenAIChatCompletionsClient(openai)
-        row = rollout.task.data.row
+        task: Any = rollout.task
+        row = task.data.row
         sampling = dict(getattr(self.environment, "sampling_args", None) or {})
         run = asyncio.create_task(self.environment.rollout(dict(row), client, rollout.model.name, sampling))
         try:

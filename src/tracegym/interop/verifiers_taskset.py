@@ -152,7 +152,8 @@ def _verifiers_environment_class() -> type:
     except ImportError as exc:
         raise UsageError(f"verifiers tasksets need the verifiers package: pip install 'tracegym[verifiers]' "
                          f"({exc})") from None
-    return vf.Environment  # type: ignore[no-any-return]
+    environment: type = vf.Environment
+    return environment
 
 
 def _import(module: str) -> Any:
@@ -242,8 +243,9 @@ def rubric_scorers(rubric: Any, module: str) -> list[Scorer]:
         while name in names:
             name, suffix = f"{base}_{suffix}", suffix + 1
         names.add(name)
-        kind = "metric" if weight == 0 else "reward"
-        scorers.append(Scorer(_scoring(owner, func), kind, name, weight=float(weight) if weight else 1.0))
+        scoring = _scoring(owner, func)
+        scorers.append(Scorer(scoring, "metric", name) if weight == 0 else
+                       Scorer(scoring, "reward", name, weight=float(weight)))
     return scorers
 
 
