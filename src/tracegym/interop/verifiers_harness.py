@@ -53,8 +53,9 @@ class VerifiersHarness:
         from openai import AsyncOpenAI
         from verifiers.legacy.clients.openai_chat_completions_client import OpenAIChatCompletionsClient
 
-        openai = AsyncOpenAI(base_url=lease.base_url, api_key=lease.key, max_retries=0,
-                             timeout=rollout.timeouts.model + 5.0)
+        # the key as the API key (a header), not in the URL, which HTTP logs print
+        openai = AsyncOpenAI(base_url=lease.base_url.replace(f"/r/{lease.key}/", "/"), api_key=lease.key,
+                             max_retries=0, timeout=rollout.timeouts.model + 5.0)
         client = OpenAIChatCompletionsClient(openai)
         task: Any = rollout.task
         row = task.data.row
