@@ -95,7 +95,8 @@ def test_a_multi_turn_environment_runs_under_plain_eval(tmp_path, capsys):
     path.write_text(MULTI_TURN)
     answers = iter(["3", "7"])
     with FakeOpenAIServer(rule=lambda request: next(answers)) as server:
-        code = main(["eval", f"verifiers:{path}", "-r", "1", "--model.base-url", server.base_url,
+        code = main(["eval", f"verifiers:{path}", "-r", "1", "--env.workers", "1", "--env.spare-workers", "0",
+                     "--model.base-url", server.base_url,
                      "--output-dir", str(tmp_path / "out"), "--no-rich"])
     assert code == 0, capsys.readouterr().err
     [line] = next((tmp_path / "out").rglob("traces.jsonl")).read_text().splitlines()

@@ -141,8 +141,8 @@ def load_environment(module: str, env_args: Mapping[str, Any]) -> Any:
                          f"{', '.join(f'{k}={v!r}' for k, v in env_args.items())}) failed: "
                          f"{type(exc).__name__}: {_first_line(exc)}") from None
     if not isinstance(environment, environment_class):
-        raise UsageError(f"verifiers environment {where}: load_environment() returned a "
-                         f"{type(environment).__name__}, not a verifiers Environment")
+        raise UsageError(f"verifiers environment {where}: load_environment() returned "
+                         f"{type(environment).__name__} {_short(environment)}, not a verifiers Environment")
     return environment
 
 
@@ -204,6 +204,11 @@ def _failed_import(what: str, exc: BaseException) -> UsageError:
 def _where(module: str, loaded: Any) -> str:
     file = getattr(loaded, "__file__", None)
     return repr(module) if file is None or module.endswith(".py") else f"{module!r} ({file})"
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def _first_line(exc: BaseException) -> str:
