@@ -3,14 +3,14 @@ drives each rollout with the model calls on the trace (exact tokens), its rubric
 metrics; what tracegym cannot run is refused by name at load."""
 
 import pytest
-from verifiers_envs import FAILING_REWARD, GROUP_REWARD, MULTI_TURN, SINGLE_TURN, TOOLS
+from verifiers_envs import FAILING_REWARD, GROUP_REWARD, MULTI_TURN, RAISING_ENV_RESPONSE, SINGLE_TURN, TOOLS
 
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import StopReason
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import rollout
-from tracegym.testing import Fail, ScriptedModel, reply, tool_call
+from tracegym.testing import Fail, ScriptedModel, Stall, reply, tool_call
 
 pytest.importorskip("verifiers")
 
@@ -128,3 +128,20 @@ def test_load_environment_failing_is_refused_naming_the_module(tmp_path):
     path = env_file(tmp_path, "def load_environment(**kw):\n    raise KeyError('api key')\n", "needs_key.py")
     with pytest.raises(UsageError, match=r"needs_key\.py': load_environment\(\) failed: KeyError"):
         load_taskset(f"verifiers:{path}")
+
+
+async def test_an_environment_response_that_raises_ends_the_rollout_as_a_task_error_at_program(tmp_path):
+    taskset = load_taskset(f"verifiers:{env_file(tmp_path, RAISING_ENV_RESPONSE)}")
+    _, trace = await run_first(taskset, ScriptedModel(["a", "b"]))
+    assert trace.stop_reason == StopReason.ERROR
+    assert [(e.stage, e.kind) for e in trace.errors] == [("program", ErrorKind.TASK)]
+    assert "the board is gone" in trace.errors[0].message
+
+
+async def test_the_environments_own_timeout_ends_the_rollout_as_a_timeout(tmp_path):
+    taskset = load_taskset(f"verifiers:{env_file(tmp_path, RAISING_ENV_RESPONSE)}",
+                           {"env_args": {"timeout_seconds": 0.5}})
+    _, trace = await run_first(taskset, ScriptedModel([Stall(None)]))
+    assert trace.stop_reason == StopReason.TIMEOUT
+    assert [(e.stage, e.kind) for e in trace.errors] == [("program", ErrorKind.TIMEOUT)]
+    assert "timeout_seconds (0.5 s)" in trace.errors[0].message

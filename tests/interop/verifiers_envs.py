@@ -110,3 +110,19 @@ def load_environment() -> vf.Environment:
 
     return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[best_of_group]))
 '''
+
+RAISING_ENV_RESPONSE = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+class Broken(vf.MultiTurnEnv):
+    async def env_response(self, messages, state, **kwargs):
+        raise ValueError("the board is gone")
+
+
+def load_environment(timeout_seconds=None) -> vf.Environment:
+    dataset = Dataset.from_list([{"question": "Move.", "answer": "x"}])
+    return Broken(dataset=dataset, rubric=vf.Rubric(funcs=[lambda completion: 1.0]), max_turns=3,
+                  timeout_seconds=timeout_seconds)
+'''
