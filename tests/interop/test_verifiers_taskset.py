@@ -145,3 +145,11 @@ async def test_the_environments_own_timeout_ends_the_rollout_as_a_timeout(tmp_pa
     assert trace.stop_reason == StopReason.TIMEOUT
     assert [(e.stage, e.kind) for e in trace.errors] == [("program", ErrorKind.TIMEOUT)]
     assert "timeout_seconds (0.5 s)" in trace.errors[0].message
+
+
+async def test_an_empty_reply_verifiers_refuses_is_the_models_own_output_scored_and_counted(tmp_path):
+    taskset = load_taskset(f"verifiers:{env_file(tmp_path, SINGLE_TURN)}")
+    _, trace = await run_first(taskset, ScriptedModel([""]))
+    assert trace.stop_reason == StopReason.COMPLETED and trace.metrics["invalid_replies"] == 1
+    # verifiers leaves the completion empty; a reward that cannot read it fails on its own (verifiers would say 0)
+    assert [e.stage for e in trace.errors] == ["scoring:exact", "scoring:length"] and trace.metrics["length"] is None

@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tracegym.core.errors import StageTimeout, TaskError
+from tracegym.core.errors import InfrastructureError, ModelError, StageTimeout, TaskError, ToolError
 from tracegym.core.trace import StopReason
 from tracegym.envs.proxy import InterceptionProxy, ProxyLease
 
@@ -23,9 +23,15 @@ if TYPE_CHECKING:
     from tracegym.envs.rollout import Rollout
 
 NORMAL_ENDS = {"no_tools_called": StopReason.COMPLETED, "has_final_env_response": StopReason.COMPLETED,
+               "has_error": StopReason.COMPLETED,  # reached only for the model's own unusable reply (`_models_own`)
                "max_turns_reached": StopReason.MAX_TURNS, "prompt_too_long": StopReason.TRUNCATED,
                "max_total_completion_tokens_reached": StopReason.TRUNCATED}
 """verifiers' built-in stop conditions and the stop reason each is; any other is a stop condition by its name."""
+
+
+INVALID_REPLIES = "invalid_replies"
+"""Rollouts verifiers ended on a reply it could not use (`EmptyModelResponseError`, ...): the model's own output, so
+the rollout ends completed and is scored (and trained), counted in this metric."""
 
 
 @dataclass(frozen=True)
@@ -74,11 +80,12 @@ class VerifiersHarness:
 def _ending(rollout: Rollout, state: Any, calls: int, truncated: bool, environment: Any) -> StopReason:
     """The stop reason verifiers' state says; an error it caught, or a timeout, recorded at `program`."""
     error = state.get("error")
-    if error is not None:
-        cause = error.__cause__ or error
-        rollout.error_from(TaskError(f"the verifiers environment failed: {type(error).__name__}: {cause}"),
-                           "program")
+    if error is not None and not _models_own(error):
+        failure, stage = _translated(error)
+        rollout.error_from(failure, stage)
         return StopReason.ERROR
+    if error is not None:  # an empty or unreadable reply: the model's own output, scored as the rubric says
+        rollout.count(INVALID_REPLIES, 1)
     if state.get("timed_out"):
         seconds = getattr(environment, "timeout_seconds", None)
         rollout.error_from(StageTimeout(f"the verifiers environment's rollout ran past its timeout_seconds "
@@ -96,3 +103,25 @@ def _ending(rollout: Rollout, state: Any, calls: int, truncated: bool, environme
         return NORMAL_ENDS.get(condition, StopReason.COMPLETED)
     rollout.end(StopReason.STOP_CONDITION, condition)
     return StopReason.STOP_CONDITION
+
+
+def _models_own(error: BaseException) -> bool:
+    """Whether verifiers ended the rollout on the model's own reply (empty, or not a response it can read)."""
+    import verifiers as vf
+
+    return isinstance(error, vf.InvalidModelResponseError)
+
+
+def _translated(error: BaseException) -> tuple[Exception, str]:
+    """An error verifiers caught (its `vf.Error` tree) as tracegym's, with the stage it happened at."""
+    import verifiers as vf
+
+    cause = error.__cause__ or error
+    said = f"the verifiers environment failed: {type(error).__name__}: {cause}"
+    if isinstance(error, vf.ModelError):
+        return ModelError(said), "model"
+    if isinstance(error, vf.ToolError):
+        return ToolError(said), "tool"
+    if isinstance(error, vf.InfraError):
+        return InfrastructureError(said), "program"
+    return TaskError(said), "program"
