@@ -153,3 +153,11 @@ async def test_an_empty_reply_verifiers_refuses_is_the_models_own_output_scored_
     assert trace.stop_reason == StopReason.COMPLETED and trace.metrics["invalid_replies"] == 1
     # verifiers leaves the completion empty; a reward that cannot read it fails on its own (verifiers would say 0)
     assert [e.stage for e in trace.errors] == ["scoring:exact", "scoring:length"] and trace.metrics["length"] is None
+
+
+@pytest.mark.parametrize("spec", ["my-vf-words", "someone/my-vf-words", "someone/my-vf-words@0.1.0"])
+def test_an_installed_module_is_found_by_its_hub_id(spec, tmp_path, monkeypatch):
+    (tmp_path / "my_vf_words.py").write_text(SINGLE_TURN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    taskset = load_taskset(f"verifiers:{spec}")
+    assert taskset.id == f"verifiers:{spec}" and len(taskset) == 3

@@ -158,10 +158,10 @@ def _verifiers_environment_class() -> type:
 
 def _import(module: str) -> Any:
     """The module: a `.py` file (its folder first on sys.path, as `python file.py` has it), else an installed
-    module, its name's dashes read as underscores (a Hub id `owner/name` as `name`)."""
+    module, its name's dashes read as underscores (a Hub id `owner/name@version` as `name`, as verifiers reads it)."""
     if module.endswith(".py"):
         return _import_file(Path(module))
-    name = module.rsplit("/", 1)[-1].replace("-", "_")
+    name = module.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_")
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
