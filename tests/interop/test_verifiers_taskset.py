@@ -3,7 +3,15 @@ drives each rollout with the model calls on the trace (exact tokens), its rubric
 metrics; what tracegym cannot run is refused by name at load."""
 
 import pytest
-from verifiers_envs import FAILING_REWARD, GROUP_REWARD, MULTI_TURN, RAISING_ENV_RESPONSE, SINGLE_TURN, TOOLS
+from verifiers_envs import (
+    FAILING_REWARD,
+    FINAL_WORD,
+    GROUP_REWARD,
+    MULTI_TURN,
+    RAISING_ENV_RESPONSE,
+    SINGLE_TURN,
+    TOOLS,
+)
 
 from tracegym.core.errors import ErrorKind, UsageError
 from tracegym.core.sampling import Sampling
@@ -161,3 +169,12 @@ def test_an_installed_module_is_found_by_its_hub_id(spec, tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     taskset = load_taskset(f"verifiers:{spec}")
     assert taskset.id == f"verifiers:{spec}" and len(taskset) == 3
+
+
+async def test_the_environments_final_word_ends_the_trace_and_is_what_the_rubric_read(tmp_path):
+    taskset = load_taskset(f"verifiers:{env_file(tmp_path, FINAL_WORD)}")
+    _, trace = await run_first(taskset, ScriptedModel(["4"], tokens=True))
+    assert trace.stop_reason == StopReason.COMPLETED and not trace.errors
+    last_two = [(n.message.role, n.message.text) for n in trace.graph.path()][-2:]
+    assert last_two == [("assistant", "4"), ("user", "right")]
+    assert trace.rewards["graded"].score == 1.0

@@ -126,3 +126,26 @@ def load_environment(timeout_seconds=None) -> vf.Environment:
     return Broken(dataset=dataset, rubric=vf.Rubric(funcs=[lambda completion: 1.0]), max_turns=3,
                   timeout_seconds=timeout_seconds)
 '''
+
+FINAL_WORD = '''
+import verifiers as vf
+from datasets import Dataset
+
+
+class OneShot(vf.MultiTurnEnv):
+    """Grades the first reply and ends with a final word the model never reads."""
+
+    async def env_response(self, messages, state, **kwargs):
+        verdict = [{"role": "user", "content": "right" if messages[-1]["content"] == "4" else "wrong"}]
+        state["final_env_response"] = verdict
+        return verdict
+
+
+def load_environment() -> vf.Environment:
+    dataset = Dataset.from_list([{"question": "2 + 2?", "answer": "4"}])
+
+    def graded(completion) -> float:
+        return float(completion[-1]["content"] == "right")
+
+    return OneShot(dataset=dataset, rubric=vf.Rubric(funcs=[graded]), max_turns=5)
+'''

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tracegym.core.errors import InfrastructureError, ModelError, StageTimeout, TaskError, ToolError
+from tracegym.core.messages import Message
 from tracegym.core.trace import StopReason
 from tracegym.envs.proxy import InterceptionProxy, ProxyLease
 
@@ -54,6 +55,7 @@ class VerifiersHarness:
             calls, truncated = lease.calls, lease.truncated
             if lease.ended.done():  # a model call's failure ended the rollout (recorded at its stage)
                 return lease.ended.result()
+        _add_final_response(rollout, task.state)
         return _ending(rollout, task.state, calls, truncated, self.environment)
 
     async def _run(self, rollout: Rollout, lease: ProxyLease) -> Any:
@@ -75,6 +77,20 @@ class VerifiersHarness:
                 run.cancel()
             await asyncio.gather(run, return_exceptions=True)
         return None if run.cancelled() else run.result()
+
+
+def _add_final_response(rollout: Rollout, state: Any) -> None:
+    """The environment's last word (`final_env_response`, which no model call sent) on the trace, after the last
+    reply, so the graph holds the whole conversation the rubric scored."""
+    from verifiers.legacy.utils.message_utils import maybe_normalize_messages
+
+    final = state.get("final_env_response")
+    if not final:
+        return
+    for message in maybe_normalize_messages(final, field_name="final_env_response"):
+        data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+        rollout.trace.graph.add(Message(role=data["role"], content=data.get("content"),
+                                        tool_call_id=data.get("tool_call_id")))
 
 
 def _shared_openai() -> Any:
