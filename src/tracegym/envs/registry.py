@@ -34,6 +34,9 @@ BUILTINS: dict[str, str] = {
 }
 URL_SCHEMES: dict[str, str] = {"openenv": "tracegym.interop.openenv_taskset:at_url"}
 """Ids `SCHEME:URL` (`openenv:ws://127.0.0.1:8001`): the factory each scheme's function makes for the URL."""
+MODULE_SCHEMES: dict[str, str] = {"verifiers": "tracegym.interop.verifiers_taskset:for_module"}
+"""Ids `SCHEME:MODULE` (`verifiers:reverse-text`, `verifiers:envs/mine.py`): the factory each scheme's function makes
+for the module."""
 
 
 def known_tasksets() -> dict[str, str]:
@@ -107,6 +110,11 @@ def resolve(spec: str) -> Any:
             raise UsageError(f"taskset {spec!r}: {scheme}: takes a URL with its scheme, e.g. "
                              f"'{scheme}:http://{url}' or '{scheme}:ws://{url}'")
         return _import(URL_SCHEMES[scheme], spec)(url)
+    if scheme in MODULE_SCHEMES:
+        if not url:
+            raise UsageError(f"taskset {spec!r}: {scheme}: takes a module, e.g. '{scheme}:reverse-text' or "
+                             f"'{scheme}:path/to/env.py'")
+        return _import(MODULE_SCHEMES[scheme], spec)(url)
     if spec in known:
         return _import(known[spec], spec)
     if ":" in spec:

@@ -1,1 +1,2 @@
-"""Interop: OpenEnv and TRL both ways, built on the `openenv` and `trl` packages (optional extras)."""
+"""Interop: OpenEnv and TRL both ways, and verifiers environments as tasksets, built on the `openenv`, `trl` and
+`verifiers` packages (optional extras)."""
