@@ -1,6 +1,7 @@
 """The TRL adapter's environment classes and reward functions pickle (TRL's AsyncGRPOTrainer sends them to a spawned
 process) and score there as here; what cannot cross, and a multi-agent taskset, are refused by name."""
 
+import json
 import multiprocessing
 import pickle
 
@@ -16,7 +17,7 @@ def play(factory, functions, rows):
     """Every row played to the target by its right tool, as GRPOTrainer would drive it; the rewards."""
     loop = TrlLoop(factory, rows)
     for index, row in enumerate(rows):
-        data = tg.load_taskset("counter-env").as_data(__import__("json").loads(row["tracegym_task"]))
+        data = tg.load_taskset("counter-env").as_data(json.loads(row["tracegym_task"]))
         name = "increment" if data.target > data.start else "decrement"
         loop.turn(index, calls=[(name, {"amount": abs(data.target - data.start)})])
         loop.turn(index, "done")
@@ -57,3 +58,22 @@ def test_a_taskset_built_in_code_whose_id_does_not_load_is_refused_at_pickling_n
 def test_a_multi_agent_taskset_is_refused_naming_its_seats():
     with pytest.raises(tg.UsageError, match=r"taskset 'kuhn-poker' is multi-agent \(seats '.+', '.+'\)"):
         environment_factory(tg.load_taskset("kuhn-poker"))
+
+
+def test_reward_functions_called_without_environments_replay_the_tool_calls_and_score_alike():
+    """TRL's AsyncGRPOTrainer calls reward functions with the dataset's columns but no `environments`."""
+    taskset = tg.load_taskset("counter-env")
+    rows = train_dataset(taskset, num_tasks=3).to_list()
+    data = taskset.as_data(json.loads(rows[0]["tracegym_task"]))
+    name = "increment" if data.target > data.start else "decrement"
+    loop = TrlLoop(environment_factory(taskset), rows)
+    loop.turn(0, calls=[(name, {"amount": 99}), (name, {"amount": abs(data.target - data.start)})])  # 1st fails
+    for index in range(len(rows)):
+        loop.turn(index, "done")
+    [with_environments] = loop.rewards(reward_functions(taskset))
+    assert with_environments == [1.0, 0.0, 0.0]
+    [function] = reward_functions(taskset)
+    columns = {k: [row[k] for row in rows] for k in rows[0] if k != "prompt"}
+    without = function(prompts=loop.prompts, completions=loop.completions, completion_ids=[[] for _ in rows],
+                       **columns)
+    assert without == with_environments and len(without) == 3

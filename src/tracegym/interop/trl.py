@@ -29,6 +29,7 @@ conditions do not run under TRL, and its rewards score what TRL generated (the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copyreg
 import inspect
 import itertools
@@ -324,16 +325,32 @@ class RewardFunction:
     def __init__(self, taskset: Taskset, reward: str, name: str, first: bool) -> None:
         self.taskset, self.reward, self.first = taskset, reward, first
         self.__name__ = self.__qualname__ = name
+        self._class: type | None = None
 
     def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
-                 environments: list[Any], log_metric: Callable[[str, float], None] | None = None,
-                 **kwargs: Any) -> list[float | None]:
+                 environments: list[Any] | None = None, log_metric: Callable[[str, float], None] | None = None,
+                 **columns: Any) -> list[float | None]:
         taskset_id = self.taskset.id
+        if environments is None:  # TRL's AsyncGRPOTrainer gives none: replay each rollout on a fresh instance
+            environments = self._replayed(completions, columns)
         traces = [env._scored(p, c, ids) if _taskset_id(env) == taskset_id else None
                   for env, p, c, ids in zip(environments, prompts, completions, completion_ids, strict=True)]
         if self.first and log_metric is not None:
             _log_metrics([t for t in traces if t is not None], log_metric, f"{taskset_id}/")
         return [None if t is None or self.reward not in t.rewards else t.rewards[self.reward].score for t in traces]
+
+    def _replayed(self, completions: list[Any], columns: dict[str, list[Any]]) -> list[Any]:
+        """For each rollout of this taskset's rows (by the `tracegym_task` and `environment` columns), an instance
+        reset on its row with the completion's tool calls made again in order (what the model read of them is in the
+        completion already), so its task holds the state the rollout left; None for other rows."""
+        if TASK_COLUMN not in columns:
+            raise UsageError(f"the reward function {self.__name__!r} got neither environments nor the "
+                             f"{TASK_COLUMN!r} column: make the dataset with train_dataset() of tracegym.interop.trl")
+        routes = columns.get(ENVIRONMENT_COLUMN) or [self.taskset.id] * len(completions)
+        if self._class is None:
+            self._class = environment_class(self.taskset)
+        return [_replay(self._class(), task, completion) if route == self.taskset.id else None
+                for task, route, completion in zip(columns[TASK_COLUMN], routes, completions, strict=True)]
 
     def __reduce__(self) -> Any:
         return _rebuilt_reward_function, (*recipe(self.taskset), self.reward, self.__name__, self.first)
@@ -342,6 +359,17 @@ class RewardFunction:
 def _rebuilt_reward_function(taskset_id: str, config: dict[str, Any], reward: str, name: str,
                              first: bool) -> RewardFunction:
     return RewardFunction(rebuilt(taskset_id, config), reward, name, first)
+
+
+def _replay(environment: Any, task: str, completion: list[dict[str, Any]]) -> Any:
+    environment.reset(**{TASK_COLUMN: task})
+    for message in completion:
+        for call in message.get("tool_calls") or []:
+            arguments = call["function"].get("arguments") or {}
+            with contextlib.suppress(Exception):  # a call that failed then fails again: the model read its error
+                environment._call(call["function"]["name"],
+                                  json.loads(arguments) if isinstance(arguments, str) else arguments)
+    return environment
 
 
 def _taskset_id(environment: Any) -> str | None:
