@@ -1,9 +1,9 @@
 """Benchmark: a TRL environment class wrapping an OpenEnv client, run as a taskset at `-c 8` against openenv's own
 `create_app` server at capacity 8: rollouts/s, and the server sessions held at once (at most 8 is the aim).
 
-The class (`GuessToolEnv`, this file) holds one `GenericEnvClient` per instance, as TRL's OpenEnv examples do; the
-class closes its client in `close()`, which the taskset calls when it closes. The server (in this process, a thread) plays a number-guessing game and counts its live sessions (environments made and
-not yet closed) and their peak. The model is the fake OpenAI server answering by bisection (7 guesses at most), so
+The class (`GuessToolEnv`, this file) holds one `GenericEnvClient` per instance, as TRL's OpenEnv examples do, and
+closes it in `close()`, which the taskset calls when it closes. The server (in this process, a thread) plays a
+number-guessing game and counts its live sessions (environments made and not yet closed) and their peak. The model is the fake OpenAI server answering by bisection (7 guesses at most), so
 the figures measure the rollout path, not a model. Two paths, one after the other in one run, each `--repeats` times:
 in process (`tg.evaluate`, concurrency 8) and through `tracegym eval` with its env-server workers (`--env.workers`,
 `-c 8`). Each instance lives in one process: with W workers the pools can together hold more than 8 sessions.
