@@ -4,9 +4,10 @@
 The class (`GuessToolEnv`, this file) holds one `GenericEnvClient` per instance, as TRL's OpenEnv examples do, and
 closes it in `close()`, which the taskset calls when it closes. The server (in this process, a thread) plays a
 number-guessing game and counts its live sessions (environments made and not yet closed) and their peak. The model
-is the fake OpenAI server answering by bisection (7 guesses at most), so the figures measure the rollout path, not a model. Two paths, one after the other in one run, each `--repeats` times:
-in process (`tg.evaluate`, concurrency 8) and through `tracegym eval` with its env-server workers (`--env.workers`,
-`-c 8`). Each instance lives in one process: with W workers the pools can together hold more than 8 sessions.
+is the fake OpenAI server answering by bisection (7 guesses at most), so the figures measure the rollout path, not a
+model. Two paths, one after the other in one run, each `--repeats` times: in process (`tg.evaluate`, concurrency 8)
+and through `tracegym eval` with its env-server workers (`--env.workers`, `-c 8`). Each instance lives in one
+process: with W workers the pools can together hold more than 8 sessions.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trl_openenv_pool.py [--rollouts 64] [--workers 2]
 """
