@@ -11,14 +11,19 @@ A row without a prompt is an environment that owns its data (its `reset` returns
 all such a taskset is an endless stream of them, as TRL's placeholder dataset. A dict of classes is TRL's
 multi-environment shape: each row's `environment` column picks its class and only that class's tools, and is
 not passed to `reset`. An environment whose `done` attribute turns true ends the rollout after that turn (TRL's
-examples keep one, and raise from their tools once it is set). One instance per rollout, never shared.
+examples keep one, and raise from their tools once it is set). Instances are pooled as TRL pools them (see
+`environment_pool`): made once, reset for each rollout, at most one per concurrent rollout, never shared, closed
+when the taskset is closed (`EnvironmentTaskset.close()`, or at the latest when the interpreter exits).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +33,7 @@ from tracegym.core.messages import ContentPart, Message, TextPart
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import Trace
+from tracegym.envs.environment_pool import EnvironmentPool, close_instance
 from tracegym.envs.scorers import NotApplicable, call_maybe_async, reward, stop
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Row, Taskset
@@ -35,8 +41,9 @@ from tracegym.envs.taskset_config import ConfigT
 from tracegym.envs.tools import Tool, content_parts
 from tracegym.envs.trl_reward import COLUMNS_FIELD, dataset_row, is_trl_reward, trl_reward
 
-RESERVED = ("reset", "get_reward")
-"""TRL's reserved method names: never tools."""
+RESERVED = ("reset", "get_reward", "close")
+"""Method names that are never tools: TRL's `reset` and `get_reward`, and `close`, the hook the pool closes an
+instance by (TRL 1.16 would list a public `close` as a tool, and never call it)."""
 ENVIRONMENT_COLUMN = "environment"
 """The row column that picks a row's environment from a dict of them."""
 EMPTY_PROMPT = ({"role": "user", "content": ""},)
@@ -56,12 +63,14 @@ class EnvironmentRow(TaskData):
 
 @dataclass(frozen=True)
 class EnvironmentKind:
-    """One environment of a taskset: its factory, its class, and its tools by method name."""
+    """One environment of a taskset: its factory, its class, its tools by method name, and its pool of
+    instances."""
 
     name: str | None
     factory: EnvironmentFactory
     env_class: type
     tools: dict[str, Tool]
+    pool: EnvironmentPool
 
 
 class Environments:
@@ -74,6 +83,12 @@ class Environments:
         if not named:
             raise UsageError("an environment dict needs at least one environment")
         self.kinds = {name: _kind(name, f) for name, f in named.items()}
+        pools = [k.pool for k in self.kinds.values()]
+        self._finalizer = weakref.finalize(self, _close_pools, pools)  # at the latest when the interpreter exits
+
+    def close(self) -> None:
+        """Close every instance the pools made (the taskset's end); safe to call twice."""
+        self._finalizer()
 
     def kind_for(self, data: TaskData) -> EnvironmentKind | None:
         """The row's environment; None when its `environment` names none of the dict's."""
@@ -92,21 +107,34 @@ class Environments:
         return [_own_reward(c) for c in dict.fromkeys(classes)]
 
 
+def _close_pools(pools: list[EnvironmentPool]) -> None:
+    for pool in pools:
+        pool.close()
+
+
 def _kind(name: str | None, factory: Any) -> EnvironmentKind:
     label = "environment" if name is None else f"environment {name!r}"
     if not callable(factory):
         raise UsageError(f"{label}: {factory!r} is not a class or a factory")
-    env_class = factory if isinstance(factory, type) else type(factory())  # a factory: probe one, as TRL does
+    env_class = factory if isinstance(factory, type) else _probed_class(factory)
     if not callable(getattr(env_class, "reset", None)):
         raise UsageError(f"{label}: {env_class.__name__} has no reset method (TRL's environment classes need one)")
-    return EnvironmentKind(name, factory, env_class, _class_tools(env_class))
+    return EnvironmentKind(name, factory, env_class, _class_tools(env_class), EnvironmentPool(factory, label))
+
+
+def _probed_class(factory: Callable[[], Any]) -> type:
+    """The class a factory makes: one instance probed, as TRL does, and closed at once (unlike TRL, which keeps
+    it: a process that loads the taskset may run no rollout, and must hold no server session for it)."""
+    probe = factory()
+    close_instance(probe)
+    return type(probe)
 
 
 def _own_reward(env_class: type[Any]) -> Callable[..., Any]:
     async def own(task: EnvironmentTask, trace: Trace) -> float:
         if type(task.env) is not env_class:  # exactly that class, as TRL scores it
             raise NotApplicable
-        value = await call_maybe_async(task.env.get_reward)
+        value = await call_maybe_async(task.counted(task.env.get_reward))
         if value is None:  # TRL: None is "does not apply" (left out of its sum), not an error
             raise NotApplicable
         return value
@@ -115,8 +143,8 @@ def _own_reward(env_class: type[Any]) -> Callable[..., Any]:
 
 
 def environment_tools(env_class: type) -> list[Tool]:
-    """The tools of an environment class, exactly TRL's set: what `inspect.getmembers(cls, inspect.isfunction)`
-    lists (methods and static methods, not class methods or properties) but `reset`, `get_reward` and `_names`.
+    """The tools of an environment class, TRL's set: what `inspect.getmembers(cls, inspect.isfunction)` lists
+    (methods and static methods, not class methods or properties) but `reset`, `get_reward`, `close` and `_names`.
     Each has the schema `get_json_schema` gives it; a missing hint or docstring is a UsageError now."""
     return list(_class_tools(env_class).values())
 
@@ -168,8 +196,25 @@ def with_observation(messages: list[Message], observation: Any) -> list[Message]
     return [*messages[:-1], last.model_copy(update={"content": content})]
 
 
+class Calls:
+    """How many calls on one environment instance are running (a sync call abandoned at its timeout runs on)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self.running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self.running -= 1
+
+
 class EnvironmentTask(Task[EnvironmentRow, ConfigT]):
-    """A Task whose tools are the methods of a fresh environment instance (at `self.env` once set up)."""
+    """A Task whose tools are the methods of an environment instance from its pool, reset for this rollout (at
+    `self.env` once set up) and given back at cleanup."""
 
     parallel_tools = False  # the methods share the instance's state: run a turn's calls in order
 
@@ -184,14 +229,41 @@ class EnvironmentTask(Task[EnvironmentRow, ConfigT]):
         self.env: Any = None
         self.observation: Any = None
         """What `reset` returned."""
+        self._calls = Calls()
+        self._reset = False
 
     async def setup(self) -> None:
         if self.kind is None:
             raise TaskError(f"the row's {ENVIRONMENT_COLUMN} {getattr(self.data, ENVIRONMENT_COLUMN, None)!r} is "
                             f"not among the environments: {', '.join(map(str, self.environments.kinds))}")
-        self.env = self.kind.factory()
-        self.observation = await call_maybe_async(self.env.reset, **self.environments.reset_row(self.data))
-        self._tools.update({t.name: t.bound_to(getattr(self.env, member)) for member, t in self.kind.tools.items()})
+        self.env = await self.kind.pool.take()
+        reset = self.counted(self.env.reset)
+        self.observation = await call_maybe_async(reset, **self.environments.reset_row(self.data))
+        self._reset = True
+        self._tools.update({t.name: t.bound_to(self.counted(getattr(self.env, member)))
+                            for member, t in self.kind.tools.items()})
+
+    async def cleanup(self) -> None:
+        """Give the instance back to its pool: reused when its reset succeeded and no call on it still runs,
+        else closed."""
+        env, self.env = self.env, None
+        if env is not None and self.kind is not None:
+            await self.kind.pool.give_back(env, reusable=self._reset and not self._calls.running)
+        await super().cleanup()
+
+    def counted(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` (a method of the instance), counted in `_calls` while it runs; sync or async as `fn` is."""
+        calls = self._calls
+        if inspect.iscoroutinefunction(fn):
+            async def counted_async(*args: Any, **kwargs: Any) -> Any:
+                with calls:
+                    return await fn(*args, **kwargs)
+            return functools.wraps(fn)(counted_async)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with calls:
+                return fn(*args, **kwargs)
+        return functools.wraps(fn)(counted)
 
     def tool_specs(self) -> list[ToolSpec]:
         own = self.kind.tools.values() if self.kind is not None else ()
@@ -224,6 +296,10 @@ class EnvironmentTaskset(Taskset[ConfigT]):
         adapted = [trl_reward(f) if is_trl_reward(f) else f for f in rewards]
         super().__init__(config, data=data, rewards=[*adapted, *self.environments.own_rewards()], **options)
         self._bounded = data is not None
+
+    def close(self) -> None:
+        """Close the environment instances this taskset's rollouts made (also at the latest at interpreter exit)."""
+        self.environments.close()
 
     @property
     def env_factory(self) -> Any:

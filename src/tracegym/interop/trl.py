@@ -16,6 +16,12 @@ per rollout, shared by all of a taskset's reward functions, and its metrics logg
 With several tasksets the factory is TRL's dict keyed by taskset id, rows carry that id in `environment`, and a
 reward function returns None (TRL's "not applicable") on rows of another taskset.
 
+The classes and reward functions pickle (TRL's `AsyncGRPOTrainer` sends them to a spawned process): each pickles as
+its taskset's id and config, and is rebuilt there from `load_taskset` (one taskset per id and config in a process,
+shared by the class and the reward functions). A taskset built in code that its id does not load cannot cross, and
+pickling says so. A multi-agent taskset is refused, naming its seats: TRL generates one policy's turns and answers
+tool calls only, so its other seats would never play.
+
 TRL's loop answers tool calls only: a task's `env_response` (a multi-turn taskset's later turns) and its stop
 conditions do not run under TRL, and its rewards score what TRL generated (the first turn, for those tasksets).
 """
@@ -23,9 +29,12 @@ conditions do not run under TRL, and its rewards score what TRL generated (the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copyreg
 import inspect
 import itertools
 import json
+import pickle
 import statistics
 import threading
 from collections.abc import Callable, Coroutine
@@ -37,7 +46,8 @@ from tracegym.core.messages import ContentPart, ImagePart, Message, TextPart, To
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
 from tracegym.envs.environment import ENVIRONMENT_COLUMN, EnvironmentTask
-from tracegym.envs.evaluate import bounded_taskset
+from tracegym.envs.evaluate import bounded_taskset, seats_of
+from tracegym.envs.registry import load_taskset
 from tracegym.envs.rollout import Timeouts, score, within
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Taskset
@@ -81,7 +91,7 @@ def reward_functions(*tasksets: Taskset) -> list[Callable[..., list[float | None
     there are several), in the order of `reward_weights`."""
     _check(tasksets)
     prefix = len(tasksets) > 1
-    return [_reward_function(ts, scorer.name, f"{ts.id}/{scorer.name}" if prefix else scorer.name, first=i == 0)
+    return [RewardFunction(ts, scorer.name, f"{ts.id}/{scorer.name}" if prefix else scorer.name, first=i == 0)
             for ts in tasksets for i, scorer in enumerate(_probe(ts).scorers_of_kind("reward"))]
 
 
@@ -97,6 +107,12 @@ def _check(tasksets: tuple[Taskset, ...]) -> None:
     ids = [ts.id for ts in tasksets]
     if len(set(ids)) != len(ids):
         raise UsageError(f"tasksets in one TRL run need distinct ids (they key TRL's environments); got {ids}")
+    for taskset in tasksets:
+        seats = [m.id for m in seats_of(taskset)]
+        if seats:
+            raise UsageError(f"taskset {taskset.id!r} is multi-agent (seats {', '.join(map(repr, seats))}): TRL's "
+                             "environment_factory trains one policy on its own turns and tool calls, so the other "
+                             "seats would never play; train it with `tracegym rl`, which binds each seat")
 
 
 def _probe(taskset: Taskset) -> Task[Any, Any]:
@@ -107,7 +123,11 @@ def _probe(taskset: Taskset) -> Task[Any, Any]:
 # --- the environment class -----------------------------------------------------------------------------------
 
 
-class TasksetEnvironment:
+class _EnvironmentType(type):
+    """The type of generated environment classes: pickled as their taskset's recipe (see `_reduce_class`)."""
+
+
+class TasksetEnvironment(metaclass=_EnvironmentType):
     """What every generated environment class shares: one Task per rollout, built and set up by `reset`."""
 
     _taskset: ClassVar[Taskset]
@@ -156,7 +176,8 @@ class TasksetEnvironment:
 
 
 def environment_class(taskset: Taskset, timeouts: Timeouts | None = None) -> type:
-    """A TasksetEnvironment subclass for `taskset`, with one method per tool of its tasks."""
+    """A TasksetEnvironment subclass for `taskset`, with one method per tool of its tasks (picklable: rebuilt from
+    the taskset's id and config where it is unpickled)."""
     methods = {tool.name: _method(tool) for tool in _tools(_probe(taskset))}
     clashes = sorted(set(methods) & {"reset", "get_reward"})
     if clashes:
@@ -207,6 +228,56 @@ def observation(before: list[Message], after: list[Message]) -> str | list[dict[
                      "reset cannot express")
 
 
+def _reduce_class(cls: _EnvironmentType) -> Any:
+    if cls.__dict__.get("_taskset") is None:  # TasksetEnvironment itself: by reference, as any class
+        return cls.__qualname__
+    taskset = cls.__dict__["_taskset"]
+    return _rebuilt_class, (*recipe(taskset), cls.__dict__["_timeouts"].model_dump())
+
+
+copyreg.pickle(_EnvironmentType, _reduce_class)
+
+
+def _rebuilt_class(taskset_id: str, config: dict[str, Any], timeouts: dict[str, Any]) -> type:
+    """The class of that recipe, made once per process (every unpickling of it gives the same class)."""
+    key = (taskset_id, json.dumps(config, sort_keys=True), json.dumps(timeouts, sort_keys=True))
+    taskset = rebuilt(taskset_id, config)
+    with _rebuilt_lock:
+        if key not in _rebuilt_classes:
+            _rebuilt_classes[key] = environment_class(taskset, Timeouts(**timeouts))
+        return _rebuilt_classes[key]
+
+
+_rebuilt: dict[tuple[str, str], Taskset] = {}
+_rebuilt_classes: dict[tuple[str, str, str], type] = {}
+_rebuilt_lock = threading.Lock()
+
+
+def recipe(taskset: Taskset) -> tuple[str, dict[str, Any]]:
+    """What a taskset pickles as: its id and config, checked to load back (a PicklingError naming it otherwise)."""
+    config = taskset.config.model_dump(mode="json")
+    try:
+        loaded = rebuilt(taskset.id, config)
+    except UsageError as exc:
+        raise pickle.PicklingError(f"taskset {taskset.id!r} cannot be rebuilt from its id in another process (TRL's "
+                                   f"AsyncGRPOTrainer spawns one): {exc}; give it an id load_taskset finds (a "
+                                   "registered id or `path/file.py:name`)") from None
+    if type(loaded) is not type(taskset):
+        raise pickle.PicklingError(f"taskset {taskset.id!r}: its id loads a {type(loaded).__name__}, not this "
+                                   f"{type(taskset).__name__}, so it cannot be rebuilt in another process")
+    return taskset.id, config
+
+
+def rebuilt(taskset_id: str, config: dict[str, Any]) -> Taskset:
+    """The taskset of that id and config, loaded once per process (unpickled classes and reward functions share
+    it)."""
+    key = (taskset_id, json.dumps(config, sort_keys=True))
+    with _rebuilt_lock:
+        if key not in _rebuilt:
+            _rebuilt[key] = load_taskset(taskset_id, config)
+        return _rebuilt[key]
+
+
 # --- scoring what TRL generated ------------------------------------------------------------------------------
 
 
@@ -246,20 +317,64 @@ def trl_content(parts: list[ContentPart]) -> list[dict[str, Any]]:
             else {"type": "text", "text": p.text} for p in parts]
 
 
-def _reward_function(taskset: Taskset, reward: str, name: str, first: bool) -> Callable[..., list[float | None]]:
-    """TRL's reward function for one reward of one taskset; the first of a taskset also logs its metrics."""
+class RewardFunction:
+    """TRL's reward function for one reward of one taskset (named `__name__`, as TRL names its columns); the first
+    of a taskset also logs its metrics. Pickles as its taskset's recipe; it scores the environments of its
+    taskset's id (None, TRL's "not applicable", for others)."""
 
-    def score_rollouts(prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
-                       environments: list[Any], log_metric: Callable[[str, float], None] | None = None,
-                       **kwargs: Any) -> list[float | None]:
-        traces = [env._scored(p, c, ids) if getattr(env, "_taskset", None) is taskset else None
+    def __init__(self, taskset: Taskset, reward: str, name: str, first: bool) -> None:
+        self.taskset, self.reward, self.first = taskset, reward, first
+        self.__name__ = self.__qualname__ = name
+        self._class: type | None = None
+
+    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
+                 environments: list[Any] | None = None, log_metric: Callable[[str, float], None] | None = None,
+                 **columns: Any) -> list[float | None]:
+        taskset_id = self.taskset.id
+        if environments is None:  # TRL's AsyncGRPOTrainer gives none: replay each rollout on a fresh instance
+            environments = self._replayed(completions, columns)
+        traces = [env._scored(p, c, ids) if _taskset_id(env) == taskset_id else None
                   for env, p, c, ids in zip(environments, prompts, completions, completion_ids, strict=True)]
-        if first and log_metric is not None:
-            _log_metrics([t for t in traces if t is not None], log_metric, f"{taskset.id}/")
-        return [None if t is None or reward not in t.rewards else t.rewards[reward].score for t in traces]
+        if self.first and log_metric is not None:
+            _log_metrics([t for t in traces if t is not None], log_metric, f"{taskset_id}/")
+        return [None if t is None or self.reward not in t.rewards else t.rewards[self.reward].score for t in traces]
 
-    score_rollouts.__name__ = score_rollouts.__qualname__ = name
-    return score_rollouts
+    def _replayed(self, completions: list[Any], columns: dict[str, list[Any]]) -> list[Any]:
+        """For each rollout of this taskset's rows (by the `tracegym_task` and `environment` columns), an instance
+        reset on its row with the completion's tool calls made again in order (what the model read of them is in the
+        completion already), so its task holds the state the rollout left; None for other rows."""
+        if TASK_COLUMN not in columns:
+            raise UsageError(f"the reward function {self.__name__!r} got neither environments nor the "
+                             f"{TASK_COLUMN!r} column: make the dataset with train_dataset() of tracegym.interop.trl")
+        routes = columns.get(ENVIRONMENT_COLUMN) or [self.taskset.id] * len(completions)
+        if self._class is None:
+            self._class = environment_class(self.taskset)
+        return [_replay(self._class(), task, completion) if route == self.taskset.id else None
+                for task, route, completion in zip(columns[TASK_COLUMN], routes, completions, strict=True)]
+
+    def __reduce__(self) -> Any:
+        return _rebuilt_reward_function, (*recipe(self.taskset), self.reward, self.__name__, self.first)
+
+
+def _rebuilt_reward_function(taskset_id: str, config: dict[str, Any], reward: str, name: str,
+                             first: bool) -> RewardFunction:
+    return RewardFunction(rebuilt(taskset_id, config), reward, name, first)
+
+
+def _replay(environment: Any, task: str, completion: list[dict[str, Any]]) -> Any:
+    environment.reset(**{TASK_COLUMN: task})
+    for message in completion:
+        for call in message.get("tool_calls") or []:
+            arguments = call["function"].get("arguments") or {}
+            with contextlib.suppress(Exception):  # a call that failed then fails again: the model read its error
+                environment._call(call["function"]["name"],
+                                  json.loads(arguments) if isinstance(arguments, str) else arguments)
+    return environment
+
+
+def _taskset_id(environment: Any) -> str | None:
+    taskset = getattr(type(environment), "_taskset", None)
+    return taskset.id if isinstance(taskset, Taskset) else None
 
 
 def _log_metrics(traces: list[Trace], log_metric: Callable[[str, float], None], prefix: str) -> None:
