@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tracegym.cli.main import main
 from tracegym.config.command_line import read_files
 from tracegym.core.errors import UsageError
 from tracegym.eval.verifiers_flags import translate
@@ -44,3 +45,11 @@ def test_env_args_that_are_not_an_object_are_named():
 def test_our_own_flags_pass_untouched():
     args = ["reverse-text", "-n", "2", "--sampling.max-tokens", "8", "--no-rich"]
     assert translate(args) == (args, [])
+
+
+def test_eval_takes_a_vf_eval_command_line(capsys):
+    code = main(["eval", "reverse-text", "--num-examples", "3", "--rollouts-per-example", "2", "-a",
+                 '{"reward": "exact"}', "-S", '{"top_k": 20}', "-t", "16", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0 and 'reward = "exact"' in out and "num_tasks = 3" in out and "top_k = 20" in out, out + err
+    assert "--num-examples (verifiers) is --num-tasks here" in err

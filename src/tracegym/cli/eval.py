@@ -36,6 +36,7 @@ from tracegym.eval.eval_run import execute, work_for
 from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
+from tracegym.eval.verifiers_flags import translate
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import reach
 from tracegym.models.renderer import load_renderer
@@ -51,7 +52,11 @@ USAGE = """Evaluate a model on a taskset; results go to a run folder under --out
 
 
 def run(args: list[str]) -> int:
-    """Parse, validate, then run (new run folder) or resume (existing one); several tasksets: `run_combined`."""
+    """Parse, validate, then run (new run folder) or resume (existing one); several tasksets: `run_combined`.
+    verifiers' `vf-eval` spellings are taken too, each named once with ours (`eval.verifiers_flags`)."""
+    args, notes = translate(args)
+    for note in notes:
+        print(f"tracegym eval: note: {note}", file=sys.stderr)
     resume_dir, rest = pop_flag(args, "--resume")
     if resume_dir is not None:
         folder = RunFolder.open(Path(resume_dir))
