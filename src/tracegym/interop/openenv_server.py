@@ -50,6 +50,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tracegym.core.errors import UsageError
+from tracegym.envs.adapter_fit import check_adapter_fit
 from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
@@ -100,6 +101,7 @@ class OpenEnvServer:
                  source: tuple[str, dict[str, Any]] | None = None, secret: str | None = None,
                  **fields: Any) -> None:
         self.settings = OpenEnvSettings.model_validate({**(settings or OpenEnvSettings()).model_dump(), **fields})
+        check_adapter_fit(taskset, "an OpenEnv session")
         self.others = opponent_seats(taskset, self.settings)
         """With a multi-agent taskset: the other members' binding (the agent plays `settings.seat`)."""
         self.taskset, self.picker = taskset, TaskPicker(taskset)

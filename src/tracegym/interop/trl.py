@@ -45,6 +45,7 @@ from tracegym.core.errors import UsageError
 from tracegym.core.messages import ContentPart, ImagePart, Message, TextPart, ToolCall
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import StopReason, Trace
+from tracegym.envs.adapter_fit import check_adapter_fit
 from tracegym.envs.environment import ENVIRONMENT_COLUMN, EnvironmentTask
 from tracegym.envs.evaluate import bounded_taskset, seats_of
 from tracegym.envs.registry import load_taskset
@@ -113,6 +114,7 @@ def _check(tasksets: tuple[Taskset, ...]) -> None:
             raise UsageError(f"taskset {taskset.id!r} is multi-agent (seats {', '.join(map(repr, seats))}): TRL's "
                              "environment_factory trains one policy on its own turns and tool calls, so the other "
                              "seats would never play; train it with `tracegym rl`, which binds each seat")
+        check_adapter_fit(taskset, "TRL's environment_factory")
 
 
 def _probe(taskset: Taskset) -> Task[Any, Any]:
