@@ -25,7 +25,7 @@ def program_driven() -> tg.Taskset:
 
 
 def test_trl_refuses_a_group_reward_naming_it():
-    with pytest.raises(UsageError, match="group reward 'best_of_group'.*TRL's environment_factory"):
+    with pytest.raises(UsageError, match=r"group reward 'best_of_group'.*TRL's environment_factory"):
         environment_factory(grouped())
 
 
@@ -35,7 +35,7 @@ def test_trl_refuses_a_program_driven_taskset():
 
 
 def test_the_openenv_server_refuses_a_group_reward_naming_it():
-    with pytest.raises(UsageError, match="group reward 'best_of_group'.*OpenEnv session"):
+    with pytest.raises(UsageError, match=r"group reward 'best_of_group'.*OpenEnv session"):
         OpenEnvServer(grouped())
 
 

@@ -62,6 +62,7 @@ class FakeTrainer:
 
     is_lora = True
     dp = SimpleNamespace(main=True)
+    model = torch.nn.Module()  # no weights of its own: the loop's digest of them is empty
 
     def __init__(self, cut_at: int | None = None) -> None:
         self.version, self.trained, self.cut_at = 0, list[str](), cut_at

@@ -55,4 +55,4 @@ async def test_poker_parse_errors_are_flagged_and_traces_given_apart_are_used():
     assert "No trace recorded" in text_of(shown["player_1"])
     rows = {r.get("data-member"): [text_of(td) for td in r.iter("td")] for r in tree(html).iter("tr")
             if r.get("data-member")}
-    assert rows["player_0"][3:5] == ["1.000", "win"] and rows["player_1"][3:5] == ["-1.000", "loss"]
+    assert rows["player_0"][3:5] == ["2.000", "win"] and rows["player_1"][3:5] == ["-2.000", "loss"]  # bet, call
