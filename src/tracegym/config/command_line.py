@@ -85,15 +85,15 @@ def read_files(args: Sequence[str], renames: Sequence[Rename]) -> tuple[list[Con
     return files, rest, warnings
 
 
-def inline_json(text: str) -> dict[str, Any]:
+def inline_json(text: str, where: str = "inline JSON") -> dict[str, Any]:
     """An `@` argument written as a JSON object in place of a file (`--taskset @ '{"k": 1}'`), values typed as
-    JSON types them; not an object, or not JSON: a UsageError quoting it."""
+    JSON types them; not an object, or not JSON: a UsageError naming `where` and quoting it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"inline JSON {text!r} is not valid JSON: {exc}") from None
+        raise UsageError(f"{where}: {text!r} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"inline JSON {text!r} must be an object ({{...}})")
+        raise UsageError(f"{where}: {text!r} must be a JSON object ({{...}})")
     return data
 
 

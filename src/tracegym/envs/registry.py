@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from tracegym.core.errors import UsageError
@@ -138,13 +139,27 @@ def _import(target: str, spec: str) -> Any:
 
 
 def _load_file(path: str) -> Any:
-    """Import a taskset file as a module. Its folder goes first on `sys.path` (as `python file.py` does) and
-    stays there: task code may import a module beside it lazily, at rollout time, here or in an env-server
-    worker (which loads the same file the same way)."""
-    file = Path(path).resolve()
+    """Import a taskset file as a module (`import_file`); a failure is one line naming the file."""
+    try:
+        return import_file(Path(path), "tracegym_user")
+    except FileNotFoundError:
+        raise UsageError(f"taskset file {path!r} does not exist") from None
+    except SyntaxError as exc:
+        raise UsageError(f"taskset file {path!r}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:  # the user's module code failed: one line naming the file, not our traceback
+        raise UsageError(f"taskset file {path!r} failed to import: {type(exc).__name__}: {exc}") from None
+
+
+def import_file(path: Path, prefix: str) -> ModuleType:
+    """Import a Python file as a module named after `prefix`, the file's stem and its path (imported once). Its
+    folder goes first on `sys.path` (as `python file.py` does) and stays there: task code may import a module
+    beside it lazily, at rollout time, here or in an env-server worker (which loads the same file the same way).
+    A missing file is FileNotFoundError; what the module's code raised (SystemExit too) is raised again, the half
+    imported module forgotten."""
+    file = path.resolve()
     if not file.is_file():
-        raise UsageError(f"taskset file {path!r} does not exist")
-    name = f"tracegym_user_{file.stem}_{abs(hash(str(file)))}"
+        raise FileNotFoundError(str(path))
+    name = f"{prefix}_{file.stem}_{abs(hash(str(file)))}"
     if name in sys.modules:
         return sys.modules[name]
     if str(file.parent) not in sys.path:
@@ -155,10 +170,7 @@ def _load_file(path: str) -> Any:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except SyntaxError as exc:
+    except BaseException:
         del sys.modules[name]
-        raise UsageError(f"taskset file {path!r}: syntax error at line {exc.lineno}: {exc.msg}") from None
-    except Exception as exc:  # the user's module code failed: one line naming the file, not our traceback
-        del sys.modules[name]
-        raise UsageError(f"taskset file {path!r} failed to import: {type(exc).__name__}: {exc}") from None
+        raise
     return module

@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tracegym.config.command_line import inline_json
 from tracegym.core.errors import UsageError
 
 SAME_VALUE = {
@@ -85,12 +86,7 @@ def _value(flag: str, value: str | None) -> str:
 
 
 def _json_section(flag: str, text: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: {text!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{flag}: {text!r} must be a JSON object ({{...}})")
+    data = inline_json(text, where=flag)
     if flag in ("--sampling-args", "-S"):
         extra = {k: v for k, v in data.items() if k not in SAMPLING_FIELDS}
         data = {k: v for k, v in data.items() if k in SAMPLING_FIELDS} | ({"extra": extra} if extra else {})

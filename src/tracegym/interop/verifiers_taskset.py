@@ -22,7 +22,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +32,7 @@ from tracegym.core.errors import TaskError, UsageError
 from tracegym.core.messages import Message
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.registry import import_file
 from tracegym.envs.scorers import Scorer, call_maybe_async
 from tracegym.envs.task import Task
 from tracegym.envs.taskset import Row, Taskset, TasksetConfig
@@ -174,24 +174,12 @@ def _import(module: str) -> Any:
 
 
 def _import_file(path: Path) -> Any:
-    file = path.resolve()
-    if not file.is_file():
-        raise UsageError(f"verifiers environment file {str(path)!r} does not exist")
-    name = f"tracegym_verifiers_{file.stem}_{abs(hash(str(file)))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(file.parent) not in sys.path:
-        sys.path.insert(0, str(file.parent))
-    spec = importlib.util.spec_from_file_location(name, file)
-    assert spec and spec.loader
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[name] = loaded
     try:
-        spec.loader.exec_module(loaded)
+        return import_file(path, "tracegym_verifiers")
+    except FileNotFoundError:
+        raise UsageError(f"verifiers environment file {str(path)!r} does not exist") from None
     except BaseException as exc:  # SystemExit too: a module that exits on import is refused, not obeyed
-        del sys.modules[name]
         raise _failed_import(f"file {str(path)!r}", exc) from None
-    return loaded
 
 
 def _failed_import(what: str, exc: BaseException) -> UsageError:
