@@ -65,12 +65,7 @@ def _reward(out: Path, steps: list[dict[str, Any]], evals: list[dict[str, Any]])
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.legend()
-    ax.grid(alpha=0.3)
-    path = out / "reward.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _saved(fig, ax, out / "reward.png")
 
 
 def _series(path: Path, records: list[dict[str, Any]], key: str, label: str) -> Path:
@@ -81,11 +76,7 @@ def _series(path: Path, records: list[dict[str, Any]], key: str, label: str) -> 
     ax.plot([p[0] for p in points], [p[1] for p in points], color="tab:green")
     ax.set_xlabel("step")
     ax.set_ylabel(label)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _saved(fig, ax, path)
 
 
 def win_rate_keys(steps: list[dict[str, Any]]) -> list[str]:
@@ -112,8 +103,14 @@ def _win_rates(out: Path, steps: list[dict[str, Any]], evals: list[dict[str, Any
     ax.set_ylabel("win rate")
     ax.set_ylim(-0.05, 1.05)
     ax.legend()
+    return _saved(fig, ax, out / "win_rate.png")
+
+
+def _saved(fig: Any, ax: Any, path: Path) -> Path:
+    """A figure gridded, written to `path` and closed."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
-    path = out / "win_rate.png"
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
