@@ -97,11 +97,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--honest", type=int, default=2, help="honest reverse-text runs (seeds 0..N-1)")
+    parser.add_argument("--no-planted", action="store_true", help="the honest runs only")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/tripwire"))
     args = parser.parse_args()
     planted = {"id": f"{Path(__file__).resolve()}:PlantedReverse", "options": {"seed": 0}}
-    honest = {"id": "reverse-text", "options": {"seed": 0, "reward": "exact"}}
-    folders = [run(args.output_dir, "planted", planted, args.steps)]
+    honest = {"id": "reverse-text", "options": {"seed": 0}}  # the shipped run: LCS reward, exact as witness
+    folders = [] if args.no_planted else [run(args.output_dir, "planted", planted, args.steps)]
     folders += [run(args.output_dir, f"honest-{seed}", honest, args.steps, seed) for seed in range(args.honest)]
     for folder in folders:
         print(json.dumps(report(folder)))
