@@ -48,6 +48,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.runtimes.watchdog import Stage, beat, watch
 from tracegym.serve.env_client import EnvClient, ask, describe
 from tracegym.serve.served_taskset import ServedTaskset
+from tracegym.train.canary_wire import CanaryEnv, CanaryWire
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
 from tracegym.train.fan_out import unfit
 from tracegym.train.filters import RolloutFilter, screen
@@ -128,12 +129,14 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], signal: Signal,
                  staleness: StalenessControl, plan: StepPlan, *, held_out: HeldOut | None = None,
                  filters: list[RolloutFilter] | None = None, difficulty: OnlineDifficulty[Group] | None = None,
-                 pool: OpponentPool | None = None, tripwires: Tripwires | None = None) -> None:
+                 pool: OpponentPool | None = None, tripwires: Tripwires | None = None,
+                 canary: CanaryWire | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `signal`: what the step's groups become (`train.signal`: rl, sft or opd); `filters`: the rollout filters
         that run on each trainable rollout; `difficulty`: online difficulty of the environments that have it;
         `pool`: the run's past policies, for seats whose opponent comes from it; `tripwires`: the online signs of
-        a reward hack watched on each step's trainable rollouts (`train.tripwire`)."""
+        a reward hack watched on each step's trainable rollouts (`train.tripwire`); `canary`: the tripwire that re-runs
+        the gold and no-op checks on a few training tasks (`train.canary_wire`)."""
         self.folder, self.endpoint, self.signal, self.plan = folder, endpoint, signal, plan
         self.envs = {env.id: env for env in envs}
         self.staleness, self.pool = staleness, pool
@@ -142,6 +145,7 @@ class Orchestrator:
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key, group_passes)
         self.tripwires = tripwires or Tripwires(TripwireConfig(enabled=False))
+        self.canary = canary
         self.next_step = 0
         """The step whose batch comes next."""
 
@@ -213,6 +217,8 @@ class Orchestrator:
                         **({"groups_kept": finished.taken} if finished.taken else {}),
                         **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
         trips = self.tripwires.observe(step, [[t for t in g if trainable(t)] for g in trained])
+        if self.canary is not None and self.canary.due(step):
+            trips += await self.canary.check(step, self.endpoint)
         metrics.update({f"tripwire/{trip.wire}": 1 for trip in trips})
         await self.trip(trips)
         return samples, metrics
@@ -438,10 +444,20 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
                                 filters=orch.filters.active(), difficulty=difficulty, pool=pool,
-                                tripwires=Tripwires(orch.tripwire))
+                                tripwires=Tripwires(orch.tripwire), canary=canary_wire(orch.tripwire, envs))
     if (state := folder.resume_state()) is not None:
         orchestrator.load_state_dict(state)
     return orchestrator
+
+
+def canary_wire(config: TripwireConfig, envs: list[TrainEnv]) -> CanaryWire | None:
+    """The `canary` tripwire over the first `canary_tasks` read tasks of each single-agent environment; None when
+    `canary_every` leaves it off (or the tripwires are off)."""
+    if not (config.enabled and config.canary_every):
+        return None
+    chosen = [CanaryEnv(e.id, e.client, [e.stream.rows[i] for i in sorted(e.stream.rows)[:config.canary_tasks]])
+              for e in envs if e.seating is None]
+    return CanaryWire([c for c in chosen if c.rows], config.canary_every)
 
 
 def seating_for(env: EnvChoice, served: ServedTaskset, where: str, endpoint: Endpoint, base_model: str,

@@ -17,6 +17,9 @@ sampled logprobs), so they cost nothing to keep armed:
   to under a fraction of where it was.
 - `diversity_collapse`: in most groups every rollout gave the same reply, two steps in a row (nothing left to
   compare; often one answer that pays).
+
+One wire runs rollouts of its own, when `canary_every` arms it: `canary` (`train.canary_wire`), `tracegym validate`'s
+gold and no-op checks re-run on a few training tasks through the run's env servers.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ class TripwireConfig(BaseModel):
     """`entropy_collapse` fires when the reward rose by `rise` and mean surprisal fell below this fraction."""
     diversity: float = Field(default=0.75, gt=0, le=1)
     """`diversity_collapse` fires when this share of groups answered with one reply, two steps in a row."""
+    canary_every: int = Field(default=0, ge=0)
+    """Steps between runs of the `canary` wire (`train.canary_wire`: the gold and no-op agents re-run on a few
+    training tasks through the run's env servers); 0: off (each run costs 2 rollouts per canary task)."""
+    canary_tasks: int = Field(default=4, ge=1)
+    """The first this many tasks of each single-agent training environment are the canary tasks."""
 
 
 PAUSED = "PAUSED"
@@ -106,7 +114,8 @@ class Tripwires:
         if not self.config.enabled:
             return []
         wires = ["length_shift", "entropy_collapse", "diversity_collapse"]
-        return (["scorer_gap"] if self.config.witness else []) + wires
+        return (["scorer_gap"] if self.config.witness else []) + wires + (["canary"] if self.config.canary_every
+                                                                          else [])
 
     def armed_line(self) -> str:
         """One line saying which wires watch this run, and why `scorer_gap` does not when it does not."""
