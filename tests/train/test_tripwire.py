@@ -108,3 +108,23 @@ def test_a_pause_action_waits_until_the_paused_file_is_removed(tmp_path):
         return waiting
 
     assert asyncio.run(scenario())
+
+
+def probed(refused: float | None, reply: str = "a") -> tg.Trace:
+    return make_trace(reply=reply, reward=0.0,
+                      metrics={} if refused is None else {"sandbox_refused_connections": refused})
+
+
+def test_sandbox_probe_fires_when_a_sandboxed_rollout_reached_outside_its_task():
+    groups = [[probed(0), probed(3, "b")], [probed(0), probed(0, "b")]]
+    [trip] = Tripwires(TripwireConfig()).observe(2, groups)
+    assert trip.wire == "sandbox_probe" and trip.message.startswith("1 of 4 sandboxed rollouts")
+
+
+def test_sandbox_probe_is_quiet_when_no_sandbox_refused_anything():
+    assert Tripwires(TripwireConfig()).observe(2, [[probed(0), probed(None, "b")]]) == []
+
+
+def test_sandbox_probe_waits_for_more_than_its_share():
+    wires = Tripwires(TripwireConfig(sandbox_probes=0.5))
+    assert wires.observe(2, [[probed(1), probed(0, "b")]]) == []

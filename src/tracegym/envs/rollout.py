@@ -265,6 +265,7 @@ class Rollout:
             self.trace.spans.append(Span(name=stage, start=start, end=self.now(), turn=turn))
 
     async def _cleanup(self) -> None:
+        self.trace.metrics.update(self.task.sandbox_records())  # read before the cleanup closes the sandbox
         try:
             await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised
