@@ -188,6 +188,7 @@ class Orchestrator:
         self.folder.write_batch(step, samples, metrics, state=self.state_dict())
         self.folder.metrics.append({"step": step, **metrics})
         self.folder.forget_finished(step)
+        self.folder.mirror_trainer()
 
     async def policy_when(self, accept: Callable[[int], bool], what: str) -> tuple[int, str]:
         """The served policy (version, model name to request) once `accept(version)`; until then the trainer
