@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -440,7 +440,8 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key,
                                   group_passes)
-    plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
+    concurrency = within_capacity(orch.concurrency, [*envs, *held_out])
+    plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
@@ -449,6 +450,18 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     if (state := folder.resume_state()) is not None:
         orchestrator.load_state_dict(state)
     return orchestrator
+
+
+def within_capacity(concurrency: int, envs: Sequence[TrainEnv | HeldOutEnv]) -> int:
+    """`concurrency`, or the smallest capacity an environment's server says its tasks have (an OpenEnv server's
+    sessions), noted, when that is less: rollouts past it would only wait for a free session or fail."""
+    limits = [(e.served.capacity, e.id) for e in envs if e.served.capacity is not None]
+    if not limits or min(limits)[0] >= concurrency:
+        return concurrency
+    capacity, env_id = min(limits)
+    print(f"tracegym rl: environment {env_id!r} runs at most {capacity} rollouts at once (its server's capacity): "
+          f"orchestrator.concurrency {concurrency} runs as {capacity}", file=sys.stderr)
+    return capacity
 
 
 def canary_wire(config: TripwireConfig, envs: list[TrainEnv]) -> CanaryWire | None:
