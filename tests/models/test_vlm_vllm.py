@@ -95,3 +95,17 @@ async def test_a_token_client_rollout_with_images_is_exact_on_vllm(vlm_server):
     tokens = trace.graph.tokens()
     assert all(tokens[s.offset:s.offset + s.length].count(renderer.images.image_token_id) == IMAGE_SEQ_LEN
                for s in spans)
+
+
+def test_the_vlm_text_tower_is_the_embedded_models_weights(vlm_server):
+    from safetensors import safe_open
+
+    from tracegym.models.embedded import embedded_model_dir
+
+    _, config = vlm_server
+    with safe_open(f"{config.model}/model.safetensors", "pt") as vlm, \
+            safe_open(f"{embedded_model_dir()}/model.safetensors", "pt") as text:
+        names = [n for n in text.keys() if n != "lm_head.weight"]  # noqa: SIM118 (safe_open has no iteration)
+        for name in names:
+            ours, theirs = vlm.get_tensor(name.replace("model.", "model.text_model.", 1)), text.get_tensor(name)
+            assert (ours[: len(theirs)] == theirs).all(), name
