@@ -177,3 +177,8 @@ def test_an_image_that_is_not_a_data_uri_is_a_model_error_naming_it(vlm):
 def test_the_generate_endpoint_is_at_the_servers_root():
     assert server_root("http://host:8000/v1") == "http://host:8000"
     assert server_root("http://host:8000/v1/") == "http://host:8000"
+
+
+def test_an_image_in_the_system_message_is_rendered_not_dropped(vlm):
+    ids = vlm.render([Message(role="system", content=[TextPart(text="look:"), RED]), user("colour?")])
+    assert ids.count(vlm.images.image_token_id) == 49

@@ -107,10 +107,10 @@ class ChatMLRenderer:
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                add_generation_prompt: bool = True) -> list[int]:
-        messages = list(messages)
+        conversation = messages = list(messages)
         system = None
         if messages and messages[0].role == "system":
-            system, messages = messages[0].text, messages[1:]
+            system, messages = self._content(messages[0]), messages[1:]
         elif self.default_system is not None:
             system = self.default_system
         if tools:
@@ -119,7 +119,7 @@ class ChatMLRenderer:
         text = _turn("system", system) if system is not None else ""
         text += "".join(self._turn_text(m) for m in messages)
         ids = self.encode(text + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
-        return self._with_images(ids, messages)
+        return self._with_images(ids, conversation)
 
     def bridge(self, prompt_ids: list[int], completion_ids: list[int], new_messages: Sequence[Message],
                tools: Sequence[ToolSpec] = ()) -> list[int] | None:
