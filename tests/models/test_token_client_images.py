@@ -85,12 +85,18 @@ def client_for(server: FakeOpenAIServer, renderer) -> TokenClient:
     return TokenClient(Endpoint(base_url=server.base_url, model=server.model, backoff=0.0), renderer)
 
 
+_rollouts: dict[int, tuple[tg.Trace, FakeOpenAIServer]] = {}
+
+
 async def image_rollout(vlm) -> tuple[tg.Trace, FakeOpenAIServer]:
-    script = [reply(None, tool_call("board", {})), "It is red, and the board is blue."]
-    with FakeOpenAIServer(script, renderer=vlm) as server:
-        async with client_for(server, vlm) as client:
-            [trace] = await tg.evaluate(pictures(), client)
-    return trace, server
+    """The rollout the tests read (run once per renderer): the model calls the tool, then answers."""
+    if id(vlm) not in _rollouts:
+        script = [reply(None, tool_call("board", {})), "It is red, and the board is blue."]
+        with FakeOpenAIServer(script, renderer=vlm) as server:
+            async with client_for(server, vlm) as client:
+                [trace] = await tg.evaluate(pictures(), client)
+        _rollouts[id(vlm)] = trace, server
+    return _rollouts[id(vlm)]
 
 
 async def test_a_multi_turn_image_trace_is_token_for_token_the_processors_render(vlm, processor):
