@@ -22,6 +22,9 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from tracegym.core.messages import Message
 from tracegym.core.record import Record
 
+RoutedExperts = list[list[list[int]]]
+"""On an MoE model: the experts each token was routed to, `[token][MoE layer][k]`; `[]` for a token never forwarded."""
+
 
 class Node(Record):
     """One message in the graph, with the tokens it adds when they are known."""
@@ -48,6 +51,9 @@ class Node(Record):
     parse_error: bool = False
     """The reply's markup did not parse (an unclosed or stray `<think>` tag in an episode): the turn stands, its
     tokens stay on the branch, but training gives them no loss."""
+    routed_experts: RoutedExperts | None = None
+    """On an MoE model whose server returned them: the experts the sampler routed each token to, aligned with
+    token_ids (the completion's last token was never forwarded: `[]`). The trainer forces the same routing."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +190,10 @@ class MessageGraph(Record):
         temperature: float | None = None,
         policy_version: int | None = None,
         parse_error: bool = False,
+        routed_experts: RoutedExperts | None = None,
     ) -> Node:
-        """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
+        """Append the model's reply to the head, placing its tokens; forks when the prompt drifted.
+        `routed_experts`: the call's routing of `prompt_ids + completion_ids[:-1]`, as vLLM returns it."""
         if prompt_ids is None or completion_ids is None:
             return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version,
                             parse_error=parse_error)
@@ -208,6 +216,7 @@ class MessageGraph(Record):
             temperature=temperature,
             policy_version=policy_version,
             parse_error=parse_error,
+            routed_experts=_node_routing(routed_experts, known, len(delta) + len(completion_ids)),
         )
         prefix += completion_ids
         self._branch = _BranchCache(node, prefix, len(prefix))
@@ -253,3 +262,11 @@ class MessageGraph(Record):
             original = node.id if node.copy_of is None else node.copy_of
             parent = self.add(node.message, parent=parent, copy_of=original, policy_version=node.policy_version).id
         return parent
+
+
+def _node_routing(call: RoutedExperts | None, known: int, count: int) -> RoutedExperts | None:
+    """A node's share of its call's routing: from position `known` on, `[]` for the tokens it does not cover."""
+    if call is None:
+        return None
+    own = call[known:known + count]
+    return own + [[] for _ in range(count - len(own))]

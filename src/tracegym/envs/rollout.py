@@ -177,6 +177,7 @@ class Rollout:
             temperature=request.sampling.temperature,
             policy_version=response.policy_version,
             parse_error=malformed is not None and malformed(response.message),
+            routed_experts=response.routed_experts,
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tracegym.core.graph import TokenPrefix
+from tracegym.core.graph import RoutedExperts, TokenPrefix
 from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.tool_spec import ToolSpec
@@ -44,6 +44,9 @@ class ModelResponse:
     completion_logprobs: list[float] | None = None
     policy_version: int | None = None
     """The policy version that served this reply, when the endpoint reports it (`models.policy_version`)."""
+    routed_experts: RoutedExperts | None = None
+    """On an MoE sampler that reports them (`models.moe_sampler`): the experts of each forwarded token, the
+    prompt's then the completion's but the last (`MessageGraph.add_model_turn` places them)."""
 
 
 class ReplyStream(Protocol):
