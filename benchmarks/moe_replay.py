@@ -3,7 +3,7 @@
 The sampler is `models.moe_sampler.MoeSamplerClient` (token by token with a KV cache, recording the routers' choices)
 in bfloat16 or float32; each reply goes through `MessageGraph.add_model_turn` and `trace_samples` like a rollout's,
 and the float32 trainer (`Trainer.logprobs`) scores the samples twice: routing freely, and replaying the sampler's
-experts. Run: `python benchmarks/moe_replay.py [--prompts 32] [--max-tokens 48]` (writes benchmarks/moe_replay.json).
+experts. Run: `python benchmarks/moe_replay.py [--prompts 16] [--max-tokens 32]` (writes benchmarks/moe_replay.json).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,8 @@ from tracegym.models.renderer import load_renderer
 from tracegym.train.samples import trace_samples
 from tracegym.train.trainer import TrainerConfig, make_trainer
 
-WORDS = ("apple river stone cloud seven green quiet table orange window music paper light north bread "
-         "silver garden winter candle").split()
+WORDS = ("apple", "river", "stone", "cloud", "seven", "green", "quiet", "table", "orange", "window", "music", "paper",
+         "light", "north", "bread", "silver", "garden", "winter", "candle")
 
 
 def prompts(count: int, seed: int) -> list[str]:
@@ -54,6 +55,7 @@ async def sample_all(client: MoeSamplerClient, texts: list[str], max_tokens: int
         trace.graph.add_model_turn(reply.message, reply.prompt_token_ids, reply.completion_token_ids,
                                    reply.completion_logprobs, temperature=1.0, routed_experts=reply.routed_experts)
         out.extend(trace_samples(trace))
+        print(f"sampled {len(out)}/{len(texts)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -109,8 +111,8 @@ def run(sampler_dtype: torch.dtype, trainer: Any, model: Any, renderer: Any, tex
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args()

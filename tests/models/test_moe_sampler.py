@@ -1,4 +1,4 @@
-"""MoE sampler client: routing returned per forwarded token, carried through the graph into samples the trainer replays."""
+"""MoE sampler client: routing per forwarded token, carried through the graph into samples the trainer replays."""
 
 from __future__ import annotations
 

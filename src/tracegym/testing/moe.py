@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -15,16 +15,16 @@ def tiny_moe(seed: int = 0, vocab_size: int = 64, layers: int = 2, experts: int 
     """A float32 Qwen3-MoE small enough to build inside a test (seconds), seeded."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    shape: dict[str, Any] = {"head_dim": 8, "num_experts": experts, "num_experts_per_tok": top_k}
     config = Qwen3MoeConfig(vocab_size=vocab_size, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=8, num_hidden_layers=layers, num_experts=experts, num_experts_per_tok=top_k,
-                            moe_intermediate_size=16, intermediate_size=16, norm_topk_prob=True,
-                            max_position_embeddings=256, tie_word_embeddings=True)
+                            num_hidden_layers=layers, moe_intermediate_size=16, intermediate_size=16,
+                            norm_topk_prob=True, max_position_embeddings=256, tie_word_embeddings=True, **shape)
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).eval()
+    model: Any = Qwen3MoeForCausalLM(config).eval()
     with torch.no_grad():  # a trained model's scales: peaked next-token logits, routers with some near-ties
         model.get_input_embeddings().weight.normal_(0.0, 1.0)
         for router in routers(model):
-            router.weight.normal_(0.0, 1.0)
+            cast(torch.Tensor, router.weight).normal_(0.0, 1.0)
     return model
 
 
