@@ -22,7 +22,7 @@ def test_the_moe_config_keeps_the_dense_models_vocabulary_and_width_with_the_sha
              "head_dim": 16, "intermediate_size": 999}
     config = moe_config(MoeShape(num_hidden_layers=3, num_experts=4, num_experts_per_tok=2), dense)
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (100, 48, 3)
-    assert (config.num_experts, config.num_experts_per_tok, config.tie_word_embeddings) == (4, 2, True)
+    assert (config.num_experts, config.num_experts_per_tok, config.tie_word_embeddings) == (4, 2, False)
 
 
 @pytest.mark.slow

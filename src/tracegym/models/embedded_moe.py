@@ -1,4 +1,4 @@
-"""Embedded MoE model: a tiny Qwen3-MoE (seeded random layers) on the embedded SmolLM2's tokenizer and embeddings."""
+"""Embedded MoE model: a tiny Qwen3-MoE of seeded random layers on the embedded SmolLM2's tokenizer and embeddings."""
 
 from __future__ import annotations
 
@@ -22,16 +22,19 @@ class MoeShape:
     num_experts: int = 8
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 256
-    output_norm: float = 0.7
-    """The final norm's weight: random layers over the dense model's embeddings give next tokens ~3.5 nats of
-    entropy at 0.7 (at 1.0 sampling collapses onto one repeated token)."""
+    init_std: float = 0.05
+    """Standard deviation of the random layers' weights: large enough that attention and experts move the
+    residual stream away from the input embedding (so a flipped expert shows in the logprobs)."""
+    head_std: float = 0.14
+    """Standard deviation of the untied random output head: ~3 nats of next-token entropy. (A head tied to the
+    dense embeddings predicts the input token again, and sampling collapses onto one repeated token.)"""
     seed: int = 0
 
     @property
     def name(self) -> str:
         """The cache folder name: one folder per shape."""
         return (f"tiny-qwen3-moe-l{self.num_hidden_layers}-e{self.num_experts}-k{self.num_experts_per_tok}"
-                f"-i{self.moe_intermediate_size}-n{self.output_norm:g}-s{self.seed}")
+                f"-i{self.moe_intermediate_size}-w{self.init_std:g}-h{self.head_std:g}-s{self.seed}")
 
 
 def default_moe_dir(shape: MoeShape) -> Path:
@@ -67,8 +70,9 @@ def moe_config(shape: MoeShape, dense: dict[str, Any]) -> Any:
 
     keep = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
             "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings", "rope_parameters")
-    moe = {k: v for k, v in asdict(shape).items() if k not in ("seed", "output_norm")}
-    return Qwen3MoeConfig(**{k: dense[k] for k in keep if k in dense}, **moe, tie_word_embeddings=True,
+    moe = {k: v for k, v in asdict(shape).items() if k not in ("seed", "init_std", "head_std")}
+    return Qwen3MoeConfig(**{k: dense[k] for k in keep if k in dense}, **moe, tie_word_embeddings=False,
+                          initializer_range=shape.init_std,
                           intermediate_size=moe["moe_intermediate_size"], norm_topk_prob=True,
                           decoder_sparse_step=1, mlp_only_layers=[], architectures=["Qwen3MoeForCausalLM"])
 
@@ -86,7 +90,7 @@ def build_moe(shape: MoeShape, out_dir: Path) -> None:
     model = AutoModelForCausalLM.from_config(moe_config(shape, dense.config.to_dict()), dtype=torch.float32)
     with torch.no_grad():
         model.get_input_embeddings().weight.copy_(dense.get_input_embeddings().weight)
-        model.get_decoder().norm.weight.fill_(shape.output_norm)
+        model.get_output_embeddings().weight.normal_(0.0, shape.head_std)
     model.generation_config = dense.generation_config
     model.save_pretrained(out_dir)
     for name in TOKENIZER_FILES:
