@@ -18,10 +18,14 @@ import torch
 
 from tracegym.core.errors import UsageError
 
+SOFTMAX_TOP_K_ROUTERS = ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "MixtralTopKRouter", "OlmoeTopKRouter")
+"""transformers routers that return `(logits, weights, indices)` with weights the softmax over the top-k
+(renormalized as `norm_topk_prob` says): the ones whose choice replay knows how to replace."""
+
 
 def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's top-k routers in layer order (one per MoE layer)."""
-    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    """The model's softmax top-k routers in layer order (one per MoE layer)."""
+    return [m for m in model.modules() if type(m).__name__ in SOFTMAX_TOP_K_ROUTERS]
 
 
 @contextmanager
@@ -31,7 +35,8 @@ def forced_routing(model: torch.nn.Module, routing: torch.Tensor) -> Iterator[No
     found = routers(model)
     if len(found) != routing.shape[2]:
         raise UsageError(f"the samples' routed_experts name {routing.shape[2]} MoE layers and the model has "
-                         f"{len(found)} top-k routers: the samples were sampled from another model")
+                         f"{len(found)} routers replay can force ({', '.join(SOFTMAX_TOP_K_ROUTERS)}): another "
+                         "model sampled them, or its router is of a kind replay does not know")
     handles = [r.register_forward_hook(_forcing(routing[:, :, layer].reshape(-1, routing.shape[3])))
                for layer, r in enumerate(found)]
     try:
