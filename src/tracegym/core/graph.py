@@ -22,6 +22,9 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from tracegym.core.messages import Message
 from tracegym.core.record import Record
 
+RoutedExperts = list[list[list[int]]]
+"""On an MoE model: the experts each token was routed to, `[token][MoE layer][k]`; `[]` for a token never forwarded."""
+
 
 class ImageSpan(Record):
     """Where one image's placeholder run lies in a token list (the run the model's processor expands the image
@@ -62,6 +65,9 @@ class Node(Record):
     images: list[ImageSpan] = Field(default_factory=list)
     """The placeholder runs of the images among this node's tokens (offsets into `token_ids`), in order; empty on
     a text-only turn."""
+    routed_experts: RoutedExperts | None = None
+    """On an MoE model whose server returned them: the experts the sampler routed each token to, aligned with
+    token_ids (the completion's last token was never forwarded: `[]`). The trainer forces the same routing."""
 
 
 @dataclass(frozen=True)
@@ -199,10 +205,12 @@ class MessageGraph(Record):
         policy_version: int | None = None,
         parse_error: bool = False,
         prompt_images: Iterable[ImageSpan] = (),
+        routed_experts: RoutedExperts | None = None,
     ) -> Node:
         """Append the model's reply to the head, placing its tokens; forks when the prompt drifted.
         `prompt_images`: the image runs in `prompt_ids` (offsets into it); those among the new tokens go on the
-        node (those before are on the nodes that added them)."""
+        node (those before are on the nodes that added them). `routed_experts`: the call's routing of
+        `prompt_ids + completion_ids[:-1]`, as vLLM returns it."""
         if prompt_ids is None or completion_ids is None:
             return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version,
                             parse_error=parse_error)
@@ -228,6 +236,7 @@ class MessageGraph(Record):
             policy_version=policy_version,
             parse_error=parse_error,
             images=images,
+            routed_experts=_node_routing(routed_experts, known, len(delta) + len(completion_ids)),
         )
         prefix += completion_ids
         self._branch = _BranchCache(node, prefix, len(prefix))
@@ -282,3 +291,11 @@ class MessageGraph(Record):
             original = node.id if node.copy_of is None else node.copy_of
             parent = self.add(node.message, parent=parent, copy_of=original, policy_version=node.policy_version).id
         return parent
+
+
+def _node_routing(call: RoutedExperts | None, known: int, count: int) -> RoutedExperts | None:
+    """A node's share of its call's routing: from position `known` on, `[]` for the tokens it does not cover."""
+    if call is None:
+        return None
+    own = call[known:known + count]
+    return own + [[] for _ in range(count - len(own))]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
+from tracegym.core.graph import RoutedExperts
 from tracegym.core.record import Record
 
 
@@ -33,6 +34,9 @@ class Sample(Record):
     """Index of the branch within its trace."""
     task_key: str = ""
     meta: dict[str, float] = Field(default_factory=dict)
+    routed_experts: RoutedExperts | None = None
+    """On an MoE model: the sampler's experts per token (aligned with `token_ids`; `[]` where unknown), which the
+    trainer's forward replays (`models.expert_routing`)."""
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
@@ -42,6 +46,8 @@ class Sample(Record):
                              f"({len(self.logprobs)}) must have the same length")
         if self.token_advantages is not None and len(self.token_advantages) != n:
             raise ValueError(f"token_advantages ({len(self.token_advantages)}) must have one value per token ({n})")
+        if self.routed_experts is not None and len(self.routed_experts) != n:
+            raise ValueError(f"routed_experts ({len(self.routed_experts)}) must have one entry per token ({n})")
         return self
 
     @property

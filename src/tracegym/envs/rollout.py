@@ -178,6 +178,7 @@ class Rollout:
             policy_version=response.policy_version,
             parse_error=malformed is not None and malformed(response.message),
             prompt_images=response.prompt_images,
+            routed_experts=response.routed_experts,
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tracegym.core.graph import ImageSpan, TokenPrefix
+from tracegym.core.graph import ImageSpan, RoutedExperts, TokenPrefix
 from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.tool_spec import ToolSpec
@@ -46,6 +46,9 @@ class ModelResponse:
     """The policy version that served this reply, when the endpoint reports it (`models.policy_version`)."""
     prompt_images: list[ImageSpan] = field(default_factory=list)
     """Each image's placeholder run in `prompt_token_ids` and its hash (the token client, on a VLM)."""
+    routed_experts: RoutedExperts | None = None
+    """On an MoE sampler that reports them (`models.moe_sampler`): the experts of each forwarded token, the
+    prompt's then the completion's but the last (`MessageGraph.add_model_turn` places them)."""
 
 
 class ReplyStream(Protocol):

@@ -164,6 +164,8 @@ class MicroBatch:
     """Logits are needed for the last `keep` positions only."""
     spans: tuple[Span, ...] = ()
     """Each sample's targets (host-side bookkeeping for `Trainer.logprobs`)."""
+    routed_experts: torch.Tensor | None = None
+    """[B, T, L, K] the sampler's experts per position and MoE layer (-1: route freely), when samples carry them."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -171,8 +173,10 @@ class MicroBatch:
 
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with its tensors on `device`."""
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name not in ("keep", "spans")}
-        return MicroBatch(**moved, keep=self.keep, spans=self.spans)
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if f.name not in ("keep", "spans", "routed_experts")}
+        routed = None if self.routed_experts is None else self.routed_experts.to(device)
+        return MicroBatch(**moved, keep=self.keep, spans=self.spans, routed_experts=routed)
 
 
 def collate(items: Sequence[Row | Sample], pad_id: int = 0) -> MicroBatch:
@@ -208,6 +212,7 @@ def collate(items: Sequence[Row | Sample], pad_id: int = 0) -> MicroBatch:
         temperatures=torch.tensor([r.samples[0].temperature for r in layout], dtype=torch.float32),
         keep=width - first_source,
         spans=tuple(spans),
+        routed_experts=_routing(layout, width),
     )
 
 
@@ -256,6 +261,24 @@ def _tokens(layout: list[Row], width: int, pad_id: int) -> tuple[torch.Tensor, t
             positions[b, offset:offset + own] = torch.arange(row.shared, len(sample))
             segments[b, offset:offset + own] = i + 1
     return input_ids, positions, segments
+
+
+def _routing(layout: list[Row], width: int) -> torch.Tensor | None:
+    """[B, T, L, K] the samples' recorded experts laid out as `_tokens` lays out their ids (-1 on padding and on
+    tokens without a record); None when no sample carries any."""
+    known = next((r for row in layout for s in row.samples for r in s.routed_experts or [] if r), None)
+    if known is None:
+        return None
+    free = [[-1] * len(known[0])] * len(known)
+    out = torch.full((len(layout), width, len(known), len(known[0])), -1, dtype=torch.long)
+    for b, row in enumerate(layout):
+        start = width - len(row)
+        for i, (sample, offset) in enumerate(_placements(row, start)):
+            routed = torch.tensor([r or free for r in sample.routed_experts or [[]] * len(sample)], dtype=torch.long)
+            if i == 0:
+                out[b, start:start + row.shared] = routed[:row.shared]
+            out[b, offset:offset + len(sample) - row.shared] = routed[row.shared:]
+    return out
 
 
 def _attention(segments: torch.Tensor, shared: bool) -> torch.Tensor:

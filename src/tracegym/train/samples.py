@@ -14,7 +14,7 @@ be meaningless, and the trainer divides its logits by the temperature: train at 
 
 from __future__ import annotations
 
-from tracegym.core.graph import Node
+from tracegym.core.graph import Node, RoutedExperts
 from tracegym.core.sample import Sample
 from tracegym.core.token_check import validate_tokens
 from tracegym.core.trace import Trace
@@ -62,12 +62,24 @@ def _branch_sample(trace: Trace, index: int, path: list[Node], trained: set[int]
             loss_mask += [False] * len(ids)
             logprobs += [0.0] * len(ids)
     meta = {"truncated": 1.0} if trace.is_truncated else {}
+    routed = _branch_routing(path)
     version = trace.graph.oldest_version(path)  # the oldest weights that sampled this branch
     return Sample.model_construct(  # built aligned here; skipping validation keeps this linear and fast
         token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, advantage=0.0, temperature=temperature,
         reward=trace.reward, policy_version=version, trace_id=trace.id, branch=index,
-        task_key=trace.task_key, meta=meta,
+        task_key=trace.task_key, meta=meta, routed_experts=routed,
     )
+
+
+def _branch_routing(path: list[Node]) -> RoutedExperts | None:
+    """The sampler's experts along the branch (`[]` on tokens of nodes without them); None when no node has any."""
+    if not any(n.routed_experts for n in path):
+        return None
+    out: RoutedExperts = []
+    for node in path:
+        if node.token_ids:
+            out += node.routed_experts or [[] for _ in node.token_ids]
+    return out
 
 
 def _check_trainable(trace: Trace, node: Node) -> None:

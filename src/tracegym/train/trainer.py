@@ -33,6 +33,7 @@ from typing_extensions import TypeIs
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
+from tracegym.models.expert_routing import forced_routing
 from tracegym.train.batching import MicroBatch, balance, collate, idle, pack, rows
 from tracegym.train.data_parallel import (
     DataParallel,
@@ -222,13 +223,20 @@ class Trainer:
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids, "use_cache": False}
         if self.head is not None:
-            with self._compiled():
+            with self._compiled(), self._replayed(batch):
                 hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
             return head_logprobs(hidden, self.head.weight, batch.sources, batch.target_ids, batch.temperatures)
         with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16), \
-                self._compiled():
+                self._compiled(), self._replayed(batch):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         return token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
+
+    def _replayed(self, batch: MicroBatch) -> contextlib.AbstractContextManager[None]:
+        """Where an MoE model routes each position to the experts its sampler chose (`models.expert_routing`), when the
+        batch's samples recorded them."""
+        if batch.routed_experts is None:
+            return contextlib.nullcontext()
+        return forced_routing(self._causal_lm(), batch.routed_experts)
 
     def _compiled(self) -> contextlib.AbstractContextManager[object]:
         """Where compiled layers run (and compile, at a new shape): with their activation memory budget."""
