@@ -14,7 +14,7 @@ from tracegym.testing import FakeOpenAIServer
 
 def players(request):
     """The proposer writes a wrong-answer proposal; a solver answers 24."""
-    return "PROBLEM: 2 + 2\nANSWER: 5" if request.messages[0].text == PROPOSER_SYSTEM else "24"
+    return "2 + 2 = 5" if request.messages[0].text == PROPOSER_SYSTEM else "24"
 
 
 async def test_held_out_episodes_on_a_server_match_the_same_episodes_in_process():

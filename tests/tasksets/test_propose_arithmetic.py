@@ -31,15 +31,15 @@ def model_calls(ep, member: str) -> int:
 
 
 def test_a_valid_proposal_is_its_expression_and_the_value_code_computed():
-    proposal = read_proposal("Sure!\nPROBLEM: (12 + 7) * 3\nANSWER: 57")
+    proposal = read_proposal("Sure!\nProblem: (12 + 7) * 3 = 57 apples\n4 + 4 = 8")
     assert (proposal.problem, proposal.answer) == ("(12 + 7) * 3", 57)
 
 
 @pytest.mark.parametrize(("reply", "reason"), [
-    ("The answer is 7", "format"),                      # no PROBLEM / ANSWER lines
-    ("PROBLEM: 3 + 4\nANSWER: seven", "format"),        # no integer answer
-    ("PROBLEM: 3 + 4\nANSWER: 8", "wrong_answer"),      # the stated answer is not the value
-    ("PROBLEM: 12\nANSWER: 12", "refused"),             # no operator: not a problem
+    ("The answer is 7", "format"),                      # no '<problem> = <value>' line
+    ("3 + 4 = seven", "format"),                        # no integer value
+    ("3 + 4 = 8", "wrong_answer"),                      # the stated value is not the value
+    ("12 = 12", "refused"),                             # no operator: not a problem
 ])
 def test_an_invalid_proposal_is_refused_with_its_reason(reply, reason):
     with pytest.raises(InvalidProposal) as refused:
@@ -71,7 +71,7 @@ def test_learnability_peaks_at_half_and_is_zero_at_none_or_all():
 
 
 async def test_the_proposer_is_paid_the_learnability_of_its_solvers_pass_rate():
-    ep = await episode("PROBLEM: 2 + 3 * 4\nANSWER: 14", ["14", "it is 14", "15", "no idea"])
+    ep = await episode("2 + 3 * 4 = 14", ["14", "it is 14", "15", "no idea"])
     assert ep.error is None and ep.ok
     assert sorted(ep.rewards[s] for s in SOLVERS) == [0.0, 0.0, 1.0, 1.0]
     assert ep.rewards[PROPOSER] == 1.0 and ep.member_metrics[PROPOSER]["pass_rate"] == 0.5
@@ -79,18 +79,18 @@ async def test_the_proposer_is_paid_the_learnability_of_its_solvers_pass_rate():
 
 
 async def test_a_proposal_every_solver_passes_earns_the_proposer_nothing():
-    ep = await episode("PROBLEM: 3 + 5\nANSWER: 8", ["8"])
+    ep = await episode("3 + 5 = 8", ["8"])
     assert ep.rewards == {PROPOSER: 0.0, **dict.fromkeys(SOLVERS, 1.0)}
 
 
 async def test_solvers_see_the_problem_but_never_the_proposers_answer():
-    ep = await episode("PROBLEM: 6 * 7\nANSWER: 42", ["42"])
+    ep = await episode("6 * 7 = 42", ["42"])
     seen = [m.text for m in ep.traces["solver_0"].messages if m.role != "assistant"]
-    assert seen[-1] == "What is 6 * 7?" and not any("ANSWER" in text for text in seen)
+    assert seen[-1] == "What is 6 * 7?" and not any("42" in text for text in seen)
 
 
 async def test_an_invalid_proposal_gets_its_own_reward_and_its_solvers_are_skipped():
-    ep = await episode("PROBLEM: __import__('os')\nANSWER: 0", ["0"])
+    ep = await episode("__import__('os') = 0", ["0"])
     assert ep.error is None and ep.ok
     assert ep.rewards[PROPOSER] == -1.0
     assert ep.member_metrics[PROPOSER]["valid"] == 0.0 and ep.member_metrics[PROPOSER]["invalid_refused"] == 1.0

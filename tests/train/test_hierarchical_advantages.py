@@ -31,9 +31,9 @@ async def prompt_group():
     (proposer 0.0), and an invalid one (proposer -1.0, solvers skipped)."""
     taskset = load_taskset("propose-arithmetic", {"num_tasks": 1})
     row = next(iter(taskset))
-    plays = [("PROBLEM: 2 + 3 * 4\nANSWER: 14", ["14", "14", "15", "20"]),
-             ("PROBLEM: 3 + 5\nANSWER: 8", ["8"]),
-             ("PROBLEM: 3 + 5\nANSWER: 9", ["8"])]
+    plays = [("2 + 3 * 4 = 14", ["14", "14", "15", "20"]),
+             ("3 + 5 = 8", ["8"]),
+             ("3 + 5 = 9", ["8"])]
     return [await run_episode(taskset, row, players(p, s), episode_index=i) for i, (p, s) in enumerate(plays)]
 
 

@@ -1,8 +1,9 @@
 """Propose-arithmetic: a proposer writes an integer arithmetic problem and its answer, code recomputes the answer,
 four solvers attempt the problem; a worked example of the proposer-solver pattern (`envs.proposer_solver`).
 
-The proposer is asked (its row: how many numbers, how large, one number it must use) to reply in two lines,
-`PROBLEM: <expression>` and `ANSWER: <integer>`. The verifier (`evaluate`) computes the expression's value by
+The proposer is asked (its row: how many numbers, how large, one number it must use) to reply with one line,
+`<expression> = <integer>` (the form a 135M model writes unprompted; a leading label such as `Problem:` is
+ignored). The verifier (`evaluate`) computes the expression's value by
 walking its syntax tree, never by `eval`: only whole numbers up to `MAX_OPERAND`, `+ - *`, unary minus and
 parentheses, at most `MAX_OPERATORS` operators and `MAX_LENGTH` characters; anything else (a name, a call, `**`,
 `/`, a string, an oversized number) is refused, naming what. A proposal is valid when it parses, the verifier
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import ast
 import random
+import re
 from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import Field
 
 from tracegym.core.task_data import TaskData
-from tracegym.envs.proposer_solver import InvalidProposal, Proposal, ProposerSolverTask, labelled, proposer_solver_seats
+from tracegym.envs.proposer_solver import InvalidProposal, Proposal, ProposerSolverTask, proposer_solver_seats
 from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.tasksets.arithmetic import SYSTEM as SOLVER_SYSTEM
 from tracegym.tasksets.arithmetic import last_integer
@@ -42,10 +44,8 @@ ALLOWED = frozenset("0123456789+-*() ")
 EXAMPLE = "3 + 4"
 """The example problem the proposer's system prompt shows (never a held-out problem)."""
 PROPOSER_SYSTEM = (
-    "You write arithmetic problems for students. Reply with exactly two lines:\n"
-    "PROBLEM: <an expression with whole numbers and + - * or parentheses>\n"
-    "ANSWER: <the value of the expression, as an integer>\n"
-    f"For example:\nPROBLEM: {EXAMPLE}\nANSWER: 7"
+    "You write arithmetic problems for students. Reply with one line: the problem (whole numbers and + - * or "
+    f"parentheses), an equals sign, and its value. For example: {EXAMPLE} = 7"
 )
 HELDOUT_SALT = "propose-arithmetic/heldout"
 """Seeds the held-out rows apart from the training prompts."""
@@ -109,18 +109,20 @@ def _value(node: ast.expr) -> int:
 
 
 def read_proposal(text: str) -> Proposal:
-    """The verified proposal in a proposer's reply: its expression, and the value the verifier computed."""
-    problem, answer = labelled(text, "PROBLEM"), labelled(text, "ANSWER")
-    if problem is None or answer is None:
-        missing = "PROBLEM" if problem is None else "ANSWER"
-        raise InvalidProposal("format", f"no '{missing}: ...' line")
-    stated = last_integer(answer)
+    """The verified proposal in a proposer's reply: the first line with an `=`, `<expression> = <integer>` (a
+    leading label such as `Problem:` is ignored), and the value the verifier computed."""
+    line = next((ln for ln in text.splitlines() if "=" in ln), None)
+    if line is None:
+        raise InvalidProposal("format", "no line of the form '<problem> = <value>'")
+    left, _, right = line.partition("=")
+    stated = re.match(r"\s*(-?\d+)\b", right)
     if stated is None:
-        raise InvalidProposal("format", f"ANSWER {answer!r} holds no integer")
+        raise InvalidProposal("format", f"{right.strip()!r} after '=' is not an integer")
+    problem = re.sub(r"^\s*[A-Za-z ]*:", "", left).strip()
     value = evaluate(problem)
-    if stated != value:
-        raise InvalidProposal("wrong_answer", f"ANSWER {stated} but {problem.strip()} = {value}")
-    return Proposal(problem=problem.strip(), answer=value)
+    if int(stated.group(1)) != value:
+        raise InvalidProposal("wrong_answer", f"'= {stated.group(1)}' but {problem} = {value}")
+    return Proposal(problem=problem, answer=value)
 
 
 class ProposeArithmeticTask(ProposerSolverTask[ProposerPrompt, ProposeArithmeticConfig]):
@@ -147,7 +149,7 @@ def prompt_row(rng: random.Random, index: int, prefix: str) -> ProposerPrompt:
     numbers, largest = rng.choice((2, 3)), rng.choice((10, 20, 50))
     include = rng.randint(1, largest)
     prompt = (f"Write one problem with {numbers} whole numbers from 1 to {largest}; one of them must be {include}. "
-              "Reply with the PROBLEM line and the ANSWER line.")
+              "Reply with the problem = its value.")
     return ProposerPrompt(id=f"{prefix}-{index}", prompt=prompt, numbers=numbers, largest=largest, include=include)
 
 
