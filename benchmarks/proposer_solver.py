@@ -117,9 +117,13 @@ def main() -> None:
         print(f"  step {step:3d}: solver score {interval(held[step][0])}; proposal validity "
               f"{interval(held[step][1])}; invalid by reason {dict(reasons)}; episodes failed {failed}")
     first, last = min(evals), max(evals)
-    print(f"change step {first} -> {last}: solver score {paired(scores[first], scores[last])}; validity "
-          f"{paired(validity[first], validity[last])}")
-    steps = {step: step_figures(folder.step_log(step).read().episodes) for step in folder.steps()}
+    if first == last:
+        print(f"one evaluation only (step {first}): the run ended before its last evaluation")
+    else:
+        print(f"change step {first} -> {last}: solver score {paired(scores[first], scores[last])}; validity "
+              f"{paired(validity[first], validity[last])}")
+    steps = {step: step_figures(episodes) for step in folder.steps()
+             if (episodes := folder.step_log(step).read().episodes)}
     print("training steps (validity, solver pass rate on valid proposals, proposer reward):")
     for step, (v, p, r) in steps.items():
         print(f"  step {step:3d}: {v:.3f}  {'-' if p is None else f'{p:.3f}'}  {r:+.3f}")
