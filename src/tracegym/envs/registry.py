@@ -32,6 +32,7 @@ BUILTINS: dict[str, str] = {
     "kuhn-poker": "tracegym.tasksets.kuhn_poker:KuhnPoker",
     "tictactoe": "tracegym.tasksets.tictactoe:TicTacToe",
     "debate": "tracegym.tasksets.debate:Debate",
+    "propose-arithmetic": "tracegym.tasksets.propose_arithmetic:ProposeArithmetic",
 }
 URL_SCHEMES: dict[str, str] = {"openenv": "tracegym.interop.openenv_taskset:at_url"}
 """Ids `SCHEME:URL` (`openenv:ws://127.0.0.1:8001`): the factory each scheme's function makes for the URL."""

@@ -9,6 +9,11 @@ function or class can be named by import path (`"package.module:function"`); a s
 `EMABaseline`) has `state_dict()` / `load_state_dict()` so its state is checkpointed with the run. The RL
 config's `[orchestrator.advantage]` section (`AdvantageConfig`) picks one; `build_advantages` makes it.
 
+Groups are hierarchical when `per_episode` names members (glob patterns on member ids): each episode's matching
+members form one group of their own (`episode_group_key`: e.g. a proposer-solver episode's solvers, grouped by the
+task proposed in it), while the other members keep their baseline key (the proposer: per task, i.e. by its prompt,
+across the group's episodes). Two levels, each with its own baseline, as prime-rl's hierarchical GRPO has them.
+
 >>> group_mean([1.0, 0.0, 0.0, 1.0])
 [0.5, -0.5, -0.5, 0.5]
 >>> adv = GroupAdvantages(group_mean)
@@ -20,6 +25,7 @@ config's `[orchestrator.advantage]` section (`AdvantageConfig`) picks one; `buil
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib
 import inspect
@@ -124,6 +130,14 @@ def baseline_key(taskset: str, task_key: str, member: str | None = None) -> str:
     """What a stateful baseline is kept per: `taskset/task_key/member` (parts that are unset left out, so a
     single-agent trace of an unnamed taskset is keyed by its task alone)."""
     return "/".join(part for part in (taskset, task_key, member) if part)
+
+
+def episode_group_key(taskset: str, task_key: str, episode_id: str, member: str,
+                      per_episode: Sequence[str]) -> str | None:
+    """The key of the per-episode group `member` joins (`taskset/task/episode-ID/PATTERN`, the first pattern of
+    `per_episode` its id matches), or None when it matches none (its usual `baseline_key` then applies)."""
+    pattern = next((p for p in per_episode if fnmatch.fnmatchcase(member, p)), None)
+    return None if pattern is None else baseline_key(taskset, task_key, f"episode-{episode_id}/{pattern}")
 
 
 def has_signal(rewards: Sequence[float], tol: float = 1e-9) -> bool:
@@ -238,6 +252,11 @@ class AdvantageConfig(BaseModel):
     baseline_per: Literal["task", "taskset"] = "task"
     """What a multi-agent member's baseline is kept per: each (taskset, task, member), or (taskset, member) as
     SPIRAL keys it (one baseline per game and role: with many distinct deals, few tasks repeat)."""
+    per_episode: tuple[str, ...] = ()
+    """Hierarchical groups: members (glob patterns on member ids, e.g. `["solver_*"]`) whose units are grouped per
+    episode, all the members one pattern matches in one episode together (a proposer-solver episode's solvers:
+    grouped by the task proposed in it); the others keep their groups per (task, member) (the proposer: by its
+    prompt, across the group's episodes). Empty: every member per (task, member)."""
 
     @field_validator("name")
     @classmethod
@@ -260,6 +279,11 @@ class AdvantageConfig(BaseModel):
                        if applies and getattr(self, f) != default[f].get_default(call_default_factory=True))
         if given:
             raise ValueError(f"{', '.join(given)} does not apply to advantage {self.name!r}")
+        if self.per_episode and self.name == "rae":
+            raise ValueError("per_episode does not apply to advantage 'rae': an episode's group never repeats, so "
+                             "its EMA baseline would start cold every time (use group_mean)")
+        if any(not p.strip() for p in self.per_episode):
+            raise ValueError("per_episode: a member pattern is empty")
         return self
 
     @property

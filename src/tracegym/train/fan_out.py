@@ -26,14 +26,14 @@ are a rollout's).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from tracegym.core.cut_policy import KEEP, MASKED, CutPolicy
 from tracegym.core.episode import Episode
 from tracegym.core.trace import StopReason, Trace
-from tracegym.train.advantages import GroupAdvantages, baseline_key
+from tracegym.train.advantages import GroupAdvantages, baseline_key, episode_group_key
 
 MASKED_AS = "masked/"
 """The reason (`masked/<cut>`) a unit the cut policy masks is left out for."""
@@ -52,14 +52,15 @@ class TrainingUnit:
 
 
 def episode_units(episodes: Iterable[Episode], per_task: bool = True, truncated_reward: float | None = None,
-                  cuts: CutPolicy = KEEP) -> tuple[list[TrainingUnit], Counter[str]]:
+                  cuts: CutPolicy = KEEP, per_episode: Sequence[str] = ()) -> tuple[list[TrainingUnit], Counter[str]]:
     """The units of a group of episodes (one per trainable member of each), and what was left out, by reason
     (`episode_error` counts a member of an episode that ended on an error; `masked/<cut>` one whose trace's cut
     the `cuts` policy masks). `per_task=False` keys a multi-agent member's baseline per (taskset, member) alone, as
     SPIRAL does (one baseline per game and role). `truncated_reward`: the reward of every trainable member of a
     multi-agent episode cut short (a reply ran into the completion budget, a prompt no longer fit), in place of its
     payoff; None keeps the payoff (an unfinished game's, usually 0). `cuts`: the reward (or mask) of a unit by its
-    own trace's cut (`Trace.cut`), where `truncated_reward` did not decide it."""
+    own trace's cut (`Trace.cut`), where `truncated_reward` did not decide it. `per_episode`: member patterns whose
+    units are grouped per episode (hierarchical groups, `advantages.episode_group_key`)."""
     units, dropped = [], Counter[str]()
     for episode in episodes:
         for member in episode.trainable_members:
@@ -68,8 +69,8 @@ def episode_units(episodes: Iterable[Episode], per_task: bool = True, truncated_
             if reward == MASKED:
                 dropped[reason or f"{MASKED_AS}{episode.traces[member].cut}"] += 1
                 continue
-            units.append(TrainingUnit(episode.traces[member], float(reward), unit_key(episode, member, per_task),
-                                      member))
+            key = unit_key(episode, member, per_task, per_episode)
+            units.append(TrainingUnit(episode.traces[member], float(reward), key, member))
     return units, dropped
 
 
@@ -84,11 +85,15 @@ def unit_reward(episode: Episode, member: str, truncated_reward: float | None,
     return cuts.reward(episode.traces[member].cut, payoff)
 
 
-def unit_key(episode: Episode, member: str, per_task: bool) -> str:
+def unit_key(episode: Episode, member: str, per_task: bool, per_episode: Sequence[str] = ()) -> str:
     """The baseline key of a member's unit: `baseline_key(taskset, task key, member)`, the task left out when not
-    `per_task`; a solo episode's is its rollout's, `taskset/task key`."""
+    `per_task`; the episode's own group when `per_episode` matches the member; a solo episode's is its rollout's,
+    `taskset/task key`."""
     if episode.is_solo:
         return baseline_key(episode.taskset, episode.task_key)
+    grouped = episode_group_key(episode.taskset, episode.task_key, episode.id, member, per_episode)
+    if grouped is not None:
+        return grouped
     return baseline_key(episode.taskset, episode.task_key if per_task else "", member)
 
 

@@ -32,7 +32,8 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
         return SFTSignal(reach_teacher(teacher, endpoints), renderer, sft or SFTConfig())
     advantages = build_advantages(reward_advantage(advantage, mode))
     parts: dict[str, Any] = {"baseline_per_task": advantage.baseline_per == "task",
-                             "truncated_reward": truncated_reward, "cuts": cuts or KEEP, "log": log}
+                             "truncated_reward": truncated_reward, "cuts": cuts or KEEP, "log": log,
+                             "per_episode": advantage.per_episode}
     if mode == "opd":
         if teacher is None:
             raise ValueError("mode = 'opd' needs a [teacher]")

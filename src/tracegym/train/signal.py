@@ -96,6 +96,8 @@ class RLSignal:
     baseline_per_task: bool = True
     truncated_reward: float | None = None
     cuts: CutPolicy = KEEP
+    per_episode: tuple[str, ...] = ()
+    """Member patterns grouped per episode (hierarchical groups: `AdvantageConfig.per_episode`)."""
     log: Callable[[dict[str, Any]], None] = lambda record: None
     traces_invalid: int = 0
     """Traces dropped so far because their tokens are unfit for training (`samples.validate`)."""
@@ -126,7 +128,8 @@ class RLSignal:
         out: list[tuple[TrainingUnit, float]] = []
         dropped = Counter[str]()
         for group in groups:
-            units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward, self.cuts)
+            units, left_out = episode_units(group, self.baseline_per_task, self.truncated_reward, self.cuts,
+                                            self.per_episode)
             out += advantaged(units, self.advantages)
             dropped += left_out
         return out, dropped
