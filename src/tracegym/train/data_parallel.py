@@ -7,6 +7,12 @@ what this machine has); each decoder block and then the whole model are sharded 
 this torch, so FSDP1's flat parameters, which mix badly with LoRA's frozen weights, are not needed). Gradients are
 summed across ranks, not averaged: the loss is already divided by the whole step's loss tokens.
 
+A trainer built from a model folder at several ranks (`trainer.build_trainer`) never holds the whole model: it is
+built on the meta device, sharded, and only then allocated, each rank reading only its rows of every weight from the
+folder's safetensors (`DataParallel.shard_empty`, `CheckpointRows`); LoRA and full fine-tuning alike (FSDP2 shards
+frozen and trained parameters the same way). A model handed over already loaded (`make_trainer`) is sharded as it
+is. One process builds and loads it as before.
+
 Checkpoints and served weights hold full tensors: `full` gathers a sharded one (every rank must call it, in the
 same order), `shard_like` cuts a full one down to what this rank holds, so a checkpoint saved at any world size
 loads at any other.
