@@ -91,7 +91,11 @@ class DataParallel:
         the rows `rows` of the whole parameter `name` (of `shape`). No rank ever holds the whole model."""
         sharded = self._fully_shard(model) if self.world > 1 else model
         buffers = {name: buffer.clone() for name, buffer in sharded.named_buffers() if not buffer.is_meta}
+        tied = _tied_parameters(sharded)
         sharded.to_empty(device=self.device)
+        for (first, name), *others in tied:  # to_empty makes a tensor per module, untying shared ones
+            for module, other in others:
+                setattr(module, other, getattr(first, name))
         with torch.no_grad():
             for name, buffer in buffers.items():
                 sharded.get_buffer(name).copy_(buffer)
@@ -259,6 +263,15 @@ def sharded_optimizer_state(state: dict[str, Any], params: Sequence[torch.Tensor
 
     return {**state, "state": {index: {key: local(value, params[int(index)]) for key, value in entries.items()}
                                for index, entries in state["state"].items()}}
+
+
+def _tied_parameters(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """Each parameter that several modules hold (tied embeddings): the (module, attribute name) of each holder."""
+    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    return [places for places in holders.values() if len(places) > 1]
 
 
 def _unsplittable(model: torch.nn.Module) -> list[str]:
