@@ -55,5 +55,5 @@ def test_a_folder_without_a_weight_the_model_needs_is_refused_by_name(folder):
     weights = load_file(str(folder / "model.safetensors"))
     del weights["model.norm.weight"]
     save_file(weights, str(folder / "model.safetensors"))
-    with pytest.raises(UsageError, match="no weight 'model.norm.weight'"):
+    with pytest.raises(UsageError, match=r"no weight 'model\.norm\.weight'"):
         sharded_model(TrainerConfig(model=str(folder), lora=False), DataParallel())
