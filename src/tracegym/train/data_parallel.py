@@ -7,6 +7,12 @@ what this machine has); each decoder block and then the whole model are sharded 
 this torch, so FSDP1's flat parameters, which mix badly with LoRA's frozen weights, are not needed). Gradients are
 summed across ranks, not averaged: the loss is already divided by the whole step's loss tokens.
 
+A trainer built from a model folder at several ranks (`trainer.build_trainer`) never holds the whole model: it is
+built on the meta device, sharded, and only then allocated, each rank reading only its rows of every weight from the
+folder's safetensors (`DataParallel.shard_empty`, `CheckpointRows`); LoRA and full fine-tuning alike (FSDP2 shards
+frozen and trained parameters the same way). A model handed over already loaded (`make_trainer`) is sharded as it
+is. One process builds and loads it as before.
+
 Checkpoints and served weights hold full tensors: `full` gathers a sharded one (every rank must call it, in the
 same order), `shard_like` cuts a full one down to what this rank holds, so a checkpoint saved at any world size
 loads at any other.
@@ -19,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import torch
@@ -75,8 +83,39 @@ class DataParallel:
         """`model` on this rank's device, sharded over the ranks (each block the model names as unsplittable,
         then the rest), with gradients summed rather than averaged; the model itself when training alone."""
         model = model.to(self.device)
-        if self.world == 1:
-            return model
+        return model if self.world == 1 else self._fully_shard(model)
+
+    def shard_empty(self, model: ModuleT, fill: Callable[[str, torch.Size, slice], torch.Tensor]) -> ModuleT:
+        """`model`, built with its parameters on the meta device (its buffers real), sharded over the ranks and
+        only then allocated on this rank's device, each parameter's share filled with `fill(name, shape, rows)`:
+        the rows `rows` of the whole parameter `name` (of `shape`). No rank ever holds the whole model."""
+        sharded = self._fully_shard(model) if self.world > 1 else model
+        buffers = {name: buffer.clone() for name, buffer in sharded.named_buffers() if not buffer.is_meta}
+        tied = _tied_parameters(sharded)
+        sharded.to_empty(device=self.device)
+        for (first, name), *others in tied:  # to_empty makes a tensor per module, untying shared ones
+            for module, other in others:
+                setattr(module, other, getattr(first, name))
+        with torch.no_grad():
+            for name, buffer in buffers.items():
+                sharded.get_buffer(name).copy_(buffer)
+            for name, param in sharded.named_parameters():
+                local = param.to_local() if isinstance(param, DTensor) else param
+                local.copy_(fill(name, param.shape, self.rows(param)))
+        return sharded
+
+    def rows(self, param: torch.Tensor) -> slice:
+        """The rows (first dimension) of the whole parameter that this rank's shard of `param` holds (FSDP2 cuts
+        each into `world` equal chunks, the last ones shorter or empty)."""
+        length = param.shape[0] if param.dim() else 1
+        if not isinstance(param, DTensor):
+            return slice(0, length)
+        chunk = -(-length // self.world)
+        start = min(self.rank * chunk, length)
+        return slice(start, min(start + chunk, length))
+
+    def _fully_shard(self, model: ModuleT) -> ModuleT:
+        """`model` sharded over the ranks in place (see `shard`)."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -144,6 +183,39 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return torch.device(device)
 
 
+class CheckpointRows:
+    """A model folder's safetensors weights, read a share of rows at a time (a rank reads only its shards)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors import safe_open
+
+        folder = Path(model_dir)
+        index = folder / "model.safetensors.index.json"
+        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+                 else ["model.safetensors"])
+        if not all((folder / f).is_file() for f in files):
+            raise FileNotFoundError(f"{folder} holds no safetensors weights (model.safetensors or its index)")
+        self._stack = contextlib.ExitStack()
+        self._where = {}
+        for file in files:
+            handle = self._stack.enter_context(safe_open(str(folder / file), framework="pt"))
+            self._where.update(dict.fromkeys(handle.keys(), handle))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def read(self, name: str, rows: slice) -> torch.Tensor:
+        """Rows `rows` of the weight `name` (a 0-dimensional weight whole)."""
+        part = self._where[name].get_slice(name)
+        return part[rows] if part.get_shape() else part[:]
+
+    def __enter__(self) -> CheckpointRows:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stack.close()
+
+
 def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole of a sharded tensor (a collective: every rank calls it); any other tensor as it is."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
@@ -191,6 +263,15 @@ def sharded_optimizer_state(state: dict[str, Any], params: Sequence[torch.Tensor
 
     return {**state, "state": {index: {key: local(value, params[int(index)]) for key, value in entries.items()}
                                for index, entries in state["state"].items()}}
+
+
+def _tied_parameters(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """Each parameter that several modules hold (tied embeddings): the (module, attribute name) of each holder."""
+    holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    return [places for places in holders.values() if len(places) > 1]
 
 
 def _unsplittable(model: torch.nn.Module) -> list[str]:

@@ -36,6 +36,7 @@ from tracegym.core.sample import Sample
 from tracegym.models.expert_routing import forced_routing
 from tracegym.train.batching import MicroBatch, balance, collate, idle, pack, rows
 from tracegym.train.data_parallel import (
+    CheckpointRows,
     DataParallel,
     full,
     full_optimizer_state,
@@ -484,13 +485,45 @@ def build_trainer(config: TrainerConfig, dp: DataParallel | None = None) -> Trai
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
+    dp = dp or DataParallel(device=resolve_device(config.device))
     try:
-        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(config.model)
+        if dp.world > 1:  # each rank reads only its shards of the weights
+            return Trainer(sharded_model(config, dp), config, pad_id=_pad_id(tokenizer), dp=dp)
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
     except OSError as exc:
         raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return make_trainer(model, config, pad_id, dp or DataParallel(device=resolve_device(config.device)))
+    return make_trainer(model, config, _pad_id(tokenizer), dp)
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def sharded_model(config: TrainerConfig, dp: DataParallel) -> PreTrainedModel | PeftModel:
+    """`config.model` prepared as `make_trainer` does and sharded over `dp`'s ranks, built on the meta device
+    and then filled shard by shard: each rank reads only its rows of every weight from the folder's safetensors,
+    and draws the LoRA adapter's initial values (the same on every rank: the seed is set) whole, then keeps its
+    rows. So no rank holds the whole model at any time."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.model), dtype=torch.float32)
+    model.tie_weights()
+    with CheckpointRows(config.model) as weights:
+
+        def fill(name: str, shape: torch.Size, part: slice) -> torch.Tensor:
+            key = _checkpoint_name(name)
+            if key in weights:
+                return weights.read(key, part)
+            if ".lora_A." in name:  # peft's default initialisation (init_lora_weights=True)
+                return torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5))[part]
+            if ".lora_B." in name:
+                return torch.zeros(shape)[part]
+            raise UsageError(f"model {config.model!r}: its checkpoint has no weight {key!r}")
+
+        return dp.shard_empty(prepare_model(model, config), fill)
 
 
 def make_trainer(model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_id: int = 0,
@@ -498,13 +531,19 @@ def make_trainer(model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_
     """The Trainer of a loaded float32 `model`: gradient checkpointing and a LoRA adapter as `config` says, on
     `dp`'s device and sharded over its ranks (every rank passes the same model, e.g. loaded with the same seed)."""
     dp = dp or DataParallel()
+    return Trainer(dp.shard(prepare_model(model, config)), config, pad_id=pad_id, dp=dp)
+
+
+def prepare_model(model: PreTrainedModel | PeftModel, config: TrainerConfig) -> PreTrainedModel | PeftModel:
+    """`model` with gradient checkpointing and a LoRA adapter as `config` says."""
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.lora:
-        model = apply_lora(model, config)
-        if config.gradient_checkpointing:
-            model.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input
-    return Trainer(dp.shard(model), config, pad_id=pad_id, dp=dp)
+    if not config.lora:
+        return model
+    adapted = apply_lora(model, config)
+    if config.gradient_checkpointing:
+        adapted.enable_input_require_grads()  # frozen embeddings: let checkpointed blocks see a grad input
+    return adapted
 
 
 def compile_layers(causal: PreTrainedModel) -> None:
