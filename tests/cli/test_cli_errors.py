@@ -149,6 +149,10 @@ def test_an_rl_concurrency_below_one_exits_2_naming_its_flag(value, capsys):
     assert "--orchestrator.concurrency" in err
 
 
+def test_checkpoint_every_zero_exits_2_naming_its_flag(capsys):
+    assert "--checkpoint-every" in refused(capsys, ["rl", "--checkpoint-every", "0", "--dry-run"])
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--idle-seconds", "-1"), ("--worker-timeout", "0"),
                                              ("--grow-at", "0")])
 def test_a_serve_number_out_of_range_exits_2_naming_its_flag(flag, value, capsys):

@@ -278,7 +278,7 @@ class RLConfig(BaseConfig):
     the weights with the adapter merged in (requests keep the base name; on CPU generation is ~3x faster than
     through an adapter): vLLM merges each adapter into the base weights it keeps (`models.merge_extension`), or,
     without LoRA, reloads the full weights the trainer writes."""
-    checkpoint_every: int = 5
+    checkpoint_every: int = Field(default=5, ge=1)
     """Save a resumable checkpoint every N steps (and after the last)."""
     max_error_rate: float = Field(default=0.5, ge=0, le=1)
     """The command exits 1 when more than this fraction of the run's rollouts (or of its multi-agent episodes)
