@@ -1,10 +1,11 @@
 """Image store: a run folder's `images/` directory, where each image its trace rows carry is kept once by content
 hash (`images/<sha256>.<ext>`), and the rows name it by reference (`core.image_ref`).
 
-`stored(line)` is a record's JSON line (a trace's, an episode record's: its task row may hold images too) with its
-images stored and referenced; `parse(line, model)` reads one back with the data URIs put in again (a missing file
-leaves its reference, and `missing` names it). A line without an image costs one substring test each way. Files are written whole under a temporary name and renamed, so two writers
-of the same image (an eval and its resume, the orchestrator and a held-out evaluation) never leave half a file.
+`stored(line)` is a record's JSON line (a trace's, an episode record's: its task row may hold images too) with
+its images stored and referenced; `parse(line, model)` reads one back with the data URIs put in again (a missing
+file leaves its reference, and `missing` names it). A line without an image costs one substring test each way.
+Files are written whole under a temporary name and renamed, so two writers of the same image (an eval and its
+resume, the orchestrator and a held-out evaluation) never leave half a file.
 """
 
 from __future__ import annotations
