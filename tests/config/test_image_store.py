@@ -1,33 +1,13 @@
 """The image store: a run folder's images kept once by hash, its rows holding references, read back as data URIs."""
 
-import io
 import json
-
-from PIL import Image
 
 from tracegym.config.episode_log import EpisodeLog
 from tracegym.config.image_store import ImageStore
 from tracegym.core.episode import Episode
-from tracegym.core.image_ref import REF_PREFIX, data_uri
-from tracegym.core.messages import ImagePart, TextPart, assistant, tool, user
-from tracegym.core.task_data import TaskData
-from tracegym.core.trace import Trace
-
-
-def _png(colour: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (16, 16), colour).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _image_trace(colour: tuple[int, int, int] = (255, 0, 0)) -> Trace:
-    """A trace whose task prompt and a tool result both carry the same image (a row holds it twice inline)."""
-    part = ImagePart(image_url={"url": data_uri("image/png", _png(colour))})
-    prompt = [user([part, TextPart(text="what colour?")])]
-    trace = Trace(task=TaskData(prompt=prompt, id="t0"), taskset="test")
-    for message in [*prompt, assistant("let me look"), tool([part], tool_call_id="c1")]:
-        trace.graph.add(message)
-    return trace
+from tracegym.core.image_ref import REF_PREFIX
+from tracegym.testing.images import image_trace as _image_trace
+from tracegym.testing.images import png as _png
 
 
 def _log(root) -> EpisodeLog:
@@ -87,4 +67,4 @@ def test_rows_with_images_are_smaller_with_references_than_inline(tmp_path):
     stored.write(episodes)
     inline.write(episodes)
     assert stored.traces.stat().st_size < inline.traces.stat().st_size
-    assert json.loads(stored.traces.read_text().splitlines()[0])["task"]["id"] == "t0"
+    assert json.loads(stored.traces.read_text().splitlines()[0])["task"]["id"] == "image-255-0-0"
