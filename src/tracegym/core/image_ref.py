@@ -52,6 +52,18 @@ def decoded(url: str) -> tuple[str, bytes] | None:
         raise ValueError(f"its base64 is broken ({exc})") from None
 
 
+def image_bytes(url: str) -> bytes:
+    """The bytes of an image part's URL (a reward that looks at an image reads them so); a ValueError saying why
+    not for anything but a base64 data URI (a reference whose file was missing when its row was read, a URL
+    elsewhere, which is never fetched)."""
+    if stored_name(url) is not None:
+        raise ValueError(f"{url} was not found in its run folder's images/")
+    found = decoded(url)
+    if found is None:
+        raise ValueError(f"not a base64 data URI: {url[:80]!r} (images elsewhere are never fetched)")
+    return found[1]
+
+
 def data_uri(mime: str, data: bytes) -> str:
     """The base64 `data:` URI of `data`."""
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
