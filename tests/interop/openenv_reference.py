@@ -72,6 +72,30 @@ class GuessEnvironment(Environment):
         return self._state
 
 
+LISTED = {"train": [11, 22, 33], "test": [44, 55]}
+"""The listed guessing game's tasks: the hidden number of each, by split."""
+
+
+class ListedGuessEnvironment(GuessEnvironment):
+    """The guessing game backed by a dataset: OpenEnv's Task API lists its splits and tasks, and a reset picks one
+    by split and index."""
+
+    def list_splits(self) -> list[str]:
+        return list(LISTED)
+
+    def num_tasks(self, split: str) -> int:
+        return len(LISTED[split])
+
+    def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict[str, Any]]:
+        return [{"id": f"{split}-{i}", "target": t} for i, t in enumerate(LISTED[split])][start:stop]
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GuessObservation:
+        observation = super().reset(seed, episode_id)
+        if "split" in kwargs:
+            self.target = LISTED[kwargs["split"]][kwargs["index"]]
+        return observation
+
+
 class EchoEnvironment(MCPEnvironment):
     """OpenEnv's echo environment in miniature: an MCP tool that echoes; reward 0.1 per character echoed."""
 
@@ -112,6 +136,14 @@ def guess_server(max_concurrent_envs: int = 8) -> Iterator[str]:
     """The guessing game on openenv's own server; yields its ws:// URL."""
     with serving(create_app(GuessEnvironment, GuessAction, GuessObservation,
                             max_concurrent_envs=max_concurrent_envs)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def listed_guess_server() -> Iterator[str]:
+    """The guessing game with a Task API (splits train and test) on openenv's own server; yields its ws:// URL."""
+    with serving(create_app(ListedGuessEnvironment, GuessAction, GuessObservation, env_name="guess",
+                            max_concurrent_envs=4)) as url:
         yield url
 
 

@@ -278,3 +278,21 @@ def test_a_taskset_as_an_openenv_environment_runs_on_openenvs_own_create_app():
     assert reset.observation["task"] == taskset[1].key and len(reset.observation["tools"]) == 4
     assert tooled.observation["messages"][0]["content"] == "42.0"
     assert answered.done and answered.reward == 1.0
+
+
+def test_a_taskset_environments_rubric_names_its_rewards_and_scores_the_episode():
+    from tracegym.interop.openenv_environment import TasksetEnvironment
+    from tracegym.interop.openenv_protocol import TasksetAction
+
+    taskset = registry_load("reverse-text", {"num_tasks": 2})
+    env = TasksetEnvironment.of(taskset)()
+
+    async def play() -> object:
+        await env.reset_async(index=0)
+        return await env.step_async(TasksetAction(message=taskset[0].answer))
+
+    done = asyncio.run(play())
+    names = [name for name, _ in env.rubric.named_rubrics()]
+    assert names == list(done.rewards) and names
+    assert [child.last_score for child in env.rubric.children()] == [done.rewards[n] for n in names]
+    assert env.rubric.last_score == done.reward

@@ -111,3 +111,48 @@ async def test_the_readmes_sandboxed_tool_runs_as_printed(tmp_path: Path) -> Non
     [trace] = await tg.evaluate(taskset, ScriptedModel(script), num_tasks=1, rollouts=1)
     [answer] = [m.text for m in trace.completion if m.role == "tool"]
     assert answer.startswith("42 ") and "tracegym-sandbox-" in answer and trace.errors == []
+
+
+@sandboxed
+def probe(address: str) -> str:
+    """Try to reach a host.
+
+    Args:
+        address: HOST:PORT.
+    """
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        return "reached"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+class ProbeTask(tg.Task):
+    tools = (probe, where_sandboxed)
+
+    def runtime(self) -> Runtime:
+        return runtime_for("subprocess", Limits(wall_seconds=10, cpu_seconds=5))
+
+
+async def run_probe(*addresses: str) -> tg.Trace:
+    calls = [tool_call("probe", {"address": a}) for a in addresses] or [tool_call("where_sandboxed", {"note": ""})]
+    script = [reply(None, *calls), "done"]
+    taskset = tg.Taskset(id="probes", data=[tg.TaskData(prompt="Probe.")])
+    taskset.task_class = ProbeTask
+    [trace] = await tg.evaluate(taskset, ScriptedModel(script), num_tasks=1, rollouts=1)
+    return trace
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the subprocess runtime has a network namespace only as root")
+async def test_a_sandboxed_program_reaching_outside_its_task_is_counted_on_the_trace() -> None:
+    trace = await run_probe("10.255.255.1:80", "127.0.0.1:9")  # no route out; the host's loopback is not its own
+    assert trace.metrics["sandbox_refused_connections"] == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the subprocess runtime has a network namespace only as root")
+async def test_a_sandboxed_program_that_stays_inside_counts_no_refusal() -> None:
+    trace = await run_probe()
+    assert trace.metrics["sandbox_refused_connections"] == 0

@@ -133,8 +133,10 @@ def test_a_step_of_self_play_through_a_real_env_server_trains_each_seat_on_its_o
                 await orchestrator.aclose()
 
         samples, metrics = asyncio.run(one_step())
-    episodes = RLFolder(tmp_path).step_log(0).read().episodes
+    log = RLFolder(tmp_path).step_log(0)
+    episodes = log.read().episodes
     assert len(episodes) == 4 and all(e.ok for e in episodes) and len(samples) == 8
+    assert len(log.traces.read_text().splitlines()) == 8  # traces/step-N.jsonl holds every member's trace
     traces = {t.id: t for e in episodes for t in e.traces.values()}
     for sample in samples:
         trace = traces[sample.trace_id]

@@ -178,3 +178,55 @@ def test_a_tracker_enabled_but_not_installed_is_refused_naming_its_key(monkeypat
     with pytest.raises(UsageError, match=rf"{key} needs the `{module}` package"):
         on = {"wandb": None, "tensorboard": True} if module == "tensorboard" else {"wandb": {}, "tensorboard": False}
         build_tracking(TrackingConfig.model_construct(samples=1, **on), Path("."), {})  # a config checked elsewhere
+
+
+# --- the trainer's records ------------------------------------------------------------------------------------------
+TRAINER_RECORDS = [{"step": 0, "loss": 0.5, "train_s": 2.0, "weights_digest": "ab12"},
+                   {"step": 1, "loss": 0.25, "train_s": 1.5, "weights_digest": "cd34"}]
+
+
+def test_the_trainers_records_reach_tensorboard_as_trainer_numbers_at_their_steps(tmp_path):
+    folder = RLFolder(tmp_path)
+    tracking = build_tracking(TrackingConfig(tensorboard=True), folder.path, {})
+    assert tracking is not None
+    folder.track(tracking)
+    folder.metrics.append({"step": 3, "reward": 0.5})  # the orchestrator is ahead of the trainer
+    for record in TRAINER_RECORDS:
+        folder.trainer_metrics.append(record)
+    folder.mirror_trainer()
+    folder.close()  # follows again: nothing is logged twice
+    events = tensorboard_events(tmp_path / "tensorboard")
+    assert [(e.step, e.value) for e in events.Scalars("trainer/loss")] == [(0, 0.5), (1, 0.25)]
+    assert "trainer/weights_digest" not in events.Tags()["scalars"]
+
+
+def test_wandb_offline_holds_the_trainers_numbers_on_their_own_axis(tmp_path, wandb_home):
+    folder = RLFolder(tmp_path / "run")
+    folder.path.mkdir()
+    tracking = build_tracking(TrackingConfig.model_validate({"wandb": {"mode": "offline"}}), folder.path, {})
+    assert tracking is not None
+    folder.track(tracking)
+    folder.metrics.append({"step": 3, "reward": 0.5})
+    for record in TRAINER_RECORDS:
+        folder.trainer_metrics.append(record)
+    folder.close()
+    [run_file] = (folder.path / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = []
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            if "trainer/step" in items:
+                logged.append((items["trainer/step"], items["trainer/loss"]))
+    assert logged == [(0, 0.5), (1, 0.25)]
+
+
+def test_a_followed_log_returns_only_whole_lines_once(tmp_path):
+    folder = RLFolder(tmp_path)
+    folder.trainer_metrics.append({"step": 0})
+    with folder.trainer_metrics.path.open("a") as f:
+        f.write('{"step": 1')  # the trainer is writing this line now
+    assert [r["step"] for r in folder.trainer_metrics.read_new()] == [0]
+    with folder.trainer_metrics.path.open("a") as f:
+        f.write('}\n')
+    assert [r["step"] for r in folder.trainer_metrics.read_new()] == [1]
+    assert folder.trainer_metrics.read_new() == []

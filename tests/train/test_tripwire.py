@@ -108,3 +108,45 @@ def test_a_pause_action_waits_until_the_paused_file_is_removed(tmp_path):
         return waiting
 
     assert asyncio.run(scenario())
+
+
+def probed(refused: float | None, reply: str = "a") -> tg.Trace:
+    return make_trace(reply=reply, reward=0.0,
+                      metrics={} if refused is None else {"sandbox_refused_connections": refused})
+
+
+def test_sandbox_probe_fires_when_a_sandboxed_rollout_reached_outside_its_task():
+    groups = [[probed(0), probed(3, "b")], [probed(0), probed(0, "b")]]
+    [trip] = Tripwires(TripwireConfig()).observe(2, groups)
+    assert trip.wire == "sandbox_probe" and trip.message.startswith("1 of 4 sandboxed rollouts")
+
+
+def test_sandbox_probe_is_quiet_when_no_sandbox_refused_anything():
+    assert Tripwires(TripwireConfig()).observe(2, [[probed(0), probed(None, "b")]]) == []
+
+
+def test_sandbox_probe_waits_for_more_than_its_share():
+    wires = Tripwires(TripwireConfig(sandbox_probes=0.5))
+    assert wires.observe(2, [[probed(1), probed(0, "b")]]) == []
+
+
+def _paid(reward: float, exact: float, reply: str) -> tg.Trace:
+    return make_trace(reply=reply, reward=reward, metrics={"exact": exact})
+
+
+def test_witness_disagrees_fires_when_full_marks_the_witness_scores_zero_pass_the_share():
+    wires = Tripwires(TripwireConfig(witness="exact", window=2))
+    honest = [_paid(0.3, 0.0, "a"), _paid(1.0, 1.0, "b")]
+    assert wires.observe(0, [honest * 5]) == []  # the window is not full yet
+    [trip] = [t for t in wires.observe(1, [[_paid(1.0, 0.0, "c"), *honest * 4]]) if t.wire == "witness_disagrees"]
+    assert trip.message.startswith("1 of 19 rollouts over 2 steps got full marks")
+
+
+def test_witness_disagrees_is_quiet_while_full_marks_agree_with_the_witness():
+    wires = Tripwires(TripwireConfig(witness="exact", window=2))
+    steps = [[[_paid(1.0, 1.0, "a"), _paid(0.5, 0.0, "b")]] for _ in range(3)]
+    assert "witness_disagrees" not in _run(wires, steps)
+
+
+def test_witness_disagrees_is_not_armed_without_a_witness():
+    assert "witness_disagrees" not in Tripwires(TripwireConfig()).armed()

@@ -59,3 +59,9 @@ def test_the_step_axis_is_labelled_with_whole_steps():
     one = [t.text for t in tree(curves_svg(RECORDS[2:3], {"reward": "r"})).iter(f"{SVG}text")
            if t.get("class") == "xtick"]
     assert one == ["2"]
+
+
+def test_a_held_out_point_is_drawn_at_the_policy_version_it_ran_on():
+    records = [{"eval_step": 4, "env": "calc", "policy_version": 2, "eval_reward": 0.6}]
+    figure = figures(curves_svg(records, {"eval_reward": "held-out reward"}))["eval_reward"]
+    assert [c.findtext(f"{SVG}title") for c in figure.iter(f"{SVG}circle")] == ["calc at step 2: 0.600"]

@@ -7,12 +7,13 @@ import sys
 import time
 from typing import ClassVar
 
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator, model_validator
 from pydantic_config import BaseConfig
 
 from tracegym.cli.interrupt import sigterm_unwinds
 from tracegym.config.command_line import parse_command
 from tracegym.config.renames import moved_into
+from tracegym.models.embedded_vlm import vlm_choice
 from tracegym.models.launch import server_config, server_record_path
 from tracegym.models.model_choice import MOVED_KEYS, ModelChoice
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig
@@ -41,6 +42,15 @@ class InferenceConfig(BaseConfig):
     """Interface to bind (loopback by default)."""
     port: int = 8000
     """Port to bind; 0 picks a free one."""
+    vlm: bool = False
+    """Serve the embedded VLM (SmolLM2-135M with a small vision tower, built once into the model cache) instead of
+    `model.name`: prompts may carry images, through the chat client or the token client."""
+
+    @model_validator(mode="after")
+    def _vlm_or_name(self) -> InferenceConfig:
+        if self.vlm and self.model.name is not None:
+            raise ValueError("--vlm serves the embedded VLM: leave --model.name unset")
+        return self
 
 
 RENAMES = moved_into("model", MOVED_KEYS)
@@ -56,7 +66,7 @@ def run(args: list[str]) -> int:
     cfg, warnings = parse_command(InferenceConfig, args, prog="tracegym inference", renames=RENAMES)
     for warning in warnings:
         print(f"tracegym inference: warning: {warning}", file=sys.stderr)
-    config = server_config(cfg.model)
+    config = server_config(vlm_choice(cfg.model) if cfg.vlm else cfg.model)
     config = config.model_copy(update={"host": cfg.host, "port": cfg.port, "state_path": server_record_path(config)})
     print(f"starting vLLM on {config.model} (log: see below if it fails) ...", flush=True)
     started = time.monotonic()

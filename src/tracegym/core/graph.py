@@ -23,6 +23,17 @@ from tracegym.core.messages import Message
 from tracegym.core.record import Record
 
 
+class ImageSpan(Record):
+    """Where one image's placeholder run lies in a token list (the run the model's processor expands the image
+    into), and which image it is: the sha256 of the image's bytes."""
+
+    model_config = ConfigDict(frozen=True)
+    offset: int
+    """The run's first token, counted from the start of the token list it is in (a node's: its own tokens)."""
+    length: int
+    sha256: str
+
+
 class Node(Record):
     """One message in the graph, with the tokens it adds when they are known."""
 
@@ -48,6 +59,9 @@ class Node(Record):
     parse_error: bool = False
     """The reply's markup did not parse (an unclosed or stray `<think>` tag in an episode): the turn stands, its
     tokens stay on the branch, but training gives them no loss."""
+    images: list[ImageSpan] = Field(default_factory=list)
+    """The placeholder runs of the images among this node's tokens (offsets into `token_ids`), in order; empty on
+    a text-only turn."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +198,11 @@ class MessageGraph(Record):
         temperature: float | None = None,
         policy_version: int | None = None,
         parse_error: bool = False,
+        prompt_images: Iterable[ImageSpan] = (),
     ) -> Node:
-        """Append the model's reply to the head, placing its tokens; forks when the prompt drifted."""
+        """Append the model's reply to the head, placing its tokens; forks when the prompt drifted.
+        `prompt_images`: the image runs in `prompt_ids` (offsets into it); those among the new tokens go on the
+        node (those before are on the nodes that added them)."""
         if prompt_ids is None or completion_ids is None:
             return self.add(message, sampled=True, temperature=temperature, policy_version=policy_version,
                             parse_error=parse_error)
@@ -197,6 +214,8 @@ class MessageGraph(Record):
             del prefix[known:]
             parent, prefix, known = self._fork(), list(prompt_ids), 0
         delta = prompt_ids[known:]
+        images = [span.model_copy(update={"offset": span.offset - known}) for span in prompt_images
+                  if span.offset >= known]
         logprobs = None if completion_logprobs is None else [0.0] * len(delta) + list(completion_logprobs)
         node = self.add(
             message,
@@ -208,6 +227,7 @@ class MessageGraph(Record):
             temperature=temperature,
             policy_version=policy_version,
             parse_error=parse_error,
+            images=images,
         )
         prefix += completion_ids
         self._branch = _BranchCache(node, prefix, len(prefix))
@@ -229,6 +249,15 @@ class MessageGraph(Record):
         tokens = self._path_tokens(node_id)
         self._branch = _BranchCache(self.nodes[node_id], tokens, len(tokens))
         return tokens
+
+    def image_spans(self, node_id: int | None = None) -> list[ImageSpan]:
+        """The image runs along the path to `node_id` (default: the head), offsets into `tokens(node_id)`."""
+        out: list[ImageSpan] = []
+        start = 0
+        for node in self.path(node_id):
+            out.extend(span.model_copy(update={"offset": start + span.offset}) for span in node.images)
+            start += len(node.token_ids or ())
+        return out
 
     def oldest_version(self, nodes: Iterable[Node] | None = None) -> int | None:
         """The oldest policy version among these nodes' sampled turns (default: every node's; None when none

@@ -181,6 +181,7 @@ class Rollout:
             temperature=request.sampling.temperature,
             policy_version=response.policy_version,
             parse_error=malformed is not None and malformed(response.message),
+            prompt_images=response.prompt_images,
         )
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens
@@ -278,6 +279,7 @@ class Rollout:
             self.trace.spans.append(Span(name=stage, start=start, end=self.now(), turn=turn))
 
     async def _cleanup(self) -> None:
+        self.trace.metrics.update(self.task.sandbox_records())  # read before the cleanup closes the sandbox
         try:
             await asyncio.wait_for(contained(self.task.cleanup()), self.timeouts.setup)
         except Exception as exc:  # cleanup runs in a finally: its failure is recorded, never raised

@@ -135,6 +135,11 @@ class Task(Generic[DataT, ConfigT]):
         if self._sandbox is not None:
             await self._sandbox.close()
 
+    def sandbox_records(self) -> dict[str, float]:
+        """What this rollout's sandbox saw its programs do outside the task, as trace metrics (`TaskSandbox.records`);
+        empty when it opened none."""
+        return {} if self._sandbox is None else self._sandbox.records()
+
     def runtime(self) -> Runtime:
         """Where this rollout's sandboxed tools and programs run (`sandbox()`): a limited subprocess under default
         limits; override to choose another runtime or limits (from the taskset's config, say)."""

@@ -16,13 +16,22 @@ import inspect
 import json
 import secrets
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tracegym.core.errors import ToolError, UsageError
 from tracegym.runtimes.admission import Admission, admission
 from tracegym.runtimes.preflight import caps_refusal, check_sandbox
-from tracegym.runtimes.sandbox import Limits, ProgramResult, Runtime, RuntimeUnavailable, Sandbox
+from tracegym.runtimes.sandbox import (
+    Forward,
+    Limits,
+    ProgramResult,
+    Runtime,
+    RuntimeUnavailable,
+    Sandbox,
+)
+from tracegym.runtimes.workdir import READ_CAP_BYTES
 
 if TYPE_CHECKING:
     from tracegym.envs.taskset import Taskset
@@ -61,6 +70,42 @@ def sandboxed_source(fn: Callable[..., Any]) -> str | None:
     return getattr(fn, SANDBOXED, None)
 
 
+REFUSED_METRIC = "sandbox_refused_connections"
+"""The trace metric of what a rollout's sandbox refused (the `sandbox_probe` tripwire reads it)."""
+
+
+class TalliedSandbox:
+    """A rollout's sandbox that adds up, over its program runs, what their network namespaces refused."""
+
+    def __init__(self, inner: Sandbox) -> None:
+        self.inner = inner
+        self.refused: int | None = None
+        """The runs' `refused_connections` added up; None while no run had a namespace that counts them."""
+
+    @property
+    def workdir(self) -> Path:
+        return self.inner.workdir
+
+    def write_file(self, name: str, content: str | bytes) -> None:
+        self.inner.write_file(name, content)
+
+    def read_file(self, name: str, cap: int = READ_CAP_BYTES) -> bytes | None:
+        return self.inner.read_file(name, cap)
+
+    def cannot_forward(self) -> str | None:
+        return self.inner.cannot_forward()
+
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                  limits: Limits | None = None, forward: Forward | None = None) -> ProgramResult:
+        result = await self.inner.run(argv, env=env, stdin=stdin, limits=limits, forward=forward)
+        if result.refused_connections is not None:
+            self.refused = (self.refused or 0) + result.refused_connections
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 class TaskSandbox:
     """A rollout's sandbox of one runtime: opened once, on first use, through `admission` (the event loop's, see
     `runtimes.admission`: every rollout's sandbox passes this one gate, whatever runtime its task returns), closed
@@ -70,7 +115,7 @@ class TaskSandbox:
 
     def __init__(self, runtime: Runtime, admission: Admission | None = None) -> None:
         self.runtime, self.admission = runtime, admission
-        self._sandbox: Sandbox | None = None
+        self._sandbox: TalliedSandbox | None = None
         self._lock = asyncio.Lock()
 
     async def get(self) -> Sandbox:
@@ -81,8 +126,16 @@ class TaskSandbox:
                 if isinstance(limits, Limits) and (why := caps_refusal(sandbox, limits)):
                     await sandbox.close()
                     raise RuntimeUnavailable(f"runtime {self.runtime.name!r}: {why}")
-                self._sandbox = sandbox
+                self._sandbox = TalliedSandbox(sandbox)
             return self._sandbox
+
+    def records(self) -> dict[str, float]:
+        """What the sandbox saw its programs do outside the task, as trace metrics: `sandbox_refused_connections`
+        (connections and datagrams its network namespaces refused: a program probing hosts it was not given);
+        empty before it opened, or where no run had a network namespace to count in."""
+        if self._sandbox is None or self._sandbox.refused is None:
+            return {}
+        return {REFUSED_METRIC: float(self._sandbox.refused)}
 
     async def close(self) -> None:
         async with self._lock:

@@ -8,37 +8,13 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tracegym.core.messages import Message, assistant
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.canary import GOLD, NOOP, CanaryAgent, canary_model
 from tracegym.envs.evaluate import run_rollout
 from tracegym.envs.group_scoring import group_scorers, score_group
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.taskset import Taskset
-from tracegym.models.client import ModelRequest, ModelResponse
-
-NOOP = "noop"
-GOLD = "gold"
-
-
-class ReplyModel:
-    """A model that answers turn k of a rollout with reply k (the last one again past the end): the gold agent's
-    replies, or the no-op agent's empty one."""
-
-    def __init__(self, name: str, replies: Sequence[Message]) -> None:
-        self._name, self.replies = name, list(replies)
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    async def complete(self, request: ModelRequest) -> ModelResponse:
-        turn = sum(m.role == "assistant" for m in request.messages)
-        message = self.replies[min(turn, len(self.replies) - 1)]
-        return ModelResponse(message, "tool_calls" if message.tool_calls else "stop")
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
 
 
 @dataclass
@@ -104,32 +80,23 @@ async def validate(taskset: Taskset, rows: Sequence[TaskData], *, pass_threshold
     gate = asyncio.Semaphore(concurrency)
     timeouts = timeouts or Timeouts()
 
-    async def agent(row: TaskData, name: str, replies: Sequence[Message] | None) -> Trace | None:
-        if replies is None:
+    async def agent(row: TaskData, name: CanaryAgent) -> Trace | None:
+        model = canary_model(name, taskset, row)
+        if model is None:
             return None
         async with gate:
-            trace = await run_rollout(taskset, row, ReplyModel(name, replies), timeouts=timeouts, infra_retries=0)
+            trace = await run_rollout(taskset, row, model, timeouts=timeouts, infra_retries=0)
             await score_group(taskset, [trace], timeouts.scoring)
             return trace
 
     async def check(row: TaskData) -> TaskCheck:
-        gold, noop = await asyncio.gather(agent(row, GOLD, gold_replies(taskset, row)),
-                                          agent(row, NOOP, [assistant("")]))
+        gold, noop = await asyncio.gather(agent(row, GOLD), agent(row, NOOP))
         assert noop is not None
         return TaskCheck(key=row.key, gold=gold, noop=noop)
 
     checks = await asyncio.gather(*(check(row) for row in rows))
     return Validation(taskset=taskset.id, pass_threshold=pass_threshold, noop_max=noop_max, checks=list(checks),
                       group_scorers=[s.name for s in group_scorers(taskset)])
-
-
-def gold_replies(taskset: Taskset, row: TaskData) -> list[Message] | None:
-    """The task's gold replies as messages, one per turn; None when it declares none."""
-    gold = taskset.task(row).gold()
-    if gold is None:
-        return None
-    replies = gold if isinstance(gold, list) else [gold]
-    return [assistant(r) if isinstance(r, str) else r for r in replies]
 
 
 def _at_least(trace: Trace, threshold: float) -> bool:

@@ -87,6 +87,8 @@ class ResetChoice(BaseModel):
     """Draws a task at random with this seed (the same seed, the same task)."""
     key: str | None = None
     """The task's key (its id)."""
+    split: str | None = None
+    """The Task API's split (`openenv_task_api.SPLIT`, every task), given with `index` by its clients."""
     episode_id: str | None = Field(default=None, max_length=255)
     """A name the client gives the rollout (OpenEnv's episode; kept in the state)."""
 

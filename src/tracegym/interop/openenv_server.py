@@ -1,19 +1,20 @@
 """OpenEnv server: any tracegym taskset served over OpenEnv's HTTP and WebSocket protocol (Starlette on uvicorn).
 
 Each WebSocket at `/ws` is one session (`TasksetSession`): `reset` picks a task (by `index`, `seed` or `key`) and
-answers with its prompt; `step` takes the agent's message or tool calls and answers with what the environment
-added, and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`). Sessions are
-isolated (each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
+answers with its prompt; `step` takes the agent's message or tool calls and answers with what the environment added,
+and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`). Sessions are isolated
+(each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
 `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
 its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
 OpenEnv's error frames (`INVALID_JSON`, also for JSON nested past `MAX_DEPTH`; `UNKNOWN_TYPE`, `VALIDATION_ERROR`,
 `EXECUTION_ERROR`) and the session goes on; other sessions never notice. HTTP: `/health`, `/schema`, `/metadata`,
 `/state`, `/reset` (a one-off rollout's prompt), `/step` (refused: steps need a session) and `/mcp` (`tools/list`,
 `tools/call`, and the session lifecycle of OpenEnv's `MCPToolClient`: `openenv/session/create` makes a session that a
-WebSocket joins with `/ws?session_id=ID`, `openenv/session/close` ends it). A body over `max_frame_bytes` gets 413
-unread; a connection that has not sent its headers within `header_timeout` is closed. Binding anywhere but loopback
-needs a shared secret (`TRACEGYM_ENV_SECRET`, sent by clients as `Authorization: Bearer SECRET`) and TLS, so the
-secret never crosses a network in clear.
+WebSocket joins with `/ws?session_id=ID`, `openenv/session/close` ends it), and OpenEnv's Task API listing the
+taskset's tasks as one split (`openenv_task_api`; a reset takes its `split` and `index`). A body over
+`max_frame_bytes` gets 413 unread; a connection that has not sent its headers within `header_timeout` is closed.
+Binding anywhere but loopback needs a shared secret (`TRACEGYM_ENV_SECRET`, sent by clients as `Authorization: Bearer
+SECRET`) and TLS, so the secret never crosses a network in clear.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from tracegym.interop.openenv_protocol import (
 )
 from tracegym.interop.openenv_session import Runner, SessionError, TaskPicker, TasksetSession
 from tracegym.interop.openenv_settings import OpenEnvSettings
+from tracegym.interop.openenv_task_api import TaskListing
 from tracegym.serve.curve import shared_secret
 from tracegym.serve.wire import SECRET_ENV, is_loopback
 
@@ -121,6 +123,7 @@ class OpenEnvServer:
             Route("/step", self._guard(self._http_step), methods=["POST"]),
             Route("/mcp", self._guard(self._http_mcp), methods=["POST"]),
             WebSocketRoute("/ws", self._websocket),
+            *TaskListing(taskset.id, self.picker.rows, self._guard, self._body).routes,
         ])
         self._handlers: dict[str, Callable[[TasksetSession, dict[str, Any]], Awaitable[Reply]]] = {
             "reset": self._reset, "step": self._step, "state": self._state, "close": self._close, "mcp": self._mcp}

@@ -33,6 +33,7 @@ from tracegym.interop.openenv_protocol import (
     ToolCallAction,
     mcp_tools,
 )
+from tracegym.interop.openenv_task_api import SPLIT
 from tracegym.models.client import ModelRequest, ModelResponse
 
 AGENT = "openenv-agent"
@@ -130,6 +131,8 @@ class TaskPicker:
 
     def pick(self, choice: ResetChoice) -> TaskData:
         """The row `choice` names; UsageError when there is none."""
+        if choice.split not in (None, SPLIT):
+            raise UsageError(f"taskset {self.taskset.id!r} has one split, {SPLIT!r}: no split {choice.split!r}")
         if choice.key is not None:
             try:
                 return self.taskset.row(choice.key, within=None if self.rows is not None else 100_000)

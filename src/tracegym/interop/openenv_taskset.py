@@ -1,8 +1,9 @@
 """OpenEnv taskset: an environment served by any OpenEnv server, run as a tracegym taskset.
 
 `tracegym eval openenv:ws://127.0.0.1:8001 -n 20` (or `OpenEnvTaskset({"url": ...})`): task i resets the
-environment with seed `seed + i` on its own WebSocket session (one per rollout). The model is offered the
-server's MCP tools (`tools/list`) or, for an environment without them, one tool whose parameters are the
+environment with seed `seed + i` on its own WebSocket session (one per rollout); with `split`, the tasks are those
+of that split of the server's Task API (`openenv_tasks`), each reset with the split and its index. The model is
+offered the server's MCP tools (`tools/list`) or, for an environment without them, one tool whose parameters are the
 server's action schema (`/schema`), both known before setup (`openenv_catalog` asks once per taskset, so TRL's
 adapter sees them); each call is a step, and its observation is the tool's result. With
 `text_action`, a plain reply is the action instead (a chat environment). The reward is read from each step's
@@ -36,6 +37,7 @@ from tracegym.envs.taskset import Taskset, TasksetConfig
 from tracegym.envs.tools import Tool
 from tracegym.interop.openenv_catalog import Catalog, Offer, remote_function
 from tracegym.interop.openenv_connection import OpenEnvConnection, OpenEnvError
+from tracegym.interop.openenv_tasks import read_split
 
 SCHEME = "openenv"
 """Taskset ids `openenv:ws://HOST:PORT` name an OpenEnv server (see `envs.registry`)."""
@@ -50,6 +52,10 @@ class OpenEnvConfig(TasksetConfig):
     """The OpenEnv server: `ws://HOST:PORT` (`http://` works too); the id `openenv:URL` sets it."""
     num_tasks: int = Field(default=100, ge=1)
     """Tasks: task i resets the environment with seed `seed + i`."""
+    split: str | None = None
+    """A split of the server's Task API (a dataset-backed environment that lists its tasks): task i is the split's
+    task i, reset with `split` and `index = i` (its spec is the task's `spec`); `num_tasks`, when set, takes the
+    first that many, else all of them. Unset: task i resets with seed `seed + i`."""
     reset_args: dict[str, Any] = Field(default_factory=dict)
     """Further keyword arguments of every reset (environment-specific: a difficulty, a split)."""
     instructions: str = "Act in the environment with the tools you are given until the episode is done."
@@ -97,6 +103,8 @@ class OpenEnvData(TaskData):
 
     reset: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the reset (the seed among them)."""
+    spec: Any = None
+    """The task's spec from the server's Task API (with `split`), as the server gave it."""
 
 
 class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
@@ -379,6 +387,12 @@ class OpenEnvTaskset(Taskset[OpenEnvConfig]):
     def load(self) -> Iterator[OpenEnvData]:
         cfg = self.config
         self.offer()  # before the first task: a dead server is one line, not a failed rollout each
+        if cfg.split is not None:
+            limit = cfg.num_tasks if "num_tasks" in cfg.model_fields_set else None
+            for index, spec in enumerate(read_split(cfg.url, cfg.split, limit, headers(cfg), cfg.connect_timeout)):
+                yield OpenEnvData(id=f"{cfg.split}-{index}", prompt=cfg.instructions, system_prompt=cfg.system_prompt,
+                                  reset={**cfg.reset_args, "split": cfg.split, "index": index}, spec=spec)
+            return
         for index in range(cfg.num_tasks):
             yield OpenEnvData(id=str(index), prompt=cfg.instructions, system_prompt=cfg.system_prompt,
                               reset={**cfg.reset_args, "seed": cfg.seed + index})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from tracegym.core.graph import TokenPrefix
+from tracegym.core.graph import ImageSpan, TokenPrefix
 from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.tool_spec import ToolSpec
@@ -44,6 +44,8 @@ class ModelResponse:
     completion_logprobs: list[float] | None = None
     policy_version: int | None = None
     """The policy version that served this reply, when the endpoint reports it (`models.policy_version`)."""
+    prompt_images: list[ImageSpan] = field(default_factory=list)
+    """Each image's placeholder run in `prompt_token_ids` and its hash (the token client, on a VLM)."""
 
 
 class ReplyStream(Protocol):

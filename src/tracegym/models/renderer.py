@@ -9,6 +9,10 @@ Two implementations: `ChatMLRenderer`, ours, for ChatML templates such as the em
 ignores tools, so the tool specs go into the system prompt in the Hermes style and calls are parsed from
 `<tool_call>` JSON), and `LibraryRenderer`, which adapts a renderer of the `renderers` package for the model
 families it ships hand-coded renderers for. `renderer_for(tokenizer)` picks one.
+
+For a vision-language model (a model folder with an image processor) `ChatMLRenderer` renders each image part as
+the processor's image token and expands it into the image's placeholder run (`models.image_prompt`), so the ids
+are those the model's processor makes of the same chat; a renderer without `images` renders text only.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from tracegym.core.errors import UsageError
-from tracegym.core.messages import Message, ToolCall
+from tracegym.core.messages import Message, TextPart, ToolCall
 from tracegym.core.tool_spec import ToolSpec
+from tracegym.models.image_prompt import ImageTokens, load_image_tokens, message_images
 
 
 @runtime_checkable
@@ -81,12 +86,14 @@ class ChatMLRenderer:
     as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, results as `tool` turns in `<tool_response>`.
 
     Plain conversations render exactly as the tokenizer's own ChatML template (`default_system` is the
-    system prompt that template inserts when the conversation has none, e.g. SmolLM2's).
+    system prompt that template inserts when the conversation has none, e.g. SmolLM2's). With `images` (a VLM's
+    image placeholders) an image part renders where it stands in its message, as the processor expands it.
     """
 
-    def __init__(self, tokenizer: Any, *, default_system: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, *, default_system: str | None = None, images: ImageTokens | None = None) -> None:
         self.tokenizer = tokenizer
         self.default_system = default_system
+        self.images = images
         self.im_start = _special_id(tokenizer, "<|im_start|>")
         self.im_end = _special_id(tokenizer, "<|im_end|>")
         ends = [getattr(tokenizer, "eos_token_id", None), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
@@ -100,10 +107,10 @@ class ChatMLRenderer:
 
     def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                add_generation_prompt: bool = True) -> list[int]:
-        messages = list(messages)
+        conversation = messages = list(messages)
         system = None
         if messages and messages[0].role == "system":
-            system, messages = messages[0].text, messages[1:]
+            system, messages = self._content(messages[0]), messages[1:]
         elif self.default_system is not None:
             system = self.default_system
         if tools:
@@ -111,7 +118,8 @@ class ChatMLRenderer:
             system = (system + "\n\n" if system else "") + TOOLS_PROMPT.format(tools=listed)
         text = _turn("system", system) if system is not None else ""
         text += "".join(self._turn_text(m) for m in messages)
-        return self.encode(text + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
+        ids = self.encode(text + ("<|im_start|>assistant\n" if add_generation_prompt else ""))
+        return self._with_images(ids, conversation)
 
     def bridge(self, prompt_ids: list[int], completion_ids: list[int], new_messages: Sequence[Message],
                tools: Sequence[ToolSpec] = ()) -> list[int] | None:
@@ -126,7 +134,7 @@ class ChatMLRenderer:
             return None
         close = [] if closes else [self.im_end]  # a truncated turn gets its close as unsampled prompt
         text = "\n" + "".join(self._turn_text(m) for m in new_messages) + "<|im_start|>assistant\n"
-        return [*prompt_ids, *completion_ids, *close, *self.encode(text)]
+        return [*prompt_ids, *completion_ids, *close, *self._with_images(self.encode(text), new_messages)]
 
     def parse(self, completion_ids: list[int], *, stop: str | None = None) -> Message:
         ids = list(completion_ids)
@@ -144,8 +152,20 @@ class ChatMLRenderer:
         if message.role == "assistant":
             return _turn("assistant", _assistant_body(message))
         if message.role == "tool":
-            return _turn("tool", f"<tool_response>\n{message.text}\n</tool_response>")
-        return _turn(message.role, message.text)
+            return _turn("tool", f"<tool_response>\n{self._content(message)}\n</tool_response>")
+        return _turn(message.role, self._content(message))
+
+    def _content(self, message: Message) -> str:
+        """The message's text, each image part (when this renderer renders images) as the image token."""
+        if self.images is None or not isinstance(message.content, list):
+            return message.text
+        token = self.images.image_token
+        return "".join(p.text if isinstance(p, TextPart) else token for p in message.content)
+
+    def _with_images(self, ids: list[int], messages: Sequence[Message]) -> list[int]:
+        """`ids` (rendered from `messages`) with each image token expanded into its image's run."""
+        images = message_images(messages)
+        return self.images.expand(ids, images) if self.images is not None and images else ids
 
     def encode(self, text: str) -> list[int]:
         """Text to ids (special tokens in the text are recognised), as the template's render tokenizes it."""
@@ -264,26 +284,29 @@ def _raw_arguments(call: Any) -> str:
 
 
 # --- choosing one ----------------------------------------------------------------------------------------
-def renderer_for(tokenizer: Any, name: str = "auto") -> Renderer:
+def renderer_for(tokenizer: Any, name: str = "auto", images: ImageTokens | None = None) -> Renderer:
     """The renderer `name` chooses: `chatml` (ours), a `renderers` package name (`qwen3`, `llama-3`, ...), or
     `auto`: the package's hand-coded renderer when it knows the model by its hub id; else ours for a ChatML
     template; else the package's generic renderer (no bridge: every turn is rendered in full). A local copy or
-    fine-tune of a known model is not matched by `auto` (the package matches hub ids only): name its renderer."""
+    fine-tune of a known model is not matched by `auto` (the package matches hub ids only): name its renderer.
+    `images` (a VLM's) goes to ours, chosen first for a ChatML template; the package's render text only."""
     from renderers import config_from_name, create_renderer
 
     if name == "chatml":
-        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer))
+        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer), images=images)
     if name != "auto":
         try:
             config = config_from_name(name)
         except ValueError as exc:
             raise UsageError(f"renderer {name!r}: {exc} (or `chatml`, `auto`)") from None
         return LibraryRenderer(create_renderer(tokenizer, config), tokenizer)
+    if images is not None and "<|im_start|>" in _template(tokenizer):  # the package refuses a VLM it does not know
+        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer), images=images)
     library = create_renderer(tokenizer)
     if type(library).__name__ != "DefaultRenderer":
         return LibraryRenderer(library, tokenizer)
     if "<|im_start|>" in _template(tokenizer):
-        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer))
+        return ChatMLRenderer(tokenizer, default_system=_default_system(tokenizer), images=images)
     return LibraryRenderer(library, tokenizer)
 
 
@@ -298,9 +321,9 @@ def _default_system(tokenizer: Any) -> str | None:
 
 
 def load_renderer(name_or_path: str, renderer: str = "auto") -> Renderer:
-    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer: `load_tokenizer`); see
-    `renderer_for`."""
-    return renderer_for(load_tokenizer(name_or_path), renderer)
+    """The renderer for a Hugging Face model directory or hub id (loads its tokenizer: `load_tokenizer`, and a
+    model folder's image processor: `load_image_tokens`); see `renderer_for`."""
+    return renderer_for(load_tokenizer(name_or_path), renderer, load_image_tokens(name_or_path))
 
 
 _tokenizers: dict[str, Any] = {}

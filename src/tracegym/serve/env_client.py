@@ -31,6 +31,7 @@ from tracegym.core.errors import ErrorKind, InfrastructureError, UsageError
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.canary import CanaryAgent
 from tracegym.envs.evaluate import (
     INFRA_RETRIES,
     EvaluateOptions,
@@ -227,13 +228,14 @@ class EnvClient:
     async def run(self, data: TaskData, endpoint: Endpoint, sampling: Sampling | None = None, *,
                   rollout_indices: list[int] | None = None, timeouts: Timeouts | None = None,
                   infra_retries: int = INFRA_RETRIES, request_id: str | None = None, group: bool = True,
-                  ) -> list[Trace]:
+                  agent: CanaryAgent | None = None) -> list[Trace]:
         """The `run` request itself: rollouts of one task (one per rollout index, default [0]); traces in index
         order. A rollout that fails is a trace with errors; a failed request (server gone, worker died too
         often) raises. `request_id` (unique among this client's requests) lets another task `cancel` it; `group`:
-        the rollouts are one group of the task, scored together by its group rewards (`RunRequest.group`)."""
+        the rollouts are one group of the task, scored together by its group rewards (`RunRequest.group`);
+        `agent`: played by that canary agent, not the endpoint's model (none for `gold` on a task without gold)."""
         payload = _payload(data=data, endpoint=endpoint, sampling=sampling, rollout_indices=rollout_indices or [0],
-                           timeouts=timeouts, infra_retries=infra_retries, group=group)
+                           timeouts=timeouts, infra_retries=infra_retries, group=group, agent=agent)
         return [Trace.model_validate(t) for t in await self.request("run", payload, request_id=request_id)]
 
     # --- the in-process API, run on the server ------------------------------------------------------------

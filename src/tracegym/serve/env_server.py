@@ -301,6 +301,7 @@ class EnvServer:
                 "config": ts.config.model_dump(mode="json"), "task_type": _qualname(ts.task_class),
                 "data_type": _qualname(ts.data_class), "finite": ts.bounded, **self.rows.describe(),
                 "members": [m.id for m in multi_agent_class(ts).seats] if is_multi_agent(ts) else [],
+                "capacity": _capacity(ts),
                 "defaults": _defaults(ts),
                 "description": ts.description,
                 "workers": self.pool.counts()["ready"], "spare_workers": self.size.spares, "min_workers": self.size.min,
@@ -581,6 +582,14 @@ class EnvServer:
         where = f" (logs: {self.log_dir})" if self.log_dir else " (see the server's stderr)"
         return (f"workers for taskset {self.taskset_id!r} keep failing to start (exiting, or not ready within "
                 f"{self.start_timeout:g} s){where}")
+
+
+def _capacity(taskset: Taskset) -> int | None:
+    """The taskset's own limit on rollouts at once (`Taskset.capacity`), None when it has none or cannot say now."""
+    try:
+        return taskset.capacity()
+    except Exception:  # a remote environment not answering: its rollouts will say so, one by one
+        return None
 
 
 def _qualname(cls: type) -> str:

@@ -3,10 +3,11 @@ whether they are a group; for a multi-agent taskset, episodes and their seat bin
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
+from tracegym.envs.canary import CanaryAgent
 from tracegym.envs.evaluate import INFRA_RETRIES
 from tracegym.envs.rollout import Timeouts
 from tracegym.envs.seats import Seat
@@ -28,9 +29,19 @@ class RunRequest(BaseModel):
     together once all are done. False: each is left with its group scores None, as a rollout run alone."""
     episodes: bool = False
     """Run episodes of a multi-agent taskset (the indices are episode indices; the reply holds Episodes)."""
+    agent: CanaryAgent | None = None
+    """Played by a canary agent instead of the endpoint's model (`envs.canary`: `gold` replies with the task's gold
+    replies, `noop` with an empty one): the rewards a taskset pays them, checked on the same server as training.
+    A task without gold replies gives a `gold` request no rollouts (an empty reply)."""
     seats: dict[str, Seat] = Field(default_factory=dict)
     """The episodes' seat binding: member id -> Seat (its model an Endpoint); members left out play as
     `endpoint`."""
+
+    @model_validator(mode="after")
+    def _agents_play_alone(self) -> RunRequest:
+        if self.agent is not None and self.episodes:
+            raise ValueError("a canary agent plays a single-agent taskset's rollouts, not episodes")
+        return self
 
     @field_validator("seats")
     @classmethod

@@ -25,6 +25,9 @@ class ServedTaskset(BaseModel):
     """How many rows it has; None: it never ends."""
     members: list[str] = Field(default_factory=list)
     """A multi-agent taskset's member ids in seat order; empty for a single-agent one."""
+    capacity: int | None = None
+    """The most rollouts its tasks can run at once (an OpenEnv server's sessions: `Taskset.capacity`); None: no limit
+    of its own known."""
     rows_error: str | None = None
     """Why the server cannot give the taskset's rows (it runs only rows its clients send); None: it can."""
 
@@ -35,7 +38,8 @@ class ServedTaskset(BaseModel):
             raise UsageError(f"{address} does not say how many tasks it has or who sits where (an older tracegym?); "
                              "restart it with this version")
         return cls(id=info["taskset"], spec=info.get("spec") or info["taskset"], config=info.get("config") or {},
-                   size=info["size"], members=info["members"], rows_error=info.get("rows_error"))
+                   size=info["size"], members=info["members"], rows_error=info.get("rows_error"),
+                   capacity=info.get("capacity"))
 
     def named(self, name: str) -> bool:
         """Whether `name` (a config's environment id) names this taskset: its id, or the spec it was served by."""

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from tracegym.core.episode import SOLO, Episode
 from tracegym.core.errors import ErrorKind, UsageError
+from tracegym.envs.canary import canary_model
 from tracegym.envs.evaluate import check_single_agent, run_episode, scoring_timeout
 from tracegym.envs.group_scoring import score_solo_group, scores_groups
 from tracegym.envs.harness_choice import HarnessChoice
@@ -168,9 +169,14 @@ class Worker:
 
     async def _episodes(self, request: RunRequest) -> list[Episode]:
         """The request's episodes (a single-agent taskset's are its rollouts), each seat's endpoint reached through
-        this worker's shared clients."""
+        this worker's shared clients; played by the request's canary agent instead, when it names one."""
         async with contextlib.AsyncExitStack() as stack:
-            policy = await stack.enter_async_context(self.models.use(request.endpoint))
+            if request.agent is None:
+                policy: ModelClient = await stack.enter_async_context(self.models.use(request.endpoint))
+            elif (canary := canary_model(request.agent, self.taskset, request.data)) is not None:
+                policy = canary
+            else:
+                return []  # `gold` on a task that has no gold replies: nothing to check
             seats = {}
             for member, seat in request.seats.items():
                 model = seat.model if not isinstance(seat.model, Endpoint) else await stack.enter_async_context(

@@ -8,7 +8,8 @@ the server cuts them; `start()` after `stop()` serves again on the same port. Gi
 vLLM's `/v1/completions` with a token-id prompt: the script sees the decoded prompt as one user message (after one
 empty assistant message per earlier turn, so list scripts advance), and the reply comes back as the renderer's
 completion ids (or `completion_ids(message)`'s), cut at a `stop` string as vLLM cuts (ids kept through the stop
-string, text cut before it, `stop_reason` set) and at `max_tokens`. A request with `stream: true` is answered as
+string, text cut before it, `stop_reason` set) and at `max_tokens`; and vLLM's `/inference/v1/generate` (token ids
+plus images, answered the same way in that endpoint's shape). A request with `stream: true` is answered as
 vLLM streams it: server-sent chunks (chat: the content one character a chunk with its UTF-8 bytes as the chunk's
 `token_ids`, then the tool calls and the finish reason; completions: one token a chunk; the usage last when
 `stream_options.include_usage`), `chunk_delay` seconds apart, held after `hold_after` chunks until `release` is
@@ -28,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tracegym.core.messages import Message, assistant, user
+from tracegym.core.messages import ImagePart, Message, assistant, user
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.models import policy_version
 from tracegym.models.client import ModelRequest
@@ -123,6 +124,7 @@ class FakeOpenAIServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._token_completion)
+        app.router.add_post("/inference/v1/generate", self._generate)
         app.router.add_get("/health", self._health)
         # A request still stalled at stop is cut after a moment rather than awaited (aiohttp's default: 60 s).
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
@@ -224,6 +226,32 @@ class FakeOpenAIServer:
         reply = self._token_choice(body, message, prompt)
         if body.get("stream"):
             return await self._stream(http, self._completion_chunks(body, reply, prompt), _version_header(version))
+        return web.json_response(reply, headers=_version_header(version))
+
+    async def _generate(self, http: web.Request) -> web.Response:
+        """vLLM's token-in/token-out endpoint (`--enable-scale-out`), given a renderer: answered as a token-prompt
+        completion, in its shape (the prompt's ids back when asked; each sampled id's logprob in
+        `logprobs.content`). As vLLM does, it expands each image token into the image's run (with the renderer's
+        `images`, a VLM's processor) and answers with the ids it made."""
+        version = self.policy_version
+        body, failed = await self._admit(http)
+        if failed is not None:
+            return failed
+        prompt = body.get("token_ids")
+        images = getattr(self.renderer, "images", None)
+        if images is None or not isinstance(prompt, list):
+            return _error(400, "this fake answers generate only for token ids, given a VLM's renderer")
+        parts = [ImagePart(image_url={"url": p["url"]}) for p in body.get("content_parts") or []]
+        prompt = images.expand(prompt, parts)
+        message = await self.script.resolve(self._token_request(prompt))
+        if isinstance(message, Fail):
+            return _error(message.status, message.message)
+        choice = self._token_choice(body.get("sampling_params") or {}, message, prompt)["choices"][0]
+        content = [{"token_id": t, "logprob": lp, "top_logprobs": []}
+                   for t, lp in zip(choice["token_ids"], choice["logprobs"]["token_logprobs"], strict=True)]
+        reply = {"request_id": f"generate-{len(self.requests)}",
+                 "choices": [{**choice, "logprobs": {"content": content}}],
+                 "prompt_token_ids": prompt if body.get("return_token_ids") else None}
         return web.json_response(reply, headers=_version_header(version))
 
     async def _stream(self, http: web.Request, chunks: list[dict[str, Any]],

@@ -32,7 +32,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -48,6 +48,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.runtimes.watchdog import Stage, beat, watch
 from tracegym.serve.env_client import EnvClient, ask, describe
 from tracegym.serve.served_taskset import ServedTaskset
+from tracegym.train.canary_wire import CanaryEnv, CanaryWire
 from tracegym.train.difficulty import OnlineDifficulty, TaskDifficulty
 from tracegym.train.fan_out import unfit
 from tracegym.train.filters import RolloutFilter, screen
@@ -128,12 +129,14 @@ class Orchestrator:
     def __init__(self, folder: RLFolder, endpoint: Endpoint, envs: list[TrainEnv], signal: Signal,
                  staleness: StalenessControl, plan: StepPlan, *, held_out: HeldOut | None = None,
                  filters: list[RolloutFilter] | None = None, difficulty: OnlineDifficulty[Group] | None = None,
-                 pool: OpponentPool | None = None, tripwires: Tripwires | None = None) -> None:
+                 pool: OpponentPool | None = None, tripwires: Tripwires | None = None,
+                 canary: CanaryWire | None = None) -> None:
         """`endpoint` serves the base model (policy version 0); each step asks it for the policy served then.
         `signal`: what the step's groups become (`train.signal`: rl, sft or opd); `filters`: the rollout filters
         that run on each trainable rollout; `difficulty`: online difficulty of the environments that have it;
         `pool`: the run's past policies, for seats whose opponent comes from it; `tripwires`: the online signs of
-        a reward hack watched on each step's trainable rollouts (`train.tripwire`)."""
+        a reward hack watched on each step's trainable rollouts (`train.tripwire`); `canary`: the tripwire that re-runs
+        the gold and no-op checks on a few training tasks (`train.canary_wire`)."""
         self.folder, self.endpoint, self.signal, self.plan = folder, endpoint, signal, plan
         self.envs = {env.id: env for env in envs}
         self.staleness, self.pool = staleness, pool
@@ -142,6 +145,7 @@ class Orchestrator:
         self.filters = filters or []
         self.difficulty = difficulty or OnlineDifficulty({}, group_rewards, group_key, group_passes)
         self.tripwires = tripwires or Tripwires(TripwireConfig(enabled=False))
+        self.canary = canary
         self.next_step = 0
         """The step whose batch comes next."""
 
@@ -184,6 +188,7 @@ class Orchestrator:
         self.folder.write_batch(step, samples, metrics, state=self.state_dict())
         self.folder.metrics.append({"step": step, **metrics})
         self.folder.forget_finished(step)
+        self.folder.mirror_trainer()
 
     async def policy_when(self, accept: Callable[[int], bool], what: str) -> tuple[int, str]:
         """The served policy (version, model name to request) once `accept(version)`; until then the trainer
@@ -213,6 +218,8 @@ class Orchestrator:
                         **({"groups_kept": finished.taken} if finished.taken else {}),
                         **screening.metrics(), **signal_metrics, **self.difficulty.metrics()})
         trips = self.tripwires.observe(step, [[t for t in g if trainable(t)] for g in trained])
+        if self.canary is not None and self.canary.due(step):
+            trips += await self.canary.check(step, self.endpoint)
         metrics.update({f"tripwire/{trip.wire}": 1 for trip in trips})
         await self.trip(trips)
         return samples, metrics
@@ -433,15 +440,38 @@ def build_orchestrator(orch: OrchestratorConfig, steps: int, folder: RLFolder, e
     difficulty = OnlineDifficulty({e.id: TaskDifficulty(e.difficulty, orch.seed + i)
                                    for i, e in enumerate(orch.train.envs) if e.difficulty}, group_rewards, group_key,
                                   group_passes)
-    plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, orch.concurrency, orch.batch_attempts,
+    concurrency = within_capacity(orch.concurrency, [*envs, *held_out])
+    plan = StepPlan(steps, orch.tasks_per_step, orch.group_size, concurrency, orch.batch_attempts,
                     orch.train.sampling, orch.seed)
     orchestrator = Orchestrator(folder, endpoint, envs, signal, StalenessControl(orch.max_async_steps), plan,
                                 held_out=HeldOut(held_out, orch.eval.sampling, orch.eval.num_tasks, orch.eval.every),
                                 filters=orch.filters.active(), difficulty=difficulty, pool=pool,
-                                tripwires=Tripwires(orch.tripwire))
+                                tripwires=Tripwires(orch.tripwire), canary=canary_wire(orch.tripwire, envs))
     if (state := folder.resume_state()) is not None:
         orchestrator.load_state_dict(state)
     return orchestrator
+
+
+def within_capacity(concurrency: int, envs: Sequence[TrainEnv | HeldOutEnv]) -> int:
+    """`concurrency`, or the smallest capacity an environment's server says its tasks have (an OpenEnv server's
+    sessions), noted, when that is less: rollouts past it would only wait for a free session or fail."""
+    limits = [(e.served.capacity, e.id) for e in envs if e.served.capacity is not None]
+    if not limits or min(limits)[0] >= concurrency:
+        return concurrency
+    capacity, env_id = min(limits)
+    print(f"tracegym rl: environment {env_id!r} runs at most {capacity} rollouts at once (its server's capacity): "
+          f"orchestrator.concurrency {concurrency} runs as {capacity}", file=sys.stderr)
+    return capacity
+
+
+def canary_wire(config: TripwireConfig, envs: list[TrainEnv]) -> CanaryWire | None:
+    """The `canary` tripwire over the first `canary_tasks` read tasks of each single-agent environment; None when
+    `canary_every` leaves it off (or the tripwires are off)."""
+    if not (config.enabled and config.canary_every):
+        return None
+    chosen = [CanaryEnv(e.id, e.client, [e.stream.rows[i] for i in sorted(e.stream.rows)[:config.canary_tasks]])
+              for e in envs if e.seating is None]
+    return CanaryWire([c for c in chosen if c.rows], config.canary_every)
 
 
 def seating_for(env: EnvChoice, served: ServedTaskset, where: str, endpoint: Endpoint, base_model: str,

@@ -124,6 +124,8 @@ class JsonlLog:
         self.path = path
         self.mirror: Callable[[dict[str, Any]], None] | None = None
         """Where each record also goes as it is appended (`Tracking`: W&B, TensorBoard)."""
+        self._followed = 0
+        """Bytes `read_new` has returned."""
 
     def append(self, record: dict[str, Any]) -> None:
         stamped = {"time": time.time(), **record}
@@ -131,6 +133,17 @@ class JsonlLog:
             f.write(json.dumps(stamped) + "\n")
         if self.mirror is not None:
             self.mirror(stamped)
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """The records written (whole lines) since the last `read_new`: another process's log, followed."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._followed)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self._followed += len(whole)
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def read(self) -> list[dict[str, Any]]:
         """The records, skipping a line cut off by a killed writer (none when the file does not exist)."""
@@ -218,8 +231,16 @@ class RLFolder:
         """From now on, hand `tracking` every record appended to `metrics` and the traces of each step."""
         self.tracking, self.metrics.mirror = tracking, tracking.log
 
+    def mirror_trainer(self) -> None:
+        """Hand tracking, if it is on, the trainer's records written since the last call (the trainer is another
+        process: its `trainer_metrics.jsonl` is followed here)."""
+        if self.tracking is not None:
+            for record in self.trainer_metrics.read_new():
+                self.tracking.log_trainer(record)
+
     def close(self) -> None:
-        """Finish tracking, if it is on (its last records flushed)."""
+        """Finish tracking, if it is on (the trainer's last records and every tool's flushed)."""
+        self.mirror_trainer()
         tracking, self.tracking, self.metrics.mirror = self.tracking, None, None
         if tracking is not None:
             tracking.close()

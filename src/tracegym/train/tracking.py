@@ -6,8 +6,10 @@ the run folder hands it every record as it is appended (`RLFolder.track`), so no
 A step's record logs its numbers under their own names (`reward`, `failed/timeout`, `difficulty/<env>/in_band`), a
 held-out evaluation's under `eval/<env>/...` at its `eval_step`, an event record (one with a text field, e.g.
 `invalid_trace`) its numbers under that field's name, and a record with no step of its own (an event between
-steps) under its first field's name, at the latest step. Each tool is imported only when enabled; enabled but not
-installed is a config error naming the key.
+steps) under its first field's name, at the latest step. The trainer's records (`trainer_metrics.jsonl`, written by
+another process) are followed at each step and at the end, their numbers logged as `trainer/<name>` at their own
+step (in W&B on the axis `trainer/step`: W&B drops a step earlier than one it has). Each tool is imported only when
+enabled; enabled but not installed is a config error naming the key.
 
 >>> scalars({"time": 1.0, "step": 3, "reward": 0.5, "failed/timeout": 1, "staleness": None})
 (3, {'reward': 0.5, 'failed/timeout': 1.0})
@@ -35,6 +37,8 @@ from tracegym.core.trace import Trace
 
 SAMPLE_COLUMNS = ("step", "taskset", "task", "prompt", "completion", "reward")
 """The sample table's columns."""
+TRAINER_STEP = "trainer/step"
+"""The W&B axis of the trainer's numbers."""
 TENSORBOARD_DIR = "tensorboard"
 """TensorBoard's event files, under the run folder."""
 
@@ -104,6 +108,9 @@ class Tracker(Protocol):
     def table(self, step: int, rows: list[list[Any]]) -> None:
         """Sample rows under SAMPLE_COLUMNS."""
 
+    def trainer_scalars(self, step: int, numbers: dict[str, float]) -> None:
+        """The trainer's numbers of `step`, which may be earlier than a step already logged."""
+
     def close(self) -> None:
         """Flush and finish."""
 
@@ -122,6 +129,18 @@ class Tracking:
         if numbers:
             for tracker in self.trackers:
                 tracker.scalars(self.step, numbers)
+
+    def log_trainer(self, record: dict[str, Any]) -> None:
+        """One record of the trainer's `trainer_metrics.jsonl`: its numbers as `trainer/<name>` at its own step
+        (which trails the orchestrator's: the trainer is behind by up to `max_async_steps`)."""
+        step = record.get("step")
+        if not isinstance(step, int):
+            return
+        numbers = {f"trainer/{k}": float(v) for k, v in record.items()
+                   if k not in ("step", "time") and isinstance(v, int | float) and not isinstance(v, bool)}
+        if numbers:
+            for tracker in self.trackers:
+                tracker.trainer_scalars(step, numbers)
 
     def log_traces(self, step: int, traces: Sequence[Trace]) -> None:
         """A few of the traces of one step, as a sample table."""
@@ -173,9 +192,16 @@ class WandbTracker:
         self.run = wandb.init(project=config.project, entity=config.entity, name=config.name or run_dir.name,
                               group=config.group, tags=config.tags, mode=config.mode, dir=str(run_dir),
                               config=run_config)
+        self.run.define_metric(TRAINER_STEP)
+        self.run.define_metric("trainer/*", step_metric=TRAINER_STEP)
 
     def scalars(self, step: int, numbers: dict[str, float]) -> None:
         self.run.log(numbers, step=step)
+
+    def trainer_scalars(self, step: int, numbers: dict[str, float]) -> None:
+        """W&B drops a record at a step before one already logged: the trainer's numbers go on their own axis,
+        `trainer/step` (`define_metric` at the start), logged at W&B's current step."""
+        self.run.log({**numbers, TRAINER_STEP: step})
 
     def table(self, step: int, rows: list[list[Any]]) -> None:
         self.run.log({"samples": self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=rows)}, step=step)
@@ -202,6 +228,9 @@ class TensorBoardTracker:
         from tensorboard.plugins.text.summary_v2 import text_pb
 
         self.write(step, text_pb("samples", markdown_table(rows)))
+
+    def trainer_scalars(self, step: int, numbers: dict[str, float]) -> None:
+        self.scalars(step, numbers)  # an event file takes steps in any order
 
     def write(self, step: int, summary: Any) -> None:
         from tensorboard.compat.proto.event_pb2 import Event

@@ -11,12 +11,23 @@ sampled logprobs), so they cost nothing to keep armed:
 
 - `scorer_gap`: the training reward rose over the window while a *witness* scorer on the same rollouts (a metric or
   reward the run does not train on, e.g. exact match next to an LCS reward) did not rise with it.
+- `witness_disagrees`: over the window, more than a small share of rollouts got full marks from the reward and
+  nothing from the witness (a reply the reward pays in full that a stricter scorer calls wrong: free reward, present
+  from the start when the reward has a shortcut, before any rise shows it).
 - `length_shift`: the reward rose while the mean reply length moved by more than a fraction of where it was (a
   policy paid for a fixed token or an echo changes its length; one that learns the task mostly does not).
 - `entropy_collapse`: the reward rose while the sampled tokens' mean surprisal (-logprob, an entropy estimate) fell
   to under a fraction of where it was.
 - `diversity_collapse`: in most groups every rollout gave the same reply, two steps in a row (nothing left to
   compare; often one answer that pays).
+
+- `sandbox_probe`: the programs of sandboxed rollouts reached for hosts outside their task: connections their
+  sandbox's network namespace refused (`sandbox_refused_connections`, counted by the kernel per run), on more than
+  a share of the step's sandboxed rollouts. A task's files outside its view cannot be read at all, and the sandbox
+  cannot count attempts to (that needs fanotify or seccomp notification): this wire watches the network side only.
+
+One wire runs rollouts of its own, when `canary_every` arms it: `canary` (`train.canary_wire`), `tracegym validate`'s
+gold and no-op checks re-run on a few training tasks through the run's env servers.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tracegym.core.errors import TracegymError
 from tracegym.core.trace import Trace
+from tracegym.envs.task_sandbox import REFUSED_METRIC
 
 Action = Literal["warn", "pause", "stop"]
 
@@ -51,12 +63,25 @@ class TripwireConfig(BaseModel):
     `scorer_gap`. Unset: that wire is off (said once at the start)."""
     scorer_gap: float = Field(default=0.15, gt=0)
     """`scorer_gap` fires when the reward rose by `rise` and by this much more than the witness did."""
+    full_reward: float = 1.0
+    """What counts as full marks for `witness_disagrees`: a reward at least this high."""
+    disagreement: float = Field(default=0.05, ge=0, lt=1)
+    """`witness_disagrees` fires when, over the window, more than this share of rollouts got full marks from the
+    reward and nothing (0 or less) from the witness."""
     length_shift: float = Field(default=0.5, gt=0)
     """`length_shift` fires when the reward rose by `rise` and the mean reply length moved by this fraction."""
     entropy_floor: float = Field(default=0.3, gt=0, lt=1)
     """`entropy_collapse` fires when the reward rose by `rise` and mean surprisal fell below this fraction."""
     diversity: float = Field(default=0.75, gt=0, le=1)
     """`diversity_collapse` fires when this share of groups answered with one reply, two steps in a row."""
+    sandbox_probes: float = Field(default=0.0, ge=0, lt=1)
+    """`sandbox_probe` fires when more than this share of a step's sandboxed rollouts had a connection refused by
+    their sandbox's network namespace (0: any one does)."""
+    canary_every: int = Field(default=0, ge=0)
+    """Steps between runs of the `canary` wire (`train.canary_wire`: the gold and no-op agents re-run on a few
+    training tasks through the run's env servers); 0: off (each run costs 2 rollouts per canary task)."""
+    canary_tasks: int = Field(default=4, ge=1)
+    """The first this many tasks of each single-agent training environment are the canary tasks."""
 
 
 PAUSED = "PAUSED"
@@ -79,6 +104,10 @@ class StepView:
     length: float | None
     surprisal: float | None
     same_reply_share: float | None
+    disagreements: tuple[int, int] = (0, 0)
+    """Rollouts paid `full_reward` that the witness gave nothing, and rollouts with a witness score."""
+    probes: tuple[int, int, float] = (0, 0, 0.0)
+    """Of the sandboxed rollouts: how many had a connection refused, how many there were, and the refusals in all."""
 
 
 @dataclass(frozen=True)
@@ -105,24 +134,26 @@ class Tripwires:
         """The wires that can fire in this run (`scorer_gap` needs a witness)."""
         if not self.config.enabled:
             return []
-        wires = ["length_shift", "entropy_collapse", "diversity_collapse"]
-        return (["scorer_gap"] if self.config.witness else []) + wires
+        wires = ["length_shift", "entropy_collapse", "diversity_collapse", "sandbox_probe"]
+        witnessed = ["scorer_gap", "witness_disagrees"] if self.config.witness else []
+        return witnessed + wires + (["canary"] if self.config.canary_every else [])
 
     def armed_line(self) -> str:
         """One line saying which wires watch this run, and why `scorer_gap` does not when it does not."""
         if not self.config.enabled:
             return "tripwires: off ([orchestrator.tripwire] enabled = false)"
-        off = "" if self.config.witness else "; scorer_gap off (set [orchestrator.tripwire] witness to a scorer " \
-                                              "the run does not train on)"
+        off = "" if self.config.witness else "; scorer_gap and witness_disagrees off (set [orchestrator.tripwire] " \
+                                              "witness to a scorer the run does not train on)"
         return f"tripwires armed ({self.config.action}): {', '.join(self.armed())}{off}"
 
     def observe(self, step: int, groups: list[list[Trace]]) -> list[Trip]:
         """The wires that fire on `step`, given its groups of trainable rollouts."""
         if not self.config.enabled:
             return []
-        view = view_of(step, groups, self.config.witness)
+        view = view_of(step, groups, self.config.witness, self.config.full_reward)
         self.views.append(view)
-        trips = [t for t in (self._scorer_gap(), self._length_shift(), self._entropy_collapse()) if t]
+        trips = [t for t in (self._scorer_gap(), self._witness_disagrees(), self._length_shift(),
+                             self._entropy_collapse(), self._sandbox_probe()) if t]
         collapsed = view.same_reply_share is not None and view.same_reply_share >= self.config.diversity
         if collapsed and self.collapsed_before:
             trips.append(Trip("diversity_collapse", step, f"{view.same_reply_share:.0%} of groups gave one reply, "
@@ -148,6 +179,18 @@ class Tripwires:
                     f"reward rose {rise:+.3f} over {len(self.views)} steps, witness {self.config.witness!r} "
                     f"{last - first:+.3f} (gap threshold {self.config.scorer_gap})")
 
+    def _witness_disagrees(self) -> Trip | None:
+        if len(self.views) < self.config.window:
+            return None
+        disagreed = sum(v.disagreements[0] for v in self.views)
+        witnessed = sum(v.disagreements[1] for v in self.views)
+        if not witnessed or disagreed / witnessed <= self.config.disagreement:
+            return None
+        return Trip("witness_disagrees", self.views[-1].step,
+                    f"{disagreed} of {witnessed} rollouts over {len(self.views)} steps got full marks (reward >= "
+                    f"{self.config.full_reward:g}) that witness {self.config.witness!r} scored 0 (threshold "
+                    f"{self.config.disagreement:.0%})")
+
     def _length_shift(self) -> Trip | None:
         rise = self._reward_rise()
         first, last = self.views[0].length, self.views[-1].length
@@ -172,7 +215,16 @@ class Tripwires:
                     f"(threshold {self.config.entropy_floor:.0%} of where it was)")
 
 
-def view_of(step: int, groups: list[list[Trace]], witness: str | None) -> StepView:
+    def _sandbox_probe(self) -> Trip | None:
+        probing, sandboxed, refused = self.views[-1].probes
+        if not sandboxed or probing / sandboxed <= self.config.sandbox_probes:
+            return None
+        return Trip("sandbox_probe", self.views[-1].step,
+                    f"{probing} of {sandboxed} sandboxed rollouts reached for hosts outside their task ({refused:g} "
+                    f"connections refused by their sandboxes; threshold {self.config.sandbox_probes:.0%} of rollouts)")
+
+
+def view_of(step: int, groups: list[list[Trace]], witness: str | None, full_reward: float = 1.0) -> StepView:
     """The step's means over its rollouts that have a reward (the trainable ones)."""
     traces = [t for g in groups for t in g if t.reward is not None]
     return StepView(
@@ -183,7 +235,21 @@ def view_of(step: int, groups: list[list[Trace]], witness: str | None) -> StepVi
         surprisal=_mean(s for t in traces if (s := surprisal(t)) is not None),
         same_reply_share=_mean(float(len({t.last_reply for t in g}) == 1)
                                for g in groups if len([t for t in g if t.reward is not None]) >= 2),
+        disagreements=disagreements_of(traces, witness, full_reward) if witness else (0, 0),
+        probes=probes_of(traces),
     )
+
+
+def disagreements_of(traces: list[Trace], witness: str, full_reward: float) -> tuple[int, int]:
+    """Of the traces the witness scored: how many the reward paid `full_reward` or more and the witness nothing."""
+    scored = [(t.reward, w) for t in traces if (w := witness_score(t, witness)) is not None]
+    return sum(r is not None and r >= full_reward and w <= 0 for r, w in scored), len(scored)
+
+
+def probes_of(traces: list[Trace]) -> tuple[int, int, float]:
+    """Of the traces whose sandbox counted refusals: how many had any, how many there are, the refusals in all."""
+    counted = [r for t in traces if (r := t.metrics.get(REFUSED_METRIC)) is not None]
+    return sum(r > 0 for r in counted), len(counted), float(sum(counted))
 
 
 def witness_score(trace: Trace, name: str) -> float | None:

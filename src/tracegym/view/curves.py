@@ -3,7 +3,8 @@ with no script: each point's `<title>` gives its step and value on hover.
 
 A step record has `step` and the orchestrator's figures (`reward`, `completion_tokens_mean`, `staleness`,
 `groups_filtered`, ...); a held-out record has `eval_step`, `env` and `eval_reward` with its 95% half-width
-`eval_reward_ci95`. A key `K` is read from the records that have it, at `step` (else `eval_step`); records with an
+`eval_reward_ci95`. A key `K` is read from the records that have it, at `step` (a held-out record: at the policy
+version it ran on, `train.plots.evaluated_policy`, else its `eval_step`); records with an
 `env` draw one line per env; a `K_ci95` beside `K` draws the interval as a band and error bars. A key with `*`
 (`failed/*`, `filters/all/*`) draws one line per rate it matches (not a `_ci95`, nor a filter's `checked` count).
 A key no record has draws no chart: one line names them all.
@@ -18,6 +19,7 @@ from html import escape
 from typing import Any, TypeGuard
 
 from tracegym.train.filters import ALL, CHECKED
+from tracegym.train.plots import evaluated_policy
 from tracegym.view.page import number
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 480, 200, 52, 26, 12, 12
@@ -60,6 +62,8 @@ def _series(records: list[dict[str, Any]], key: str) -> dict[str, list[Point]]:
         step = record.get("step", record.get("eval_step"))
         if not _finite(step):
             continue
+        if "step" not in record and _finite(record.get("policy_version")):
+            step = evaluated_policy(record)
         env = str(record.get("env", ""))
         for name in _matching(record, key):
             value, ci = record[name], record.get(f"{name}_ci95")

@@ -1,0 +1,35 @@
+"""The embedded VLM's launch settings and `tracegym inference --vlm` (its build and serving: `test_vlm_vllm`)."""
+
+import pytest
+
+from tracegym.cli.main import main
+from tracegym.models.embedded import COMPLETE_MARKER
+from tracegym.models.embedded_vlm import SCALE_OUT_FLAG, VLM_DIR_NAME, default_vlm_dir, vlm_choice
+from tracegym.models.launch import server_config
+from tracegym.models.model_choice import ModelChoice
+
+
+@pytest.fixture
+def built_vlm(tmp_path, monkeypatch):
+    """A cache whose VLM folder is marked built (nothing in it is read here)."""
+    monkeypatch.setenv("TRACEGYM_CACHE", str(tmp_path))
+    folder = default_vlm_dir()
+    folder.mkdir(parents=True)
+    (folder / COMPLETE_MARKER).write_text("test\n")
+    return folder
+
+
+def test_the_vlm_is_served_from_the_cache_with_the_generate_endpoint_open(built_vlm):
+    config = server_config(vlm_choice(ModelChoice(vllm_args=["--seed", "1"])))
+    assert config.model == str(built_vlm) and config.name == VLM_DIR_NAME
+    assert config.extra_args == ["--seed", "1", SCALE_OUT_FLAG]
+
+
+def test_the_generate_flag_is_not_added_twice(built_vlm):
+    assert vlm_choice(ModelChoice(vllm_args=[SCALE_OUT_FLAG])).vllm_args == [SCALE_OUT_FLAG]
+
+
+def test_inference_vlm_with_a_model_name_is_refused_in_one_line(capsys):
+    assert main(["inference", "--vlm", "-m", "some/model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--vlm serves the embedded VLM: leave --model.name unset" in err and len(err.splitlines()) == 1
