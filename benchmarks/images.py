@@ -17,16 +17,14 @@ from pathlib import Path
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "tasksets"))
-
-import tracegym as tg  # noqa: E402
-from tracegym.config.episode_log import EpisodeLog  # noqa: E402
-from tracegym.config.image_store import ImageStore  # noqa: E402
-from tracegym.core.episode import Episode  # noqa: E402
-from tracegym.core.image_ref import image_bytes  # noqa: E402
-from tracegym.core.messages import ImagePart, TextPart, user  # noqa: E402
-from tracegym.testing import ScriptedModel  # noqa: E402
-from tracegym.testing.images import image_part  # noqa: E402
+import tracegym as tg
+from tracegym.config.episode_log import EpisodeLog
+from tracegym.config.image_store import ImageStore
+from tracegym.core.episode import Episode
+from tracegym.core.image_ref import image_bytes
+from tracegym.core.messages import ImagePart, TextPart, user
+from tracegym.testing import ScriptedModel
+from tracegym.testing.images import image_part
 
 ROLLOUTS = 4
 TASKS = 16
@@ -80,6 +78,7 @@ def noise_rows(size: int) -> list[dict]:
 
 
 async def main() -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "tasksets"))  # the scripted tic-tac-toe player
     from test_image_tictactoe import player
 
     taskset = tg.Taskset(id="noise", data=noise_rows(224))

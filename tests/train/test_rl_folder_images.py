@@ -1,8 +1,8 @@
 """An RL run folder keeps the images of its step and held-out logs once, in its own `images/`."""
 
 from tracegym.core.episode import Episode
-from tracegym.train.rl_folder import RLFolder
 from tracegym.testing.images import image_trace
+from tracegym.train.rl_folder import RLFolder
 
 
 def test_step_and_held_out_logs_share_one_image_store_and_read_back_equal(tmp_path):
