@@ -4,9 +4,10 @@ refused as a tool error, as `tool_result_over` says: never passed on whole, neve
 import asyncio
 
 import tracegym as tg
-from tracegym.core.messages import ImagePart, TextPart
+from tracegym.core.messages import TextPart
 from tracegym.envs.rollout import TOOL_RESULTS_CUT
 from tracegym.testing import ScriptedModel, reply, tool_call
+from tracegym.testing.images import image_part, png
 
 HUGE = "word " * 70_000
 """About 70k tokens of tool output (350,000 characters)."""
@@ -79,7 +80,7 @@ def test_a_result_within_the_limit_is_passed_on_whole():
     assert tool_message(model) == HUGE and TOOL_RESULTS_CUT not in trace.metrics
 
 
-IMAGE = ImagePart(image_url={"url": "data:image/png;base64,AAAA"})
+IMAGE = image_part(png())  # a real picture: one the model could not read would be refused before the call
 
 
 def screenshot(path: str) -> list:

@@ -151,13 +151,22 @@ def _echo():
     return ScriptedModel([reply(None, tool_call("echo_message", {"message": "hi"})), assistant("ok")])
 
 
-def test_tool_result_text_reads_mcp_content_parts():
-    from tracegym.interop.openenv_taskset import tool_result_text
-    assert tool_result_text({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == "ab"
-    assert tool_result_text({"data": 3}) == "3" and tool_result_text("x") == "x"
+def test_tool_result_content_reads_mcp_content_parts():
+    from tracegym.interop.openenv_taskset import tool_result_content
+    assert tool_result_content({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == "ab"
+    assert tool_result_content({"data": 3}) == "3" and tool_result_content("x") == "x"
     with pytest.raises(Exception, match="boom"):
-        tool_result_text({"content": [{"type": "text", "text": "boom"}], "isError": True})
-    assert re.fullmatch(r"\d+", tool_result_text(7))
+        tool_result_content({"content": [{"type": "text", "text": "boom"}], "isError": True})
+    assert re.fullmatch(r"\d+", tool_result_content(7))
+
+
+def test_an_mcp_image_block_becomes_an_image_part_beside_the_text():
+    from tracegym.core.messages import ImagePart, TextPart
+    from tracegym.interop.openenv_taskset import tool_result_content
+    result = {"content": [{"type": "text", "text": "the board:"},
+                          {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"}]}
+    assert tool_result_content(result) == [TextPart(text="the board:"),
+                                           ImagePart(image_url={"url": "data:image/png;base64,iVBORw0KGgo="})]
 
 
 def test_a_tracegym_taskset_served_over_openenv_runs_back_as_an_openenv_taskset():

@@ -29,12 +29,13 @@ def test_private_runs_and_reasoning_content_are_marked_and_user_text_is_not_pars
     assert not [e for e in asked.iter() if "private" in (e.get("class") or "").split()]
 
 
-def test_images_are_placeholders_never_fetched():
+def test_images_elsewhere_are_placeholders_never_fetched_and_inline_ones_are_shown():
     parts = [TextPart(text="look"), ImagePart(image_url={"url": "data:image/png;base64,AAAA"}),
-             ImagePart(image_url={"url": "http://example.com/x.png"})]
+             ImagePart(image_url={"url": "http://example.com/x.png"}),
+             ImagePart(image_url={"url": "data:image/svg+xml;base64,AAAA"})]
     root = tree(message_html(Message(role="user", content=parts)))
     assert "[image: inline data]" in text_of(root) and "[image: http://example.com/x.png]" in text_of(root)
-    assert not list(root.iter("img"))
+    assert [img.get("src") for img in root.iter("img")] == ["data:image/png;base64,AAAA"]
 
 
 def left_outs(root) -> list:

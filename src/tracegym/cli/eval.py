@@ -13,6 +13,7 @@ from tracegym.cli.flag import pop_flag
 from tracegym.config.run_dir import owned
 from tracegym.core.errors import UsageError
 from tracegym.envs.evaluate import multi_agent_class, seats_of
+from tracegym.envs.image_input import check_images_taken
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.scripted_seat import check_scripts
 from tracegym.envs.seats import Seat, bind
@@ -38,7 +39,7 @@ from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
 from tracegym.eval.verifiers_flags import translate
 from tracegym.models.endpoint import Endpoint
-from tracegym.models.launch import reach
+from tracegym.models.launch import choice_takes_images, reach
 from tracegym.models.renderer import load_renderer
 from tracegym.runtimes.admission import configure_admission
 from tracegym.serve.env_client import check_env_server
@@ -74,6 +75,7 @@ def run(args: list[str]) -> int:
         print(tomli_w.dumps(config.to_toml_dict()), end="")
         return 0
     check_host(config, taskset)
+    check_images(config, taskset)
     if not config.serve:  # the rollouts' sandboxes open in this process
         configure_admission(config.env.sandbox)
     config, endpoint = reached(config)
@@ -111,6 +113,13 @@ def check_host(config: EvalConfig, taskset: Taskset) -> None:
         check_taskset(taskset)
 
 
+def check_images(config: EvalConfig, taskset: Taskset) -> None:
+    """Before any folder: a taskset that shows images and a model that takes text only fail, naming the taskset,
+    the task and the message (`envs.image_input`)."""
+    choice = config.model_choice()
+    check_images_taken(taskset, choice_takes_images(choice), choice.display_name())
+
+
 def reached(config: EvalConfig) -> tuple[EvalConfig, Endpoint | None]:
     """The endpoint at `--model.base-url`, asked once before any folder is made, and the config naming the model
     that answered; (config, None) when the run serves its model itself."""
@@ -138,6 +147,7 @@ def run_combined(args: list[str], folder: CombinedFolder | None = None, saved: d
         return 0
     for member, taskset in zip(configs, tasksets, strict=True):
         check_host(member, taskset)
+        check_images(member, taskset)
     if not config.serve:
         configure_admission(config.env.sandbox)
     config, endpoint = reached(config)

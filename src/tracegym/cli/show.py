@@ -9,8 +9,11 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from tracegym.config.image_store import ImageStore
 from tracegym.core.errors import UsageError
+from tracegym.core.image_ref import decoded, image_ref, storable, stored_name
 from tracegym.core.judgment import Judgment
+from tracegym.core.messages import ImagePart
 from tracegym.core.trace import Trace
 from tracegym.eval.combined_folder import CombinedFolder
 from tracegym.eval.combined_summary import combined_table
@@ -50,17 +53,22 @@ def run(args: list[str]) -> int:
     if stored.cut_short:
         console.print(f"[yellow]{stored.cut_short} episode(s) were cut short (their traces have no record); "
                       "--resume reruns them[/]")
+    if folder.images.missing:
+        console.print(f"[yellow]{len(folder.images.missing)} image(s) the traces name are missing from "
+                      f"{folder.images.folder}[/]")
     picked = sorted(stored.traces, key=lambda t: (t.ok, t.task_key, t.rollout_index))[:count]
     for trace in picked:
-        console.print(trace_panel(trace))
+        console.print(trace_panel(trace, folder.images))
     return 0
 
 
-def trace_panel(trace: Trace) -> Panel:
-    """One trace: its messages, rewards, stop reason, judge calls and errors."""
+def trace_panel(trace: Trace, images: ImageStore | None = None) -> Panel:
+    """One trace: its messages (each image as a line naming its file in `images`, or its URL), rewards, stop
+    reason, judge calls and errors."""
     parts: list[Text] = []
     for message in trace.messages:
-        text = message.text
+        text = "".join(f"[{image_line(p, images)}]\n" for p in message.content or ()
+                       if isinstance(p, ImagePart)) + message.text
         for call in message.tool_calls:
             text += f"\n→ {call.name}({call.arguments})"
         parts.append(Text(f"{message.role}: ", style=f"bold {ROLE_STYLE[message.role]}") + Text(text))
@@ -74,6 +82,23 @@ def trace_panel(trace: Trace) -> Panel:
         parts.append(Text(f"{error.kind.value} error in {error.stage}: {error.message}", style="red"))
     member = f" {trace.member}" if trace.member else ""
     return Panel(Group(*parts), title=f"{trace.task_key}#{trace.rollout_index}{member}", title_align="left")
+
+
+def image_line(part: ImagePart, images: ImageStore | None) -> str:
+    """An image as `show` prints it: the run folder's file that holds it (`image images/<sha256>.png, N bytes`),
+    else what it is (inline data of N bytes, a URL, a reference whose file is missing)."""
+    url = part.image_url.get("url", "")
+    try:
+        found = decoded(url)
+    except ValueError as exc:
+        return f"image: unreadable data URI: {exc}"
+    if found is None:
+        return f"image missing: {url}" if stored_name(url) else f"image: {url[:200]}"
+    size = f"{len(found[1]):,} bytes"
+    name = stored_name(image_ref(found[1])) if storable(url) is not None else None
+    if images is not None and name is not None and images.path(name) is not None:
+        return f"image {images.folder.name}/{name}, {size}"
+    return f"image: inline {found[0]}, {size}"
 
 
 def judged(judgment: Judgment) -> str:

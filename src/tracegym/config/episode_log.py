@@ -25,6 +25,7 @@ from typing import IO, TypeVar
 
 from pydantic import ValidationError
 
+from tracegym.config.image_store import ImageStore
 from tracegym.config.run_dir import write_atomic
 from tracegym.core.episode import Episode, episode_of, member_id
 from tracegym.core.record import record_problem
@@ -64,29 +65,46 @@ class EpisodeLog:
 
     traces: Path
     episodes: Path
+    images: ImageStore | None = None
+    """Where the run folder keeps the images its traces carry, once each by hash (their rows then hold references,
+    `config.image_store`); None: images stay inline in the rows."""
     _out: dict[Path, IO[str]] = field(default_factory=dict, repr=False)
 
     def append(self, episode: Episode) -> None:
         """Append an episode: its members' traces, then its record, each line flushed to the OS as written (it
         survives the process being killed)."""
-        self._line(self.traces, "".join(t.model_dump_json() + "\n" for t in _member_traces(episode)))
-        self._line(self.episodes, record_line(episode))
+        self._line(self.traces, "".join(self.trace_line(t) for t in _member_traces(episode)))
+        self._line(self.episodes, self._stored(record_line(episode)))
+
+    def trace_line(self, trace: Trace) -> str:
+        """A trace's line in the traces file: its JSON, its images stored and referenced when the log has a store."""
+        return self._stored(trace.model_dump_json() + "\n")
+
+    def parse_trace(self, line: bytes) -> Trace:
+        """A trace read from its line, the images it references put back in as data URIs (when the log has a store)."""
+        return self.images.parse(line, Trace) if self.images is not None else Trace.model_validate_json(line)
+
+    def parse_record(self, line: bytes) -> Episode:
+        """An episode record read from its line, as `parse_trace` reads a trace."""
+        return self.images.parse(line, Episode) if self.images is not None else Episode.model_validate_json(line)
+
+    def _stored(self, line: str) -> str:
+        return self.images.stored(line.removesuffix("\n")) + "\n" if self.images is not None else line
 
     def write(self, episodes: Iterable[Episode], keep: bool = False) -> None:
         """Replace both files whole (traces first: a record never lacks its traces); `keep`: after what they hold."""
         self.close()
         episodes = list(episodes)
-        for path, text in ((self.traces, "".join(t.model_dump_json() + "\n" for e in episodes
-                                                 for t in _member_traces(e))),
-                           (self.episodes, "".join(record_line(e) for e in episodes))):
+        for path, text in ((self.traces, "".join(self.trace_line(t) for e in episodes for t in _member_traces(e))),
+                           (self.episodes, "".join(self._stored(record_line(e)) for e in episodes))):
             path.parent.mkdir(parents=True, exist_ok=True)
             earlier = path.read_text(encoding="utf-8") if keep and path.exists() else ""
             write_atomic(path, earlier + text)
 
     def read(self) -> LogRead:
         """Every episode the log holds, joined with its members' traces (see the module's docstring)."""
-        traces, traces_tail, traces_bad, traces_why = _parse(self.traces, Trace.model_validate_json)
-        records, records_tail, records_bad, records_why = _parse(self.episodes, Episode.model_validate_json)
+        traces, traces_tail, traces_bad, traces_why = _parse(self.traces, self.parse_trace)
+        records, records_tail, records_bad, records_why = _parse(self.episodes, self.parse_record)
         unreadable = {path: bad for path, bad in ((self.traces, traces_bad), (self.episodes, records_bad)) if bad}
         problems = {path: why for path, why in ((self.traces, traces_why), (self.episodes, records_why)) if why}
         by_member = {(episode_of(t), member_id(t)): t for t in traces}

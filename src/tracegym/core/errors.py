@@ -13,6 +13,7 @@ recorded without one (older traces, a record made by hand) gets its failure kind
     +-- ToolError                 tool: tool_error
     +-- TaskError                 task: task_error, scoring_error at `scoring:*`
     |   +-- TaskExit              task: task_error
+    |   +-- ImageRefused          task: image_refused
     +-- StageTimeout              timeout: model_timeout, tool_timeout, scoring_timeout, rollout_timeout at
     |                             `rollout` or `episode`, task_timeout elsewhere
     +-- InfrastructureError       infrastructure: model_unavailable at `model`, env_server_error at `env_server`,
@@ -68,6 +69,9 @@ class FailureKind(StrEnum):
     """A reward or metric raised or returned no number: the rollout is unscored."""
     SCORING_TIMEOUT = "scoring_timeout"
     """A reward or metric ran past its timeout."""
+    IMAGE_REFUSED = "image_refused"
+    """An image the model could not be given, refused before the model call: the model takes text only, or the
+    image is unreadable, oversized or of a format its processor does not take (`models.image_support`)."""
     JUDGE_ERROR = "judge_error"
     """A judge could not give a verdict: a judge reward's model call failed or its reply did not parse
     (`envs.judge`), or a multi-agent episode's referee gave none that could be read."""
@@ -188,6 +192,12 @@ class TaskError(TracegymError):
     """The task's own code (setup, environment response, reward) failed."""
 
     kind = ErrorKind.TASK
+
+
+class ImageRefused(TaskError):
+    """A message's image that the model cannot be given (see FailureKind.IMAGE_REFUSED); never retried."""
+
+    failure = FailureKind.IMAGE_REFUSED
 
 
 class TaskExit(TaskError):

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from tracegym.core.episode import Outcome
 from tracegym.core.errors import FailureKind, TaskError, UsageError
-from tracegym.core.messages import Message, system, user
+from tracegym.core.messages import ContentPart, Message, system, user
 from tracegym.envs.schedule import Member, Slot, check_members, rounds
 from tracegym.envs.task import DataT, Task
 from tracegym.envs.taskset import Taskset
@@ -123,8 +123,9 @@ class MultiAgentTask(Task[DataT, ConfigT]):
         prompt = [user(self.data.prompt)] if isinstance(self.data.prompt, str) else list(self.data.prompt)
         return [system(own), *prompt] if own else prompt
 
-    def observe(self, member: str) -> str | None:
-        """What the referee tells `member` just before it acts (its cards, the board); None: nothing."""
+    def observe(self, member: str) -> str | list[ContentPart] | None:
+        """What the referee tells `member` just before it acts (its cards, the board): text, or content parts (the
+        board as a picture: an `ImagePart` is in that member's view only); None: nothing."""
         return None
 
     def move(self, member: str, text: str) -> Any:

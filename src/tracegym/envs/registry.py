@@ -33,6 +33,8 @@ BUILTINS: dict[str, str] = {
     "tictactoe": "tracegym.tasksets.tictactoe:TicTacToe",
     "debate": "tracegym.tasksets.debate:Debate",
     "propose-arithmetic": "tracegym.tasksets.propose_arithmetic:ProposeArithmetic",
+    "colour-codeword": "tracegym.tasksets.colour_codeword:ColourCodeword",
+    "image-tictactoe": "tracegym.tasksets.image_tictactoe:image_tictactoe",
 }
 URL_SCHEMES: dict[str, str] = {"openenv": "tracegym.interop.openenv_taskset:at_url"}
 """Ids `SCHEME:URL` (`openenv:ws://127.0.0.1:8001`): the factory each scheme's function makes for the URL."""

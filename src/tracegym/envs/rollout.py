@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tracegym.core.errors import (
     ContextLengthError,
     ErrorKind,
+    ImageRefused,
     StageTimeout,
     TraceError,
     classify,
@@ -32,6 +33,7 @@ from tracegym.envs.scorers import NotApplicable
 from tracegym.envs.task import EnvResponse, Task
 from tracegym.envs.thread_lane import contained
 from tracegym.models.client import ModelClient, ModelRequest, ModelResponse
+from tracegym.models.image_support import policy_of, refused_image
 from tracegym.runtimes.watchdog import watch_named
 
 T = TypeVar("T")
@@ -83,6 +85,7 @@ class Rollout:
         self.task, self.model, self.sampling, self.timeouts, self.trace = task, model, sampling, timeouts, trace
         self._t0 = time.monotonic() if t0 is None else t0
         self.turn = 0
+        self._images_checked: set[str] = set()
 
     async def run(self) -> Trace:
         """Run the loop, then scoring and cleanup, all inside the rollout timeout."""
@@ -164,6 +167,7 @@ class Rollout:
         its usage counted; `Ended(TRUNCATED)` (the error recorded) when the prompt overflowed the context. The
         loop's turns and the interception proxy's calls (`envs.proxy`) both go through here."""
         self.trace.tools = list(request.tools)
+        self.refuse_images(request)
         try:
             response = await self.timed("model", self.model.complete(request), self.timeouts.model)
         except ContextLengthError as exc:
@@ -183,6 +187,15 @@ class Rollout:
         self.trace.usage.prompt_tokens += response.prompt_tokens
         self.trace.usage.completion_tokens += response.completion_tokens
         return response
+
+    def refuse_images(self, request: ModelRequest) -> None:
+        """ImageRefused (at stage `model`) naming the taskset, the task, the message and the image when the request
+        carries an image the model cannot be given (`models.image_support`); an image found good is not read again
+        on a later turn."""
+        refused = refused_image(request.messages, policy_of(self.model), self._images_checked)
+        if refused is not None:
+            self.stage = "model"
+            raise ImageRefused(f"taskset {self.trace.taskset!r}, task {self.trace.task_key!r}, {refused}")
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         """Run one turn's tool calls (concurrently when the task allows) and append their answers."""

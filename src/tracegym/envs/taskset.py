@@ -59,6 +59,9 @@ class Taskset(Generic[ConfigT]):
     """The runtime every task's sandbox opens in, over its task class's choice (`with_runtime`); None: theirs."""
     harness_override: Harness | None = None
     """What drives every rollout, over its task class's `harness` (`with_harness`); None: theirs."""
+    shows_images: bool = False
+    """Its tasks show the model images (in their prompts or tool results): a model that takes text only is refused
+    before any rollout (`envs.image_input`). A taskset whose rows' prompts hold images is found out without it."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

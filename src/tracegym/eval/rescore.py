@@ -18,6 +18,7 @@ the scorers score it; a replay asked for a turn on a view the stored trace does 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 from typing import cast
 
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from tracegym.core.episode import Episode
 from tracegym.core.errors import ErrorKind, TaskError, TraceError
-from tracegym.core.messages import ToolCall, tool
+from tracegym.core.messages import ImagePart, Message, ToolCall, tool
 from tracegym.core.sampling import Sampling
 from tracegym.core.trace import RewardScore, Trace
 from tracegym.envs.environment import EnvironmentTask
@@ -154,7 +155,7 @@ async def _replay(task: Task, trace: Trace, timeouts: Timeouts) -> Divergence | 
     # a scratch rollout: its trace takes the replay's spans and counts, the model is never called
     steps = Rollout(task, NoModel(), Sampling(), timeouts, Trace(task=task.data))
     for position, (call, stored) in enumerate(_answered_calls(trace), start=1):
-        replayed = tool(await steps.run_tool(call), call.id).text  # the text the stored answer is compared on
+        replayed = compared(tool(await steps.run_tool(call), call.id))
         if replayed != stored:
             return Divergence(task_key=trace.task_key, rollout_index=trace.rollout_index, call=position,
                               tool=call.name, stored=_short(stored), replayed=_short(replayed))
@@ -180,8 +181,16 @@ def _answered_calls(trace: Trace) -> list[tuple[ToolCall, str]]:
     pairs: list[tuple[ToolCall, str]] = []
     for i, message in enumerate(messages):
         answers = itertools.takewhile(lambda m: m.role == "tool", messages[i + 1:])
-        pairs.extend(zip(message.tool_calls, (m.text for m in answers), strict=False))
+        pairs.extend(zip(message.tool_calls, (compared(m) for m in answers), strict=False))
     return pairs
+
+
+def compared(answer: Message) -> str:
+    """What a tool's stored and replayed answers are compared on: the text, then each image by the hash of its
+    URL (a data URI read back from the run folder is the one the rollout made)."""
+    images = [hashlib.sha256(p.image_url.get("url", "").encode()).hexdigest()[:16] for p in answer.content or ()
+              if isinstance(p, ImagePart)]
+    return answer.text + "".join(f"[image {digest}]" for digest in images)
 
 
 def _mark_unscored(task: Task, trace: Trace) -> None:

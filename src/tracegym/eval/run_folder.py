@@ -1,5 +1,5 @@
 """Run folder: where one eval run lives: `config.toml`, its episodes (`traces.jsonl`, `episodes.jsonl`),
-`summary.json`, `logs/`.
+`summary.json`, `logs/`, and `images/`: each image its rows carry, once by content hash (`config.image_store`).
 
 Every run is stored as episodes through one `EpisodeLog` (see `config.episode_log`): each member's trace is a line of
 `traces.jsonl` (a single-agent run's rows are its rollouts' traces, one a line, as users read them), and each
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegym.config.episode_log import EpisodeLog
+from tracegym.config.image_store import ImageStore
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.errors import UsageError
 
@@ -36,7 +37,9 @@ class RunFolder:
         self.traces_path = path / TRACES
         self.summary_path = path / SUMMARY
         self.logs = path / "logs"
-        self.log = EpisodeLog(self.traces_path, path / EPISODES)
+        self.images = ImageStore.of(path)
+        """The images the logs' traces carry, each once (`images/`)."""
+        self.log = EpisodeLog(self.traces_path, path / EPISODES, images=self.images)
         self.errored = self.side_log("errored")
         """Episodes a resume set aside (not ended normally, or no longer expected)."""
 
@@ -61,7 +64,7 @@ class RunFolder:
 
     def side_log(self, name: str) -> EpisodeLog:
         """An episode log beside the run's own: `traces.<name>.jsonl` and `episodes.<name>.jsonl`."""
-        return EpisodeLog(self.path / f"traces.{name}.jsonl", self.path / f"episodes.{name}.jsonl")
+        return EpisodeLog(self.path / f"traces.{name}.jsonl", self.path / f"episodes.{name}.jsonl", images=self.images)
 
     # --- config and summary ------------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:

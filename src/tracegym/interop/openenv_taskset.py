@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field, TypeAdapter
 
 from tracegym.core.errors import ErrorKind, InfrastructureError, TaskError, ToolError, TracegymError, UsageError
-from tracegym.core.messages import Message, user
+from tracegym.core.messages import ContentPart, ImagePart, Message, TextPart, user
 from tracegym.core.task_data import TaskData
 from tracegym.core.tool_spec import ToolSpec
 from tracegym.core.trace import Trace
@@ -267,17 +267,17 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     async def _act(self, **action: Any) -> str:
         return await self._guarded(lambda: self._step(action), self.observation_text)
 
-    async def _call_tool_by_step(self, name: str, **arguments: Any) -> str:
+    async def _call_tool_by_step(self, name: str, **arguments: Any) -> str | list[ContentPart]:
         action = {"type": "call_tool", "tool_name": name, "arguments": arguments}
-        return await self._guarded(lambda: self._step(action), lambda r: tool_result_text(r.get("observation")))
+        return await self._guarded(lambda: self._step(action), lambda r: tool_result_content(r.get("observation")))
 
-    async def _call_tool_by_mcp(self, name: str, **arguments: Any) -> str:
+    async def _call_tool_by_mcp(self, name: str, **arguments: Any) -> str | list[ContentPart]:
         assert self.connection is not None
         connection = self.connection
         return await self._guarded(lambda: connection.mcp("tools/call", {"name": name, "arguments": arguments}),
-                                   tool_result_text)
+                                   tool_result_content)
 
-    async def _guarded(self, call: Any, text: Any) -> str:
+    async def _guarded(self, call: Any, text: Any) -> Any:
         """One step as a tool's answer: a refused action is a ToolError the model reads; a lost session ends the
         rollout at the next stop check (so it is recorded once, as infrastructure, not as the model's tool error)."""
         if self.lost is not None:
@@ -295,24 +295,36 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
 
 
 def _bound(call: Any, name: str) -> Any:
-    async def tool(**arguments: Any) -> str:
+    async def tool(**arguments: Any) -> str | list[ContentPart]:
         return await call(name, **arguments)
     return tool
 
 
-def tool_result_text(result: Any) -> str:
-    """An MCP tool result as text (its text content parts, else its data); one flagged as an error is a ToolError."""
+def tool_result_content(result: Any) -> str | list[ContentPart]:
+    """An MCP tool result as the tool message's content: its text content parts joined (else its data as JSON), or,
+    when it holds image blocks (`{"type": "image", "data": BASE64, "mimeType": ...}`), its text and images as
+    parts, each image a data URI; one flagged as an error is a ToolError."""
     if isinstance(result, dict) and "tool_name" in result:  # a CallToolObservation
         if result.get("error"):
             raise ToolError(str(result["error"].get("message", result["error"])))
         result = result.get("result")
     if isinstance(result, dict):
-        parts = [p.get("text", "") for p in result.get("content") or () if isinstance(p, dict)]
-        text = "".join(parts) if parts else json.dumps(result.get("data", result))
+        blocks = [p for p in result.get("content") or () if isinstance(p, dict)]
+        text = "".join(p.get("text", "") for p in blocks) if blocks else json.dumps(result.get("data", result))
         if result.get("isError") or result.get("is_error"):
             raise ToolError(text)
+        if any(p.get("type") == "image" for p in blocks):
+            return [_mcp_part(p) for p in blocks]
         return text
     return result if isinstance(result, str) else json.dumps(result)
+
+
+def _mcp_part(block: dict[str, Any]) -> ContentPart:
+    """An MCP content block as a part: an image block as its data URI, any other as its text."""
+    if block.get("type") == "image":
+        mime = block.get("mimeType") or "image/png"
+        return ImagePart(image_url={"url": f"data:{mime};base64,{block.get('data', '')}"})
+    return TextPart(text=str(block.get("text", "")))
 
 
 def headers(config: OpenEnvConfig) -> dict[str, str] | None:

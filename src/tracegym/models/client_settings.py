@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_IMAGE_BYTES = 8 << 20
+"""The default most bytes one image given to a model may hold (`--model.max-image-bytes`)."""
+MAX_IMAGE_PIXELS = 4096 * 4096
+"""The default most pixels (width x height) of one image given to a model (`--model.max-image-pixels`)."""
 ClientKind = Literal["chat", "tokens"]
 """Which model client a rollout uses (see `ClientSettings.client`)."""
 
@@ -42,3 +46,12 @@ class ClientSettings(BaseModel):
     """Retries of a model call after a connection error, a timeout, HTTP 429 or 5xx; never after another 4xx."""
     backoff: float = Field(default=0.5, ge=0)
     """First retry delay in seconds; doubles each retry, with jitter."""
+    images: bool | None = None
+    """Whether the model takes images; unset: decided from its `config.json` where its weights are on this machine
+    (a `vision_config`: `models.image_support`), else not known (an endpoint elsewhere refuses what it cannot take).
+    A model that takes text only is refused an image by name: before any rollout where the taskset shows it up
+    front, else before the model call (the rollout fails as `image_refused`; the others go on)."""
+    max_image_bytes: int = Field(default=MAX_IMAGE_BYTES, ge=1)
+    """Most bytes one image given to the model may hold; a bigger one is refused by name before the model call."""
+    max_image_pixels: int = Field(default=MAX_IMAGE_PIXELS, ge=1)
+    """Most pixels (width x height) one image given to the model may have (`MAX_IMAGE_PIXELS`)."""

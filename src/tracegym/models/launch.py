@@ -23,6 +23,7 @@ from tracegym.core.errors import TracegymError, UsageError
 from tracegym.models import transport
 from tracegym.models.embedded import SERVED_MODEL_NAME, cache_root, embedded_model_dir
 from tracegym.models.endpoint import Endpoint
+from tracegym.models.image_support import takes_images
 from tracegym.models.model_choice import ModelChoice
 from tracegym.models.vllm_server import VLLMServer, VLLMServerConfig, recorded_server
 from tracegym.models.vllm_servers import VLLMServers
@@ -101,6 +102,17 @@ def server_config(choice: ModelChoice, log_path: Path | None = None) -> VLLMServ
     return VLLMServerConfig(model=path, served_model_name=name, max_model_len=choice.max_model_len,
                             data_parallel=choice.data_parallel, extra_args=list(choice.vllm_args),
                             log_path=log_path)
+
+
+def choice_takes_images(choice: ModelChoice) -> bool | None:
+    """Whether the chosen model takes images, known before any server starts: `choice.images` when set, else
+    from the config of the model directory it names or serves (the embedded model's too); None when no such
+    directory is here (a hub id, an endpoint's model name)."""
+    if choice.images is not None:
+        return choice.images
+    if choice.name is None:
+        return None if choice.base_url is not None else takes_images(embedded_model_dir())
+    return takes_images(Path(choice.name).expanduser())
 
 
 def server_record_path(config: VLLMServerConfig) -> Path:

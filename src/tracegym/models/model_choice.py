@@ -18,6 +18,7 @@ from pydantic import AliasChoices, BeforeValidator, ConfigDict, Field, field_val
 from tracegym.models.client_settings import ClientSettings
 from tracegym.models.embedded import SERVED_MODEL_NAME
 from tracegym.models.endpoint import Endpoint, HttpUrl
+from tracegym.models.image_support import takes_images
 
 
 def _listed(value: Any) -> Any:
@@ -79,7 +80,8 @@ class ModelChoice(ClientSettings):
         `api_key_env`."""
         own = weights is not None
         settings = self.model_dump(include=set(ClientSettings.model_fields))
-        settings.update(tokenizer=self.tokenizer or (weights if own else model))
+        settings.update(tokenizer=self.tokenizer or (weights if own else model),
+                        images=self.images if self.images is not None else takes_images(weights or model))
         if own:
             settings.update(api_key_env=None)
         return Endpoint(base_url=base_url, model=model, replicas=tuple(replicas), **settings)

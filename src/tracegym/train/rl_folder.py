@@ -17,6 +17,7 @@
     trainer_metrics.jsonl           the trainer's records: one per step; the first after a resume says from which
                                     checkpoint (`"resumed_from": 8`; `trained_steps`: the records the weights carry)
     traces/step-000007.jsonl        the member traces of step 7's episodes (a single-agent rollout's trace alone)
+    images/<sha256>.png             each image the traces carry, once (their rows name it, `config.image_store`)
     episodes/step-000007.jsonl      step 7's episode records, joined with their traces by id (`config.episode_log`)
     evals/<env>/traces/step-000010.jsonl, evals/<env>/episodes/step-000010.jsonl
                                     the same for a held-out environment's evaluation at step 10 (a folder written
@@ -46,6 +47,7 @@ import msgpack
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tracegym.config.episode_log import EpisodeLog
+from tracegym.config.image_store import ImageStore
 from tracegym.config.run_dir import make_run_dir, read_toml, write_atomic, write_toml
 from tracegym.core.episode import Episode
 from tracegym.core.errors import InfrastructureError, UsageError
@@ -205,6 +207,8 @@ class RLFolder:
         """The trainer's records."""
         self.tripwires = JsonlLog(path / "tripwires.jsonl")
         """The tripwires that fired (`train.tripwire`), one record each."""
+        self.images = ImageStore.of(path)
+        """The images the episode logs' traces carry, each once (`images/`)."""
         self.tracking: Tracking | None = None
         """Where the orchestrator's records and sample traces also go (`track`)."""
 
@@ -398,7 +402,7 @@ class RLFolder:
         episodes = root / EPISODES / name
         if held_out and not episodes.exists() and (root / name).exists():
             episodes = root / name  # written before every run was an episode: the episodes, their traces inside
-        return EpisodeLog(root / TRACES / name, episodes)
+        return EpisodeLog(root / TRACES / name, episodes, images=self.images)
 
     def write_episodes(self, step: int, episodes: Iterable[Episode], held_out: str | None = None,
                        keep: bool = False) -> EpisodeLog:

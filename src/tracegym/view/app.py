@@ -24,7 +24,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from tracegym.config.image_store import ImageStore
 from tracegym.core.errors import UsageError
+from tracegym.core.image_ref import mime_of
 from tracegym.core.trace import Trace
 from tracegym.train.rl_folder import RLFolder
 from tracegym.view.episode_page import episode_page, member_url
@@ -116,6 +118,7 @@ def make_app(index: RunFolderIndex, *, follow: bool = True, any_host: bool = Fal
     app.router.add_get("/api/trace/{n}/node/{node}/text", _api_text)
     app.router.add_get("/api/episode/{n}/member/{member}/node/{node}/text", _api_text)
     app.router.add_get("/api/metrics", _api_metrics)
+    app.router.add_get("/image/{name}", _image)
     app.router.add_static("/static/", STATIC)
     if follow:
         app.cleanup_ctx.append(_follower)
@@ -229,6 +232,17 @@ def _text_asked(request: web.Request, trace: Trace) -> TextPage:
     if unknown or any(len(params.getall(k)) > 1 for k in params):
         raise QueryError(f"the text reader takes page= and part=, each once; not {', '.join(unknown) or 'twice'}")
     return text_page(trace, request.match_info["node"], params.get("part", "text"), params.get("page", "1"))
+
+
+async def _image(request: web.Request) -> web.FileResponse:
+    """A stored image of the run folder (`images/<sha256>.<ext>`): only a hex name with a known extension is
+    looked up (no other path can be named), served with its own type and never sniffed as another."""
+    name = request.match_info["name"]
+    path = ImageStore.of(_viewer(request).index.path).path(name)
+    if path is None:
+        raise RowError(f"no stored image {name[:80]!r} in this run folder", 404)
+    return web.FileResponse(path, headers={"Content-Type": mime_of(name), "X-Content-Type-Options": "nosniff",
+                                           "Cache-Control": "max-age=31536000, immutable"})
 
 
 # --- JSON --------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import re
 from html import escape
 
 from tracegym.core.graph import Node
+from tracegym.core.image_ref import FORMATS, stored_name
 from tracegym.core.messages import ImagePart, Message, ToolCall
 from tracegym.envs.view import PRIVATE_TAG, marked
 
@@ -22,6 +23,8 @@ PRIVATE_TITLE = "private reasoning: never shown to the other members"
 TEXT_CAP = 100_000
 """The most characters of one message's text a page inlines, and of its reasoning and of each tool call's
 arguments apart (one 70k-token tool result is ~300,000); the text reader shows a text this many a page."""
+INLINE_IMAGE_CAP = 2_000_000
+"""The longest data URI of an image inlined in a row that a page shows as the image (a placeholder past it)."""
 PREVIEW_CAP = 10_000
 """What the graph view inlines of a node's message: the conversation on the same page inlines up to
 `TEXT_CAP`, so a long message is not inlined whole twice."""
@@ -140,8 +143,8 @@ def _left_out(part: str, text: str, cap: int, node: Node | None, reader: str | N
 
 
 def _text_html(message: Message, private_tag: str, cap: int) -> str:
-    """The content's first `cap` characters, private runs marked on an assistant's text; images as a placeholder
-    (never fetched)."""
+    """The content's first `cap` characters, private runs marked on an assistant's text; images as `_image_html`
+    shows them."""
     if isinstance(message.content, list):
         parts, left = [], cap
         for p in message.content:
@@ -184,9 +187,23 @@ def _run_html(run: str, private: bool) -> str:
 
 
 def _image_html(part: ImagePart) -> str:
+    """An image the run folder stores (`core.image_ref`) as an `<img>` of the viewer's `/image/NAME`; one inline
+    in the row (a run written before images were stored, another format) as an `<img>` of its data URI when it is
+    one of the stored formats and at most INLINE_IMAGE_CAP characters; anything else (a URL elsewhere: never
+    fetched) as a placeholder."""
     url = part.image_url.get("url", "")
+    name = stored_name(url)
+    if name is not None:
+        return f'<img class="image" src="{escape(image_url(name))}" alt="image {escape(name)}" title="images/{name}"/>'
+    if len(url) <= INLINE_IMAGE_CAP and any(url.startswith(f"data:{mime};base64,") for mime in FORMATS.values()):
+        return f'<img class="image" src="{escape(url)}" alt="inline image"/>'
     shown = "inline data" if url.startswith("data:") else url
     return f'<span class="image">[image: {escape(shown[:200])}]</span>'
+
+
+def image_url(name: str) -> str:
+    """The viewer's URL of a stored image by its file name (`<sha256>.<ext>`)."""
+    return f"/image/{name}"
 
 
 def _call_html(call: ToolCall, left_out: str, cap: int) -> str:
