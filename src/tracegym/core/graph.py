@@ -62,10 +62,10 @@ class Node(Record):
     parse_error: bool = False
     """The reply's markup did not parse (an unclosed or stray `<think>` tag in an episode): the turn stands, its
     tokens stay on the branch, but training gives them no loss."""
-    images: list[ImageSpan] = Field(default_factory=list)
+    images: list[ImageSpan] = Field(default_factory=list, exclude_if=lambda spans: not spans)
     """The placeholder runs of the images among this node's tokens (offsets into `token_ids`), in order; empty on
     a text-only turn."""
-    routed_experts: RoutedExperts | None = None
+    routed_experts: RoutedExperts | None = Field(default=None, exclude_if=lambda routing: routing is None)
     """On an MoE model whose server returned them: the experts the sampler routed each token to, aligned with
     token_ids (the completion's last token was never forwarded: `[]`). The trainer forces the same routing."""
 
