@@ -1,0 +1,88 @@
+"""The Kuhn poker policy a model plays, read from its logprobs of each legal action at each information set.
+
+`infoset_prompts()` renders, by playing the hand up to it through the episode engine, the exact conversation the
+kuhn-poker taskset shows a seat at each of the 12 information sets (its system prompt, the deal's prompt, the
+referee's `observe` lines, and its own earlier action as its assistant turn, written as the bare action word).
+A scorer (outside, it runs the model) gives the summed logprob of each completion text in `action_texts` after
+that prompt; `read_policy` sums each legal action's texts' probabilities, renormalises over the two legal actions
+(the bolder one's share is the strategy `kuhn_exploitability` takes) and keeps the legal mass, so the mass on
+anything else (illegal or other replies) is reported, not dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tracegym.core.messages import Message
+from tracegym.envs.evaluate import run_episode
+from tracegym.envs.registry import load_taskset
+from tracegym.tasksets.kuhn_exploitability import PASSIVE_BOLD, actor, infosets
+from tracegym.tasksets.kuhn_poker import CARDS
+from tracegym.testing import ScriptedModel
+
+SEAT_IDS = ("player_0", "player_1")
+
+
+def action_texts(action: str) -> tuple[str, ...]:
+    """The completion texts that count as `action`: the word as the referee lists it and capitalised."""
+    return (action, action.capitalize())
+
+
+def other_card(card: str) -> str:
+    """A card the other seat may hold (the prompt must not depend on which)."""
+    return next(c for c in CARDS if c != card)
+
+
+async def infoset_prompt(history: str, card: str, other: str | None = None) -> list[Message]:
+    """The messages the seat to act after `history` is shown holding `card` (the other seat holds `other`)."""
+    seat = SEAT_IDS[actor(history)]
+    cards = {seat: card, SEAT_IDS[1 - actor(history)]: other or other_card(card)}
+    moves = iter([*history.split(), PASSIVE_BOLD[history][0]])
+    model = ScriptedModel(rule=lambda _request: next(moves))
+    taskset = load_taskset("kuhn-poker")
+    await run_episode(taskset, taskset.as_data({"prompt": "A new hand begins.", "cards": cards, "id": "infoset"}),
+                      model)
+    request = model.requests[len(history.split())]
+    return list(request.messages)
+
+
+async def infoset_prompts() -> dict[tuple[str, str], list[Message]]:
+    """The prompt at each of the 12 information sets, (history, card) -> messages."""
+    return {key: await infoset_prompt(*key) for key in infosets()}
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """A policy read from logprobs: the strategy over legal actions and, per information set, the legal mass."""
+
+    strategy: dict[tuple[str, str], float]
+    """(history, card) -> the bolder action's share of the legal actions' probability."""
+    legal_mass: dict[tuple[str, str], float]
+    """(history, card) -> the probability of the legal actions' texts together (1 - this: anything else)."""
+
+    @property
+    def other_mass(self) -> float:
+        """The mean, over the 12 information sets, of the probability on anything but a legal action's texts."""
+        return sum(1 - m for m in self.legal_mass.values()) / len(self.legal_mass)
+
+
+def read_policy(logprobs: Mapping[tuple[str, str], Mapping[str, float]]) -> ReadPolicy:
+    """The policy from each information set's summed logprobs of the completion texts of `action_texts`."""
+    strategy, legal = {}, {}
+    for key in infosets():
+        passive, bold = (action_probability(logprobs[key], a) for a in PASSIVE_BOLD[key[0]])
+        if passive + bold <= 0:
+            raise ValueError(f"information set {key}: no probability on either legal action")
+        strategy[key], legal[key] = bold / (passive + bold), passive + bold
+    return ReadPolicy(strategy, legal)
+
+
+def action_probability(logprobs: Mapping[str, float], action: str) -> float:
+    """The probability of `action`: the sum over its completion texts."""
+    texts: Sequence[str] = action_texts(action)
+    missing = [t for t in texts if t not in logprobs]
+    if missing:
+        raise ValueError(f"no logprob for completion {missing[0]!r}")
+    return sum(math.exp(logprobs[t]) for t in texts)

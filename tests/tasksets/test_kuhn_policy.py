@@ -1,0 +1,49 @@
+"""Reading a Kuhn poker policy from logprobs: the prompts at the 12 information sets and the renormalisation."""
+
+import math
+
+import pytest
+
+from tracegym.tasksets.kuhn_exploitability import exploitability, infosets
+from tracegym.tasksets.kuhn_poker import NASH
+from tracegym.tasksets.kuhn_policy import infoset_prompt, infoset_prompts, read_policy
+
+
+async def test_the_prompt_at_an_information_set_does_not_depend_on_the_other_card():
+    assert await infoset_prompt("bet", "Q", other="J") == await infoset_prompt("bet", "Q", other="K")
+
+
+async def test_each_information_set_ends_with_what_the_referee_tells_that_seat():
+    prompts = await infoset_prompts()
+    assert len(prompts) == 12
+    assert prompts[("check bet", "K")][-1].text == ("Your card: K. So far: player_0 checks; player_1 bets. Your move: "
+                                                    "call or fold?")
+    assert prompts[("check bet", "K")][0].text.startswith("You are player_0.")
+    assert prompts[("check", "J")][0].text.startswith("You are player_1.")
+    assert [m.text for m in prompts[("check bet", "K")] if m.role == "assistant"] == ["check"]
+
+
+def table(bold: dict[tuple[str, str], float], legal: float) -> dict[tuple[str, str], dict[str, float]]:
+    """Logprobs giving each information set's bolder action `bold` of `legal` mass, split over both spellings."""
+    words = {"": ("check", "bet"), "check": ("check", "bet"), "bet": ("fold", "call"), "check bet": ("fold", "call")}
+    out = {}
+    for (history, card), chance in bold.items():
+        passive, aggressive = words[history]
+        half = {passive: legal * (1 - chance) / 2, aggressive: legal * chance / 2}
+        out[(history, card)] = {t: math.log(p) if p else -math.inf for w, p in half.items()
+                                for t in (w, w.capitalize())}
+    return out
+
+
+def test_read_policy_renormalises_over_legal_actions_and_reports_the_rest():
+    read = read_policy(table({k: float(v) if 0 < v < 1 else (0.999 if v else 0.001) for k, v in NASH.items()},
+                             legal=0.2))
+    assert read.strategy[("check bet", "Q")] == pytest.approx(2 / 3)
+    assert read.other_mass == pytest.approx(0.8)
+    assert exploitability(read.strategy) < 0.01
+
+
+def test_a_missing_completion_is_named():
+    logprobs = {key: {"check": -1.0, "bet": -1.0, "call": -1.0, "fold": -1.0} for key in infosets()}
+    with pytest.raises(ValueError, match="no logprob for completion 'Check'"):
+        read_policy(logprobs)
