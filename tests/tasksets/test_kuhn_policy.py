@@ -4,9 +4,12 @@ import math
 
 import pytest
 
+from tracegym.envs.evaluate import run_episode
+from tracegym.envs.registry import load_taskset
 from tracegym.tasksets.kuhn_exploitability import exploitability, infosets
 from tracegym.tasksets.kuhn_poker import NASH
-from tracegym.tasksets.kuhn_policy import infoset_prompt, infoset_prompts, read_policy
+from tracegym.tasksets.kuhn_policy import infoset_prompt, infoset_prompts, observed_moves, read_policy
+from tracegym.testing import ScriptedModel
 
 
 async def test_the_prompt_at_an_information_set_does_not_depend_on_the_other_card():
@@ -47,3 +50,22 @@ def test_a_missing_completion_is_named():
     logprobs = {key: {"check": -1.0, "bet": -1.0, "call": -1.0, "fold": -1.0} for key in infosets()}
     with pytest.raises(ValueError, match="no logprob for completion 'Check'"):
         read_policy(logprobs)
+
+
+async def hand_trace(cards: dict[str, str], p0: list[str], p1: list[str]):
+    said = {"player_0": iter(p0), "player_1": iter(p1)}
+    model = ScriptedModel(rule=lambda r: next(said[r.messages[0].text.split()[2].rstrip(".")]))
+    taskset = load_taskset("kuhn-poker")
+    return await run_episode(taskset, taskset.as_data({"prompt": "A new hand begins.", "cards": cards, "id": "h"}),
+                             model)
+
+
+async def test_observed_moves_reads_each_decision_as_the_referee_did():
+    episode = await hand_trace({"player_0": "Q", "player_1": "K"}, ["I will check", "hmm", "call it"], ["Bet."])
+    assert observed_moves(episode.traces["player_0"]) == [(("", "Q"), "check"), (("check bet", "Q"), "call")]
+    assert observed_moves(episode.traces["player_1"]) == [(("check", "K"), "bet")]
+
+
+async def test_a_forfeit_is_an_observed_move_of_none():
+    episode = await hand_trace({"player_0": "J", "player_1": "K"}, ["raise", "all in", "no"], [])
+    assert observed_moves(episode.traces["player_0"]) == [(("", "J"), None)]

@@ -6,16 +6,20 @@ referee's `observe` lines, and its own earlier action as its assistant turn, wri
 A scorer (outside, it runs the model) gives the summed logprob of each completion text in `action_texts` after
 that prompt; `read_policy` sums each legal action's texts' probabilities, renormalises over the two legal actions
 (the bolder one's share is the strategy `kuhn_exploitability` takes) and keeps the legal mass, so the mass on
-anything else (illegal or other replies) is reported, not dropped.
+anything else (illegal or other replies) is reported, not dropped. `observed_moves` reads, from a played
+trace, the move a seat made at each information set it met (the referee's rule: the last legal action word of
+its first reply that has one; None when it forfeited), for a policy estimated from sampled play.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tracegym.core.messages import Message
+from tracegym.core.trace import Trace
 from tracegym.envs.evaluate import run_episode
 from tracegym.envs.registry import load_taskset
 from tracegym.tasksets.kuhn_exploitability import PASSIVE_BOLD, actor, infosets
@@ -86,3 +90,35 @@ def action_probability(logprobs: Mapping[str, float], action: str) -> float:
     if missing:
         raise ValueError(f"no logprob for completion {missing[0]!r}")
     return sum(math.exp(logprobs[t]) for t in texts)
+
+
+OBSERVE = re.compile(r"Your card: ([JQK])\. So far: (.*)\. Your move: (\w+) or (\w+)\?")
+"""What the referee tells a seat before it acts (`KuhnPokerTask.observe`)."""
+
+
+def history_of(so_far: str) -> str:
+    """The actions in an `observe` line's "So far" text (`player_0 checks; player_1 bets` -> `check bet`)."""
+    if so_far == "nobody has acted yet":
+        return ""
+    return " ".join(part.split()[1].removesuffix("s") for part in so_far.split("; "))
+
+
+def observed_moves(trace: Trace) -> list[tuple[tuple[str, str], str | None]]:
+    """(information set, move) for each decision in a played trace; move None for a forfeit."""
+    out: list[tuple[tuple[str, str], str | None]] = []
+    key: tuple[str, str] | None = None
+    legal: tuple[str, ...] = ()
+    for message in trace.messages:
+        seen = OBSERVE.search(message.text) if message.role == "user" else None
+        if seen:
+            if key is not None:
+                out.append((key, None))  # never settled: cannot happen in a finished hand; kept as a forfeit
+            key, legal = (history_of(seen.group(2)), seen.group(1)), (seen.group(3), seen.group(4))
+        elif message.role == "assistant" and key is not None:
+            chosen = [w for w in re.findall(r"[a-z]+", message.text.lower()) if w in legal]
+            if chosen:
+                out.append((key, chosen[-1]))
+                key = None
+    if key is not None:
+        out.append((key, None))
+    return out
