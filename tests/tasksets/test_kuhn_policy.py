@@ -69,3 +69,14 @@ async def test_observed_moves_reads_each_decision_as_the_referee_did():
 async def test_a_forfeit_is_an_observed_move_of_none():
     episode = await hand_trace({"player_0": "J", "player_1": "K"}, ["raise", "all in", "no"], [])
     assert observed_moves(episode.traces["player_0"]) == [(("", "J"), None)]
+
+
+async def test_the_prompt_is_what_a_model_in_that_seat_is_shown():
+    replies = {"player_0": iter(["check", "fold"]), "player_1": iter(["bet"])}
+    episode_model = ScriptedModel(rule=lambda r: next(replies[r.messages[0].text.split()[2].rstrip(".")]))
+    taskset = load_taskset("kuhn-poker")
+    row = taskset.as_data({"prompt": "A new hand begins.", "cards": {"player_0": "Q", "player_1": "J"}, "id": "h"})
+    await run_episode(taskset, row, episode_model)
+    shown = [list(r.messages) for r in episode_model.requests]  # player_0 at "", player_1 at "check", player_0 again
+    assert shown == [await infoset_prompt("", "Q"), await infoset_prompt("check", "J"),
+                     await infoset_prompt("check bet", "Q")]

@@ -1,8 +1,8 @@
 """The Kuhn poker policy a model plays, read from its logprobs of each legal action at each information set.
 
-`infoset_prompts()` renders, by playing the hand up to it through the episode engine, the exact conversation the
-kuhn-poker taskset shows a seat at each of the 12 information sets (its system prompt, the deal's prompt, the
-referee's `observe` lines, and its own earlier action as its assistant turn, written as the bare action word).
+`infoset_prompts()` renders, by playing the hand up to it through the episode engine with scripted seats, the
+exact conversation the kuhn-poker taskset shows a seat at each of the 12 information sets (its system prompt, the
+deal's prompt, the referee's `observe` lines, its own earlier action as its assistant turn, the bare word).
 A scorer (outside, it runs the model) gives the summed logprob of each completion text in `action_texts` after
 that prompt; `read_policy` sums each legal action's texts' probabilities, renormalises over the two legal actions
 (the bolder one's share is the strategy `kuhn_exploitability` takes) and keeps the legal mass, so the mass on
@@ -17,16 +17,19 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from tracegym.core.messages import Message
 from tracegym.core.trace import Trace
-from tracegym.envs.evaluate import run_episode
+from tracegym.envs.evaluate import ModelArg, run_episode
 from tracegym.envs.registry import load_taskset
+from tracegym.envs.seats import Seat
 from tracegym.tasksets.kuhn_exploitability import PASSIVE_BOLD, actor, infosets
 from tracegym.tasksets.kuhn_poker import CARDS
-from tracegym.testing import ScriptedModel
 
 SEAT_IDS = ("player_0", "player_1")
+OBSERVE = re.compile(r"Your card: ([JQK])\. So far: (.*)\. Your move: (\w+) or (\w+)\?")
+"""What the referee tells a seat before it acts (`KuhnPokerTask.observe`)."""
 
 
 def action_texts(action: str) -> tuple[str, ...]:
@@ -39,17 +42,23 @@ def other_card(card: str) -> str:
     return next(c for c in CARDS if c != card)
 
 
+REACH = {"": ("always-check", "always-bet"), "check": ("always-check", "always-bet"),
+         "check bet": ("always-check", "always-bet"), "bet": ("always-bet", "always-check")}
+"""Per history, the scripts of (player_0, player_1) whose hand passes through it."""
+
+
 async def infoset_prompt(history: str, card: str, other: str | None = None) -> list[Message]:
-    """The messages the seat to act after `history` is shown holding `card` (the other seat holds `other`)."""
+    """The messages the seat to act after `history` is shown holding `card` (the other seat holds `other`): the
+    hand played by scripted seats up to there, the seat's trace cut after the referee's line for that decision."""
     seat = SEAT_IDS[actor(history)]
     cards = {seat: card, SEAT_IDS[1 - actor(history)]: other or other_card(card)}
-    moves = iter([*history.split(), PASSIVE_BOLD[history][0]])
-    model = ScriptedModel(rule=lambda _request: next(moves))
+    seats = {member: Seat(script=script) for member, script in zip(SEAT_IDS, REACH[history], strict=True)}
     taskset = load_taskset("kuhn-poker")
-    await run_episode(taskset, taskset.as_data({"prompt": "A new hand begins.", "cards": cards, "id": "infoset"}),
-                      model)
-    request = model.requests[len(history.split())]
-    return list(request.messages)
+    row = taskset.as_data({"prompt": "A new hand begins.", "cards": cards, "id": "infoset"})
+    episode = await run_episode(taskset, row, cast("ModelArg", None), seats=seats)  # every seat is scripted
+    messages = episode.traces[seat].messages
+    decisions = [i for i, m in enumerate(messages) if m.role == "user" and OBSERVE.search(m.text)]
+    return list(messages[:decisions[len(history.split()) // 2] + 1])
 
 
 async def infoset_prompts() -> dict[tuple[str, str], list[Message]]:
@@ -90,10 +99,6 @@ def action_probability(logprobs: Mapping[str, float], action: str) -> float:
     if missing:
         raise ValueError(f"no logprob for completion {missing[0]!r}")
     return sum(math.exp(logprobs[t]) for t in texts)
-
-
-OBSERVE = re.compile(r"Your card: ([JQK])\. So far: (.*)\. Your move: (\w+) or (\w+)\?")
-"""What the referee tells a seat before it acts (`KuhnPokerTask.observe`)."""
 
 
 def history_of(so_far: str) -> str:
