@@ -11,7 +11,7 @@ the player forfeits, which costs it what a fold would (the chips it put in; the 
 the game's known value: at a Nash equilibrium `player_0` wins -1/18 chips a hand. Metric: `won`.
 
 Scripted players (a seat's `script`): `random` (a uniformly random legal action), `nash` (the equilibrium with
-alpha = 1/3, `NASH`) and `always-bet` (bets, or calls a bet).
+alpha = 1/3, `NASH`), `always-bet` (bets, or calls a bet) and `always-check` (checks, or folds to a bet).
 
 How it is written, as a template for your own game: `KuhnPokerTask(MultiAgentTask[KuhnDeal])` lists its two
 `seats`, yields whoever acts next from `schedule()` until `over`, keeps the game on the instance (one per episode),
@@ -80,6 +80,11 @@ def always_bet(task: MultiAgentTask, member: str, rng: random.Random) -> str:
     return bold_or_not(task, member, True)
 
 
+def always_check(task: MultiAgentTask, member: str, rng: random.Random) -> str:
+    """Checks, or folds to a bet."""
+    return bold_or_not(task, member, False)
+
+
 def bold_or_not(task: MultiAgentTask, member: str, bold: bool) -> str:
     """The bolder legal action (bet, call) or the other (check, fold)."""
     passive, aggressive = sorted(cast("KuhnPokerTask", task).legal(), key=("check", "fold", "bet", "call").index)
@@ -92,7 +97,7 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
     seats = SEATS
     public_outputs = False  # the referee narrates each action; a player's words beyond it are not the game
     move_retries = 2
-    scripts = {"nash": nash, "always-bet": always_bet}
+    scripts = {"nash": nash, "always-bet": always_bet, "always-check": always_check}
 
     def __init__(self, data: KuhnDeal, **options: object) -> None:
         super().__init__(data, **options)
