@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sft_reverse_text import draw_held_out, evaluations, examples, figure, fmt, gains, overlap, table
+from sft_reverse_text import draw_held_out, evaluations, examples, figure, fmt, gains, overlap_line, table
 
 from tracegym.train.rl_folder import RLFolder
 
@@ -65,8 +65,7 @@ def main() -> None:
     shared = teacher_last.keys() & evals[max(evals)].keys()
     print(f"teacher (step {max(teacher)} of {args.teacher_run}) on the same {len(shared)} held-out tasks: "
           f"exact match {fmt(figure({k: teacher_last[k] for k in shared}))}")
-    phrases, same, reordered = overlap(args.run_dir, evals[max(evals)])
-    print(f"student's training phrases: {phrases}; held-out among them: {same}; reorderings: {reordered}")
+    print(overlap_line("student's ", args.run_dir, evals[max(evals)]))
     print("\n".join(table(evals)))
     print("\n".join(gains(evals)))
     steps = kl_steps(args.run_dir)

@@ -62,16 +62,25 @@ def paired_gain(before: Evaluation, after: Evaluation, score: Any = exact) -> Me
     return mean_ci([score(after[k]) - score(before[k]) for k in shared])
 
 
-def overlap(run_dir: Path, evaluation: Evaluation) -> tuple[int, int, int]:
+def overlap(run_dir: Path, evaluation: Evaluation) -> tuple[int, int, int, int]:
     """(training phrases, held-out phrases among them, held-out phrases whose words in another order are among
-    them), over every training env of the run."""
+    them, held-out phrases inside a longer training phrase), over every training env of the run."""
     config = load_config(run_dir)
     phrases = {str(row.prompt) for env in config.orchestrator.train.envs
                for row in load_taskset(env.id, dict(env.options))}
     word_sets = {tuple(sorted(p.split())) for p in phrases}
     held_out = {str(t.task.prompt) for t in evaluation.values()}
+    padded = [f" {p} " for p in phrases]
     return (len(phrases), len(held_out & phrases),
-            sum(tuple(sorted(p.split())) in word_sets for p in held_out))
+            sum(tuple(sorted(p.split())) in word_sets for p in held_out),
+            sum(any(f" {p} " in q for q in padded) for p in held_out))
+
+
+def overlap_line(name: str, run_dir: Path, evaluation: Evaluation) -> str:
+    phrases, same, reordered, inside = overlap(run_dir, evaluation)
+    return (f"{name}training phrases: {phrases} distinct; held-out phrases among them: {same}; reorderings among "
+            f"them: {reordered}; held-out phrases inside a longer training phrase (shared words): {inside} of "
+            f"{len({t.task.prompt for t in evaluation.values()})}")
 
 
 def fmt(estimate: MeanCI) -> str:
@@ -171,8 +180,7 @@ def main() -> None:
     evals = evaluations(args.run_dir)
     trainer = RLFolder(args.run_dir).trainer_metrics.read()
     last = evals[max(evals)]
-    phrases, same, reordered = overlap(args.run_dir, last)
-    print(f"training phrases: {phrases}; held-out phrases among them: {same}; reorderings among them: {reordered}")
+    print(overlap_line("", args.run_dir, last))
     print("\n".join(table(evals)))
     print("\n".join(gains(evals)))
     print("\n".join(trainer_lines(trainer)))

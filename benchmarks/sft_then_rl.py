@@ -22,7 +22,7 @@ from sft_reverse_text import (
     examples,
     fmt,
     gains,
-    overlap,
+    overlap_line,
     paired_gain,
     signed,
     table,
@@ -61,8 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     sft, rl = evaluations(args.sft_run), evaluations(args.rl_run)
     for name, run, evals in (("SFT", args.sft_run, sft), ("RL", args.rl_run, rl)):
-        phrases, same, reordered = overlap(run, evals[max(evals)])
-        print(f"{name} training phrases: {phrases}; held-out among them: {same}; reorderings: {reordered}")
+        print(overlap_line(f"{name} ", run, evals[max(evals)]))
     print("SFT stage:\n" + "\n".join(table(sft)))
     print("RL stage (step 0 = the SFT checkpoint):\n" + "\n".join(table(rl)))
     print("RL stage: " + "; ".join(gains(rl)))
