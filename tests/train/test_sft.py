@@ -24,7 +24,8 @@ from tracegym.models.token_client import TokenClient
 from tracegym.serve.local_server import local_server
 from tracegym.testing import FakeOpenAIServer, make_episode, make_trace, reply, tool_call
 from tracegym.testing.oracle import oracle_server
-from tracegym.train.loss import cross_entropy_loss
+from tracegym.train.lm_head import head_hits
+from tracegym.train.loss import cross_entropy_loss, token_hits
 from tracegym.train.regeneration import EmptyBatch
 from tracegym.train.rl_config import RLConfig, parse_rl_args
 from tracegym.train.rl_folder import Endpoints, RLFolder
@@ -320,3 +321,26 @@ def test_a_cross_entropy_step_logs_its_perplexity_and_no_ratio_figures():
                   "ratio_mean": 0.0, "abs_log_ratio_mean": 0.0, "samples": 2.0}
     assert sft_metrics(rl_figures) == {"loss": math.log(4), "grad_norm": 1.0, "tokens": 8.0, "samples": 2.0,
                                        "perplexity": pytest.approx(4.0)}
+
+
+def test_cross_entropy_counts_the_loss_tokens_that_are_the_most_likely_token():
+    hits = torch.tensor([[True, False, True]])
+    _, stats = cross_entropy_loss(torch.zeros(1, 3), torch.tensor([[True, True, False]]), hits=hits)
+    assert stats == {"tokens": 2.0, "correct": 1.0}
+
+
+def test_token_hits_from_the_hidden_states_match_those_from_the_logits():
+    generator = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 5, 8, generator=generator), torch.randn(11, 8, generator=generator)
+    sources = torch.tensor([[0, 1, 2], [3, 4, 4]])
+    logits = hidden @ weight.T
+    targets = torch.stack([logits[0, 0].argmax(), torch.tensor(3), logits[0, 2].argmax(), torch.tensor(0),
+                           logits[1, 4].argmax(), torch.tensor(5)]).view(2, 3)
+    expected = token_hits(logits, sources, targets)
+    assert head_hits(hidden, weight, sources, targets).equal(expected)
+    assert expected[0, 0] and expected[0, 2] and expected[1, 1]
+
+
+def test_a_cross_entropy_step_logs_its_token_accuracy():
+    figures = {"loss": 1.0, "grad_norm": 1.0, "tokens": 8.0, "token_accuracy": 0.75}
+    assert sft_metrics(figures)["token_accuracy"] == 0.75

@@ -1,12 +1,17 @@
 """Reverse text: reverse a short generated phrase character by character; reward is the LCS ratio (or, with
 `reward = "exact"`, exact reversal only, which an echo of the phrase cannot partly earn); the metric `exact` says
-whether the reply was the exact reversal either way."""
+whether the reply was the exact reversal either way. With `split = "train"` or `"held_out"` a seed's phrases come
+from one side of a fixed partition of all phrases (by a hash of their words, order ignored), so a run's held-out
+tasks are unseen by construction."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from typing import Any, Literal
+
+from pydantic import Field
 
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
@@ -76,6 +81,11 @@ class ReverseTextConfig(TasksetConfig):
     reward: Literal["lcs", "exact"] = "lcs"
     """`lcs`: the longest-common-subsequence ratio with the reversal (partial credit; an echo of the phrase earns
     ~0.35 of it); `exact`: 1.0 for the exact reversal, else 0.0."""
+    split: Literal["all", "train", "held_out"] = "all"
+    """`all`: any phrase; `train` / `held_out`: only phrases on that side of `phrase_split` (the same partition for
+    every seed), so training and held-out tasks share no phrase, nor the same words in another order."""
+    held_out_percent: int = Field(default=20, ge=1, le=99)
+    """The share of word combinations on the `held_out` side, in percent."""
 
 
 class ReverseTask(Task[TaskData, ReverseTextConfig]):
@@ -104,9 +114,21 @@ class ExactReverseTask(ReverseTask):
         return self.reversed_exactly(trace)
 
 
+def phrase_split(text: str, held_out_percent: int) -> Literal["train", "held_out"]:
+    """Which side of the fixed train/held-out partition a phrase is on: decided by a hash of its words sorted, so
+    a phrase and its near-duplicates (the same words in another order) are on the same side, whatever the seed."""
+    key = " ".join(sorted(text.split())).encode()
+    bucket = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % 100
+    return "held_out" if bucket < held_out_percent else "train"
+
+
 def make_row(rng: random.Random, cfg: ReverseTextConfig, index: int) -> TaskData:
-    """One phrase of `min_words` to `max_words` words and its reversal."""
-    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(cfg.min_words, cfg.max_words)))
+    """One phrase of `min_words` to `max_words` words (on the `split` side, drawn again until it is) and its
+    reversal."""
+    while True:
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(cfg.min_words, cfg.max_words)))
+        if cfg.split == "all" or phrase_split(text, cfg.held_out_percent) == cfg.split:
+            break
     return TaskData(id=f"reverse-{cfg.seed}-{index}", prompt=text, system_prompt=SYSTEM, answer=text[::-1])
 
 

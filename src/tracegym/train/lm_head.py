@@ -75,3 +75,19 @@ def _expected_embedding(states: torch.Tensor, weight: torch.Tensor, inv_temp: to
         probs = logits.sub_(lse[start:end, None]).exp_()
         torch.mm(probs, weight, out=expected[start:end])
     return expected, lse
+
+
+@torch.no_grad()
+def head_hits(hidden: torch.Tensor, weight: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor,
+              ) -> torch.Tensor:
+    """[B, K] whether each target token is the most likely one under `hidden[b, sources[b, k]] @ weight.T`
+    (`loss.token_hits` of the logits), a chunk of positions at a time."""
+    batch, length, _ = hidden.shape
+    flat = sources + torch.arange(batch, device=sources.device)[:, None] * length
+    positions, inverse = torch.unique(flat.flatten(), return_inverse=True)
+    states = hidden.detach().flatten(0, 1)[positions].float()
+    frozen = weight.float()
+    best = torch.empty(states.shape[0], dtype=torch.long, device=states.device)
+    for start in range(0, states.shape[0], CHUNK):
+        best[start:start + CHUNK] = (states[start:start + CHUNK] @ frozen.T).argmax(-1)
+    return (best[inverse] == targets.flatten()).view_as(targets)

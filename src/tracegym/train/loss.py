@@ -78,12 +78,22 @@ def policy_gradient_loss(
     return loss, stats
 
 
-def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor,
-                       num_tokens: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def cross_entropy_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, num_tokens: int | None = None,
+                       hits: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean negative log-likelihood of the loss tokens of one micro-batch ([B, K] tensors), divided by the
     step's loss tokens (`num_tokens`, default this micro-batch's) so every token weighs the same, and its sums
-    (`tokens`) for metrics: the policy-gradient loss's counterpart."""
+    for metrics: `tokens`, and with `hits` ([B, K] bool: `token_hits`) `correct`, the loss tokens that are
+    their position's most likely token. The policy-gradient loss's counterpart."""
     mask = loss_mask.bool()
     denominator = num_tokens if num_tokens is not None else int(mask.sum())
     loss = torch.where(mask, -logprobs, torch.zeros_like(logprobs)).sum() / max(denominator, 1)
-    return loss, {"tokens": float(mask.sum())}
+    stats = {"tokens": float(mask.sum())}
+    if hits is not None:
+        stats["correct"] = float((hits & mask).sum())
+    return loss, stats
+
+
+def token_hits(logits: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[B, K] whether each target token is the most likely one under `logits[b, sources[b, k]]` (what greedy
+    decoding would emit there; any temperature leaves it the same)."""
+    return logits.detach().argmax(-1).gather(1, sources) == targets

@@ -45,8 +45,8 @@ from tracegym.train.data_parallel import (
     shard_like,
     sharded_optimizer_state,
 )
-from tracegym.train.lm_head import head_logprobs
-from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_logprobs
+from tracegym.train.lm_head import head_hits, head_logprobs
+from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_hits, token_logprobs
 from tracegym.train.malloc import Malloc
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ COMPILED_MEMORY_BUDGET = 0.7
 (`torch._functorch.config.activation_memory_budget`); it recomputes the rest, mostly pointwise ops. On
 `benchmarks/trainer_step.py`'s batch, one run each: at 0.7 2.37 s and 1623 MB peak RSS, at 1.0 (keep all) 2.47 s
 and 1842 MB, at 0.5 2.69 s and 1586 MB."""
-LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio")
+LOSS_SUMS = ("loss", "tokens", "masked_low", "masked_high", "ratio", "abs_log_ratio", "correct")
 """The per-micro-batch sums a step adds up (over micro-batches, then over ranks, in this order)."""
 
 
@@ -203,7 +203,8 @@ class Trainer:
         seconds = time.perf_counter() - start
         metrics = _metrics(step_sums, grad_norm, len(samples), int(totals[-1]), self.version, seconds)
         if self.config.objective == "cross_entropy":  # no sampler to compare with: a likelihood's own figures
-            metrics = sft_metrics(metrics)
+            accuracy = step_sums["correct"] / max(step_sums["tokens"], 1.0)
+            metrics = sft_metrics({**metrics, "token_accuracy": accuracy})
         return {**metrics, "ranks": float(self.dp.world)}
 
     def _micro_batches(self, samples: Sequence[Sample]) -> list[MicroBatch]:
@@ -213,24 +214,30 @@ class Trainer:
         return [collate(group, self.pad_id).to(self.dp.device) for group in pack(share, self.config.micro_batch_tokens)]
 
     def _loss(self, batch: MicroBatch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs = self._logprobs(batch)
         if self.config.objective == "cross_entropy":
-            return cross_entropy_loss(logprobs, batch.loss_mask, num_tokens)
-        return policy_gradient_loss(logprobs, batch.sampler_logprobs, batch.advantages, batch.loss_mask,
-                                    self.loss_config, num_tokens)
+            logprobs, hits = self._scored(batch, hits=True)
+            return cross_entropy_loss(logprobs, batch.loss_mask, num_tokens, hits)
+        return policy_gradient_loss(self._logprobs(batch), batch.sampler_logprobs, batch.advantages,
+                                    batch.loss_mask, self.loss_config, num_tokens)
 
     def _logprobs(self, batch: MicroBatch) -> torch.Tensor:
         """[B, K] logprobs of the micro-batch's target tokens at each row's temperature."""
+        return self._scored(batch)[0]
+
+    def _scored(self, batch: MicroBatch, hits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_logprobs`, and with `hits` whether each target is the position's most likely token ([B, K] bool)."""
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids, "use_cache": False}
         if self.head is not None:
             with self._compiled(), self._replayed(batch):
                 hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
-            return head_logprobs(hidden, self.head.weight, batch.sources, batch.target_ids, batch.temperatures)
+            logprobs = head_logprobs(hidden, self.head.weight, batch.sources, batch.target_ids, batch.temperatures)
+            return logprobs, head_hits(hidden, self.head.weight, batch.sources, batch.target_ids) if hits else None
         with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16), \
                 self._compiled(), self._replayed(batch):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
-        return token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
+        logprobs = token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
+        return logprobs, token_hits(logits, batch.sources, batch.target_ids) if hits else None
 
     def _replayed(self, batch: MicroBatch) -> contextlib.AbstractContextManager[None]:
         """Where an MoE model routes each position to the experts its sampler chose (`models.expert_routing`), when the
@@ -396,7 +403,8 @@ RATIO_METRICS = ("masked_low_frac", "masked_high_frac", "ratio_mean", "abs_log_r
 
 
 def sft_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """A cross-entropy step's metrics: its loss is the mean NLL of the loss tokens, and `perplexity` its exp; the
+    """A cross-entropy step's metrics: its loss is the mean NLL of the loss tokens, `perplexity` its exp (and
+    `token_accuracy`, when given, the share of loss tokens that are their position's most likely token); the
     ratio figures, which it has not, are left out (not logged as 0)."""
     out = {k: v for k, v in metrics.items() if k not in RATIO_METRICS}
     return {**out, "perplexity": math.exp(min(metrics["loss"], 700.0))}
