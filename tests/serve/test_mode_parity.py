@@ -22,7 +22,6 @@ import pytest
 from serve_helpers import running_server
 
 from tracegym import Endpoint, Sampling, evaluate, load_taskset, run_rollout
-from tracegym.core.messages import Message
 from tracegym.core.trace import Trace
 from tracegym.envs.rollout import LOOP_METRICS
 from tracegym.interop import trl
@@ -108,14 +107,10 @@ def taskset_id(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def traces_of(taskset_id: str, endpoint: Endpoint) -> list[Trace]:
-    return asyncio.run(evaluate(load_taskset(taskset_id, TASKSETS[taskset_id]), endpoint, num_tasks=NUM_TASKS,
-                                sampling=SAMPLING))
-
-
 @pytest.fixture(scope="module")
 def in_process(taskset_id: str, endpoint: Endpoint) -> list[Trace]:
-    return traces_of(taskset_id, endpoint)
+    return asyncio.run(evaluate(load_taskset(taskset_id, TASKSETS[taskset_id]), endpoint, num_tasks=NUM_TASKS,
+                                sampling=SAMPLING))
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +150,7 @@ def openenv(taskset_id: str, endpoint: Endpoint) -> tuple[list[Trace], list[Trac
         async def run() -> list[Trace]:
             return [await run_rollout(client, OpenEnvData(id=key, prompt="", reset={"key": key}), endpoint,
                                       sampling=SAMPLING) for key in keys]
-        played = run()
-        agent = asyncio.run(played)
+        agent = asyncio.run(run())
     served = {s.trace.task_key: s.trace for s in server.sessions if s.trace is not None}
     return agent, [served[key] for key in keys]
 
@@ -178,7 +172,10 @@ def trl_traces(taskset_id: str) -> list[Trace]:
         if added is not None:
             prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + added}
         completion, sampled = trl_tool_loop(environment, prompt, model)
-        prompts.append(prompt), completions.append(completion), ids.append(sampled), environments.append(environment)
+        prompts.append(prompt)
+        completions.append(completion)
+        ids.append(sampled)
+        environments.append(environment)
     for function in trl.reward_functions(taskset):
         function(prompts=prompts, completions=completions, completion_ids=ids, environments=environments)
     return [environment._trace for environment in environments]
@@ -222,7 +219,7 @@ def content(trace: Trace, *, tokens: bool = True, scores: bool = True, parsed_ar
         m = node.message
         calls = [(positions.setdefault(c.id, len(positions)), c.name,
                   json.loads(c.arguments) if parsed_arguments else c.arguments) for c in m.tool_calls]
-        nodes.append({"role": m.role, "content": _text(m) if text_content else m.content, "calls": calls,
+        nodes.append({"role": m.role, "content": m.text if text_content else m.content, "calls": calls,
                       "answers": positions.get(m.tool_call_id) if m.tool_call_id else None, "name": m.name,
                       "sampled": node.sampled,
                       **({"tokens": (node.token_ids, node.mask, node.logprobs)} if tokens else {})})
@@ -232,10 +229,6 @@ def content(trace: Trace, *, tokens: bool = True, scores: bool = True, parsed_ar
         out |= {"rewards": {k: (r.score, r.weight) for k, r in trace.rewards.items()}, "metrics": metrics,
                 "stop": (trace.stop_reason, trace.stopped_by), "errors": [(e.kind, e.stage) for e in trace.errors]}
     return out
-
-
-def _text(message: Message) -> str:
-    return message.text
 
 
 def test_the_policy_scores_differently_across_tasks_so_parity_is_not_all_equal(in_process, taskset_id):
@@ -258,6 +251,7 @@ def test_openenv_client_traces_equal_in_process_traces(in_process, openenv):
     assert [(t.reward, t.stop_reason, t.stopped_by) for t in agent] == [(t.reward, t.stop_reason, t.stopped_by)
                                                                         for t in in_process]
     assert [t.metrics.get("tool_calls") for t in agent] == [t.metrics.get("tool_calls") for t in in_process]
+    assert [(t.model, t.sampling, t.usage) for t in agent] == [(t.model, t.sampling, t.usage) for t in in_process]
 
 
 def test_openenv_served_rollouts_equal_in_process_traces(in_process, openenv):
