@@ -59,7 +59,7 @@ def run(output_dir: Path, steps: int, tasks_per_step: int) -> None:
 
 def held_out(folder: RLFolder, step: int) -> dict[str, float]:
     """Each held-out task's reward at `step`, by task key."""
-    path = folder.path / "evals" / held_out_folder(HELD_OUT) / "traces" / f"{step_name(step)}.jsonl"
+    path = folder.path / held_out_folder(HELD_OUT) / "traces" / f"{step_name(step)}.jsonl"
     traces = [Trace.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
     return {t.task_key: t.reward for t in traces if t.reward is not None}
 
@@ -84,15 +84,15 @@ def summary(folder: RLFolder, steps: int) -> dict[str, Any]:
     counts = {key: sum(int(m.get(key) or 0) for m in step_records) for key in COUNTS}
     masked = {k: sum(int(m.get(k) or 0) for m in step_records) for k in sorted({k for m in step_records for k in m
                                                                              if k.startswith("masked/")})}
-    dropped = sum(round((m.get("filters/all/dropped") or 0) * (m.get("filters/all/checked") or 0))
-                  for m in step_records)
+    caught = {name: sum(round((m.get(f"filters/all/{name}") or 0) * (m.get("filters/all/checked") or 0))
+                        for m in step_records) for name in ("gibberish", "repetition", "dropped")}
     times = [m["time"] for m in metrics]
     return {
         "before": held_out(folder, 0), "after": held_out(folder, steps),
         "train_reward": [m["reward"] for m in step_records],
         "staleness": sorted({int(m.get("staleness") or 0) for m in step_records}),
         "evals": [(m["eval_step"], m.get("policy_version")) for m in metrics if "eval_reward" in m],
-        "counts": counts, "masked": masked, "filter_dropped": dropped,
+        "counts": counts, "masked": masked, "caught": caught,
         "masked_token_frac": sum(t.get("masked_low_frac", 0) + t.get("masked_high_frac", 0) for t in trainer)
         / max(len(trainer), 1),
         "abs_log_ratio": sum(t.get("abs_log_ratio_mean", 0) for t in trainer) / max(len(trainer), 1),
@@ -116,7 +116,7 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     left.set_ylabel("held-out reward (64 tasks, greedy), 95% CI")
     left.set_title("held-out reward")
     right.set_xlabel("step")
-    right.set_ylabel("train reward (mean of 32 rollouts)")
+    right.set_ylabel("train reward (mean of the step's rollouts)")
     right.set_title("train reward per step")
     for ax in (left, right):
         ax.grid(alpha=0.3)
@@ -143,7 +143,10 @@ def report(output_dir: Path, steps: int, figure: Path) -> str:
               f"{fmt(paired(gains['async'], gains['sync']), True)}",
               "", "| per run, summed over its steps | " + " | ".join(MODES) + " |", "|---|---:|---:|"]
     rows: dict[str, list[Any]] = {key: [runs[r]["counts"][key] for r in MODES] for key in COUNTS}
-    rows["rollouts dropped by an enforcing filter"] = [runs[r]["filter_dropped"] for r in MODES]
+    for name in ("gibberish", "repetition"):
+        rows[f"rollouts the {name} filter caught (detect: counted, still trained)"] = [runs[r]["caught"][name]
+                                                                                     for r in MODES]
+    rows["rollouts dropped by an enforcing filter"] = [runs[r]["caught"]["dropped"] for r in MODES]
     for key in sorted({k for r in MODES for k in runs[r]["masked"]}):
         rows[key] = [runs[r]["masked"].get(key, 0) for r in MODES]
     rows["staleness seen"] = [runs[r]["staleness"] for r in MODES]
