@@ -46,15 +46,16 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(options: dict | None = None, spec: str = SPEC, **kwargs: Any) -> Iterator[EnvServer]:
-    """An EnvServer for the echo taskset (or `spec`'s) serving in a thread, its workers ready; stopped (and
-    checked) on exit."""
+def running_server(options: dict | None = None, spec: str = SPEC, ready_s: float = 30.0,
+                   **kwargs: Any) -> Iterator[EnvServer]:
+    """An EnvServer for the echo taskset (or `spec`'s) serving in a thread, its workers ready (within `ready_s`
+    seconds); stopped (and checked) on exit."""
     kwargs.setdefault("size", PoolSize(min=1))
     server = EnvServer(spec, options or {}, **kwargs)
     server.bind()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
-    assert wait_for(lambda: server.pool.counts()["ready"] >= server.size.min, 30), "workers did not start"
+    assert wait_for(lambda: server.pool.counts()["ready"] >= server.size.min, ready_s), "workers did not start"
     try:
         yield server
     finally:

@@ -71,7 +71,10 @@ class OpenEnvConfig(TasksetConfig):
     """An action field (e.g. `message`) to fill with a reply that calls no tool: the reply is then an action and the
     observation comes back as a user message (a chat environment); unset: such a reply ends the rollout."""
     observation_field: str | None = None
-    """The observation field the model reads; unset: the whole observation as JSON (metadata left out)."""
+    """The observation field the model reads; unset: the whole observation as JSON (metadata left out). A field
+    holding chat messages (OpenAI-shaped dicts with a `role`, as tracegym's own OpenEnv server sends in `messages`)
+    reaches the model as those messages, roles kept (a system prompt stays a system message), after the
+    instructions when they are not empty."""
     reward_path: str = "reward"
     """Where a step's reward is in its result, dotted (`observation.score`)."""
     done_path: str = "done"
@@ -127,6 +130,8 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
         self.lost: InfrastructureError | None = None
         """Set when the session broke mid-episode: the next stop check ends the rollout with it."""
         self._first = ""
+        self._opening: list[Message] | None = None
+        """The reset's chat messages, when the observation field holds messages (see `observation_messages`)."""
 
     # --- reading results (override to read them another way) --------------------------------------------
     def reward_of(self, result: dict[str, Any]) -> float | None:
@@ -147,6 +152,16 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
             observation = {k: v for k, v in observation.items() if k not in ("metadata", "done", "reward")}
         return observation if isinstance(observation, str) else json.dumps(observation)
 
+    def observation_messages(self, result: dict[str, Any]) -> list[Message] | None:
+        """The result's observation field as messages, when it holds chat messages; None otherwise."""
+        observation = result.get("observation")
+        if self.config.observation_field is None or not isinstance(observation, dict):
+            return None
+        field = dig(observation, self.config.observation_field)
+        if not isinstance(field, list) or not all(isinstance(m, dict) and "role" in m for m in field):
+            return None
+        return [Message.from_openai(m) for m in field]
+
     # --- the rollout's hooks -----------------------------------------------------------------------------
     async def setup(self) -> None:
         cfg = self.config
@@ -159,17 +174,24 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
         self.server.held += 1
         self._holding = True
         self._first = self.observation_text(first)
+        self._opening = self.observation_messages(first)
         self._record(first, counts=False)
 
     def prompt(self) -> list[Message]:
         messages = super().prompt()
+        if self._opening is not None:
+            return [*(messages if self.config.instructions else messages[:-1]), *self._opening]
         return [*messages[:-1], user(f"{messages[-1].text}\n\n{self._first}".strip())]
 
     async def env_response(self, trace: Trace) -> EnvResponse:
         if self.config.text_action is None or self.done:
             return None
         result = await self._step({self.config.text_action: trace.last_reply})
-        return user(self.observation_text(result))
+        messages = self.observation_messages(result)
+        if messages is not None:
+            return messages or None  # none: the action ended the episode and the environment added nothing
+        text = self.observation_text(result)
+        return None if self.done and not text else user(text)  # an empty last word is no message
 
     async def cleanup(self) -> None:
         if self.connection is not None:

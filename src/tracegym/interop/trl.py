@@ -286,15 +286,27 @@ def rebuilt(taskset_id: str, config: dict[str, Any]) -> Taskset:
 def rollout_trace(task: Task[Any, Any], prompt: list[dict[str, Any]], completion: list[dict[str, Any]],
                   ids: list[int]) -> Trace:
     """A trace of the rollout as TRL ran it: its prompt, then its completion messages, the completion's token ids
-    on the first model turn (TRL gives them for the whole completion)."""
+    on the first model turn (TRL gives them for the whole completion). As the rollout loop records them, each tool
+    call has an id of its own in the trace (`call_<n>`, counted over the rollout) and each tool answer names its
+    call's id (TRL's tool messages, in call order, name the tool only). The loop's own metrics (`tool_calls`,
+    `tool_errors`) are not counted: TRL's own tool loop ran the rollout."""
     trace = Trace(task=task.data, taskset=task.taskset_id, stop_reason=StopReason.COMPLETED)
     for message in prompt:
         trace.graph.add(from_trl(message))
     trace.prompt_length = len(prompt)
     tokens: dict[str, Any] = {"token_ids": list(ids), "mask": [1] * len(ids)} if ids else {}
+    made, unanswered = 0, list[ToolCall]()
     for message in completion:
         sampled = message.get("role") == "assistant"
-        trace.graph.add(from_trl(message), sampled=sampled, **(tokens if sampled else {}))
+        added = from_trl(message)
+        if sampled:
+            calls = [c.model_copy(update={"id": f"call_{made + i}"}) for i, c in enumerate(added.tool_calls)]
+            if calls:
+                added = added.model_copy(update={"tool_calls": calls})
+            made, unanswered = made + len(calls), list(calls)
+        elif added.role == "tool" and unanswered:
+            added = added.model_copy(update={"tool_call_id": unanswered.pop(0).id})
+        trace.graph.add(added, sampled=sampled, **(tokens if sampled else {}))
         tokens = tokens if not sampled else {}
     return trace
 
