@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,27 +57,36 @@ def is_complete(model_dir: Path) -> bool:
 def embedded_model_dir(cache_dir: str | Path | None = None) -> Path:
     """The embedded model as a Hugging Face directory (`cache_dir`, else `default_cache_dir()`), made once.
 
-    Safe when several processes call it at once: one converts under a file lock while the others wait, and
-    the result appears by an atomic rename, so a half-written directory is never seen.
+    Safe when several processes call it at once (`built_once`).
     """
     target = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if is_complete(target):
         return target
     gguf_path = embedded_gguf_path()
+    return built_once(target, lambda build: convert_gguf(gguf_path, build), f"{GGUF_DISTRIBUTION} {gguf_path.name}")
+
+
+def built_once(target: Path, build: Callable[[Path], None], marker: str) -> Path:
+    """`target`, made by `build(folder)` the first time (for the models made here: the embedded model, the VLM and
+    the MoE built from it). Safe when several processes call it at once: one builds aside under a file lock while
+    the others wait, and the result appears by an atomic rename (marked complete with `marker`), so a half-written
+    folder is never seen."""
+    if is_complete(target):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(target.parent / f".{target.name}.lock"):
         if is_complete(target):
             return target
-        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
+        folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
         try:
-            convert_gguf(gguf_path, build)
-            (build / COMPLETE_MARKER).write_text(f"{GGUF_DISTRIBUTION} {gguf_path.name}\n")
-            build.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared like any other
+            build(folder)
+            (folder / COMPLETE_MARKER).write_text(marker + "\n")
+            folder.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared like any other
             if target.exists():  # a stale, unfinished directory from an older layout or a killed build
                 shutil.rmtree(target)
-            build.rename(target)
+            folder.rename(target)
         finally:
-            shutil.rmtree(build, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
     return target
 
 

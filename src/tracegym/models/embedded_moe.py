@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import UsageError
-from tracegym.models.embedded import COMPLETE_MARKER, cache_root, embedded_model_dir, is_complete
+from tracegym.models.embedded import built_once, cache_root, embedded_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
@@ -43,25 +42,10 @@ def default_moe_dir(shape: MoeShape) -> Path:
 
 
 def embedded_moe_dir(shape: MoeShape | None = None, cache_dir: str | Path | None = None) -> Path:
-    """The tiny MoE as a Hugging Face directory, made once (built aside, then renamed into place)."""
+    """The tiny MoE as a Hugging Face directory, made once (`built_once`)."""
     shape = shape or MoeShape()
     target = Path(cache_dir).expanduser() if cache_dir is not None else default_moe_dir(shape)
-    if is_complete(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
-    try:
-        build_moe(shape, build)
-        (build / COMPLETE_MARKER).write_text(f"{shape.name}\n")
-        build.chmod(0o755)
-        try:
-            build.rename(target)
-        except OSError:  # another process finished first
-            if not is_complete(target):
-                raise
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return target
+    return built_once(target, lambda build: build_moe(shape, build), shape.name)
 
 
 def moe_config(shape: MoeShape, dense: dict[str, Any]) -> Any:

@@ -15,13 +15,11 @@ The weights are seeded (`SEED`), so every machine builds the same model.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import UsageError
-from tracegym.models.embedded import COMPLETE_MARKER, _exclusive_lock, cache_root, embedded_model_dir, is_complete
+from tracegym.models.embedded import built_once, cache_root, embedded_model_dir, is_complete
 from tracegym.models.model_choice import ModelChoice
 from tracegym.models.renderer import TOOLS_PROMPT
 
@@ -102,21 +100,7 @@ def embedded_vlm_dir(cache_dir: str | Path | None = None) -> Path:
     if is_complete(target):
         return target
     text_dir = embedded_model_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(target.parent / f".{target.name}.lock"):
-        if is_complete(target):
-            return target
-        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
-        try:
-            build_vlm(text_dir, build)
-            (build / COMPLETE_MARKER).write_text(f"idefics3 from {text_dir.name}, seed {SEED}\n")
-            build.chmod(0o755)
-            if target.exists():
-                shutil.rmtree(target)
-            build.rename(target)
-        finally:
-            shutil.rmtree(build, ignore_errors=True)
-    return target
+    return built_once(target, lambda build: build_vlm(text_dir, build), f"idefics3 from {text_dir.name}, seed {SEED}")
 
 
 def build_vlm(text_dir: Path, out_dir: Path) -> None:
