@@ -16,6 +16,7 @@ def built_vlm(tmp_path, monkeypatch):
     folder = default_vlm_dir()
     folder.mkdir(parents=True)
     (folder / COMPLETE_MARKER).write_text("test\n")
+    (folder / "config.json").write_text('{"model_type": "idefics3", "vision_config": {}}')
     return folder
 
 
@@ -26,7 +27,12 @@ def test_the_vlm_is_served_from_the_cache_with_the_generate_endpoint_open(built_
 
 
 def test_the_generate_flag_is_not_added_twice(built_vlm):
-    assert vlm_choice(ModelChoice(vllm_args=[SCALE_OUT_FLAG])).vllm_args == [SCALE_OUT_FLAG]
+    assert server_config(vlm_choice(ModelChoice(vllm_args=[SCALE_OUT_FLAG]))).extra_args == [SCALE_OUT_FLAG]
+
+
+def test_a_text_model_is_served_without_the_generate_endpoint(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert SCALE_OUT_FLAG not in server_config(ModelChoice(name=str(tmp_path))).extra_args
 
 
 def test_inference_vlm_with_a_model_name_is_refused_in_one_line(capsys):

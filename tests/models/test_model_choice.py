@@ -33,3 +33,10 @@ def test_rl_keeps_its_own_defaults_for_a_section_given_in_part():
     assert (RLModel().client, RLModel().max_model_len) == ("tokens", 1024)
     assert RLModel.model_validate({"name": "m"}).client == "tokens"
     assert (ModelChoice().client, ModelChoice().max_model_len) == ("chat", 2048)
+
+
+def test_a_servers_startup_timeout_comes_from_the_model_section(tmp_path):
+    from tracegym.models.launch import server_config
+
+    config = server_config(ModelChoice(name=str(tmp_path), startup_timeout=900))
+    assert config.startup_timeout_s == 900

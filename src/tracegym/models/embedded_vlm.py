@@ -86,11 +86,9 @@ def default_vlm_dir() -> Path:
 
 
 def vlm_choice(choice: ModelChoice) -> ModelChoice:
-    """`choice` pointed at the embedded VLM (built first if need be), its server opening the endpoint image
-    prompts go to (`SCALE_OUT_FLAG`)."""
-    args = list(choice.vllm_args)
-    return choice.model_copy(update={"name": str(embedded_vlm_dir()),
-                                     "vllm_args": args if SCALE_OUT_FLAG in args else [*args, SCALE_OUT_FLAG]})
+    """`choice` pointed at the embedded VLM (built first if need be); its server opens the endpoint image prompts
+    go to (`SCALE_OUT_FLAG`, added by `launch.server_config` for any model that takes images)."""
+    return choice.model_copy(update={"name": str(embedded_vlm_dir())})
 
 
 def embedded_vlm_dir(cache_dir: str | Path | None = None) -> Path:

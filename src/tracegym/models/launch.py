@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from tracegym.core.errors import TracegymError, UsageError
 from tracegym.models import transport
 from tracegym.models.embedded import SERVED_MODEL_NAME, cache_root, embedded_model_dir
+from tracegym.models.embedded_vlm import SCALE_OUT_FLAG
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.image_support import takes_images
 from tracegym.models.model_choice import ModelChoice
@@ -92,16 +93,20 @@ def distinct(urls: list[str]) -> list[str]:
 
 
 def server_config(choice: ModelChoice, log_path: Path | None = None) -> VLLMServerConfig:
-    """The vLLM config that serves `choice.name` (the embedded model when unset)."""
+    """The vLLM config that serves `choice.name` (the embedded model when unset); a model that takes images gets
+    the endpoint image prompts go to (`embedded_vlm.SCALE_OUT_FLAG`)."""
     if choice.name is None:
         path, name = str(embedded_model_dir()), SERVED_MODEL_NAME
     else:
         local = Path(choice.name).expanduser()
         path = str(local.resolve()) if local.exists() else choice.name
         name = choice.display_name()
+    args = list(choice.vllm_args)
+    if choice_takes_images(choice) and SCALE_OUT_FLAG not in args:
+        args.append(SCALE_OUT_FLAG)  # the token-in/token-out endpoint image prompts go to
     return VLLMServerConfig(model=path, served_model_name=name, max_model_len=choice.max_model_len,
-                            data_parallel=choice.data_parallel, extra_args=list(choice.vllm_args),
-                            log_path=log_path)
+                            data_parallel=choice.data_parallel, extra_args=args,
+                            startup_timeout_s=choice.startup_timeout, log_path=log_path)
 
 
 def choice_takes_images(choice: ModelChoice) -> bool | None:

@@ -49,6 +49,9 @@ class ModelChoice(ClientSettings):
     """Context length (prompt + completion) of a vLLM server started here."""
     vllm_args: list[str] = Field(default_factory=list)
     """Extra flags for a vLLM server started here, passed as given."""
+    startup_timeout: float = Field(default=300.0, gt=0)
+    """Seconds a vLLM server started here may take to answer `/health` (a loaded machine, a large model or the VLM's
+    first start can need more)."""
 
     served_by: ClassVar[str | None] = None
     """The command that always starts the server itself (`tracegym rl`), in a subclass for it: `base_url` must then
