@@ -83,7 +83,7 @@ def test_the_shipped_opd_config_dry_runs_on_a_fresh_clone_warning_of_its_missing
     code = main(["rl", "@", str(CONFIG), "--dry-run", "--output-dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0 and 'mode = "opd"' in out
-    assert "warning: [teacher]: 'outputs/rl/reverse-text/weights/merged' is no model folder" in err
+    assert "warning: [teacher]: 'outputs/sft/reverse-text-recipe/weights/merged' is no model folder" in err
 
 
 class Tokenizing(BaseHTTPRequestHandler):
