@@ -1,12 +1,14 @@
 """Replay of an RL step (`tracegym rl --replay`, `train.replay`) on the embedded SmolLM2-135M, LoRA and full: a run
 of `--steps` trainer steps on stored batches (checkpoints every `--every`), then each step replayed from what the
-run folder holds, timed; then one stored batch changed (one sample's advantage sign flipped) and the replay of a
-later step, which must name the changed step and its first tensor. Figures: the run's step time, each replay's time
+run folder holds, timed; then one stored batch changed (one sample's advantage sign flipped: the batch of step
+`steps - 2`, which the last step's replay reruns from its checkpoint) and the last step replayed, which must name
+the changed step and its first tensor. Figures: the run's step time, each replay's time
 and result, the digest's share of a step.
 
 The batches are what the orchestrator writes (`RLFolder.write_batch`): 16 samples of a 40-token prompt and a
 48-token completion, tokens drawn from the vocabulary with a fixed seed (the trainer's arithmetic does not depend on
-what the tokens mean). No vLLM: publishing a policy is a no-op here.
+what the tokens mean), their sampler logprobs the base model's own (so the ratio bounds mask nothing). No vLLM:
+publishing a policy is a no-op here.
 
     python benchmarks/replay_step.py [--steps 4] [--every 2]
 """
@@ -46,24 +48,34 @@ def run(label: str, lora: bool, steps: int, every: int, threads: int) -> None:
         folder = RLFolder(Path(tmp))
         trainer = build_trainer(config)
         vocab = trainer.model.config.vocab_size
-        for step in range(steps):
-            folder.write_batch(step, samples(step, vocab), {}, state={"next_step": step + 1})
+        for step in range(steps):  # the base model's own logprobs: no token falls outside the ratio bounds
+            batch = samples(step, vocab)
+            scored = trainer.logprobs(batch)
+            batch = [s.model_copy(update={"logprobs": lp}) for s, lp in zip(batch, scored, strict=True)]
+            folder.write_batch(step, batch, {}, state={"next_step": step + 1})
         started = time.perf_counter()
         TrainerLoop(folder, trainer, lambda _path, _version: "policy", steps=steps, checkpoint_every=every).run()
         step_s = (time.perf_counter() - started) / steps
-        digest_s = [r.get("digest_s") for r in folder.trainer_metrics.read()]
+        records = folder.trainer_metrics.read()
+        digest_s = [r.get("digest_s") for r in records]
+        norms = ", ".join(f"{r.get('grad_norm', 0):.3f}" for r in records)
+        masked = max(r.get("masked_low_frac", 0) + r.get("masked_high_frac", 0) for r in records)
         print(f"{label}: run of {steps} steps, {step_s:.2f} s/step (checkpoints every {every}; digest "
-              f"{_mean(digest_s)})")
+              f"{_mean(digest_s)}); grad norm per step {norms}; at most {masked:.1%} of tokens masked")
         for step in range(steps):
             started = time.perf_counter()
             result = replay(Path(tmp), step, config, build_trainer)
             print(f"  replay step {step}: {time.perf_counter() - started:.1f} s, {result.line()}")
-        changed = samples(1, vocab)
+        tampered = steps - 2  # after the last checkpoint before the final step: the replay of that step reruns it
+        stored = folder.read_batch(tampered)
+        assert stored is not None
+        changed = list(stored.samples)
         changed[0] = changed[0].model_copy(update={"advantage": -changed[0].advantage})
-        folder.write_batch(1, changed, {}, state={"next_step": 2})
+        folder.write_batch(tampered, changed, {}, state={"next_step": tampered + 1})
         started = time.perf_counter()
         result = replay(Path(tmp), steps - 1, config, build_trainer)
-        print(f"  batch 1 changed, replay step {steps - 1}: {time.perf_counter() - started:.1f} s, {result.line()}")
+        print(f"  batch {tampered} changed, replay step {steps - 1}: {time.perf_counter() - started:.1f} s, "
+              f"{result.line()}")
 
 
 def _mean(values: list) -> str:
