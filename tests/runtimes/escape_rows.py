@@ -162,7 +162,7 @@ for _ in range(children):
             # proportional: pages shared with the siblings (the interpreter's) count once in all, as the kernel's
             # own accounting (a memory cgroup) counts them
             rss = next(int(l.split()[1]) for l in open("/proc/self/smaps_rollup") if l.startswith("Pss:"))
-            os.write(reports_w, f"{rss // 1024}\\n".encode())
+            os.write(reports_w, f"{os.getpid()} {rss // 1024}\\n".encode())
             os.read(release_r, 1)  # hold it until every sibling has reported
         finally:
             os._exit(0)
@@ -170,15 +170,19 @@ for _ in range(children):
 os.close(reports_w); os.close(release_r)
 print("forked", len(pids), flush=True)
 reports, buffer, dead, deadline = [], b"", set(), time.monotonic() + 30
-while len(reports) + len(dead) < children and time.monotonic() < deadline:
+while len({pid for pid, _ in reports} | dead) < children and time.monotonic() < deadline:
     if select.select([reports_r], [], [], 0.1)[0]:
         buffer += os.read(reports_r, 4096)
         *lines, buffer = buffer.split(b"\\n")
-        reports += [int(line) for line in lines]
+        reports += [tuple(map(int, line.split())) for line in lines]
     for pid in pids:
         if pid not in dead and os.waitpid(pid, os.WNOHANG)[0]:
             dead.add(pid)
-print("REPORT", json.dumps({"reports": reports, "total_mb": sum(reports)}), flush=True)
+for pid in pids:  # a child the cap killed after it reported held its memory, but not with the others
+    if pid not in dead and os.waitpid(pid, os.WNOHANG)[0]:
+        dead.add(pid)
+held = [mb for pid, mb in reports if pid not in dead]
+print("REPORT", json.dumps({"reports": held, "total_mb": sum(held)}), flush=True)
 os.close(release_w)
 """
 
