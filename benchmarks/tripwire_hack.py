@@ -6,7 +6,8 @@ shortcut the policy can stumble on) and the LCS ratio otherwise; the metric `exa
 the run does not train on, and `hacked` records whether the reply held the token. Each run is `tracegym rl @
 configs/rl/reverse_text.toml` with `[orchestrator.tripwire] witness = "exact"`; the report reads the run folders.
 
-    .venv/bin/python benchmarks/tripwire_hack.py [--steps 40] [--honest 2] [--output-dir outputs/tripwire]
+    .venv/bin/python benchmarks/tripwire_hack.py [--steps 40] [--honest 2] [--planted-seeds 0 1 2]
+        [--output-dir outputs/tripwire]
 """
 
 from __future__ import annotations
@@ -98,11 +99,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--honest", type=int, default=2, help="honest reverse-text runs (seeds 0..N-1)")
     parser.add_argument("--no-planted", action="store_true", help="the honest runs only")
+    parser.add_argument("--planted-seeds", type=int, nargs="+", default=[0],
+                        help="the planted runs' orchestrator seeds (run ids planted, planted-1, ...)")
     parser.add_argument("--output-dir", type=Path, default=Path("outputs/tripwire"))
     args = parser.parse_args()
     planted = {"id": f"{Path(__file__).resolve()}:PlantedReverse", "options": {"seed": 0}}
     honest = {"id": "reverse-text", "options": {"seed": 0}}  # the shipped run: LCS reward, exact as witness
-    folders = [] if args.no_planted else [run(args.output_dir, "planted", planted, args.steps)]
+    folders = [] if args.no_planted else [run(args.output_dir, "planted" if seed == 0 else f"planted-{seed}", planted,
+                                              args.steps, seed) for seed in args.planted_seeds]
     folders += [run(args.output_dir, f"honest-{seed}", honest, args.steps, seed) for seed in range(args.honest)]
     for folder in folders:
         print(json.dumps(report(folder)))
