@@ -12,8 +12,8 @@ that each run fits ~15 min on a 2-core CPU; the final policy is measured exactly
 
 Per step, from each run's metrics: the learner's completion length (tokens) and its legal-move rate (the share of
 its episodes it did not forfeit: an illegal reply ends the hand), with the train reward; per run, the exact
-exploitability of each checkpoint's policy read from its logprobs (`benchmarks/kuhn_exploitability.py`'s
-reading, prefix), next to the base model's.
+exploitability of each checkpoint's policy, read from 64 replies sampled at each information set as the referee
+reads them, with a 95% bootstrap interval (`benchmarks/kuhn_exploitability.py`), next to the base model's.
 
     .venv/bin/python benchmarks/kuhn_ablations.py run [--steps 12] [--only rae-pool ...]   # the runs, in order
     .venv/bin/python benchmarks/kuhn_ablations.py report [--plot benchmarks/kuhn_ablations.png]
@@ -32,12 +32,14 @@ from typing import Any
 import tomli_w
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kuhn_exploitability import read_models
+from kuhn_exploitability import read_models, replies_exploitability
 
 from tracegym.tasksets.kuhn_exploitability import exploitability
 
 CONFIG = Path(__file__).parents[1] / "configs" / "rl" / "kuhn_poker_exploitability.toml"
 OUTPUT = Path("outputs/kuhn-ablations")
+SAMPLES = 64
+"""Replies sampled per information set to read a checkpoint's policy (`kuhn_exploitability.replies_exploitability`)."""
 VARIANTS: dict[str, dict[str, Any]] = {
     "rae-selfplay": {},
     "group-mean-selfplay": {"advantage": {"name": "group_mean"}},
@@ -91,10 +93,11 @@ def report(plot_path: Path) -> dict[str, Any]:
         folder = OUTPUT / name
         if not (folder / "metrics.jsonl").exists():
             continue
-        policies = read_models(folder)
+        policies, replies = read_models(folder, SAMPLES)
         out[name] = {"steps": per_step(folder),
-                     "exploitability": {label: float(exploitability(read["prefix"].strategy))
-                                        for label, read in policies.items()}}
+                     "exploitability": {label: replies_exploitability(replies[label]) for label in replies},
+                     "prefix_exploitability": {label: float(exploitability(read["prefix"].strategy))
+                                               for label, read in policies.items()}}
     plot(out, plot_path)
     return out
 
@@ -111,10 +114,11 @@ def plot(out: dict[str, Any], path: Path) -> None:
         steps = [row["step"] for row in figures["steps"]]
         axes[0].plot(steps, [row["legal_rate"] for row in figures["steps"]], marker="o", label=name)
         axes[1].plot(steps, [row["completion_tokens"] for row in figures["steps"]], marker="o", label=name)
-        points = sorted((0 if label == "base" else int(label.split()[1]), value)
+        points = sorted((0 if label == "base" else int(label.split()[1]), *value[:3])
                         for label, value in figures["exploitability"].items())
-        axes[2].plot(*zip(*points, strict=True), marker="o", label=name)
-    for ax, title in zip(axes, ("learner legal-move rate", "completion tokens", "exploitability (prefix)"),
+        axes[2].errorbar([p[0] for p in points], [p[1] for p in points], capsize=3, marker="o", label=name,
+                         yerr=[[p[1] - p[2] for p in points], [p[3] - p[1] for p in points]])
+    for ax, title in zip(axes, ("learner legal-move rate", "completion tokens", "exploitability (replies)"),
                          strict=True):
         ax.set_title(title)
         ax.set_xlabel("step")

@@ -8,7 +8,13 @@ from tracegym.envs.evaluate import run_episode
 from tracegym.envs.registry import load_taskset
 from tracegym.tasksets.kuhn_exploitability import exploitability, infosets
 from tracegym.tasksets.kuhn_poker import NASH
-from tracegym.tasksets.kuhn_policy import infoset_prompt, infoset_prompts, observed_moves, read_policy
+from tracegym.tasksets.kuhn_policy import (
+    infoset_prompt,
+    infoset_prompts,
+    observed_moves,
+    read_policy,
+    sampled_policy,
+)
 from tracegym.testing import ScriptedModel
 
 
@@ -50,6 +56,20 @@ def test_a_missing_completion_is_named():
     logprobs = {key: {"check": -1.0, "bet": -1.0, "call": -1.0, "fold": -1.0} for key in infosets()}
     with pytest.raises(ValueError, match="no logprob for completion 'Check'"):
         read_policy(logprobs)
+
+
+def test_sampled_replies_are_read_as_the_referee_reads_them():
+    replies = {key: ["I will check, no wait: bet!", "Check.", "hmm", "bet"] if key[0] in ("", "check")
+               else ["I fold", "call it", "CALL", "no idea"] for key in infosets()}
+    read = sampled_policy(replies)
+    assert read.strategy[("", "K")] == pytest.approx(2 / 3)  # the last legal word: bet, check, bet
+    assert read.strategy[("bet", "J")] == pytest.approx(2 / 3)  # fold, call, call
+    assert read.other_mass == pytest.approx(0.25)
+
+
+def test_an_information_set_without_a_legal_reply_is_named():
+    with pytest.raises(ValueError, match=r"information set \('', 'J'\): none of its 2 replies"):
+        sampled_policy({key: ["hello", "there"] for key in infosets()})
 
 
 async def hand_trace(cards: dict[str, str], p0: list[str], p1: list[str]):

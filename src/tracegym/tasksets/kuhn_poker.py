@@ -70,6 +70,12 @@ class KuhnDeal(TaskData):
     cards: dict[str, str]
 
 
+def read_move(text: str, legal: Sequence[str]) -> str | None:
+    """The move the referee reads in a reply's public text: its last legal action word; None when it has none."""
+    chosen = [word for word in re.findall(r"[a-z]+", text.lower()) if word in legal]
+    return chosen[-1] if chosen else None
+
+
 def nash(task: MultiAgentTask, member: str, rng: random.Random) -> str:
     """A Nash-equilibrium player (`NASH`)."""
     return bold_or_not(task, member, rng.random() < cast("KuhnPokerTask", task).bold_chance(member, NASH))
@@ -129,11 +135,10 @@ class KuhnPokerTask(MultiAgentTask[KuhnDeal, KuhnConfig]):
 
     def move(self, member: str, text: str) -> str:
         legal = self.legal()
-        words = re.findall(r"[a-z]+", text.lower())
-        chosen = [w for w in words if w in legal]
-        if not chosen:
+        chosen = read_move(text, legal)
+        if chosen is None:
             raise InvalidMove(f"reply with one of: {', '.join(legal)}.")
-        return chosen[-1]
+        return chosen
 
     def act(self, member: str, move: str) -> None:
         self.history.append((member, move))

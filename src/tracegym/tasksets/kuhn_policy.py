@@ -7,8 +7,11 @@ A scorer (outside, it runs the model) gives the summed logprob of each completio
 that prompt; `read_policy` sums each legal action's texts' probabilities, renormalises over the two legal actions
 (the bolder one's share is the strategy `kuhn_exploitability` takes) and keeps the legal mass, so the mass on
 anything else (illegal or other replies) is reported, not dropped. `observed_moves` reads, from a played
-trace, the move a seat made at each information set it met (the referee's rule: the last legal action word of
-its first reply that has one; None when it forfeited), for a policy estimated from sampled play.
+trace, the move a seat made at each information set it met (the referee's rule, `kuhn_poker.read_move`: the last
+legal action word of its first reply that has one; None when it forfeited), for a policy estimated from sampled
+play. `sampled_policy` reads the policy from replies sampled at each information set the same way: a model that
+answers in sentences ("I'll bet, then") puts little logprob on the bare words, though the referee reads a move in
+most of its replies.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tracegym.envs.evaluate import ModelArg, run_episode
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.seats import Seat
 from tracegym.tasksets.kuhn_exploitability import PASSIVE_BOLD, actor, infosets
-from tracegym.tasksets.kuhn_poker import CARDS
+from tracegym.tasksets.kuhn_poker import CARDS, read_move
 
 SEAT_IDS = ("player_0", "player_1")
 OBSERVE = re.compile(r"Your card: ([JQK])\. So far: (.*)\. Your move: (\w+) or (\w+)\?")
@@ -120,10 +123,25 @@ def observed_moves(trace: Trace) -> list[tuple[tuple[str, str], str | None]]:
                 out.append((key, None))  # never settled: cannot happen in a finished hand; kept as a forfeit
             key, legal = (history_of(seen.group(2)), seen.group(1)), (seen.group(3), seen.group(4))
         elif message.role == "assistant" and key is not None:
-            chosen = [w for w in re.findall(r"[a-z]+", message.text.lower()) if w in legal]
-            if chosen:
-                out.append((key, chosen[-1]))
+            chosen = read_move(message.text, legal)
+            if chosen is not None:
+                out.append((key, chosen))
                 key = None
     if key is not None:
         out.append((key, None))
     return out
+
+
+def sampled_policy(replies: Mapping[tuple[str, str], Sequence[str]]) -> ReadPolicy:
+    """The policy from replies sampled at each information set, each read as the referee reads it (`read_move`):
+    the bolder action's share of the replies that name a legal action; the legal mass is the share that do. (The
+    referee asks again after a reply without one, so a seat forfeits less often than 1 - legal mass.)"""
+    strategy, legal = {}, {}
+    for key in infosets():
+        passive, bold = PASSIVE_BOLD[key[0]]
+        moves = [read_move(reply, (passive, bold)) for reply in replies[key]]
+        named = [move for move in moves if move is not None]
+        if not named:
+            raise ValueError(f"information set {key}: none of its {len(moves)} replies names a legal action")
+        strategy[key], legal[key] = named.count(bold) / len(named), len(named) / len(moves)
+    return ReadPolicy(strategy, legal)
