@@ -26,7 +26,7 @@ from tracegym.envs.proposer_solver import PROPOSER
 from tracegym.train.rl_folder import RLFolder
 
 PLOT = Path(__file__).with_suffix(".png")
-REASONS = ("invalid_format", "invalid_refused", "invalid_answer")
+REASONS = ("invalid_format", "invalid_refused", "invalid_answer", "invalid_off_prompt")
 
 
 def solver_score(episode: Episode) -> float | None:

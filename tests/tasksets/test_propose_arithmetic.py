@@ -3,13 +3,21 @@ expressions refused), the learnability reward, solvers skipped for an invalid pr
 over scripted models."""
 
 import itertools
+import re
 
 import pytest
 
 from tracegym.envs.evaluate import run_episode
 from tracegym.envs.proposer_solver import PROPOSER, InvalidProposal, learnability
 from tracegym.envs.registry import load_taskset
-from tracegym.tasksets.propose_arithmetic import EXAMPLE, PROPOSER_SYSTEM, evaluate, read_proposal
+from tracegym.tasksets.propose_arithmetic import (
+    EXAMPLE,
+    PROPOSER_SYSTEM,
+    ProposerPrompt,
+    evaluate,
+    numbers_in,
+    read_proposal,
+)
 from tracegym.testing import ScriptedModel
 
 SOLVERS = [f"solver_{i}" for i in range(4)]
@@ -21,9 +29,18 @@ def players(proposal: str, solver_replies: list[str]) -> ScriptedModel:
     return ScriptedModel(rule=lambda r: proposal if r.messages[0].text == PROPOSER_SYSTEM else next(replies))
 
 
-async def episode(proposal: str, solver_replies: list[str], split: str = "train"):
-    taskset = load_taskset("propose-arithmetic", {"split": split, "num_tasks": 3})
-    return await run_episode(taskset, next(iter(taskset)), players(proposal, solver_replies))
+def asking_for(proposal: str) -> ProposerPrompt:
+    """A proposer row that asks for exactly the numbers `proposal` uses (any row where it cannot be read)."""
+    try:
+        used = numbers_in(proposal.partition("=")[0]) or [1]
+    except SyntaxError:
+        used = [1]
+    return ProposerPrompt(id="asked", prompt="Write one problem.", numbers=len(used), largest=50, include=used[0])
+
+
+async def episode(proposal: str, solver_replies: list[str], row: ProposerPrompt | None = None):
+    taskset = load_taskset("propose-arithmetic", {"num_tasks": 3})
+    return await run_episode(taskset, row or asking_for(proposal), players(proposal, solver_replies))
 
 
 def model_calls(ep, member: str) -> int:
@@ -96,6 +113,24 @@ async def test_an_invalid_proposal_gets_its_own_reward_and_its_solvers_are_skipp
     assert ep.member_metrics[PROPOSER]["valid"] == 0.0 and ep.member_metrics[PROPOSER]["invalid_refused"] == 1.0
     assert all(model_calls(ep, s) == 0 and ep.member_metrics[s]["attempted"] == 0.0 for s in SOLVERS)
     assert ep.metrics["slots"] == 1
+
+
+@pytest.mark.parametrize(("problem", "why"), [
+    ("3 + 4", "3 + 4 has 2 numbers, not 3"),
+    ("3 + 4 * 60", "uses 60, outside 1 to 50"),
+    ("3 + 5 * 6", "does not use 32"),
+])
+def test_a_right_problem_that_is_not_the_one_asked_for_is_off_prompt(problem, why):
+    row = ProposerPrompt(id="r", prompt="p", numbers=3, largest=50, include=32)
+    with pytest.raises(InvalidProposal, match=re.escape(why)) as refused:
+        read_proposal(f"{problem} = {evaluate(problem)}", row)
+    assert refused.value.refusal.reason == "off_prompt"
+
+
+async def test_an_off_prompt_proposal_gets_the_invalid_reward_and_its_own_metric():
+    ep = await episode("3 + 4 = 7", ["7"], row=ProposerPrompt(id="r", prompt="p", numbers=2, largest=50, include=32))
+    assert ep.rewards[PROPOSER] == -1.0 and ep.member_metrics[PROPOSER]["invalid_off_prompt"] == 1.0
+    assert all(model_calls(ep, s) == 0 for s in SOLVERS)
 
 
 async def test_a_held_out_rows_solvers_attempt_its_fixed_problem_whatever_was_proposed():

@@ -6,7 +6,9 @@ Subclass `ProposerSolverTask` and give the two pieces only your task knows:
 - `verify(text)`: the verifier. Read the proposer's reply into a `Proposal` (what the solvers are shown, and the
   answer *recomputed by code*: never taken from the proposer on trust), or raise `InvalidProposal` with its reason
   (`format`: the reply is not in the asked form; `refused`: the verifier will not run what was proposed, e.g. an
-  unsafe or oversized expression; `wrong_answer`: the proposer's own answer is not what code computes).
+  unsafe or oversized expression; `wrong_answer`: the proposer's own answer is not what code computes;
+  `off_prompt`: a right task, but not the one the proposer was asked for — without it a proposer paid for validity
+  learns one easy task and writes it whatever it is asked).
 - `check(proposal, reply)`: whether a solver's reply answers the proposal.
 
 The episode: the `proposer` acts alone (slot 1), then the solvers (`solver_0` ... `solver_{N-1}`, `seats =
@@ -25,8 +27,9 @@ Rewards (one `@reward`, `proposer_solver`, read per member):
 - an invalid proposal: `invalid_reward` (-1.0 by default): below every valid proposal's reward (a valid one that
   every solver passes or fails earns 0.0), so validity pays on its own before learnability can;
 - with a fixed task the proposal was not solved: the proposer gets 1.0 when valid, `invalid_reward` if not.
-Metrics: `valid` (the proposer: 1.0 valid, 0.0 invalid), `invalid_format`, `invalid_refused`, `invalid_answer`
-(the proposer: which reason, 1.0), `pass_rate` (the proposer: its solvers' rate) and `attempted` (a solver).
+Metrics: `valid` (the proposer: 1.0 valid, 0.0 invalid), `invalid_format`, `invalid_refused`, `invalid_answer`,
+`invalid_off_prompt` (the proposer: which reason, 1.0), `pass_rate` (the proposer: its solvers' rate) and
+`attempted` (a solver).
 
 Train it with hierarchical advantages: `[orchestrator.advantage] per_episode = ["solver_*"]` groups the solvers
 of one episode (one proposed task) together, and the proposer stays grouped per task row, i.e. by its prompt,
@@ -55,7 +58,7 @@ SOLVER_PREFIX = "solver_"
 INVALID_REWARD = -1.0
 """The proposer's reward for an invalid proposal, by default."""
 
-Reason = Literal["format", "refused", "wrong_answer"]
+Reason = Literal["format", "refused", "wrong_answer", "off_prompt"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Refusal:
 
 
 class InvalidProposal(Exception):
-    """The verifier's refusal of a proposal, with its reason (`format`, `refused`, `wrong_answer`)."""
+    """The verifier's refusal of a proposal, with its reason (`format`, `refused`, `wrong_answer`, `off_prompt`)."""
 
     def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
@@ -217,6 +220,11 @@ class ProposerSolverTask(MultiAgentTask[DataT, ConfigT]):
     def invalid_answer(self, trace: Trace) -> float:
         self._of_proposer(trace)
         return float(self.invalid is not None and self.invalid.reason == "wrong_answer")
+
+    @metric
+    def invalid_off_prompt(self, trace: Trace) -> float:
+        self._of_proposer(trace)
+        return float(self.invalid is not None and self.invalid.reason == "off_prompt")
 
     @metric(name="pass_rate")
     def pass_rate_metric(self, trace: Trace) -> float:

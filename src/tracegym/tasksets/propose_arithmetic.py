@@ -7,8 +7,10 @@ ignored). The verifier (`evaluate`) computes the expression's value by
 walking its syntax tree, never by `eval`: only whole numbers up to `MAX_OPERAND`, `+ - *`, unary minus and
 parentheses, at most `MAX_OPERATORS` operators and `MAX_LENGTH` characters; anything else (a name, a call, `**`,
 `/`, a string, an oversized number) is refused, naming what. A proposal is valid when it parses, the verifier
-accepts it and the proposer's answer equals the value. The solvers see `What is <expression>?` under arithmetic's
-system prompt and pass when the last integer of their reply is the value (`tasksets.arithmetic.last_integer`).
+accepts it, the proposer's answer equals the value, and it is the problem the row asked for (`check_asked`: that
+many numbers, each from 1 to the largest, the given one among them; else `off_prompt`). The solvers see
+`What is <expression>?` under arithmetic's system prompt and pass when the last integer of their reply is the
+value (`tasksets.arithmetic.last_integer`).
 
 `split = "heldout"` gives fixed held-out rows for measuring a run: each row also holds a generated problem (seeded
 apart from training, never the prompts' example, distinct from each other) that the solvers attempt in place of
@@ -108,9 +110,29 @@ def _value(node: ast.expr) -> int:
     raise InvalidProposal("refused", f"{what} is not allowed (only + - * and unary minus on whole numbers)")
 
 
-def read_proposal(text: str) -> Proposal:
+def numbers_in(expression: str) -> list[int]:
+    """The whole numbers an expression the verifier accepted is written with, in order."""
+    return [node.value for node in ast.walk(ast.parse(expression, mode="eval"))
+            if isinstance(node, ast.Constant) and type(node.value) is int]
+
+
+def check_asked(problem: str, row: ProposerPrompt) -> None:
+    """InvalidProposal (`off_prompt`) naming how a verified problem is not the one `row` asked for: its count of
+    numbers, one outside 1 to `largest`, or the given number missing."""
+    used = numbers_in(problem)
+    if len(used) != row.numbers:
+        raise InvalidProposal("off_prompt", f"{problem} has {len(used)} numbers, not {row.numbers}")
+    outside = [n for n in used if not 1 <= n <= row.largest]
+    if outside:
+        raise InvalidProposal("off_prompt", f"{problem} uses {outside[0]}, outside 1 to {row.largest}")
+    if row.include not in used:
+        raise InvalidProposal("off_prompt", f"{problem} does not use {row.include}")
+
+
+def read_proposal(text: str, row: ProposerPrompt | None = None) -> Proposal:
     """The verified proposal in a proposer's reply: the first line with an `=`, `<expression> = <integer>` (a
-    leading label such as `Problem:` is ignored), and the value the verifier computed."""
+    leading label such as `Problem:` is ignored), and the value the verifier computed; given the proposer's `row`,
+    also the problem it asked for (`check_asked`)."""
     line = next((ln for ln in text.splitlines() if "=" in ln), None)
     if line is None:
         raise InvalidProposal("format", "no line of the form '<problem> = <value>'")
@@ -122,6 +144,8 @@ def read_proposal(text: str) -> Proposal:
     value = evaluate(problem)
     if int(stated.group(1)) != value:
         raise InvalidProposal("wrong_answer", f"'= {stated.group(1)}' but {problem} = {value}")
+    if row is not None:
+        check_asked(problem, row)
     return Proposal(problem=problem, answer=value)
 
 
@@ -131,7 +155,7 @@ class ProposeArithmeticTask(ProposerSolverTask[ProposerPrompt, ProposeArithmetic
     seats = proposer_solver_seats(4, proposer_prompt=PROPOSER_SYSTEM, solver_prompt=SOLVER_SYSTEM)
 
     def verify(self, text: str) -> Proposal:
-        return read_proposal(text)
+        return read_proposal(text, self.data)
 
     def check(self, proposal: Proposal, reply: str) -> bool:
         return last_integer(reply) == proposal.answer
