@@ -148,3 +148,18 @@ def test_a_tools_image_given_by_url_is_refused_naming_the_tool_not_dropped():
                 return rpc(url, "tools/call", {"name": "look_far", "arguments": {}, "session_id": session})
         said = asyncio.run(play())
     assert "tool 'look_far'" in said["error"]["message"] and "https://example.com/red.png" in said["error"]["message"]
+
+
+def test_a_tools_image_reaches_a_websocket_client_in_the_steps_messages():
+    from openenv.core.generic_client import GenericEnvClient
+
+    with OpenEnvServer(Submit(), workers=0).running() as url:
+        async def play():
+            async with GenericEnvClient(base_url=url) as env:
+                await env.reset(index=0)
+                return await env.step({"tool_calls": [{"name": "look", "arguments": {}}]})
+        result = asyncio.run(play())
+    [message] = result.observation["messages"]
+    image, text = message["content"]
+    assert image == {"type": "image_url", "image_url": {"url": data_uri("image/png", RED)}}
+    assert text["text"] == "a red square" and result.observation["text"] == "a red square"

@@ -2,7 +2,9 @@
 
 Each WebSocket at `/ws` is one session (`TasksetSession`): `reset` picks a task (by `index`, `seed` or `key`) and
 answers with its prompt; `step` takes the agent's message or tool calls and answers with what the environment added,
-and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`). Sessions are isolated
+and the reward once `done` (a step may also be openenv's MCP-style `call_tool` / `list_tools` action, answered as
+its CallToolObservation / ListToolsObservation); `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`,
+whose result says `done` and `reward` beside MCP's content blocks). Sessions are isolated
 (each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
 `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
 its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
