@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_endpoint import fake_endpoint
 import psutil
+from fake_endpoint import fake_endpoint
 from openenv.core.client_types import StepResult
 from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import connect
