@@ -8,7 +8,9 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
    (`create_app` under uvicorn) vs on ours, its rollouts in a worker process (the default) and in its own process
    (`--openenv.workers 0`): the agent answers at once, without a model, so the figures measure the servers.
 `concurrency` callers each run one rollout at a time until `rollouts` are done; each path is measured `--repeats`
-times, interleaved, and the medians are printed side by side with the ratio to the first path. An OpenEnv caller keeps
+times, interleaved, and the medians are printed side by side with the ratio to the first path, and with the CPU
+time the server spent per rollout (its process and its workers, all of them together: on a machine whose cores are
+busy with other work, as this 2-core one is, the CPU a path costs says more than its rate). An OpenEnv caller keeps
 its session (WebSocket) open and resets it for the next rollout, as a trainer's environments do; with "raw WS" it
 sends plain frames instead of using openenv's client. Latency is per rollout as the caller sees it (p50).
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import psutil
 from fake_endpoint import fake_endpoint
 from openenv.core.client_types import StepResult
 from openenv.core.generic_client import GenericEnvClient
@@ -55,6 +58,34 @@ class Result:
     rate: float
     p50_ms: float
     failed: int
+    cpu_ms: float = 0.0
+    """Server CPU per rollout (ms)."""
+    done: int = 0
+    """Rollouts run, warm-up included."""
+
+
+@dataclass
+class Path_:
+    """A path to measure: its rollouts, and the server's port (for its CPU time)."""
+
+    go: Callable[[int, int], Awaitable[Result]]
+    port: int
+
+
+def server_cpu_s(port: int) -> float:
+    """CPU seconds (user + system) of the process listening on `port` and of all its descendants so far."""
+    [pid] = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    server = psutil.Process(pid)
+    total = 0.0
+    for proc in [server, *server.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 async def drive(rollout: Rollout, concurrency: int, total: int) -> Result:
@@ -72,14 +103,26 @@ async def drive(rollout: Rollout, concurrency: int, total: int) -> Result:
 
     start = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return Result(total / (time.perf_counter() - start), statistics.median(latencies) * 1e3, failed)
+    return Result(total / (time.perf_counter() - start), statistics.median(latencies) * 1e3, failed, done=total)
 
 
 async def measure(rollout: Rollout, concurrency: int, total: int) -> Result:
     warm_until = time.perf_counter() + WARM_UP_S
+    warmed = 0
     while time.perf_counter() < warm_until:
-        await drive(rollout, concurrency, max(20, concurrency))
-    return await drive(rollout, concurrency, total)
+        warmed += (await drive(rollout, concurrency, max(20, concurrency))).done
+    result = await drive(rollout, concurrency, total)
+    result.done += warmed
+    return result
+
+
+async def measured(path: Path_, concurrency: int, total: int) -> Result:
+    """One measurement of `path`, with the server's CPU per rollout over all of it (the warm-up's rollouts and CPU
+    included)."""
+    before = server_cpu_s(path.port)
+    result = await path.go(concurrency, total)
+    result.cpu_ms = (server_cpu_s(path.port) - before) * 1e3 / max(1, result.done)
+    return result
 
 
 def through_zmq(address: str, endpoint: Endpoint) -> Callable[[int, int], Awaitable[Result]]:
@@ -195,22 +238,22 @@ def ours(turns: int, workers: int = 1) -> Iterator[str]:
         yield url
 
 
-def compare(paths: dict[str, Callable[[int, int], Awaitable[Result]]], turns: int, concurrency: int, total: int,
-            repeats: int) -> None:
+def compare(paths: dict[str, Path_], turns: int, concurrency: int, total: int, repeats: int) -> None:
     """Measure each path `repeats` times, interleaved (so a busy moment of the machine hits them all), and print
     each one's median rate and median p50, with its ratio to the first path's."""
     runs: dict[str, list[Result]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, path in paths.items():
-            runs[name].append(asyncio.run(path(concurrency, total)))
+            runs[name].append(asyncio.run(measured(path, concurrency, total)))
     medians = {name: Result(statistics.median(r.rate for r in results),
-                            statistics.median(r.p50_ms for r in results), sum(r.failed for r in results))
+                            statistics.median(r.p50_ms for r in results), sum(r.failed for r in results),
+                            statistics.median(r.cpu_ms for r in results))
                for name, results in runs.items()}
     base = next(iter(medians.values()))
     for name, result in medians.items():
         ratio = f"{result.rate / base.rate:5.2f}x" if result is not base else "     -"
         print(f"| {turns} | {concurrency:>3} | {name:<30} | {result.rate:8.0f} | {ratio} | {result.p50_ms:7.2f} | "
-              f"{result.failed} |", flush=True)
+              f"{result.cpu_ms:6.2f} | {result.failed} |", flush=True)
 
 
 def main() -> None:
@@ -228,7 +271,8 @@ def main() -> None:
     def count(turns: int, concurrency: int) -> int:
         return max(50, args.rollouts // turns // (4 if concurrency == 1 else 1))
 
-    header = "| turns | conc. | path | rollouts/s | vs first | p50 ms | failed |\n|---|---|---|---|---|---|---|"
+    header = ("| turns | conc. | path | rollouts/s | vs first | p50 ms | server CPU ms/rollout | failed |\n"
+              "|---|---|---|---|---|---|---|---|")
     if 1 in args.sections:
         section_one(args, count, header)
     if 2 in args.sections:
@@ -241,9 +285,9 @@ def section_one(args: argparse.Namespace, count: Callable[[int, int], int], head
         endpoint = Endpoint(base_url=base_url, model="fake-model", api_key_env=None, max_retries=0)
         for turns in args.turns:
             with local_server(SPEC, {"turns": turns}, workers=args.workers) as zmq, ours(turns) as url:
-                paths = {f"ZMQ env server ({args.workers}w)": through_zmq(zmq, endpoint),
-                         "our OpenEnv server": over_openenv(url, endpoint),
-                         "our OpenEnv server, raw WS": over_openenv(url, endpoint, raw=True)}
+                paths = {f"ZMQ env server ({args.workers}w)": Path_(through_zmq(zmq, endpoint), port_of(zmq)),
+                         "our OpenEnv server": Path_(over_openenv(url, endpoint), port_of(url)),
+                         "our OpenEnv server, raw WS": Path_(over_openenv(url, endpoint, raw=True), port_of(url))}
                 for c in args.concurrency:
                     compare(paths, turns, c, count(turns, c), args.repeats)
 
@@ -253,10 +297,10 @@ def section_two(args: argparse.Namespace, count: Callable[[int, int], int], head
     for turns in args.turns:
         with openenv_create_app(turns) as theirs, openenv_create_app(turns, deflate=False) as plain, \
                 ours(turns) as url, ours(turns, workers=0) as in_process:
-            paths = {"openenv create_app": over_openenv(theirs, None),
-                     "openenv create_app, no deflate": over_openenv(plain, None),
-                     "our OpenEnv server (1 worker)": over_openenv(url, None),
-                     "our OpenEnv server (0 workers)": over_openenv(in_process, None)}
+            paths = {"openenv create_app": Path_(over_openenv(theirs, None), port_of(theirs)),
+                     "openenv create_app, no deflate": Path_(over_openenv(plain, None), port_of(plain)),
+                     "our OpenEnv server (1 worker)": Path_(over_openenv(url, None), port_of(url)),
+                     "our OpenEnv server (0 workers)": Path_(over_openenv(in_process, None), port_of(in_process))}
             for c in args.concurrency:
                 compare(paths, turns, c, count(turns, c), args.repeats)
 

@@ -27,6 +27,10 @@ def not_a_taskset():
     return 42
 
 
+def reward_len(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
 READY = Echo()
 
 
@@ -226,6 +230,12 @@ def test_a_class_that_is_neither_a_taskset_nor_an_environment_is_named(taskset_f
 def test_an_environment_class_that_needs_constructor_arguments_is_refused_before_any_rollout(taskset_file):
     with pytest.raises(tg.UsageError, match=r"NeedsUrl\(\) needs 'url', but an environment class is made with no"):
         tg.load_taskset(f"{taskset_file}:NeedsUrl", {"rewards": ["x"]})
+
+
+def test_a_function_that_is_no_factory_named_as_the_id_is_refused_naming_it(taskset_file):
+    with pytest.raises(tg.UsageError, match=r"reward_len\(prompts, completions, \*\*kwargs\) cannot be called with "
+                                             r"the taskset's options alone.*--taskset.rewards"):
+        tg.load_taskset(f"{taskset_file}:reward_len", {"seed": 0})
 
 
 def test_a_server_id_without_a_url_scheme_says_how_to_write_it():

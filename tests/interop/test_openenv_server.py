@@ -181,7 +181,8 @@ def test_mcp_lists_and_calls_the_tasks_tools_over_the_websocket():
     assert listed["data"]["result"]["tools"][0]["inputSchema"]["type"] == "object"
     assert "reset" in early["data"]["error"]["message"]
     said = f"The counter is now {row.start + 1}."
-    assert called["data"]["result"] == {"content": [{"type": "text", "text": said}], "isError": False, "data": said}
+    assert called["data"]["result"] == {"content": [{"type": "text", "text": said}], "isError": False, "data": said,
+                                        "done": False, "reward": None}
     assert called["data"]["id"] == 7 and refused["data"]["result"]["isError"] is True
     assert state["data"]["step_count"] == 2 and state["data"]["task"] == row.key and not state["data"]["done"]
 

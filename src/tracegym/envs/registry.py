@@ -85,6 +85,11 @@ def _build(target: Any, config: TasksetConfig | Mapping[str, Any] | None, spec: 
         raise UsageError(f"taskset {spec!r} is a class that is neither a Taskset nor a TRL environment class (one "
                          "with a `reset` method, as TRL's environment_factory takes)")
     if isinstance(target, type) or _takes_an_argument(target):
+        if not isinstance(target, type) and not _binds(target, config):
+            raise UsageError(f"taskset {spec!r}: {target.__name__}{inspect.signature(target)} cannot be called with "
+                             "the taskset's options alone, so it is no taskset factory (a taskset id names a Taskset, "
+                             "its class or a factory of one taking the options or nothing, or a TRL environment "
+                             "class; a reward function goes to --taskset.rewards)")
         return target(config) if config is not None else target()
     given = _options(config)
     if given:
@@ -95,6 +100,20 @@ def _build(target: Any, config: TasksetConfig | Mapping[str, Any] | None, spec: 
 
 def _options(config: TasksetConfig | Mapping[str, Any] | None) -> dict[str, Any]:
     return config.model_dump() if isinstance(config, TasksetConfig) else dict(config or {})
+
+
+def _binds(factory: Any, config: Any) -> bool:
+    """Whether `factory` can be called as a taskset factory is (with the options, or none); True where its
+    signature cannot be read."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(config) if config is not None else signature.bind()
+    except TypeError:
+        return False
+    return True
 
 
 def _takes_an_argument(factory: Any) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from openenv.core.env_server.types import Action, Observation, State, WSErrorCode
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tracegym.core.image_ref import decoded
 from tracegym.core.messages import Message, ToolCall, assistant
 from tracegym.core.tool_spec import ToolSpec
 
@@ -98,6 +99,26 @@ def mcp_tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
     return [{"name": s.name, "description": s.description, "inputSchema": s.parameters} for s in specs]
 
 
+def mcp_content(content: Any) -> list[dict[str, Any]]:
+    """A tool message's content (text, or OpenAI content parts) as MCP content blocks: text as text blocks, an
+    image given as a base64 data URI as an image block; a ValueError naming any other image (MCP image blocks carry
+    the bytes, and images elsewhere are never fetched)."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": content if isinstance(content, str) else json.dumps(content)}]
+    blocks = []
+    for part in content:
+        if part.get("type") == "image_url":
+            url = str((part.get("image_url") or {}).get("url", ""))
+            found = decoded(url)
+            if found is None:
+                raise ValueError(f"an image not given as a base64 data URI ({url[:80]!r}) cannot be an MCP image "
+                                 "block")
+            blocks.append({"type": "image", "data": url.split(",", 1)[1], "mimeType": found[0]})
+        else:
+            blocks.append({"type": "text", "text": str(part.get("text", ""))})
+    return blocks
+
+
 def error_frame(code: WSErrorCode, message: str, **data: Any) -> dict[str, Any]:
     """An OpenEnv error message (`{"type": "error", "data": {"message", "code", ...}}`)."""
     return {"type": "error", "data": {"message": message, "code": code.value, **data}}
@@ -131,6 +152,9 @@ def loads(text: str | bytes) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise TooDeep(f"JSON nested too deeply (more than {MAX_DEPTH} levels)") from None
+    brackets = (b"[", b"{") if isinstance(text, bytes) else ("[", "{")
+    if text.count(brackets[0]) + text.count(brackets[1]) <= MAX_DEPTH:  # type: ignore[arg-type]
+        return value  # too few to nest that deep: no need to walk it
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()

@@ -2,7 +2,9 @@
 
 Each WebSocket at `/ws` is one session (`TasksetSession`): `reset` picks a task (by `index`, `seed` or `key`) and
 answers with its prompt; `step` takes the agent's message or tool calls and answers with what the environment added,
-and the reward once `done`; `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`). Sessions are isolated
+and the reward once `done` (a step may also be openenv's MCP-style `call_tool` / `list_tools` action, answered as
+its CallToolObservation / ListToolsObservation); `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`,
+whose result says `done` and `reward` beside MCP's content blocks). Sessions are isolated
 (each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
 `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
 its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
@@ -33,7 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from openenv.core.env_server.mcp_types import JsonRpcErrorCode, JsonRpcRequest, WSMCPMessage
+from openenv.core.env_server.mcp_types import (
+    CallToolAction,
+    JsonRpcErrorCode,
+    JsonRpcRequest,
+    ListToolsAction,
+    WSMCPMessage,
+)
 from openenv.core.env_server.types import (
     StepRequest,
     WSCloseMessage,
@@ -58,10 +66,12 @@ from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
     TasksetAction,
+    TasksetObservation,
     TasksetState,
     TooDeep,
     error_frame,
     loads,
+    mcp_content,
     mcp_tools,
     schemas,
     step_result,
@@ -312,8 +322,30 @@ class OpenEnvServer:
         return {"type": "observation", "data": step_result(await session.reset(choice))}, True
 
     async def _step(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        action = TasksetAction.model_validate(WSStepMessage.model_validate(message).data)
+        data = message.get("data")  # WSStepMessage's checks, without building it, unless it would refuse the frame
+        if not isinstance(data, dict) or len(message) != 2:
+            data = WSStepMessage.model_validate(message).data
+        if data.get("type") in ("call_tool", "list_tools"):
+            return {"type": "observation", "data": await self._mcp_step(session, data)}, True
+        action = TasksetAction.model_validate(data)
         return {"type": "observation", "data": step_result(await session.step(action))}, True
+
+    async def _mcp_step(self, session: TasksetSession, data: dict[str, Any]) -> dict[str, Any]:
+        """An MCP-style step (openenv's `CallToolAction` / `ListToolsAction`, as its MCPToolClient's `step` sends
+        them), answered as openenv's servers answer one: a CallToolObservation (`tool_name`, `result`, `error`) with
+        `done` and `reward` beside it (the scores in `metadata` once done), or a ListToolsObservation."""
+        if data["type"] == "list_tools":
+            ListToolsAction.model_validate(data)
+            return {"observation": {"tools": session.tools(), "metadata": {}}, "reward": None, "done": False}
+        call = CallToolAction.model_validate(data)
+        observation, content, failed = await session.call_tool(call.tool_name, call.arguments)
+        try:
+            result = tool_call_result(observation, mcp_content(content), failed)
+        except ValueError as exc:
+            raise SessionError(f"tool {call.tool_name!r}'s result: {exc}") from None
+        metadata = result.get("metadata", {})
+        return {"observation": {"tool_name": call.tool_name, "result": result, "error": None, "metadata": metadata},
+                "reward": observation.reward, "done": observation.done, **({"metadata": metadata} if metadata else {})}
 
     async def _state(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
         WSStateMessage.model_validate(message)
@@ -342,11 +374,13 @@ class OpenEnvServer:
             return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, "tools/call needs a session: open a "
                              "WebSocket at /ws and reset it (or give the `session_id` of openenv/session/create)")
         try:
-            text, failed = await session.call_tool(name, arguments)
+            observation, content, failed = await session.call_tool(name, arguments)
+            blocks = mcp_content(content)
         except SessionError as exc:
             return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, str(exc))
-        # `data` too: what OpenEnv's MCPToolClient.call_tool returns (as from a FastMCP environment)
-        return rpc_result(request, {"content": [{"type": "text", "text": text}], "isError": failed, "data": text})
+        except ValueError as exc:
+            return rpc_error(request, JsonRpcErrorCode.INTERNAL_ERROR, f"tool {name!r}'s result: {exc}")
+        return rpc_result(request, tool_call_result(observation, blocks, failed))
 
     # --- HTTP --------------------------------------------------------------------------------------------
     async def _http_reset(self, request: Request) -> JSONResponse:
@@ -470,6 +504,22 @@ async def _refuse(websocket: WebSocket, frame: dict[str, Any], code: int = 1000)
     with contextlib.suppress(Exception):  # the peer may be gone already
         await websocket.send_text(json.dumps(frame))
         await websocket.close(code)
+
+
+def tool_call_result(observation: TasksetObservation, blocks: list[dict[str, Any]],
+                     failed: bool) -> dict[str, Any]:
+    """A `tools/call` result: MCP's (`content`, `isError`), `data` (what OpenEnv's MCPToolClient.call_tool returns,
+    as from a FastMCP environment: the text, or the blocks where they hold images), and, as OpenEnv's own servers
+    answer an MCP-style step (a CallToolObservation), `done` and `reward`, with the scores in `metadata` once the
+    turn ended the episode, so the client knows it is over."""
+    texts = [b["text"] for b in blocks if b["type"] == "text"]
+    data = "".join(texts) if len(texts) == len(blocks) else blocks
+    result = {"content": blocks, "isError": failed, "data": data, "done": observation.done,
+              "reward": observation.reward}
+    if observation.done:
+        result["metadata"] = {**observation.metadata, "rewards": observation.rewards, "metrics": observation.metrics,
+                              "stop_reason": observation.stop_reason}
+    return result
 
 
 def rpc_result(request: JsonRpcRequest, result: Any) -> dict[str, Any]:

@@ -66,7 +66,17 @@ class AgentTurns:
         """The tools of the last request, OpenAI-shaped."""
         self.live: Trace | None = None
         """The rollout's trace as it grows, where it runs in this process."""
+        self.seen: list[Message] = []
+        """The conversation as a worker last sent it (`conversation`), parsed."""
         self._asked = 0
+
+    def conversation(self, sent: list[dict[str, Any]]) -> list[Message]:
+        """A worker's request messages (OpenAI-shaped) as Messages, parsing only those past the ones it sent before
+        (its conversation only grows within a rollout; a rerun's shorter one is parsed anew)."""
+        if len(sent) < len(self.seen):
+            self.seen = []
+        self.seen += [Message.from_openai(m) for m in sent[len(self.seen):]]
+        return list(self.seen)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         message = await self.turn(request.messages, [t.to_openai() for t in request.tools or []])
@@ -190,17 +200,20 @@ class TasksetSession:
         self.agent.answer(action.to_message(len(self.agent.given) + 1))
         return await self._advance()
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        """A turn calling one tool (MCP `tools/call`): its result text and whether it failed (counted by the loop
-        where the rollout runs here; in a worker, whose count arrives with the trace only, told by the text: the
-        error texts of `Task` and of environment classes, TOOL_ERROR_STARTS; a task's own text is not recognised)."""
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[TasksetObservation, Any, bool]:
+        """A turn calling one tool (MCP `tools/call`): the step's observation (`done` and the reward once the turn
+        ended the episode), the tool message's content (its text, or OpenAI content parts where it holds images),
+        and whether the call failed (counted by the loop where the rollout runs here; in a worker, whose count
+        arrives with the trace only, told by the text: the error texts of `Task` and of environment classes,
+        TOOL_ERROR_STARTS; a task's own text is not recognised)."""
         before = self._tool_errors()
         observation = await self.step(TasksetAction(tool_calls=[ToolCallAction(name=name, arguments=arguments)]))
-        results = [m["content"] for m in observation.messages if m["role"] == "tool"]
-        text = results[0] if results else observation.text
+        results = [m.get("content") for m in observation.messages if m["role"] == "tool"]
+        content = results[0] if results else observation.text
         if self.agent.live is not None or self.trace is not None:
-            return text, self._tool_errors() > before
-        return text, bool(results) and isinstance(text, str) and text.startswith(TOOL_ERROR_STARTS)
+            return observation, content, self._tool_errors() > before
+        return observation, content, bool(results) and isinstance(content, str) and content.startswith(
+            TOOL_ERROR_STARTS)
 
     def tools(self) -> list[dict[str, Any]]:
         """The tools of the rollout's task (of the first task before any reset), MCP-shaped."""

@@ -296,8 +296,14 @@ class OpenEnvTask(Task[OpenEnvData, OpenEnvConfig]):
     async def _call_tool_by_mcp(self, name: str, **arguments: Any) -> str | list[ContentPart]:
         assert self.connection is not None
         connection = self.connection
-        return await self._guarded(lambda: connection.mcp("tools/call", {"name": name, "arguments": arguments}),
-                                   tool_result_content)
+
+        async def call() -> Any:
+            """A step like any other: counted, and its `done` and `reward` read where the server gives them
+            beside the result (as OpenEnv's servers answer an MCP-style step, and ours every `tools/call`)."""
+            result = await connection.mcp("tools/call", {"name": name, "arguments": arguments})
+            self._record(result if isinstance(result, dict) else {})
+            return result
+        return await self._guarded(call, tool_result_content)
 
     async def _guarded(self, call: Any, text: Any) -> Any:
         """One step as a tool's answer: a refused action is a ToolError the model reads; a lost session ends the
