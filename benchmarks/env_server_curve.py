@@ -7,7 +7,8 @@ in process, through our env server with a static pool of `--workers` and with an
 verifiers in process and through verifiers' own env server (its ZMQ server, `--workers` workers;
 `env_server_verifiers.py`). "Added" latency is the server path's p50 (p99) per rollout minus its own library's
 in-process p50 (p99) at the same c. Every level is bounded: at most max(`--min-rollouts`, `--per-level` x c)
-rollouts and `--cap-s` seconds per measurement (a capped row says so), after a short warm-up (not counted).
+rollouts and `--cap-s` seconds per measurement (a capped row says so), after a short warm-up (not counted); each
+point is the median of `--rounds` measurements, the paths of one library taking turns at each level.
 Writes a markdown table and a plot (`--out` .md and .png). Run by `benchmarks/env_server.py --curve`.
 """
 
@@ -19,14 +20,16 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from env_server import Result, drive, in_process, through
+from env_server import Call, Result, drive, in_process, through
 from fake_endpoint import fake_endpoint
 
 from tracegym import Endpoint, TaskData
@@ -36,6 +39,7 @@ from tracegym.testing.echo import SPEC, Echo
 LEVELS = [1, 8, 64, 128, 512, 1024]
 OURS = ["in-process", "server static", "server elastic"]
 THEIRS = ["verifiers in-process", "verifiers server"]
+Maker = Callable[[], tuple[Call, Callable[[], Awaitable[None]]]]
 WARM_UP_S = 1.5
 """Seconds of warm-up rollouts before each measurement (an elastic pool grows meanwhile)."""
 
@@ -57,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-rollouts", type=int, default=500, help="rollouts per measurement, at least")
     group.add_argument("--per-level", type=int, default=3, help="rollouts per measurement: this many per caller")
     group.add_argument("--cap-s", type=float, default=20.0, help="most seconds per measurement")
+    group.add_argument("--rounds", type=int, default=3, help="measurements per path and level (the median is kept)")
     group.add_argument("--verifiers-python", default=sys.executable,
                        help="an interpreter with verifiers installed (its own venv); 'none' leaves verifiers out")
     group.add_argument("--out", type=Path, default=Path(__file__).with_name("env_server_curve"),
@@ -83,7 +88,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def ours(endpoint: Endpoint, args: argparse.Namespace) -> list[Point]:
-    """Our three paths, level by level (in process first at each level, then the two servers)."""
+    """Our three paths, level by level: each warmed up once, then measured `--rounds` times in turn (in process,
+    static, elastic, in process, ...); a point is its rounds' median."""
     tasks = list(Echo({"num_tasks": 100}))
     points: list[Point] = []
     with local_server(SPEC, {"turns": 1}, workers=args.workers) as static, \
@@ -92,33 +98,50 @@ def ours(endpoint: Endpoint, args: argparse.Namespace) -> list[Point]:
                  "server elastic": through(elastic, endpoint)}
         for c in args.levels:
             total = max(args.min_rollouts, args.per_level * c)
-            for path, make in paths.items():
-                result, capped = asyncio.run(measure(make, tasks, c, total, args.cap_s))
-                points.append(Point(path, c, result.rate, result.p50_ms, result.p99_ms, result.errors, capped))
+            rounds = asyncio.run(level(paths, tasks, c, total, args.cap_s, args.rounds))
+            for path, results in rounds.items():
+                points.append(median_point(path, c, results))
                 print(json.dumps(points[-1].__dict__), flush=True)
     return points
 
 
-async def measure(make, tasks: list[TaskData], c: int, total: int, cap_s: float) -> tuple[Result, bool]:  # type: ignore[no-untyped-def]
-    """Warm up for `WARM_UP_S`, then one bounded measurement; True with it when the cap cut it short."""
-    call, close = make()
+async def level(paths: dict[str, Maker], tasks: list[TaskData], c: int, total: int, cap_s: float,
+                rounds: int) -> dict[str, list[tuple[Result, bool]]]:
+    """Every path at concurrency `c`: warmed up for `WARM_UP_S` (an elastic pool grows meanwhile), then `rounds`
+    bounded measurements each, the paths in turn; each result with True when the cap cut it short."""
+    made = {path: make() for path, make in paths.items()}
+    results: dict[str, list[tuple[Result, bool]]] = {path: [] for path in paths}
     try:
-        warm_until = time.perf_counter() + WARM_UP_S
-        while time.perf_counter() < warm_until:
-            await drive(call, tasks, c, max(50, 2 * c), deadline=warm_until + cap_s / 4)
-        deadline = time.perf_counter() + cap_s
-        result = await drive(call, tasks, c, total, deadline=deadline)
-        return result, time.perf_counter() >= deadline
+        for call, _ in made.values():
+            warm_until = time.perf_counter() + WARM_UP_S
+            while time.perf_counter() < warm_until:
+                await drive(call, tasks, c, max(50, 2 * c), deadline=warm_until + cap_s / 4)
+        for _ in range(rounds):
+            for path, (call, _) in made.items():
+                deadline = time.perf_counter() + cap_s
+                result = await drive(call, tasks, c, total, deadline=deadline)
+                results[path].append((result, time.perf_counter() >= deadline))
     finally:
-        await close()
+        for _, close in made.values():
+            await close()
+    return results
+
+
+def median_point(path: str, c: int, results: list[tuple[Result, bool]]) -> Point:
+    """One path's point at one level: the median of its rounds' rates and latencies; failures summed."""
+    runs = [r for r, _ in results]
+    return Point(path, c, statistics.median(r.rate for r in runs), statistics.median(r.p50_ms for r in runs),
+                 statistics.median(r.p99_ms for r in runs), sum(r.errors for r in runs),
+                 any(capped for _, capped in results))
 
 
 def theirs(base_url: str, args: argparse.Namespace) -> tuple[list[Point], str]:
     """verifiers' two paths, measured by `env_server_verifiers.py` under `--verifiers-python`, and its version."""
     command = [args.verifiers_python, str(Path(__file__).with_name("env_server_verifiers.py")), "--base-url",
                base_url, "--levels", *map(str, args.levels), "--workers", str(args.workers), "--min-rollouts",
-               str(args.min_rollouts), "--per-level", str(args.per_level), "--cap-s", str(args.cap_s)]
-    budget = (len(args.levels) * 2 * args.cap_s * 1.5) + 300  # every measurement capped, plus start-up
+               str(args.min_rollouts), "--per-level", str(args.per_level), "--cap-s", str(args.cap_s), "--rounds",
+               str(args.rounds)]
+    budget = len(args.levels) * 2 * args.cap_s * (args.rounds + 1) + 300  # every measurement capped, plus start-up
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own interpreter, none of our paths
     done = subprocess.run(command, capture_output=True, text=True, timeout=budget, env=env)
     points, version = [], "?"

@@ -68,14 +68,18 @@ async def drive(call: Any, inputs: list[dict], concurrency: int, total: int, cap
 
 
 async def level(env: Any, client: Any, inputs: list[dict], concurrency: int, total: int, cap_s: float,
-                warm: int) -> dict[str, Any]:
+                warm: int, rounds: int) -> dict[str, Any]:
+    """A warm-up, then `rounds` bounded measurements: their median rate and latencies, failures summed."""
     sampling = {"max_tokens": 32}
 
     async def call(row: dict) -> Any:
         return await env.run_rollout(row, client, "fake-model", sampling)
 
     await drive(call, inputs, concurrency, warm, cap_s / 4)
-    return await drive(call, inputs, concurrency, total, cap_s)
+    runs = [await drive(call, inputs, concurrency, total, cap_s) for _ in range(rounds)]
+    median = {key: statistics.median(run[key] for run in runs) for key in ("rate", "p50_ms", "p99_ms")}
+    return {**median, "rollouts": sum(run["rollouts"] for run in runs), "errors": sum(run["errors"] for run in runs),
+            "capped": any(run["capped"] for run in runs)}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -99,7 +103,7 @@ async def main(args: argparse.Namespace) -> None:
         try:
             for c in args.levels:
                 total = max(args.min_rollouts, args.per_level * c)
-                result = await level(env, client, inputs, c, total, args.cap_s, min(total, max(50, 2 * c)))
+                result = await level(env, client, inputs, c, total, args.cap_s, min(total, max(50, 2 * c)), args.rounds)
                 print(json.dumps({"path": path, "c": c, **result}), flush=True)
         finally:
             if path == "server":
@@ -115,6 +119,7 @@ if __name__ == "__main__":
     parser.add_argument("--min-rollouts", type=int, default=500)
     parser.add_argument("--per-level", type=int, default=3, help="rollouts per level: this many per caller")
     parser.add_argument("--cap-s", type=float, default=20.0, help="most seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per level (the median is kept)")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TRACEGYM_BENCH_NO_KEY", "none")  # the fake endpoint takes any key
     asyncio.run(main(parser.parse_args()))
