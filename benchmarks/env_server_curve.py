@@ -39,6 +39,8 @@ from tracegym.testing.echo import SPEC, Echo
 LEVELS = [1, 8, 64, 128, 512, 1024]
 OURS = ["in-process", "server static", "server elastic"]
 THEIRS = ["verifiers in-process", "verifiers server"]
+COLORS = dict(zip(OURS + THEIRS, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"], strict=True))
+"""One color per path, the same in both panels."""
 Maker = Callable[[], tuple[Call, Callable[[], Awaitable[None]]]]
 WARM_UP_S = 1.5
 """Seconds of warm-up rollouts before each measurement (an elastic pool grows meanwhile)."""
@@ -202,11 +204,11 @@ def plot(points: list[Point], path: Path) -> None:
         if not mine:
             continue
         style = "--" if name.startswith("verifiers") else "-"
-        rates.plot([p.c for p in mine], [p.rate for p in mine], style, marker="o", label=name)
+        rates.plot([p.c for p in mine], [p.rate for p in mine], style, marker="o", label=name, color=COLORS[name])
         base = "verifiers in-process" if name.startswith("verifiers") else "in-process"
         pairs = [(p.c, p.p50_ms - by[(base, p.c)].p50_ms) for p in mine if name != base and (base, p.c) in by]
         if pairs:
-            added.plot([c for c, _ in pairs], [a for _, a in pairs], style, marker="o", label=name)
+            added.plot([c for c, _ in pairs], [a for _, a in pairs], style, marker="o", label=name, color=COLORS[name])
     rates.set(xscale="log", yscale="log", xlabel="concurrent callers", ylabel="rollouts/s",
               title="single-turn rollouts, instant model")
     added.set(xscale="log", yscale="symlog", xlabel="concurrent callers", ylabel="added p50 latency (ms)",
