@@ -10,6 +10,8 @@ the server process and its workers, sampled every 50 ms.
 Targets (issue 5): >= 400 single-turn rollouts/s at 128; p50 added latency <= 1.5 ms at 1; server >= 0.8x.
 
     flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/env_server.py [--rollouts 5000] [--workers 2]
+
+`--curve` measures the published curve instead (`env_server_curve.py`: c = 1 ... 1024, ours next to verifiers').
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ class Result:
     errors: int
 
 
-async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int, group: int = 1) -> Result:
-    """`concurrency / group` callers each run `group` rollouts of one task at a time until `total` are done;
-    a rollout's latency is its group's."""
+async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int, group: int = 1,
+                deadline: float | None = None) -> Result:
+    """`concurrency / group` callers each run `group` rollouts of one task at a time until `total` are done (or,
+    with `deadline`, a `time.perf_counter()`, until then: no call starts past it); a rollout's latency is its
+    group's."""
     latencies: list[float] = []
     errors = 0
     counter = iter(range(0, total, group))
@@ -59,6 +63,8 @@ async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int,
         nonlocal errors
         for n in counter:
             start = time.perf_counter()
+            if deadline is not None and start > deadline:
+                return
             traces = await call(tasks[n // group % len(tasks)], list(range(n, n + group)))
             latencies.extend([time.perf_counter() - start] * len(traces))
             errors += sum(0 if trace.ok else 1 for trace in traces)
@@ -67,7 +73,7 @@ async def drive(call: Call, tasks: list[TaskData], concurrency: int, total: int,
     await asyncio.gather(*(caller() for _ in range(max(1, concurrency // group))))
     elapsed = time.perf_counter() - start
     cuts = statistics.quantiles(latencies, n=100)
-    return Result(total / elapsed, statistics.median(latencies) * 1e3, cuts[98] * 1e3, errors)
+    return Result(len(latencies) / elapsed, statistics.median(latencies) * 1e3, cuts[98] * 1e3, errors)
 
 
 async def measure(make: Callable[[], tuple[Call, Callable[[], Awaitable[None]]]], tasks: list[TaskData],
@@ -172,6 +178,8 @@ def row(turns: int, group: int, path: str, concurrency: int, result: Result, bas
 
 
 def main() -> None:
+    import env_server_curve  # it imports this module's pieces
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=5000,
                         help="single-turn rollouts per measurement (5-turn: a fifth; concurrency 1: a quarter)")
@@ -182,7 +190,13 @@ def main() -> None:
                         help="rollouts of one task per call (per request through the server), as `tracegym eval -r`")
     parser.add_argument("--episodes", action="store_true",
                         help="ask the server for solo episodes, as eval and the orchestrator do, instead of traces")
+    parser.add_argument("--curve", action="store_true",
+                        help="the published curve instead: see benchmarks/env_server_curve.py and its flags below")
+    env_server_curve.add_arguments(parser)
     args = parser.parse_args()
+    if args.curve:
+        env_server_curve.run(args)
+        return
     print("| turns | per call | path | conc. | rollouts/s | vs in-process | p50 ms | p50 added ms | p99 ms "
           "| peak RSS MiB (server+workers) | failed |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

@@ -16,15 +16,15 @@ import asyncio
 import contextlib
 import itertools
 import time
-from typing import Any, cast
+from typing import Any
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from tracegym.core.errors import InfrastructureError, StageTimeout, UsageError
 from tracegym.serve.curve import HANDSHAKE_FAILED, guard_client, refusal
-from tracegym.serve.wire import MAX_PENDING_CHECK, decode_reply, encode_request
+from tracegym.serve.loop_socket import LoopSocket
+from tracegym.serve.wire import MAX_PENDING_CHECK, ZERO_COPY_BYTES, decode_reply, encode_request
 
 PING_AFTER = 1.0
 """Seconds of silence, with requests in flight, after which the client pings the server."""
@@ -55,34 +55,37 @@ class Connection:
         self.server_limit: int | None = None
         """The server's request size limit, once it said it (`info`)."""
         self._pings = itertools.count()
-        self._ctx: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
-        self._events: zmq.asyncio.Socket | None = None
+        self._ctx: zmq.Context | None = None
+        self._socket: LoopSocket | None = None
+        self._events: LoopSocket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
         self._asking: asyncio.Future[Any] | None = None
         self._answered = asyncio.Event()
-        """Set (and replaced) whenever a reply arrives: what a request refused as over budget waits for."""
+        """Set (and replaced) whenever a reply arrives while someone waits on it: what a request refused as over
+        budget waits for."""
+        self._answer_waiters = 0
 
     @property
     def load(self) -> int:
         """Requests waiting for this server's answer (our own pings and cancels not counted)."""
         return sum(not k.startswith(INTERNAL) for k in self.waiting)
 
-    def connect(self) -> zmq.asyncio.Socket:
-        """The socket, connected (and its background tasks started) on first use."""
+    def connect(self) -> LoopSocket:
+        """The socket, connected (and run by the event loop, with the liveness watch) on first use."""
         if self._socket is None:
-            self._ctx = zmq.asyncio.Context()
-            self._socket = self._ctx.socket(zmq.DEALER)
+            self._ctx = zmq.Context()
+            socket = self._ctx.socket(zmq.DEALER)
             for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 100_000), (zmq.RCVHWM, 100_000)):
-                self._socket.setsockopt(option, value)
+                socket.setsockopt(option, value)
             if self.secret:
-                guard_client(self._socket, self.secret)
-            self._events = self._socket.get_monitor_socket(LINK_EVENTS)
-            self._socket.connect(self.address)
+                guard_client(socket, self.secret)
+            events = socket.get_monitor_socket(LINK_EVENTS)
+            socket.connect(self.address)
             self._heard = time.monotonic()
-            self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch()),
-                           asyncio.create_task(self._watch_link())]
+            self._socket = LoopSocket(socket, self._on_reply)
+            self._events = LoopSocket(events, self._on_link_event)
+            self._tasks = [asyncio.create_task(self._watch())]
         return self._socket
 
     async def aclose(self, why: str) -> None:
@@ -92,11 +95,10 @@ class Connection:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._socket is not None:
-            self._socket.disable_monitor()
-            assert self._events is not None
-            self._events.close(0)
-            self._socket.close(0)
-            assert self._ctx is not None
+            assert self._events is not None and self._ctx is not None
+            self._socket.socket.disable_monitor()
+            self._events.close()
+            self._socket.close()
             self._ctx.term()
         self._socket = self._ctx = self._events = None
 
@@ -112,13 +114,17 @@ class Connection:
         socket = self.connect()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
-        socket.send_multipart(frames, copy=len(frames[1]) < 65536)
+        socket.send(frames, copy=len(frames[1]) < ZERO_COPY_BYTES)
         return future
 
     async def answered(self, timeout: float) -> None:
         """Return once a reply arrives (any request's), or after `timeout` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._answered.wait(), timeout)
+        self._answer_waiters += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), timeout)
+        finally:
+            self._answer_waiters -= 1
 
     async def request(self, method: str, payload: Any, request_id: str, timeout: float, limit: int) -> Any:
         """One request's result (an error reply is returned as its RemoteError); past `timeout` a StageTimeout;
@@ -176,16 +182,11 @@ class Connection:
                 future.set_exception(error)
 
     # --- background ----------------------------------------------------------------------------------------
-    async def _receive(self) -> None:
-        assert self._socket is not None
-        while True:
-            batch = [await self._socket.recv_multipart()]
-            with contextlib.suppress(zmq.Again):
-                while len(batch) < 256:  # take whatever else has arrived without another trip through the loop
-                    batch.append(cast("asyncio.Future[list[bytes]]", self._socket.recv_multipart(zmq.NOBLOCK)).result())
-            self._heard, self.up = time.monotonic(), True  # whatever answers is there
-            for frames in batch:
-                self._resolve(frames)
+    def _on_reply(self, frames: list[bytes]) -> None:
+        """A message from the server: whatever answers is there; it settles the request it answers."""
+        self._heard, self.up = time.monotonic(), True
+        self._resolve(frames)
+        if self._answer_waiters:
             self._answered.set()
             self._answered = asyncio.Event()
 
@@ -198,24 +199,23 @@ class Connection:
         if future is not None and not future.done():
             future.set_result(result)
 
-    async def _watch_link(self) -> None:
-        """Act on the socket's events. A refused handshake (no, or another, shared secret; or no env server at all)
-        fails every waiting request: ZMQ would retry the connection forever, or not at all, and the user must hear
-        why; a request sent on a refused connection is lost to libzmq even if the next handshake succeeds. A
-        dropped link (with `moves`) fails them as lost; a failed attempt marks the link down; a handshake, up."""
-        assert self._events is not None
-        while True:
-            event = parse_monitor_message(await self._events.recv_multipart())["event"]
-            if event & HANDSHAKE_FAILED:
-                self.fail_all(refusal(self.address, bool(self.secret)))
-            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.up = True
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.up = False
-                if self.moves:
-                    self.fail_all(HostLost(f"env server at {self.address} dropped the connection"))
-            elif event == zmq.EVENT_CONNECT_RETRIED:
-                self.up = False
+    def _on_link_event(self, frames: list[bytes]) -> None:
+        """Act on one of the socket's events. A refused handshake (no, or another, shared secret; or no env server
+        at all) fails every waiting request: ZMQ would retry the connection forever, or not at all, and the user
+        must hear why; a request sent on a refused connection is lost to libzmq even if the next handshake
+        succeeds. A dropped link (with `moves`) fails them as lost; a failed attempt marks the link down; a
+        handshake, up."""
+        event = parse_monitor_message(frames)["event"]
+        if event & HANDSHAKE_FAILED:
+            self.fail_all(refusal(self.address, bool(self.secret)))
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.up = True
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.up = False
+            if self.moves:
+                self.fail_all(HostLost(f"env server at {self.address} dropped the connection"))
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self.up = False
 
     async def _watch(self) -> None:
         """Ping a quiet server while requests wait; fail them all as lost when it stays silent too long."""

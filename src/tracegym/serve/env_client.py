@@ -155,6 +155,8 @@ class EnvClient:
 
     def _pick(self, tried: list[Connection]) -> Connection:
         """The least-loaded server not tried yet, preferring those whose link is up."""
+        if len(self.hosts) == 1:
+            return self.hosts[0]  # (its load, counted over every pending request, is not worth counting here)
         left = [h for h in self.hosts if h not in tried]
         return min([h for h in left if h.up] or left, key=lambda h: h.load)
 

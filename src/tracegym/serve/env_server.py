@@ -49,6 +49,7 @@ from tracegym.serve.wire import (
     OVER_BUDGET,
     PROTOCOL,
     SECRET_ENV,
+    ZERO_COPY_BYTES,
     Request,
     WireError,
     decode_request,
@@ -69,8 +70,6 @@ WORKER_TIMEOUT = 60.0
 FRAME_MARGIN = 64 * 1024
 """Bytes past the request size limit a single frame may have before libzmq cuts its connection unanswered: room
 for a request's envelope, so a request just over the limit is answered `TooLarge` rather than cut."""
-ZERO_COPY_BYTES = 64 * 1024
-"""Payloads at least this long go to a worker without a copy (libzmq sends from the server's own bytes)."""
 HWM = 100_000
 """Queued messages per peer before ZMQ would drop (ROUTER) or block; far above any sane concurrency."""
 

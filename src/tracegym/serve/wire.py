@@ -31,6 +31,9 @@ MAX_PENDING_CHECK = 10_000
 OVER_BUDGET = "OverBudget"
 """The error type of a `run` request refused because the server already holds its budget of requests received
 and not yet answered (`serve.env_server`)."""
+ZERO_COPY_BYTES = 64 * 1024
+"""Frames at least this long are sent without a copy (libzmq sends from the sender's own bytes) and handed over as
+views of the received frame."""
 MAX_ID_CHARS = 128
 SECRET_ENV = "TRACEGYM_ENV_SECRET"
 """Environment variable holding the shared secret (required to bind anywhere but loopback; see `serve.curve`)."""

@@ -1,12 +1,13 @@
 """Worker: one env-server worker process, running many rollouts at once on one asyncio loop.
 
-It connects a DEALER socket to the server's backend, says `ready`, then answers `run` frames with packed
-traces and obeys `cancel` and `stop`; these messages' names (the worker protocol, which this module and
-`serve.env_server` speak) are the constants below. Once hung sync calls have left it more than
-`max_abandoned_threads` threads, it says `replace` (once): the server sends it no more work and stops it when its
-requests are done.
+It connects a DEALER socket to the server's backend (run by its event loop, `serve.loop_socket`), says `ready`,
+then answers `run` frames with packed traces and obeys `cancel` and `stop`; these messages' names (the worker
+protocol, which this module and `serve.env_server` speak) are the constants below. Once hung sync calls have left
+it more than `max_abandoned_threads` threads, it says `replace` (once): the server sends it no more work and stops
+it when its requests are done.
 SIGINT is ignored (the server owns shutdown); SIGTERM, a `stop` frame or the server process disappearing end it
-quietly. Started as `python -m tracegym.serve.worker ...` by the pool.
+quietly. Started as `python -m tracegym.serve.worker ...` by the pool; its event loop is uvloop's where uvloop is
+installed (a dependency except on Windows: a rollout's loop turns cost less there), else asyncio's own.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
 
 import zmq
-import zmq.asyncio
 from pydantic import ValidationError
 
 from tracegym.core.episode import SOLO, Episode
@@ -42,10 +41,11 @@ from tracegym.models.connect import make_client
 from tracegym.models.endpoint import Endpoint
 from tracegym.runtimes import processes
 from tracegym.runtimes.admission import AdmissionConfig, configure_admission
+from tracegym.serve.loop_socket import LoopSocket
 from tracegym.serve.model_clients import ModelClients
 from tracegym.serve.pool import MAX_ABANDONED_THREADS
 from tracegym.serve.run_request import RunRequest
-from tracegym.serve.wire import error_reply, ok_header, pack, unpack
+from tracegym.serve.wire import ZERO_COPY_BYTES, error_reply, ok_header, pack, unpack
 from tracegym.serve.worker_protocol import CANCEL, JOBS, JOBS_ASKED, READY, REPLACE, REPLY, RUN, STOP
 
 log = logging.getLogger("tracegym.serve.worker")
@@ -73,35 +73,30 @@ class Worker:
         worker held, so a `Cancelled` reply would fail a request that did nothing wrong)."""
         self.models = ModelClients(make_model)
         self.stopped = asyncio.Event()
-        self.socket: zmq.asyncio.Socket | None = None
+        self.socket: LoopSocket | None = None
 
     async def serve(self) -> None:
         """Connect, say ready, and handle frames until stopped."""
-        ctx = zmq.asyncio.Context()
-        self.socket = ctx.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, self.name.encode())
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(self.backend)
-        await self.socket.send_multipart([READY, str(os.getpid()).encode()])
-        receiver = asyncio.create_task(self._receive())
+        ctx = zmq.Context()
+        socket = ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, self.name.encode())
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, 0)  # replies never wait: what the server sent us bounds them
+        socket.connect(self.backend)
+        self.socket = LoopSocket(socket, self._handle)
+        self.socket.send([READY, str(os.getpid()).encode()])
         await self.stopped.wait()
-        for task in [receiver, *self.jobs.values()]:
+        for task in self.jobs.values():
             task.cancel()
-        await asyncio.gather(receiver, *self.jobs.values(), return_exceptions=True)
+        await asyncio.gather(*self.jobs.values(), return_exceptions=True)
         await self.models.aclose()
-        self.socket.close(0)
+        self.socket.close()
         ctx.term()
-
-    async def _receive(self) -> None:
-        assert self.socket is not None
-        while True:
-            self._handle(await self.socket.recv_multipart())
-            with contextlib.suppress(zmq.Again):
-                for _ in range(256):  # take whatever else has arrived without another trip through the loop
-                    self._handle(_future(self.socket.recv_multipart(zmq.NOBLOCK)).result())
 
     def _handle(self, frames: list[bytes]) -> None:
         assert self.socket is not None
+        if self.stopped.is_set():
+            return  # stopping: what the server sends now is its to run elsewhere
         kind = frames[0]
         if kind == RUN and len(frames) == 4:
             key, request_id = frames[1], frames[2].decode()
@@ -112,7 +107,7 @@ class Worker:
             self.cancelled.add(frames[1])
             running.cancel()
         elif kind == JOBS_ASKED:  # the server checks that no request it gave us was lost
-            _future(self.socket.send_multipart([JOBS, *self.jobs])).add_done_callback(_quiet)
+            self.socket.send([JOBS, *self.jobs])
         elif kind == STOP:
             self.stopped.set()
 
@@ -124,7 +119,7 @@ class Worker:
         answers = self._answers_cancel(key)  # called either way: it forgets the key
         if job.cancelled() and answers and self.socket is not None:
             reply = error_reply(request_id, "Cancelled", "the request was cancelled")
-            _future(self.socket.send_multipart([REPLY, key, *reply])).add_done_callback(_quiet)
+            self.socket.send([REPLY, key, *reply])
 
     def _replace_if_leaking(self) -> None:
         """Ask (once) to be replaced when hung sync calls have left too many threads behind."""
@@ -133,7 +128,7 @@ class Worker:
             log.warning("%d threads of hung sync calls left behind; asking to be replaced",
                         TOOLS.abandoned + TASK_CODE.abandoned)
             assert self.socket is not None  # jobs (whose ends call this) run only once connected
-            _future(self.socket.send_multipart([REPLACE])).add_done_callback(_quiet)
+            self.socket.send([REPLACE])
 
     async def _run(self, key: bytes, request_id: str, payload: bytes) -> None:
         assert self.socket is not None
@@ -148,7 +143,7 @@ class Worker:
         except Exception as exc:  # the request boundary: a bug here must still answer, or the server waits for it
             log.exception("run %s failed", request_id)
             frames = error_reply(request_id, "WorkerError", f"{type(exc).__name__}: {exc}")
-        await self.socket.send_multipart([REPLY, key, *frames])
+        self.socket.send([REPLY, key, *frames], copy=len(frames[1]) < ZERO_COPY_BYTES)
 
     def _answers_cancel(self, key: bytes) -> bool:
         """Whether a cancelled job gets a `Cancelled` reply: only when the server asked, and we are not stopping
@@ -197,15 +192,13 @@ class Worker:
                                  infra_retries=request.infra_retries)
 
 
-def _future(sent: Awaitable[Any]) -> asyncio.Future[Any]:
-    """What pyzmq's asyncio socket returns from a send or receive: typed as an Awaitable, it is an asyncio Future."""
-    return cast("asyncio.Future[Any]", sent)
-
-
-def _quiet(future: asyncio.Future[Any]) -> None:
-    """Retrieve a send's outcome so a failed send (the socket closing) is not reported as never retrieved."""
-    if not future.cancelled():
-        future.exception()
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The worker's event loop maker: uvloop's when installed, else None (asyncio's default)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _serve_until_sigterm(worker: Worker) -> None:
@@ -235,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     harness = HarnessChoice.model_validate_json(args.harness) if args.harness else None
     taskset = load_taskset(args.taskset, options or None).with_runtime(args.runtime).with_harness(harness)
     log.info("worker %s (pid %d) serving %s", args.name, os.getpid(), taskset.id)
-    asyncio.run(_serve_until_sigterm(Worker(taskset, args.backend, args.name, args.max_abandoned_threads)))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve_until_sigterm(Worker(taskset, args.backend, args.name, args.max_abandoned_threads)))
     log.info("worker %s stopped", args.name)
     return 0
 
