@@ -61,3 +61,28 @@ def test_a_micro_batch_names_its_images_in_the_order_of_their_runs_row_by_row():
 def test_an_image_run_outside_the_sample_tokens_is_refused():
     with pytest.raises(ValueError, match="outside"):
         sample([ImageSpan(offset=4, length=3, sha256=RED)])
+
+
+def test_an_sft_sample_of_a_teacher_trace_with_an_image_carries_its_run():
+    import base64
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    from tracegym.core.messages import ImagePart, Message, TextPart
+    from tracegym.models.embedded_vlm import embedded_vlm_dir
+    from tracegym.models.renderer import load_renderer
+    from tracegym.train.sft import sft_samples
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (255, 0, 0)).save(buffer, format="PNG")
+    picture = ImagePart(image_url={"url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()})
+    trace = Trace(task=tg.TaskData(prompt="p"))
+    trace.graph.add(Message(role="user", content=[picture, TextPart(text="Which colour?")]))
+    trace.graph.add(assistant("falcon"), sampled=True)
+    renderer = load_renderer(str(embedded_vlm_dir()))
+    [s] = sft_samples(trace, renderer)
+    [span] = s.images
+    assert span.sha256 == hashlib.sha256(buffer.getvalue()).hexdigest()
+    assert s.token_ids[span.offset:span.offset + span.length] == renderer.images.run(buffer.getvalue())

@@ -18,12 +18,16 @@ import io
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from tracegym.core.errors import UsageError
+from tracegym.core.graph import ImageSpan
+from tracegym.core.messages import Message
+from tracegym.models.image_prompt import image_bytes, image_hash, message_images
 from tracegym.models.image_support import takes_images
+
+if TYPE_CHECKING:
+    import torch
 
 TRAINABLE_VLMS = {"idefics3", "smolvlm"}
 """Model types (config.json's `model_type`) whose images the trainer puts in as described above."""
@@ -61,7 +65,7 @@ def check_trainable(config: Any) -> None:
                          f"); this model is {kind!r}")
 
 
-def lora_targets(model: torch.nn.Module, names: Sequence[str], projector: bool) -> list[str] | str:
+def lora_targets(model: Any, names: Sequence[str], projector: bool) -> list[str] | str:
     """The modules a LoRA adapter goes on: `names` (suffixes, as peft matches them) on a text model; on a VLM those
     of its text tower only, plus the connector's projection with `projector` (a regex, which peft matches whole)."""
     if getattr(getattr(model, "config", None), "vision_config", None) is None:
@@ -72,6 +76,26 @@ def lora_targets(model: torch.nn.Module, names: Sequence[str], projector: bool) 
     suffixes = "|".join(re.escape(name) for name in names)
     pattern = rf"{TEXT_TOWER}\.(?:{suffixes})"
     return f"(?:{pattern}|{PROJECTOR})" if projector else pattern
+
+
+def rendered_images(token_ids: list[int], messages: Sequence[Message], renderer: Any) -> list[ImageSpan]:
+    """The runs of the messages' images in `token_ids` (rendered from the first of them by `renderer`), in order,
+    up to the first image not rendered there (a later message's); none when the renderer renders no images. What a
+    sample re-rendered from a trace (`sft`) carries, as the token client records them."""
+    tokens = getattr(renderer, "images", None)
+    if tokens is None:
+        return []
+    out: list[ImageSpan] = []
+    start = 0
+    for part in message_images(messages):
+        data = image_bytes(part)
+        run = tokens.run(data)
+        at = next((i for i in range(start, len(token_ids) - len(run) + 1) if token_ids[i:i + len(run)] == run), -1)
+        if at < 0:
+            break
+        out.append(ImageSpan(offset=at, length=len(run), sha256=image_hash(data)))
+        start = at + len(run)
+    return out
 
 
 class ImageInputs:
@@ -94,6 +118,8 @@ class ImageInputs:
 
     def pixels(self, images: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """The pixel values [1, N, 3, H, W] and pixel mask [1, N, H, W] of the images named by hash, in order."""
+        import torch
+
         made = [self._image(sha256) for sha256 in images]
         return torch.cat([p for p, _ in made], dim=1), torch.cat([m for _, m in made], dim=1)
 

@@ -1,0 +1,49 @@
+"""Image run: the checks `tracegym rl` makes, before anything starts, of a run whose tasksets show images: every piece
+that meets the images must take them, and the one that cannot is named with the taskset, never left to drop them.
+
+A run on an image taskset needs: a student that takes images (a VLM's folder), the token client (the chat client
+records no image runs, so its samples would train on placeholders without the pictures), weight sync that reaches
+what the trainer trains (vLLM loads no adapter on the connector: `lora_projector` needs merged weights), in `sft`
+a teacher that takes images, and not `opd` (its teacher scores token ids through vLLM's completions API, which takes
+no images).
+"""
+
+from __future__ import annotations
+
+from tracegym.core.errors import UsageError
+from tracegym.envs.image_input import check_images_taken, first_image
+from tracegym.envs.registry import load_taskset
+from tracegym.models.launch import choice_takes_images
+from tracegym.train.rl_config import RLConfig, env_servers
+
+
+def check_image_run(config: RLConfig) -> None:
+    """A UsageError naming the taskset (and where it shows an image) and the piece that cannot take its images;
+    nothing for a run whose tasksets (those its env servers start here) show none."""
+    for env in env_servers(config.orchestrator).values():
+        if env.address is not None:  # an env server elsewhere: its taskset is not here to look at
+            continue
+        taskset = load_taskset(env.id, env.options)
+        where = first_image(taskset)
+        if where is None:
+            continue
+        check_images_taken(taskset, choice_takes_images(config.model), config.model.display_name())
+        problem = _problem(config)
+        if problem is not None:
+            raise UsageError(f"taskset {taskset.id!r}, {where}: the taskset shows images and {problem}")
+
+
+def _problem(config: RLConfig) -> str | None:
+    """Which piece of the run cannot take images, if one cannot."""
+    if config.model.client == "chat":
+        return ("[model] client = 'chat' records no image runs in the traces (the trainer would see placeholders "
+                "without the pictures); use client = 'tokens'")
+    if config.mode == "opd":
+        return ("mode = 'opd' cannot score them: its teacher scores the student's token ids through vLLM's "
+                "completions API, which takes no images; use mode = 'rl' or 'sft'")
+    if config.mode == "sft" and config.teacher is not None and choice_takes_images(config.teacher) is False:
+        return f"the [teacher] {config.teacher.display_name()!r} takes text only; give a vision-language teacher"
+    if config.trainer.lora_projector and config.weight_sync == "lora":
+        return ("trainer.lora_projector = true trains an adapter on the connector, which vLLM does not load as an "
+                "adapter; use weight_sync = 'merged'")
+    return None
