@@ -57,7 +57,7 @@ def test_sft_from_a_vlm_teacher_on_an_image_taskset_passes(models):
 
 
 def test_an_adapter_on_the_projector_with_lora_sync_is_refused(models):
-    with pytest.raises(UsageError, match="lora_projector.*weight_sync = 'merged'"):
+    with pytest.raises(UsageError, match=r"lora_projector.*weight_sync = 'merged'"):
         check_image_run(config(models / "vlm", trainer={"lora_projector": True}))
 
 
