@@ -72,6 +72,7 @@ def run(args: list[str]) -> int:
 def replay_step(run_dir: Path, args: list[str]) -> int:
     """`--replay RUN_DIR --step K`: step K of that run trained again from its stored inputs; 0 when the weights
     equal the run's bit for bit, 1 (naming the first step and tensor that differ) when not."""
+    from tracegym.train.image_inputs import folder_source
     from tracegym.train.replay import replay
     from tracegym.train.roles import load_config
     from tracegym.train.trainer import build_trainer
@@ -81,7 +82,8 @@ def replay_step(run_dir: Path, args: list[str]) -> int:
         raise UsageError("usage: tracegym rl --replay RUN_DIR --step K (K: a trained step, from 0)")
     if not (run_dir / "config.toml").is_file():
         raise UsageError(f"--replay: {run_dir} is not an RL run folder (no config.toml)")
-    result = replay(run_dir, int(step), load_config(run_dir).trainer, build_trainer)
+    images = folder_source(RLFolder(run_dir).images.folder)  # a VLM's run reads its images where it stored them
+    result = replay(run_dir, int(step), load_config(run_dir).trainer, lambda c: build_trainer(c, images=images))
     print(f"tracegym rl: {result.line()}")
     return 0 if result.equal else 1
 
