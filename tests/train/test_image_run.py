@@ -40,6 +40,10 @@ def test_the_chat_client_on_an_image_taskset_is_refused(models):
         check_image_run(config(models / "vlm", client="chat"))
 
 
+def test_the_chat_client_of_an_sft_student_passes(models):
+    check_image_run(config(models / "vlm", client="chat", mode="sft", teacher={"name": str(models / "vlm")}))
+
+
 def test_opd_on_an_image_taskset_is_refused(models):
     teacher = {"name": str(models / "vlm")}
     with pytest.raises(UsageError, match=r"taskset 'colour-codeword'.*mode = 'opd'"):

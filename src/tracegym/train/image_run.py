@@ -1,8 +1,9 @@
 """Image run: the checks `tracegym rl` makes, before anything starts, of a run whose tasksets show images: every piece
 that meets the images must take them, and the one that cannot is named with the taskset, never left to drop them.
 
-A run on an image taskset needs: a student that takes images (a VLM's folder), the token client (the chat client
-records no image runs, so its samples would train on placeholders without the pictures), weight sync that reaches
+A run on an image taskset needs: a student that takes images (a VLM's folder), the token client in `rl` (the chat
+client records no image runs, so its samples would train on placeholders without the pictures; `sft` re-renders
+the teacher's traces and finds the runs itself), weight sync that reaches
 what the trainer trains (vLLM loads no adapter on the connector: `lora_projector` needs merged weights), in `sft`
 a teacher that takes images, and not `opd` (its teacher scores token ids through vLLM's completions API, which takes
 no images).
@@ -35,7 +36,7 @@ def check_image_run(config: RLConfig) -> None:
 
 def _problem(config: RLConfig) -> str | None:
     """Which piece of the run cannot take images, if one cannot."""
-    if config.model.client == "chat":
+    if config.model.client == "chat" and config.mode != "sft":  # sft trains on the teacher's traces, re-rendered
         return ("[model] client = 'chat' records no image runs in the traces (the trainer would see placeholders "
                 "without the pictures); use client = 'tokens'")
     if config.mode == "opd":
