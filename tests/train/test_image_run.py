@@ -5,8 +5,9 @@ import json
 import pytest
 
 from tracegym.core.errors import UsageError
-from tracegym.train.image_run import check_image_run
-from tracegym.train.rl_config import RLConfig
+from tracegym.train.image_run import ImageRun
+from tracegym.train.image_run import check_image_run as check
+from tracegym.train.rl_config import RLConfig, env_servers
 
 COLOURS = {"id": "colour-codeword", "options": {"num_tasks": 4}}
 
@@ -24,6 +25,11 @@ def models(tmp_path):
 def config(name, envs=(COLOURS,), client: str = "tokens", **fields) -> RLConfig:
     return RLConfig.model_validate({"model": {"name": str(name), "client": client},
                                     "orchestrator": {"train": {"envs": list(envs)}}, **fields})
+
+
+def check_image_run(c: RLConfig) -> None:
+    check(env_servers(c.orchestrator).values(), ImageRun(c.model, c.mode, c.teacher, c.trainer.lora_projector,
+                                                         c.weight_sync))
 
 
 def test_an_rl_run_of_a_vlm_on_an_image_taskset_passes(models):

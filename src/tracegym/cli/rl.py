@@ -18,7 +18,7 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.task_sandbox import check_taskset
 from tracegym.train.cluster import write_sbatch
-from tracegym.train.image_run import check_image_run
+from tracegym.train.image_run import ImageRun, check_image_run
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.launcher import launch, say, with_cpu_threads, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
@@ -45,7 +45,8 @@ def run(args: list[str]) -> int:
             if not config.dry_run:
                 raise
             print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
-    check_image_run(config)  # a taskset with images: every piece that meets them must take them
+    check_image_run(env_servers(config.orchestrator).values(), ImageRun(  # every piece that meets images takes them
+        config.model, config.mode, config.teacher, config.trainer.lora_projector, config.weight_sync))
     if checked and not preflight(config.orchestrator.train.envs):
         print("tracegym rl: --validate: a training environment is not clean (above); nothing was started",
               file=sys.stderr)

@@ -11,40 +11,54 @@ no images).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from tracegym.core.errors import UsageError
 from tracegym.envs.image_input import check_images_taken, first_image
 from tracegym.envs.registry import load_taskset
 from tracegym.models.launch import choice_takes_images
-from tracegym.train.rl_config import RLConfig, env_servers
+from tracegym.models.model_choice import ModelChoice
+from tracegym.serve.env_server_choice import EnvServerChoice
 
 
-def check_image_run(config: RLConfig) -> None:
+@dataclass(frozen=True)
+class ImageRun:
+    """The parts of a run's config that meet its images."""
+
+    model: ModelChoice
+    mode: str = "rl"
+    teacher: ModelChoice | None = None
+    lora_projector: bool = False
+    weight_sync: str = "lora"
+
+    def problem(self) -> str | None:
+        """Which piece of the run cannot take images, if one cannot."""
+        if self.model.client == "chat" and self.mode != "sft":  # sft trains on the teacher's traces, re-rendered
+            return ("[model] client = 'chat' records no image runs in the traces (the trainer would see "
+                    "placeholders without the pictures); use client = 'tokens'")
+        if self.mode == "opd":
+            return ("mode = 'opd' cannot score them: its teacher scores the student's token ids through vLLM's "
+                    "completions API, which takes no images; use mode = 'rl' or 'sft'")
+        if self.mode == "sft" and self.teacher is not None and choice_takes_images(self.teacher) is False:
+            return f"the [teacher] {self.teacher.display_name()!r} takes text only; give a vision-language teacher"
+        if self.lora_projector and self.weight_sync == "lora":
+            return ("trainer.lora_projector = true trains an adapter on the connector, which vLLM does not load as an "
+                    "adapter; use weight_sync = 'merged'")
+        return None
+
+
+def check_image_run(envs: Iterable[EnvServerChoice], run: ImageRun) -> None:
     """A UsageError naming the taskset (and where it shows an image) and the piece that cannot take its images;
-    nothing for a run whose tasksets (those its env servers start here) show none."""
-    for env in env_servers(config.orchestrator).values():
+    nothing for a run whose tasksets (those of `envs` started here) show none."""
+    for env in envs:
         if env.address is not None:  # an env server elsewhere: its taskset is not here to look at
             continue
         taskset = load_taskset(env.id, env.options)
         where = first_image(taskset)
         if where is None:
             continue
-        check_images_taken(taskset, choice_takes_images(config.model), config.model.display_name())
-        problem = _problem(config)
+        check_images_taken(taskset, choice_takes_images(run.model), run.model.display_name())
+        problem = run.problem()
         if problem is not None:
             raise UsageError(f"taskset {taskset.id!r}, {where}: the taskset shows images and {problem}")
-
-
-def _problem(config: RLConfig) -> str | None:
-    """Which piece of the run cannot take images, if one cannot."""
-    if config.model.client == "chat" and config.mode != "sft":  # sft trains on the teacher's traces, re-rendered
-        return ("[model] client = 'chat' records no image runs in the traces (the trainer would see placeholders "
-                "without the pictures); use client = 'tokens'")
-    if config.mode == "opd":
-        return ("mode = 'opd' cannot score them: its teacher scores the student's token ids through vLLM's "
-                "completions API, which takes no images; use mode = 'rl' or 'sft'")
-    if config.mode == "sft" and config.teacher is not None and choice_takes_images(config.teacher) is False:
-        return f"the [teacher] {config.teacher.display_name()!r} takes text only; give a vision-language teacher"
-    if config.trainer.lora_projector and config.weight_sync == "lora":
-        return ("trainer.lora_projector = true trains an adapter on the connector, which vLLM does not load as an "
-                "adapter; use weight_sync = 'merged'")
-    return None
