@@ -19,7 +19,7 @@ from tracegym.envs.image_input import check_images_taken, first_image
 from tracegym.envs.registry import load_taskset
 from tracegym.models.launch import choice_takes_images
 from tracegym.models.model_choice import ModelChoice
-from tracegym.serve.env_server_choice import EnvServerChoice
+from tracegym.train.rl_config import EnvChoice
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ImageRun:
         return None
 
 
-def check_image_run(envs: Iterable[EnvServerChoice], run: ImageRun) -> None:
+def check_image_run(envs: Iterable[EnvChoice], run: ImageRun) -> None:
     """A UsageError naming the taskset (and where it shows an image) and the piece that cannot take its images;
     nothing for a run whose tasksets (those of `envs` started here) show none."""
     for env in envs:
