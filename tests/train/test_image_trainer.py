@@ -62,6 +62,15 @@ def image_sample(processor, sha: str, data: bytes, answer: str = "It is red.") -
                   images=[ImageSpan(offset=start, length=end - start, sha256=sha)])
 
 
+@pytest.fixture(scope="module")
+def red(vlm, pictures, trainer):
+    """The first picture's sample, its encoding, and the trainer's logprobs of its loss tokens (before any step)."""
+    _, processor, _ = vlm
+    sha, data = next(iter(pictures.items()))
+    sample = image_sample(processor, sha, data)
+    return sample, encoded(processor, data), trainer_logprobs(trainer, sample)
+
+
 def direct_logprobs(model, inputs: dict[str, torch.Tensor], with_image: bool, mask: list[bool]) -> torch.Tensor:
     kwargs = {"input_ids": inputs["input_ids"]}
     if with_image:
@@ -78,35 +87,27 @@ def trainer_logprobs(trainer, sample: Sample) -> torch.Tensor:
     return torch.tensor(values)[torch.tensor(sample.loss_mask)]
 
 
-def test_trainer_logprobs_with_an_image_equal_the_models_forward_with_the_processors_pixels(vlm, pictures, trainer):
+def test_trainer_logprobs_with_an_image_equal_the_models_forward_with_the_processors_pixels(trainer, red):
+    sample, inputs, logprobs = red
+    assert torch.allclose(logprobs, direct_logprobs(trainer.model, inputs, True, sample.loss_mask), atol=1e-4)
+
+
+def test_trainer_logprobs_with_an_image_differ_from_a_forward_without_it(trainer, red):
+    sample, inputs, logprobs = red
+    assert (logprobs - direct_logprobs(trainer.model, inputs, False, sample.loss_mask)).abs().max() > 1e-3
+
+
+def test_samples_sharing_a_prompt_with_other_images_each_get_their_own_images_logprobs(vlm, pictures, trainer, red):
     _, processor, _ = vlm
-    sha, data = next(iter(pictures.items()))
-    sample = image_sample(processor, sha, data)
-    expected = direct_logprobs(trainer.model, encoded(processor, data), True, sample.loss_mask)
-    assert torch.allclose(trainer_logprobs(trainer, sample), expected, atol=1e-4)
-
-
-def test_trainer_logprobs_with_an_image_differ_from_a_forward_without_it(vlm, pictures, trainer):
-    _, processor, _ = vlm
-    sha, data = next(iter(pictures.items()))
-    sample = image_sample(processor, sha, data)
-    blind = direct_logprobs(trainer.model, encoded(processor, data), False, sample.loss_mask)
-    assert (trainer_logprobs(trainer, sample) - blind).abs().max() > 1e-3
-
-
-def test_samples_sharing_a_prompt_with_other_images_each_get_their_own_images_logprobs(vlm, pictures, trainer):
-    _, processor, _ = vlm
-    samples = [image_sample(processor, sha, data) for sha, data in pictures.items()]
-    together = trainer.logprobs(samples)
-    alone = [trainer.logprobs([s])[0] for s in samples]
-    assert torch.allclose(torch.tensor(together), torch.tensor(alone), atol=1e-4)
+    blue = image_sample(processor, *list(pictures.items())[1])
+    together = trainer.logprobs([red[0], blue])
+    assert torch.allclose(torch.tensor(together[0])[torch.tensor(red[0].loss_mask)], red[2], atol=1e-4)
+    assert torch.allclose(torch.tensor(together[1]), torch.tensor(trainer.logprobs([blue])[0]), atol=1e-4)
     assert together[0] != together[1]
 
 
-def test_a_step_on_image_samples_trains_the_text_tower_adapter_only(vlm, pictures, trainer):
-    _, processor, _ = vlm
-    sha, data = next(iter(pictures.items()))
-    sample = image_sample(processor, sha, data).model_copy(update={"advantage": 1.0})
+def test_a_step_on_image_samples_trains_the_text_tower_adapter_only(trainer, red):
+    sample = red[0].model_copy(update={"advantage": 1.0})
     trained = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     metrics = trainer.step([sample])
     assert metrics["tokens"] > 0 and all(".text_model." in n and "lora_" in n for n in trained)
