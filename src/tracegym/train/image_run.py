@@ -50,11 +50,15 @@ class ImageRun:
 
 def check_image_run(envs: Iterable[EnvChoice], run: ImageRun) -> None:
     """A UsageError naming the taskset (and where it shows an image) and the piece that cannot take its images;
-    nothing for a run whose tasksets (those of `envs` started here) show none."""
+    nothing for a run whose tasksets (those of `envs` started here, whose code imports here) show none. The images
+    of a taskset not looked at here are refused per rollout (`models.image_support`)."""
     for env in envs:
         if env.address is not None:  # an env server elsewhere: its taskset is not here to look at
             continue
-        taskset = load_taskset(env.id, env.options)
+        try:
+            taskset = load_taskset(env.id, env.options)
+        except UsageError:  # its code imports only where its env server runs: that server says what is wrong
+            continue
         where = first_image(taskset)
         if where is None:
             continue
