@@ -1,6 +1,11 @@
 """Benchmark: one trainer step of the embedded VLM (LoRA r=16 on its text tower) on colour-codeword samples with
-their images, against the same token ids without them (the `<image>` tokens as plain embeddings, no vision tower),
-side by side in one process, steps alternating.
+their images, against text stand-ins of the same shape, side by side in one process, steps alternating.
+
+"text stand-in" replaces each picture's 49 `<image>` tokens with a text token of its own (one per picture), so the
+rows are laid out as with the pictures (a group's samples share a row, groups do not) and only the vision tower,
+connector and merging are missing: the cost of the images. "image tokens, no pictures" keeps the `<image>` tokens
+and drops the pictures: every prompt is then the same tokens, so all samples share one row; that is the layout a
+trainer that ignored the pictures would train (wrongly), shown for the size of the sharing effect.
 
 The batch is a colour-codeword step: `--groups` pictures x `--rollouts` rollouts, each prompt the taskset's system
 prompt, picture (a 52-token run: 49 image tokens, framed) and question as the VLM's renderer makes them, each
@@ -51,6 +56,14 @@ def colour_samples(groups: int, rollouts: int) -> tuple[list[Sample], dict[str, 
     return out, images
 
 
+def stand_ins(samples: list[Sample], config) -> list[Sample]:
+    """The samples with each picture's `<image>` tokens replaced by a text token of that picture's own."""
+    image_token = config.image_token_id
+    pictures = {sha: 1000 + i for i, sha in enumerate(dict.fromkeys(s.images[0].sha256 for s in samples))}
+    return [s.model_copy(update={"images": [], "token_ids": [pictures[s.images[0].sha256] if t == image_token else t
+                                                             for t in s.token_ids]}) for s in samples]
+
+
 def own_logprobs(trainer, samples: list[Sample]) -> list[Sample]:
     return [s.model_copy(update={"logprobs": lp}) for s, lp in zip(samples, trainer.logprobs(samples), strict=True)]
 
@@ -66,7 +79,9 @@ def main() -> None:
     config = TrainerConfig(model=str(embedded_vlm_dir()), num_threads=args.threads, micro_batch_tokens=1024)
     trainer = build_trainer(config, images=images.__getitem__)
     batches = {"with images": own_logprobs(trainer, samples),
-               "without images": own_logprobs(trainer, [s.model_copy(update={"images": []}) for s in samples])}
+               "text stand-in": own_logprobs(trainer, stand_ins(samples, trainer.model.config)),
+               "image tokens, no pictures": own_logprobs(trainer, [s.model_copy(update={"images": []})
+                                                                   for s in samples])}
     for batch in batches.values():  # warm-up
         trainer.step(batch)
     seconds: dict[str, list[float]] = {name: [] for name in batches}

@@ -1,5 +1,8 @@
 """Slow: `tracegym rl` for two real steps of the embedded VLM on colour-codeword: vLLM serving the Idefics3 model
-with each new LoRA adapter, the token client sending the pictures, the trainer computing logprobs with them."""
+with each new LoRA adapter, the token client sending the pictures, the trainer computing logprobs with them.
+
+The untrained VLM never answers with a code word, so every reward is 0 and no group has a signal; the run takes its
+advantages from `alternating` (+1, -1, ... within a group) so that the adapter moves and vLLM must serve it."""
 
 import json
 import subprocess
@@ -13,9 +16,17 @@ from tracegym.models.embedded_vlm import embedded_vlm_dir
 from tracegym.train.rl_folder import RLFolder
 
 pytestmark = pytest.mark.slow
-CONFIG = Path(__file__).parents[2] / "configs" / "rl" / "colour_codeword_vlm.toml"
+ROOT = Path(__file__).parents[2]
+CONFIG = ROOT / "configs" / "rl" / "colour_codeword_vlm.toml"
 SMALLEST = ["--steps", "2", "--orchestrator.tasks-per-step", "2", "--orchestrator.group-size", "4",
-            "--orchestrator.eval.num-tasks", "2", "--orchestrator.train.sampling.max-tokens", "6"]
+            "--orchestrator.eval.num-tasks", "2", "--orchestrator.train.sampling.max-tokens", "6",
+            "--orchestrator.advantage.name", "tests.train.test_image_rl_vllm:alternating",
+            "--orchestrator.advantage.filter-no-signal", "false"]
+
+
+def alternating(rewards: list[float]) -> list[float]:
+    """+1, -1, +1, ... whatever the rewards: a signal for a model that earns none yet."""
+    return [1.0 - 2.0 * (i % 2) for i in range(len(rewards))]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +34,7 @@ def run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("rl")
     command = [sys.executable, "-m", "tracegym.cli.main", "rl", "@", str(CONFIG), "--model.name",
                str(embedded_vlm_dir()), *SMALLEST, "--output-dir", str(out), "--run-id", "r"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)  # the advantage imports
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return out / "r"
 
