@@ -543,9 +543,10 @@ def build_trainer(config: TrainerConfig, dp: DataParallel | None = None, images:
         model = loader.from_pretrained(config.model, dtype=torch.float32)
     except OSError as exc:
         raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
-    inputs = ImageInputs.load(config.model, images or _no_images) if vlm else None
+    inputs = None
     if vlm:
         check_trainable(model.config)
+        inputs = ImageInputs.load(config.model, images or _no_images)
     return make_trainer(model, config, _pad_id(tokenizer), dp, inputs)
 
 
