@@ -39,3 +39,22 @@ def test_inference_vlm_with_a_model_name_is_refused_in_one_line(capsys):
     assert main(["inference", "--vlm", "-m", "some/model"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--vlm serves the embedded VLM: leave --model.name unset" in err and len(err.splitlines()) == 1
+
+
+def test_a_system_message_given_as_parts_renders_as_its_text():
+    from jinja2 import Environment
+
+    from tracegym.models.embedded_vlm import CHAT_TEMPLATE
+
+    template = Environment().from_string(CHAT_TEMPLATE)
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}
+    as_text = template.render(messages=[{"role": "system", "content": "Be brief."}, user])
+    as_parts = template.render(messages=[{"role": "system", "content": [{"type": "text", "text": "Be brief."}]}, user])
+    assert as_parts == as_text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<image>hi<|im_end|>\n"
+
+
+def test_a_vlm_built_with_an_older_chat_template_gets_the_current_one(built_vlm):
+    from tracegym.models.embedded_vlm import CHAT_TEMPLATE, TEMPLATE_FILE, embedded_vlm_dir
+
+    (built_vlm / TEMPLATE_FILE).write_text("{{ 'old' }}")
+    assert (embedded_vlm_dir() / TEMPLATE_FILE).read_text() == CHAT_TEMPLATE

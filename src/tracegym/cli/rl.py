@@ -18,6 +18,7 @@ from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.task_sandbox import check_taskset
 from tracegym.train.cluster import write_sbatch
+from tracegym.train.image_run import ImageRun, check_image_run
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
 from tracegym.train.launcher import launch, say, with_cpu_threads, with_model_paths
 from tracegym.train.rl_config import RLConfig, env_servers, parse_rl_args
@@ -44,6 +45,8 @@ def run(args: list[str]) -> int:
             if not config.dry_run:
                 raise
             print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
+    check_image_run(env_servers(config.orchestrator).values(), ImageRun(  # every piece that meets images takes them
+        config.model, config.mode, config.teacher, config.trainer.lora_projector, config.weight_sync))
     if checked and not preflight(config.orchestrator.train.envs):
         print("tracegym rl: --validate: a training environment is not clean (above); nothing was started",
               file=sys.stderr)
@@ -70,6 +73,7 @@ def run(args: list[str]) -> int:
 def replay_step(run_dir: Path, args: list[str]) -> int:
     """`--replay RUN_DIR --step K`: step K of that run trained again from its stored inputs; 0 when the weights
     equal the run's bit for bit, 1 (naming the first step and tensor that differ) when not."""
+    from tracegym.train.image_inputs import folder_source
     from tracegym.train.replay import replay
     from tracegym.train.roles import load_config
     from tracegym.train.trainer import build_trainer
@@ -79,7 +83,8 @@ def replay_step(run_dir: Path, args: list[str]) -> int:
         raise UsageError("usage: tracegym rl --replay RUN_DIR --step K (K: a trained step, from 0)")
     if not (run_dir / "config.toml").is_file():
         raise UsageError(f"--replay: {run_dir} is not an RL run folder (no config.toml)")
-    result = replay(run_dir, int(step), load_config(run_dir).trainer, build_trainer)
+    images = folder_source(RLFolder(run_dir).images.folder)  # a VLM's run reads its images where it stored them
+    result = replay(run_dir, int(step), load_config(run_dir).trainer, lambda c: build_trainer(c, images=images))
     print(f"tracegym rl: {result.line()}")
     return 0 if result.equal else 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tracegym.core.graph import RoutedExperts
+from tracegym.core.graph import ImageSpan, RoutedExperts
 from tracegym.core.record import Record
 
 
@@ -37,6 +37,9 @@ class Sample(Record):
     routed_experts: RoutedExperts | None = None
     """On an MoE model: the sampler's experts per token (aligned with `token_ids`; `[]` where unknown), which the
     trainer's forward replays (`models.expert_routing`)."""
+    images: list[ImageSpan] = Field(default_factory=list, exclude_if=lambda spans: not spans)
+    """The placeholder runs of the images among `token_ids` (offsets into them), in order, each naming its image by
+    the sha256 of its bytes (kept once in the run folder's `images/`); the trainer puts the image's features there."""
 
     @model_validator(mode="after")
     def _aligned(self) -> Sample:
@@ -48,6 +51,8 @@ class Sample(Record):
             raise ValueError(f"token_advantages ({len(self.token_advantages)}) must have one value per token ({n})")
         if self.routed_experts is not None and len(self.routed_experts) != n:
             raise ValueError(f"routed_experts ({len(self.routed_experts)}) must have one entry per token ({n})")
+        if any(span.offset < 0 or span.offset + span.length > n for span in self.images):
+            raise ValueError(f"an image run lies outside the sample's {n} tokens")
         return self
 
     @property

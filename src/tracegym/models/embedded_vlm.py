@@ -15,6 +15,7 @@ The weights are seeded (`SEED`), so every machine builds the same model.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,10 @@ IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<
 _TOOLS_HEAD, _TOOLS_TAIL = (json.dumps(half) for half in TOOLS_PROMPT.format(tools="\x00").split("\x00"))
 CHAT_TEMPLATE = (
     r"{%- if messages and messages[0]['role'] == 'system' -%}"
-    r"{%- set system = messages[0]['content'] -%}{%- set turns = messages[1:] -%}"
+    r"{%- if messages[0]['content'] is string -%}{%- set system = messages[0]['content'] -%}{%- else -%}"
+    r"{%- set parts = namespace(text='') -%}{%- for part in messages[0]['content'] -%}"
+    r"{%- set parts.text = parts.text + (part['text'] if part['type'] == 'text' else '<image>') -%}{%- endfor -%}"
+    r"{%- set system = parts.text -%}{%- endif -%}{%- set turns = messages[1:] -%}"
     r"{%- else -%}{%- set system = none -%}{%- set turns = messages -%}{%- endif -%}"
     r"{%- if system is none and not tools -%}"
     r"{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
@@ -77,7 +81,10 @@ CHAT_TEMPLATE = (
 )
 """SmolLM2's ChatML template (its default system prompt) with what `renderer.ChatMLRenderer` adds, so the two
 render alike: the Hermes tool list in the system prompt, content parts (an image part is `<image>`, which the
-processor expands), tool results in `<tool_response>`, calls as `<tool_call>` JSON with their raw arguments."""
+processor expands; a system message's parts too, which vLLM's chat endpoint hands over as parts even when they are
+text only), tool results in `<tool_response>`, calls as `<tool_call>` JSON with their raw arguments."""
+TEMPLATE_FILE = "chat_template.jinja"
+"""Where the processor keeps the chat template in the VLM's folder."""
 
 
 def default_vlm_dir() -> Path:
@@ -96,9 +103,20 @@ def embedded_vlm_dir(cache_dir: str | Path | None = None) -> Path:
     embedded text model (made first if need be), under the same lock-and-rename as `embedded_model_dir`."""
     target = Path(cache_dir).expanduser() if cache_dir is not None else default_vlm_dir()
     if is_complete(target):
-        return target
+        return with_current_template(target)
     text_dir = embedded_model_dir()
     return built_once(target, lambda build: build_vlm(text_dir, build), f"idefics3 from {text_dir.name}, seed {SEED}")
+
+
+def with_current_template(folder: Path) -> Path:
+    """`folder` (a built VLM) with `CHAT_TEMPLATE` as its chat template: one built before the template changed gets
+    the new one (written aside and renamed in; the weights are the same)."""
+    path = folder / TEMPLATE_FILE
+    if path.is_file() and path.read_text() != CHAT_TEMPLATE:
+        partial = path.with_name(f".{TEMPLATE_FILE}.{os.getpid()}.partial")
+        partial.write_text(CHAT_TEMPLATE)
+        os.replace(partial, path)
+    return folder
 
 
 def build_vlm(text_dir: Path, out_dir: Path) -> None:

@@ -17,6 +17,10 @@ the last `keep` positions (`logits_to_keep`) instead of the whole sequence times
 target token (a token whose logprob the loss needs) names the kept position whose logits predict it (`sources`):
 the position before it in its own sample, or the prompt's last position for a sample's first sampled token.
 
+Samples with images (`Sample.images`) share a row only with those that show the same images in their shared
+prompt (placeholder runs alone are the same tokens for every image); a micro-batch names its images in the order
+their runs appear in its rows, row after row (`MicroBatch.images`), the order the trainer fills them in.
+
 With several trainer ranks, `balance` first deals the step's rows out so every rank gets about as many tokens
 (what its compute scales with); each rank then packs its share. A rank with fewer micro-batches than the others
 runs `idle` ones (no loss tokens), since every rank must take part in each forward and backward of a sharded model.
@@ -67,15 +71,16 @@ def rows(samples: Sequence[Sample], token_budget: int, share: bool = True) -> li
     exactly one row."""
     if not share:
         return [Row.alone(s) for s in samples]
-    groups: dict[tuple[float, tuple[int, ...]], list[Sample]] = {}
+    groups: dict[tuple[float, tuple[int, ...], tuple[str, ...]], list[Sample]] = {}
     out: list[Row] = []
     for sample in samples:
         prompt = prompt_length(sample)
         if 0 < prompt < len(sample):
-            groups.setdefault((sample.temperature, tuple(sample.token_ids[:prompt])), []).append(sample)
+            key = (sample.temperature, tuple(sample.token_ids[:prompt]), _images_before(sample, prompt))
+            groups.setdefault(key, []).append(sample)
         else:
             out.append(Row.alone(sample))
-    for (_, prompt_ids), members in groups.items():
+    for (_, prompt_ids, _), members in groups.items():
         current: list[Sample] = []
         for sample in members:
             if current and len(Row((*current, sample), len(prompt_ids))) > token_budget:
@@ -84,6 +89,20 @@ def rows(samples: Sequence[Sample], token_budget: int, share: bool = True) -> li
             current.append(sample)
         out.append(_row(current, len(prompt_ids)))
     return out
+
+
+def _images_before(sample: Sample, end: int) -> tuple[str, ...]:
+    """The hashes of the sample's images whose runs lie before token `end` (a ValueError for a run across it)."""
+    if any(span.offset < end < span.offset + span.length for span in sample.images):
+        raise ValueError(f"trace {sample.trace_id}: an image run crosses the prompt's end (token {end})")
+    return tuple(span.sha256 for span in sample.images if span.offset < end)
+
+
+def row_images(row: Row) -> list[str]:
+    """The hashes of the images in a row, in the order their runs appear: the shared prompt's, then each sample's
+    own."""
+    shared = list(_images_before(row.samples[0], row.shared))
+    return shared + [span.sha256 for s in row.samples for span in s.images if span.offset >= row.shared]
 
 
 def _row(samples: list[Sample], shared: int) -> Row:
@@ -166,6 +185,8 @@ class MicroBatch:
     """Each sample's targets (host-side bookkeeping for `Trainer.logprobs`)."""
     routed_experts: torch.Tensor | None = None
     """[B, T, L, K] the sampler's experts per position and MoE layer (-1: route freely), when samples carry them."""
+    images: tuple[str, ...] = ()
+    """The sha256 of each image whose placeholder run is in the rows, in the order the runs appear (row by row)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -174,9 +195,9 @@ class MicroBatch:
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with its tensors on `device`."""
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
-                 if f.name not in ("keep", "spans", "routed_experts")}
+                 if f.name not in ("keep", "spans", "routed_experts", "images")}
         routed = None if self.routed_experts is None else self.routed_experts.to(device)
-        return MicroBatch(**moved, keep=self.keep, spans=self.spans, routed_experts=routed)
+        return MicroBatch(**moved, keep=self.keep, spans=self.spans, routed_experts=routed, images=self.images)
 
 
 def collate(items: Sequence[Row | Sample], pad_id: int = 0) -> MicroBatch:
@@ -213,6 +234,7 @@ def collate(items: Sequence[Row | Sample], pad_id: int = 0) -> MicroBatch:
         keep=width - first_source,
         spans=tuple(spans),
         routed_experts=_routing(layout, width),
+        images=tuple(sha for row in layout for sha in row_images(row)),
     )
 
 

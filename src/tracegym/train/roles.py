@@ -75,6 +75,7 @@ def run_orchestrator(run_dir: Path) -> None:
 
 def run_trainer(run_dir: Path) -> None:
     from tracegym.train.data_parallel import join
+    from tracegym.train.image_inputs import folder_source
     from tracegym.train.trainer import build_trainer
     from tracegym.train.trainer_loop import TrainerLoop
     from tracegym.train.weight_sync import build_weight_sync, sync_mode
@@ -82,7 +83,7 @@ def run_trainer(run_dir: Path) -> None:
     config, folder, endpoints = load_run(run_dir)
     mode = sync_mode(config.weight_sync, config.trainer.lora)
     dp = join(config.trainer.device)
-    trainer = build_trainer(config.trainer, dp)
+    trainer = build_trainer(config.trainer, dp, images=folder_source(folder.images.folder))
     sync = build_weight_sync(mode, [endpoints.base_url, *endpoints.replicas], endpoints.base_model,
                              config.trainer.model)
     TrainerLoop(folder, trainer, sync.publish, steps=config.steps, checkpoint_every=config.checkpoint_every,

@@ -4,7 +4,9 @@ One sample per branch whose tokens are known. A node shared by several branches 
 first sample that holds it (its tokens stay in later samples as context, mask off). A truncated rollout
 still yields its sampled tokens (they were sampled; only the turn's end is missing): its samples carry
 `meta["truncated"] = 1.0` so a trainer may drop or mask them. A turn whose markup did not parse (`Node.parse_error`)
-stays in its samples as context, with no loss. Advantages are set later, by the orchestrator.
+stays in its samples as context, with no loss. A sample carries the image runs of its nodes (`Sample.images`,
+offsets into its tokens, each image by its hash), from which the trainer computes the images' features. Advantages
+are set later, by the orchestrator.
 
 `validate` says whether a trace can be trained on; `trace_samples` refuses (ValueError) the turns whose loss
 cannot be computed: sampled tokens without logprobs (never read as 0.0) or sampled at a temperature <= 0.
@@ -14,7 +16,7 @@ be meaningless, and the trainer divides its logits by the temperature: train at 
 
 from __future__ import annotations
 
-from tracegym.core.graph import Node, RoutedExperts
+from tracegym.core.graph import ImageSpan, Node, RoutedExperts
 from tracegym.core.sample import Sample
 from tracegym.core.token_check import validate_tokens
 from tracegym.core.trace import Trace
@@ -47,11 +49,13 @@ def _branch_sample(trace: Trace, index: int, path: list[Node], trained: set[int]
     token_ids: list[int] = []
     loss_mask: list[bool] = []
     logprobs: list[float] = []
+    images: list[ImageSpan] = []
     temperature = 1.0
     for node in path:
         ids = node.token_ids
         if not ids:
             continue
+        images += [span.model_copy(update={"offset": len(token_ids) + span.offset}) for span in node.images]
         token_ids += ids
         if node.sampled and node.id not in trained and node.mask is not None and not node.parse_error:
             _check_trainable(trace, node)
@@ -67,7 +71,7 @@ def _branch_sample(trace: Trace, index: int, path: list[Node], trained: set[int]
     return Sample.model_construct(  # built aligned here; skipping validation keeps this linear and fast
         token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, advantage=0.0, temperature=temperature,
         reward=trace.reward, policy_version=version, trace_id=trace.id, branch=index,
-        task_key=trace.task_key, meta=meta, routed_experts=routed,
+        task_key=trace.task_key, meta=meta, routed_experts=routed, images=images,
     )
 
 

@@ -37,6 +37,7 @@ from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import Renderer
 from tracegym.models.token_client import next_prompt_ids
 from tracegym.train.fan_out import unfit
+from tracegym.train.image_inputs import rendered_images
 from tracegym.train.signal import StepGroups, learner_traces
 
 
@@ -100,7 +101,8 @@ def sft_samples(trace: Trace, renderer: Renderer, tools: Sequence[ToolSpec] = ()
                 out.append(Sample.model_construct(
                     token_ids=token_ids, loss_mask=loss_mask, logprobs=[0.0] * len(token_ids), advantage=0.0,
                     temperature=1.0, reward=trace.reward, policy_version=None, trace_id=trace.id, branch=index,
-                    task_key=trace.task_key, meta={}))
+                    task_key=trace.task_key, meta={},
+                    images=rendered_images(token_ids, [nodes[i].message for i in branch], renderer)))
         trained.update(branch)
     return out
 

@@ -11,6 +11,10 @@ trains its token-balanced share of the step's samples, and the summed gradient i
 get on the whole batch. Checkpoints and served weights hold full tensors written by rank 0, so a run saved at one
 world size resumes at any other.
 
+A vision-language model (`train.image_inputs`) trains on samples with images: each micro-batch's images, read by
+hash from the run folder, go through the model's vision tower and connector into the `<image>` tokens of their
+runs; the LoRA adapter goes on the text tower (and on the connector's projection with `lora_projector`).
+
 >>> trainer = build_trainer(TrainerConfig(model=str(embedded_model_dir())))  # doctest: +SKIP
 >>> metrics = trainer.step(samples)  # doctest: +SKIP
 >>> trainer.save_weights("outputs/adapters/step_1")  # doctest: +SKIP
@@ -44,6 +48,14 @@ from tracegym.train.data_parallel import (
     resolve_device,
     shard_like,
     sharded_optimizer_state,
+)
+from tracegym.train.image_inputs import (
+    TRAINABLE_VLMS,
+    ImageInputs,
+    ImageSource,
+    check_trainable,
+    is_vlm,
+    lora_targets,
 )
 from tracegym.train.lm_head import head_hits, head_logprobs
 from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_hits, token_logprobs
@@ -83,7 +95,11 @@ class TrainerConfig(BaseModel):
     lora_dropout: float = 0.0
     """Dropout on the adapter's input."""
     lora_target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_LINEAR_MODULES))
-    """Linear layers that get an adapter (all of them in a Llama block by default)."""
+    """Linear layers that get an adapter (all of them in a Llama block by default); on a vision-language model,
+    those of its text tower only."""
+    lora_projector: bool = False
+    """On a vision-language model: an adapter on the connector's projection too (vision features -> text
+    embeddings). vLLM loads no adapter there: it needs `weight_sync = "merged"`."""
     learning_rate: float = 2e-4
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -148,9 +164,11 @@ class Trainer:
     """Steps one model with AdamW on the policy-gradient loss; `version` counts the steps taken."""
 
     def __init__(self, model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_id: int = 0,
-                 dp: DataParallel | None = None) -> None:
-        """`dp`: this process's rank, when `model` is sharded over several (`make_trainer` shards it)."""
+                 dp: DataParallel | None = None, images: ImageInputs | None = None) -> None:
+        """`dp`: this process's rank, when `model` is sharded over several (`make_trainer` shards it). `images`: a
+        vision-language model's image processor and image source (samples with images need them)."""
         self.model = model
+        self.images = images
         self.config = config
         self.pad_id = pad_id
         self.dp = dp or DataParallel()
@@ -228,6 +246,8 @@ class Trainer:
         """`_logprobs`, and with `hits` whether each target is the position's most likely token ([B, K] bool)."""
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids, "use_cache": False}
+        if batch.images:
+            inputs = {**inputs, "input_ids": None, "inputs_embeds": self._embedded(batch)}
         if self.head is not None:
             with self._compiled(), self._replayed(batch):
                 hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
@@ -238,6 +258,14 @@ class Trainer:
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         logprobs = token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
         return logprobs, token_hits(logits, batch.sources, batch.target_ids) if hits else None
+
+    def _embedded(self, batch: MicroBatch) -> torch.Tensor:
+        """The micro-batch's input embeddings with its images' features in their runs."""
+        if self.images is None:
+            raise UsageError(f"the samples carry images and model {self.config.model!r} takes text only")
+        if self.dp.world > 1:
+            raise UsageError("training on images runs in one trainer process (num_processes = 1)")
+        return self.images.embedded(self._causal_lm(), batch.input_ids, batch.images)
 
     def _replayed(self, batch: MicroBatch) -> contextlib.AbstractContextManager[None]:
         """Where an MoE model routes each position to the experts its sampler chose (`models.expert_routing`), when the
@@ -265,7 +293,7 @@ class Trainer:
         causal = self._causal_lm()
         head = causal.get_output_embeddings()
         plain = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
-                 and getattr(causal.config, "model_type", None) in PLAIN_HEADS)
+                 and _head_type(causal.config) in PLAIN_HEADS)
         return head if plain and not self.bfloat16 and self.dp.world == 1 else None
 
     def _clip(self) -> float:
@@ -410,6 +438,13 @@ def sft_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {**out, "perplexity": math.exp(min(metrics["loss"], 700.0))}
 
 
+def _head_type(config: Any) -> str | None:
+    """The model type whose head makes the logits: a vision-language model's text tower's (`image_inputs`)."""
+    kind = getattr(config, "model_type", None)
+    text = getattr(config, "text_config", None) if kind in TRAINABLE_VLMS else None
+    return getattr(text, "model_type", None) if text is not None else kind
+
+
 def _peft(model: PreTrainedModel | PeftModel) -> TypeIs[PeftModel]:
     """Whether `model` is under peft's wrapper (`Trainer.is_lora`)."""
     return hasattr(model, "peft_config")
@@ -481,27 +516,42 @@ def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> PeftModel:
     """`model` wrapped by peft with a fresh LoRA adapter (only the adapter trains)."""
     from peft import LoraConfig, get_peft_model
 
+    targets = lora_targets(model, config.lora_target_modules, config.lora_projector)
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+                      target_modules=targets, task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
 
 
-def build_trainer(config: TrainerConfig, dp: DataParallel | None = None) -> Trainer:
-    """Load `config.model` in float32 and make its Trainer (`make_trainer`) on `dp`'s rank (default: alone)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def build_trainer(config: TrainerConfig, dp: DataParallel | None = None, images: ImageSource | None = None,
+                  ) -> Trainer:
+    """Load `config.model` in float32 and make its Trainer (`make_trainer`) on `dp`'s rank (default: alone).
+    `images`: where a vision-language model's images are read by hash (`image_inputs.folder_source`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
     dp = dp or DataParallel(device=resolve_device(config.device))
+    vlm = is_vlm(config.model)
+    if vlm and dp.world > 1:
+        raise UsageError(f"model {config.model!r} takes images: it trains in one trainer process (num_processes = 1)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
         if dp.world > 1:  # each rank reads only its shards of the weights
             return Trainer(sharded_model(config, dp), config, pad_id=_pad_id(tokenizer), dp=dp)
-        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+        loader = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+        model = loader.from_pretrained(config.model, dtype=torch.float32)
     except OSError as exc:
         raise UsageError(f"cannot load model {config.model!r}: {exc}") from None
-    return make_trainer(model, config, _pad_id(tokenizer), dp)
+    inputs = None
+    if vlm:
+        check_trainable(model.config)
+        inputs = ImageInputs.load(config.model, images or _no_images)
+    return make_trainer(model, config, _pad_id(tokenizer), dp, inputs)
+
+
+def _no_images(sha256: str) -> bytes:
+    raise ValueError(f"image {sha256}: this trainer was given no run folder to read images from")
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -535,11 +585,12 @@ def sharded_model(config: TrainerConfig, dp: DataParallel) -> PreTrainedModel | 
 
 
 def make_trainer(model: PreTrainedModel | PeftModel, config: TrainerConfig, pad_id: int = 0,
-                 dp: DataParallel | None = None) -> Trainer:
+                 dp: DataParallel | None = None, images: ImageInputs | None = None) -> Trainer:
     """The Trainer of a loaded float32 `model`: gradient checkpointing and a LoRA adapter as `config` says, on
-    `dp`'s device and sharded over its ranks (every rank passes the same model, e.g. loaded with the same seed)."""
+    `dp`'s device and sharded over its ranks (every rank passes the same model, e.g. loaded with the same seed).
+    `images`: a vision-language model's image inputs."""
     dp = dp or DataParallel()
-    return Trainer(dp.shard(prepare_model(model, config)), config, pad_id=pad_id, dp=dp)
+    return Trainer(dp.shard(prepare_model(model, config)), config, pad_id=pad_id, dp=dp, images=images)
 
 
 def prepare_model(model: PreTrainedModel | PeftModel, config: TrainerConfig) -> PreTrainedModel | PeftModel:
