@@ -10,7 +10,7 @@ from tracegym.envs.evaluate import run_episode
 from tracegym.envs.proposer_solver import PROPOSER
 from tracegym.envs.registry import load_taskset
 from tracegym.models.endpoint import Endpoint
-from tracegym.tasksets.propose_arithmetic import PROPOSER_SYSTEM
+from tracegym.tasksets.propose_arithmetic import PROPOSER_SYSTEM, ProposerPrompt
 from tracegym.testing import ScriptedModel, make_episode
 from tracegym.train.advantages import AdvantageConfig, GroupAdvantages, group_mean
 from tracegym.train.fan_out import episode_units
@@ -30,8 +30,9 @@ async def prompt_group():
     """Three episodes of one proposer prompt: a proposal half the solvers pass (proposer 1.0), one all pass
     (proposer 0.0), and an invalid one (proposer -1.0, solvers skipped)."""
     taskset = load_taskset("propose-arithmetic", {"num_tasks": 1})
-    row = next(iter(taskset))
-    plays = [("2 + 3 * 4 = 14", ["14", "14", "15", "20"]),
+    row = ProposerPrompt(id="asked", prompt="Write one problem with 2 numbers; one of them must be 3.", numbers=2,
+                         largest=50, include=3)
+    plays = [("3 * 4 = 12", ["12", "12", "13", "20"]),
              ("3 + 5 = 8", ["8"]),
              ("3 + 5 = 9", ["8"])]
     return [await run_episode(taskset, row, players(p, s), episode_index=i) for i, (p, s) in enumerate(plays)]
