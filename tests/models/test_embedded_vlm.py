@@ -4,7 +4,7 @@ import pytest
 
 from tracegym.cli.main import main
 from tracegym.models.embedded import COMPLETE_MARKER
-from tracegym.models.embedded_vlm import SCALE_OUT_FLAG, VLM_DIR_NAME, default_vlm_dir, vlm_choice
+from tracegym.models.embedded_vlm import SCALE_OUT_FLAG, VLM_DIR_NAME, default_vlm_dir, resolved_vlm, vlm_choice
 from tracegym.models.launch import server_config
 from tracegym.models.model_choice import ModelChoice
 
@@ -24,6 +24,15 @@ def test_the_vlm_is_served_from_the_cache_with_the_generate_endpoint_open(built_
     config = server_config(vlm_choice(ModelChoice(vllm_args=["--seed", "1"])))
     assert config.model == str(built_vlm) and config.name == VLM_DIR_NAME
     assert config.extra_args == ["--seed", "1", SCALE_OUT_FLAG]
+
+
+def test_model_vlm_names_the_embedded_vlms_folder(built_vlm):
+    chosen = resolved_vlm(ModelChoice(vlm=True))
+    assert chosen.name == str(built_vlm) and not chosen.vlm  # resolved once: a saved config names the folder
+
+
+def test_a_model_name_is_the_model_over_vlm(built_vlm):
+    assert resolved_vlm(ModelChoice(vlm=True, name="/models/other")).name == "/models/other"
 
 
 def test_the_generate_flag_is_not_added_twice(built_vlm):

@@ -38,6 +38,7 @@ from tracegym.eval.run_folder import RunFolder
 from tracegym.eval.run_summary import too_many_failed
 from tracegym.eval.summary import Summary
 from tracegym.eval.verifiers_flags import translate
+from tracegym.models.embedded_vlm import resolved_vlm
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import choice_takes_images, reach
 from tracegym.models.renderer import load_renderer
@@ -70,6 +71,7 @@ def run(args: list[str]) -> int:
         return run_combined(rest)
     else:
         config = parse_eval_args(rest, description=USAGE)
+    config = config.model_copy(update={"model": resolved_vlm(config.model)})
     taskset = loaded(config)  # a bad option or seat fails before any folder
     if config.dry_run:
         print(tomli_w.dumps(config.to_toml_dict()), end="")

@@ -17,6 +17,7 @@ from tracegym.config.toml_data import toml_ready
 from tracegym.core.errors import UsageError
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.task_sandbox import check_taskset
+from tracegym.models.embedded_vlm import resolved_vlm
 from tracegym.train.cluster import write_sbatch
 from tracegym.train.image_run import ImageRun, check_image_run
 from tracegym.train.launch_plan import LaunchPlan, plan_launch
@@ -35,6 +36,7 @@ def run(args: list[str]) -> int:
     resume, rest = pop_flag(args, "--resume")
     checked = "--validate" in rest  # a pre-flight: the training environments' gold passes, a no-op is not paid
     config, warnings = parse_rl_args([a for a in rest if a != "--validate"])
+    config = config.model_copy(update={"model": resolved_vlm(config.model)})
     config = config.model_copy(update={"trainer": with_cpu_threads(with_model_paths(config.trainer, config.model))})
     for warning in warnings:
         print(f"tracegym rl: warning: {warning}", file=sys.stderr)

@@ -44,7 +44,8 @@ class ThreadLane:
             weakref.WeakKeyDictionary())
         self._lock = threading.Lock()
         self._abandoned = 0
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], Callable[[], None] | None]] = queue.SimpleQueue()
+        """Each job runs its call and returns how to hand its outcome to the caller (None: nobody waits)."""
         self._idle = 0
         """Threads waiting for a job that no queued job has claimed yet."""
 
@@ -71,7 +72,7 @@ class ThreadLane:
             state = {"abandoned": False, "finished": False}
             context = contextvars.copy_context()
 
-            def work() -> None:
+            def work() -> Callable[[], None] | None:
                 try:
                     outcome: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
                 except Exception as exc:  # handed to the caller, who decides
@@ -82,9 +83,12 @@ class ThreadLane:
                     state["finished"] = True
                     if state["abandoned"]:
                         self._abandoned -= 1
-                        return
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-                    loop.call_soon_threadsafe(_settle, future, outcome)
+                        return None
+
+                def deliver() -> None:
+                    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+                        loop.call_soon_threadsafe(_settle, future, outcome)
+                return deliver
 
             self._submit(work)
             try:
@@ -96,7 +100,7 @@ class ThreadLane:
                         self._abandoned += 1
                 raise
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def _submit(self, job: Callable[[], Callable[[], None] | None]) -> None:
         """Queue `job` for an idle thread, or start a thread for it when none is idle."""
         with self._lock:
             self._jobs.put(job)
@@ -106,13 +110,18 @@ class ThreadLane:
         threading.Thread(target=self._serve, name=f"tracegym-{self.name}", daemon=True).start()
 
     def _serve(self) -> None:
-        """A lane thread: run jobs until `limit` other threads are idle already."""
+        """A lane thread: run jobs until `limit` other threads are idle already. It counts itself idle before it
+        hands a job's outcome over, so the caller's next call finds it."""
         while True:
-            self._jobs.get()()
+            deliver = self._jobs.get()()
             with self._lock:
-                if self._idle >= self.limit:
-                    return
-                self._idle += 1
+                stays = self._idle < self.limit
+                if stays:
+                    self._idle += 1
+            if deliver is not None:
+                deliver()
+            if not stays:
+                return
 
 
 PASSING = (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)

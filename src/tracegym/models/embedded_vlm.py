@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tracegym.core.errors import UsageError
 from tracegym.models.embedded import built_once, cache_root, embedded_model_dir, is_complete
@@ -92,10 +92,19 @@ def default_vlm_dir() -> Path:
     return cache_root() / "models" / VLM_DIR_NAME
 
 
-def vlm_choice(choice: ModelChoice) -> ModelChoice:
+M = TypeVar("M", bound=ModelChoice)
+
+
+def vlm_choice(choice: M) -> M:
     """`choice` pointed at the embedded VLM (built first if need be); its server opens the endpoint image prompts
     go to (`SCALE_OUT_FLAG`, added by `launch.server_config` for any model that takes images)."""
-    return choice.model_copy(update={"name": str(embedded_vlm_dir())})
+    return choice.model_copy(update={"name": str(embedded_vlm_dir()), "vlm": False})
+
+
+def resolved_vlm(choice: M) -> M:
+    """`choice` with `vlm = true` and no `name` resolved to the embedded VLM's folder (`vlm_choice`); any other as
+    it is."""
+    return vlm_choice(choice) if choice.vlm and choice.name is None else choice
 
 
 def embedded_vlm_dir(cache_dir: str | Path | None = None) -> Path:

@@ -53,6 +53,11 @@ class ModelChoice(ClientSettings):
     """Seconds a vLLM server started here may take to answer `/health` (a loaded machine, a large model or the VLM's
     first start can need more)."""
 
+    vlm: bool = False
+    """With `name` unset: the embedded vision-language model (`models.embedded_vlm`: SmolLM2-135M's text tower
+    with a small vision tower, built once into the model cache) in place of the embedded text model. A `name`
+    (e.g. `--model.name` over a config's `vlm = true`) is the model instead."""
+
     served_by: ClassVar[str | None] = None
     """The command that always starts the server itself (`tracegym rl`), in a subclass for it: `base_url` must then
     stay unset."""
