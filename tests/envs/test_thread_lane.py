@@ -1,11 +1,13 @@
 """Thread lanes: hung sync tools are abandoned at their timeout and starve neither scorers, siblings nor exit."""
 
 import asyncio
+import gc
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -117,6 +119,17 @@ async def test_a_lane_never_runs_more_than_limit_sync_calls_at_once():
 
     await asyncio.gather(*(lane.call(busy) for _ in range(6)))
     assert most[0] == 2
+
+
+async def test_a_thread_waiting_for_work_keeps_nothing_of_its_last_result():
+    class Made:
+        pass
+
+    made = weakref.ref(await ThreadLane("test").call(Made))
+    for _ in range(3):  # the loop's own handles of the settled future go with its next turns
+        await asyncio.sleep(0)
+    gc.collect()
+    assert made() is None
 
 
 async def test_an_idle_thread_is_reused_by_the_next_call():

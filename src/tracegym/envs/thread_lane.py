@@ -120,6 +120,7 @@ class ThreadLane:
                     self._idle += 1
             if deliver is not None:
                 deliver()
+            del deliver  # it holds the outcome (a new object, maybe): a thread waiting for work must not keep it
             if not stays:
                 return
 
