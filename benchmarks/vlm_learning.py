@@ -13,25 +13,14 @@ import json
 import re
 from pathlib import Path
 
+from sft_reverse_text import Evaluation, evaluations
+
 from tracegym.core.interval import MeanCI, mean_ci
 from tracegym.core.trace import Trace
 from tracegym.tasksets.colour_codeword import CODEWORDS
 
-Evaluation = dict[str, Trace]
 EDGES = re.compile(r"^[\s\"'`*]+|[\s\"'`*.]+$")
 """What the taskset's reward strips from a reply before comparing it with the code word."""
-
-
-def evaluations(run_dir: Path) -> dict[int, Evaluation]:
-    """Every held-out evaluation of the run's (first) held-out env, by step."""
-    folders = sorted((run_dir / "evals").glob("*/traces"))
-    if not folders:
-        raise SystemExit(f"{run_dir / 'evals'} holds no held-out traces")
-    out = {}
-    for path in sorted(folders[0].glob("step-*.jsonl")):
-        traces = [Trace.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
-        out[int(path.stem.removeprefix("step-"))] = {t.task_key: t for t in traces}
-    return out
 
 
 def word(trace: Trace) -> str:
