@@ -126,27 +126,26 @@ def test_mcp_tool_calls_count_as_env_steps_and_a_stop_they_reach_ends_the_client
     assert trace.stopped_by == "said_done" and len(model.requests) == 2
 
 
-def test_a_tools_image_reaches_an_mcp_client_as_an_image_block():
+def call_in_a_session(tool: str) -> dict:
+    """`tools/call` of `tool` in a session openenv's own MCP client opened (and reset) on a fresh server."""
     with OpenEnvServer(Submit(), workers=0).running() as url:
         async def play():
             async with MCPToolClient(base_url=url.replace("ws://", "http://")) as env:
                 await env.reset(index=0)
                 session = env._production_session_id
-                return rpc(url, "tools/call", {"name": "look", "arguments": {}, "session_id": session})
-        said = asyncio.run(play())
+                return rpc(url, "tools/call", {"name": tool, "arguments": {}, "session_id": session})
+        return asyncio.run(play())
+
+
+def test_a_tools_image_reaches_an_mcp_client_as_an_image_block():
+    said = call_in_a_session("look")
     image, text = said["result"]["content"]
     assert image["type"] == "image" and image["mimeType"] == "image/png"
     assert base64.b64decode(image["data"]) == RED and text == {"type": "text", "text": "a red square"}
 
 
 def test_a_tools_image_given_by_url_is_refused_naming_the_tool_not_dropped():
-    with OpenEnvServer(Submit(), workers=0).running() as url:
-        async def play():
-            async with MCPToolClient(base_url=url.replace("ws://", "http://")) as env:
-                await env.reset(index=0)
-                session = env._production_session_id
-                return rpc(url, "tools/call", {"name": "look_far", "arguments": {}, "session_id": session})
-        said = asyncio.run(play())
+    said = call_in_a_session("look_far")
     assert "tool 'look_far'" in said["error"]["message"] and "https://example.com/red.png" in said["error"]["message"]
 
 
