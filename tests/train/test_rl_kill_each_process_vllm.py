@@ -91,19 +91,28 @@ def rewound(run_dir: Path, since: float) -> bool:
 
 
 class Ledger:
-    """What the run folder shows of progress: batches made, complete checkpoints, groups of the unfinished step."""
+    """What the run folder shows of progress, each as the set of things made so far, so that a moment is a new one
+    (a count would not do: a resumed step keeps the groups it had, so with two tasks a step's count of finished
+    groups can start at 1 and never be seen above it before the step's file is removed)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.folder = RLFolder(run_dir)
 
-    def batches(self) -> int:
-        return len(list((self.folder.path / "batches").glob("*.msgpack")))
+    def batches(self) -> set[str]:
+        return {p.name for p in (self.folder.path / "batches").glob("*.msgpack")}
 
-    def checkpoints(self) -> int:
-        return len(self.folder.checkpoints())
+    def checkpoints(self) -> set[str]:
+        return {p.name for p in self.folder.checkpoints()}
 
-    def finished_groups(self) -> int:
-        return sum(len(p.read_text().splitlines()) for p in (self.folder.path / "partial").glob("*.jsonl"))
+    def finished_groups(self) -> set[str]:
+        """Each finished group of an unfinished step, as its file and line."""
+        groups = set()
+        for partial in (self.folder.path / "partial").glob("*.jsonl"):
+            try:
+                groups |= {f"{partial.name}:{line}" for line in partial.read_text().splitlines()}
+            except FileNotFoundError:  # its step was just made
+                continue
+        return groups
 
 
 TRAINER = ("tracegym.train.roles trainer",)
@@ -136,7 +145,7 @@ def attempt(tmp_path: Path, run_dir: Path, kills: list[tuple[str, list[tuple[str
             pids = [run.pid if parts == LAUNCHER else the(run, *parts, parent=ENV_SERVER if parts == WORKER else ())
                     for parts in processes]
             seen |= set(descendants(run.pid))  # now: once the launcher is dead, its children are no longer its
-            poll(lambda: moments[moment]() > before or run.poll() is not None, RUN_S, f"a new {moment}")  # noqa: B023
+            poll(lambda: bool(moments[moment]() - before) or run.poll() is not None, RUN_S, f"a new {moment}")  # noqa: B023
             assert run.poll() is None, f"the run ended (exit {run.returncode}) before {processes} were killed"
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
