@@ -7,11 +7,17 @@ stage's gain is paired task by task; the SFT run's step 0 is the base model.
 
     python benchmarks/sft_then_rl.py outputs/sft/reverse-text-recipe outputs/rl/reverse-text-from-sft \
         [--png benchmarks/sft_then_rl.png]
+
+An SFT checkpoint other than the run's last is made servable (its LoRA adapter merged into the base model's
+weights, as the trainer writes `weights/merged`) with
+
+    python benchmarks/sft_then_rl.py --merge outputs/sft/reverse-text-recipe/checkpoints/step-000048 OUT_DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +59,30 @@ def draw(png: Path, sft: Any, rl: Any, steps: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
+def merge_checkpoint(checkpoint: Path, out: Path) -> None:
+    """Write `out`, a model folder: the embedded base model with `checkpoint`'s adapter merged, in bfloat16."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tracegym.models.embedded import embedded_model_dir
+    from tracegym.models.merge_extension import merged, read_adapter
+
+    base_dir = embedded_model_dir()
+    base = load_file(str(base_dir / "model.safetensors"))
+    weights = dict(merged(base, read_adapter(checkpoint / "adapter"), torch.bfloat16))
+    out.mkdir(parents=True, exist_ok=True)
+    for extra in base_dir.iterdir():
+        if extra.suffix != ".safetensors" and extra.is_file() and not extra.name.startswith("."):
+            shutil.copy(extra, out / extra.name)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--merge"]:
+        merge_checkpoint(Path(sys.argv[2]), Path(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sft_run", type=Path)
     parser.add_argument("rl_run", type=Path)
