@@ -16,7 +16,7 @@ exploitability of each checkpoint's policy, read from 64 replies sampled at each
 reads them, with a 95% bootstrap interval (`benchmarks/kuhn_exploitability.py`), next to the base model's.
 
     .venv/bin/python benchmarks/kuhn_ablations.py run [--steps 12] [--only rae-pool ...]   # the runs, in order
-    .venv/bin/python benchmarks/kuhn_ablations.py report [--plot benchmarks/kuhn_ablations.png]
+    .venv/bin/python benchmarks/kuhn_ablations.py report [--read-steps 12] [--plot benchmarks/kuhn_ablations.png]
 """
 
 from __future__ import annotations
@@ -86,14 +86,18 @@ def per_step(folder: Path) -> list[dict[str, float]]:
     return rows
 
 
-def report(plot_path: Path) -> dict[str, Any]:
-    """Every variant's per-step figures and its checkpoints' exploitability (prefix reading)."""
+def report(plot_path: Path, steps: list[int]) -> dict[str, Any]:
+    """Every variant's per-step figures and the exploitability of the base model (read once: every variant starts
+    from it) and of each variant's checkpoints at `steps` (replies and prefix readings)."""
+    base_policies, base_replies = read_models(None, SAMPLES)
+    labels = {f"step {step}" for step in steps}
     out: dict[str, Any] = {}
     for name in VARIANTS:
         folder = OUTPUT / name
         if not (folder / "metrics.jsonl").exists():
             continue
-        policies, replies = read_models(folder, SAMPLES)
+        policies, replies = read_models(folder, SAMPLES, labels)
+        policies, replies = base_policies | policies, base_replies | replies
         out[name] = {"steps": per_step(folder),
                      "exploitability": {label: replies_exploitability(replies[label]) for label in replies},
                      "prefix_exploitability": {label: float(exploitability(read["prefix"].strategy))
@@ -132,6 +136,8 @@ def main() -> None:
     parser.add_argument("action", choices=["run", "report"])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--only", nargs="+", choices=list(VARIANTS), help="these variants only")
+    parser.add_argument("--read-steps", nargs="+", type=int, default=[12],
+                        help="report: the checkpoints whose policy is read (each ~3 min on this CPU)")
     parser.add_argument("--plot", type=Path, default=Path("benchmarks/kuhn_ablations.png"))
     parser.add_argument("--json", type=Path, default=Path("benchmarks/kuhn_ablations.json"))
     args = parser.parse_args()
@@ -139,7 +145,7 @@ def main() -> None:
         for name in args.only or VARIANTS:
             run(name, args.steps)
         return
-    out = report(args.plot)
+    out = report(args.plot, args.read_steps)
     args.json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
