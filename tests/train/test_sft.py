@@ -2,6 +2,7 @@
 (also when teacher and student templates differ), the cross-entropy loss, the SFT source's step and its stops."""
 
 import asyncio
+import itertools
 import json
 import math
 import tomllib
@@ -307,6 +308,24 @@ def test_the_oracle_answers_known_tasks_and_refuses_others():
         bad = asyncio.run(run_rollout(other, next(iter(other)), endpoint))
     assert good.reward == 1.0 and good.last_reply == next(iter(taskset)).answer
     assert bad.errors and "404" in bad.errors[0].message and json.dumps(bad.errors[0].message)
+
+
+def test_the_oracle_tells_image_tasks_with_the_same_text_apart_by_their_pictures():
+    taskset = load_taskset("colour-codeword", {"seed": 0, "colours": 4})
+    tasks = list(itertools.islice(taskset, 8))
+    assert len({t.answer for t in tasks}) > 1 and len({tuple(m.text for m in t.initial_messages()) for t in tasks}) == 1
+    with oracle_server("colour-codeword", [{"seed": 0, "colours": 4}], max_tasks=8) as server:
+        endpoint = Endpoint(base_url=server.base_url, model="oracle", api_key_env=None)
+        traces = [asyncio.run(run_rollout(taskset, task, endpoint)) for task in tasks]
+    assert [t.last_reply for t in traces] == [t.answer for t in tasks]
+
+
+def test_the_oracle_refuses_a_taskset_whose_tasks_open_alike_with_different_answers(tmp_path):
+    (tmp_path / "twins.py").write_text(
+        "import tracegym as tg\n\nclass Twins(tg.Taskset):\n    id = 'twins'\n\n    def load(self):\n"
+        "        return [{'prompt': 'p', 'answer': 'a'}, {'prompt': 'p', 'answer': 'b'}]\n")
+    with pytest.raises(UsageError, match=r"same messages but have different answers \('a', 'b'\)"):
+        oracle_server(f"{tmp_path / 'twins.py'}:Twins")
 
 
 def test_sft_on_a_multi_agent_taskset_is_refused_at_the_command_line_naming_the_flag():

@@ -13,6 +13,7 @@ instead of training on blank replies.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import sys
@@ -20,8 +21,9 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tracegym.core.errors import TracegymError
-from tracegym.core.messages import Message
+from tracegym.core.errors import TracegymError, UsageError
+from tracegym.core.image_ref import decoded
+from tracegym.core.messages import ImagePart, Message
 from tracegym.envs.registry import load_taskset
 from tracegym.models.client import ModelRequest
 from tracegym.testing.fake_server import FakeOpenAIServer
@@ -31,19 +33,34 @@ MAX_TASKS = 100_000
 """Rows read from an endless taskset by default."""
 
 
-def conversation_key(messages: Sequence[Message]) -> tuple[tuple[str, str], ...]:
-    """The messages as (role, text) pairs: how a request is matched to a task."""
-    return tuple((m.role, m.text) for m in messages)
+Key = tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+def conversation_key(messages: Sequence[Message]) -> Key:
+    """The messages as (role, text, images) triples: how a request is matched to a task. An image is its bytes'
+    SHA-256 where its URL is a data URI (a task's picture and the one a client sends are then the same), else its
+    URL."""
+    return tuple((m.role, m.text, tuple(image_identity(p.image_url.get("url", "")) for p in m.content or ()
+                                        if isinstance(p, ImagePart))) for m in messages)
+
+
+def image_identity(url: str) -> str:
+    found = decoded(url)
+    return hashlib.sha256(found[1]).hexdigest() if found is not None else url
 
 
 def reference_answers(taskset_id: str, options: Iterable[Mapping[str, Any]] = ({},),
-                      max_tasks: int = MAX_TASKS) -> dict[tuple[tuple[str, str], ...], str]:
-    """Each task's opening messages -> its reference answer as text, over the taskset built with each options."""
-    answers = {}
+                      max_tasks: int = MAX_TASKS) -> dict[Key, str]:
+    """Each task's opening messages -> its reference answer as text, over the taskset built with each options; a
+    UsageError where two tasks open alike but have different answers (the oracle could not tell which is asked)."""
+    answers: dict[Key, str] = {}
     for option_set in options:
         taskset = load_taskset(taskset_id, dict(option_set))
         for data in itertools.islice(taskset, max_tasks):
-            answers[conversation_key(data.initial_messages())] = str(data.answer)
+            key, answer = conversation_key(data.initial_messages()), str(data.answer)
+            if answers.setdefault(key, answer) != answer:
+                raise UsageError(f"taskset {taskset_id!r}: two tasks open with the same messages but have different "
+                                 f"answers ({answers[key]!r}, {answer!r}), so the oracle cannot tell which is asked")
     return answers
 
 
