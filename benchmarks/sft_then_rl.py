@@ -87,8 +87,11 @@ def main() -> None:
     parser.add_argument("sft_run", type=Path)
     parser.add_argument("rl_run", type=Path)
     parser.add_argument("--png", type=Path, default=Path("benchmarks/sft_then_rl.png"))
+    parser.add_argument("--sft-step", type=int, help="the SFT checkpoint RL started from (default: the run's last)")
     args = parser.parse_args()
     sft, rl = evaluations(args.sft_run), evaluations(args.rl_run)
+    if args.sft_step is not None:
+        sft = {step: e for step, e in sft.items() if step <= args.sft_step}
     for name, run, evals in (("SFT", args.sft_run, sft), ("RL", args.rl_run, rl)):
         print(overlap_line(f"{name} ", run, evals[max(evals)]))
     print("SFT stage:\n" + "\n".join(table(sft)))
