@@ -23,7 +23,9 @@ from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.evaluate import run_episode
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts
+from tracegym.envs.seats import Seats
 from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
@@ -129,6 +131,18 @@ def in_process(taskset: Taskset) -> Runner:
     return run
 
 
+def in_episodes(taskset: Taskset, seat: str, others: Seats) -> Runner:
+    """Episodes of a multi-agent `taskset` run in this process, the agent playing `seat` and `others` binding the
+    other members; the agent's seat's trace."""
+    async def run(data: TaskData, agent: AgentTurns, timeouts: Timeouts) -> Trace:
+        episode = await run_episode(taskset, data, agent, seats=others, timeouts=timeouts, infra_retries=0)
+        if seat not in episode.traces:
+            raise SessionError(f"the episode ended before seat {seat!r} played: "
+                               f"{episode.error.message if episode.error else 'no trace'}")
+        return episode.traces[seat]
+    return run
+
+
 class TaskPicker:
     """Finds the task a reset asks for; shared by every session of one server."""
 
@@ -138,6 +152,13 @@ class TaskPicker:
         self._turn = itertools.count()
         self.first_tools = taskset.task(self.row(0)).tool_specs()
         """The tools of the first task, for `tools/list` before any reset (the same for most tasksets)."""
+
+    def pin(self, choice: ResetChoice) -> ResetChoice:
+        """`choice`, naming the next task in turn by its index where it names none (so a replay picks it again)."""
+        if choice.key is not None or choice.index is not None or choice.seed is not None:
+            return choice
+        turn = next(self._turn)
+        return choice.model_copy(update={"index": turn % len(self.rows) if self.rows else turn})
 
     def pick(self, choice: ResetChoice) -> TaskData:
         """The row `choice` names; UsageError when there is none."""
@@ -152,7 +173,7 @@ class TaskPicker:
             return self.row(choice.index)
         if choice.seed is not None:
             return self.row(random.Random(choice.seed).randrange(len(self.rows)) if self.rows else choice.seed)
-        return self.row(next(self._turn) % len(self.rows) if self.rows else next(self._turn))
+        return self.pick(self.pin(choice))
 
     def row(self, index: int) -> TaskData:
         if self.rows is None:
@@ -176,6 +197,10 @@ class TasksetSession:
         self.failure: str | None = None
         """Why the last rollout produced no trace (its worker died running it), once it ended."""
         self.episode_id: str | None = None
+        self.choice: ResetChoice | None = None
+        """The last episode's choice of task, pinned (`TaskPicker.pin`)."""
+        self.episodes = self.moves = 0
+        """Episodes started and turns played, so far."""
         self.agent = AgentTurns()
         self._running: asyncio.Task[None] | None = None
         self._shown = 0
@@ -184,7 +209,9 @@ class TasksetSession:
     # --- the protocol ------------------------------------------------------------------------------------
     async def reset(self, choice: ResetChoice) -> TasksetObservation:
         """Start a rollout of the chosen task; its prompt (and tools) as the first observation."""
+        choice = self.picker.pin(choice)
         data = self.picker.pick(choice)
+        self.choice, self.episodes = choice, self.episodes + 1
         await self.close()
         self.data, self.trace, self.failure, self.agent = data, None, None, AgentTurns()
         self.episode_id, self._shown, self._ended = choice.episode_id, 0, False
@@ -197,6 +224,7 @@ class TasksetSession:
     async def step(self, action: TasksetAction) -> TasksetObservation:
         """Play one agent turn; what the rollout added until the agent's next turn or its end."""
         self._check_waiting()
+        self.moves += 1
         self.agent.answer(action.to_message(len(self.agent.given) + 1))
         return await self._advance()
 
