@@ -55,6 +55,7 @@ class Wire(asyncio.Protocol):
         self.receive, self.lost = receive, lost
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
+        self.outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -75,9 +76,16 @@ class Wire(asyncio.Protocol):
             del buffer[:at]
 
     def send(self, number: int, code: int, body: bytes) -> None:
+        """Queue a message: those sent in one turn of the event loop go out in one write (one system call)."""
+        if not self.outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outgoing += (HEAD.pack(len(body), number, code), body)
+
+    def _flush(self) -> None:
+        outgoing, self.outgoing = self.outgoing, []
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.write(HEAD.pack(len(body), number, code) + body)
+            transport.write(b"".join(outgoing))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
