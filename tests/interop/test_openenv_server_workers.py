@@ -56,6 +56,30 @@ def test_a_poison_task_costs_its_own_session_and_the_sessions_sharing_its_worker
     assert not last.done  # a new session after the poison one is served as usual
 
 
+@pytest.mark.slow
+def test_a_poison_task_killing_its_worker_leaves_the_sessions_on_other_workers_alone_and_the_worker_is_replaced():
+    options = {"turns": 2, "poison_task": "echo-5", "poison_how": "kill"}
+    server = OpenEnvServer(Echo(options), source=(SPEC, options), workers=2)
+    with server.running() as url:
+        first_pids = [link.process.pid for link in server.workers.links]
+
+        async def play():
+            here, there = (GenericEnvClient(base_url=url, message_timeout_s=120) for _ in range(2))
+            said = [word(await here.reset(index=0)), word(await there.reset(index=1))]  # one on each worker
+            with pytest.raises(RuntimeError, match=r"EXECUTION_ERROR") as poisoned:  # on `here`'s worker
+                await GenericEnvClient(base_url=url, message_timeout_s=120).reset(index=5)
+            finals = [await client.step({"message": w}) for client, w in zip([here, there], said, strict=True)]
+            finals = [await client.step({"message": w}) for client, w in zip([here, there], said, strict=True)]
+            await here.close()
+            await there.close()
+            return str(poisoned.value), finals
+        poisoned, finals = asyncio.run(play())
+        pids, deaths = [link.process.pid for link in server.workers.links], server.workers.deaths
+    assert "signal SIGKILL" in poisoned
+    assert [(final.done, final.reward) for final in finals] == [(True, 1.0)] * 2
+    assert deaths == 2 and pids[1] == first_pids[1] and pids[0] not in first_pids  # the other worker never died
+
+
 def test_a_sessions_frames_are_answered_in_a_worker_process():
     taskset = load_taskset("tool-calculator")
     row = taskset[0]

@@ -5,7 +5,8 @@ answers with its prompt; `step` takes the agent's message or tool calls and answ
 and the reward once `done` (a step may also be openenv's MCP-style `call_tool` / `list_tools` action, answered as
 its CallToolObservation / ListToolsObservation); `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`,
 whose result says `done` and `reward` beside MCP's content blocks). Sessions are isolated
-(each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
+(each its own rollout; each session held by a worker process, the server passing its frames there unread:
+`openenv_workers`; `workers=0`: held in this process), at most
 `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
 its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
 OpenEnv's error frames (`INVALID_JSON`, also for JSON nested past `MAX_DEPTH`; `UNKNOWN_TYPE`, `VALIDATION_ERROR`,
@@ -114,7 +115,7 @@ class OpenEnvServer:
         self.held: dict[str, Held] = {}
         """The sessions open now, by id."""
         self.workers: SessionWorkers | None = None
-        """The worker pool running the sessions' rollouts (`SessionWorkers`), while serving with workers."""
+        """The worker processes holding the sessions, while serving with workers."""
         self.app = Starlette(routes=[
             Route("/health", lambda _: JSONResponse({"status": "healthy"})),
             Route("/schema", self._guard(lambda _: JSONResponse(schemas()))),

@@ -3,10 +3,9 @@ episode) through the one rollout loop, whose model turns are the agent's steps.
 
 The loop asks its model client for a turn; here that client (`AgentTurns`) hands the request to the session and
 waits for the agent's next `step`. So tools, environment answers, stops, `max_turns` and scoring behave exactly as
-in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours). The rollout
-runs in the server's process (`in_process`) or in an env-server worker (`openenv_server`'s relay: the worker's model
-calls come back over HTTP to `AgentTurns.turn`); a worker that died and reruns the rollout is answered from the
-agent's earlier turns, so the agent never sees the rerun.
+in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours). A session and
+its rollouts live in one process: the server's (`--openenv.workers 0`) or a worker's (`openenv_worker`); a rollout is
+one of the taskset's (`in_process`) or, for a multi-agent taskset, the agent's seat in an episode (`in_episodes`).
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ class SessionError(Exception):
 
 
 class AgentTurns:
-    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back; the
-    agent's turns are kept, so a rerun of the rollout (its worker died) replays them instead of asking again."""
+    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back."""
 
     name = AGENT
 
@@ -67,34 +65,17 @@ class AgentTurns:
         self.tools: list[dict[str, Any]] = []
         """The tools of the last request, OpenAI-shaped."""
         self.live: Trace | None = None
-        """The rollout's trace as it grows, where it runs in this process."""
-        self.seen: list[Message] = []
-        """The conversation as a worker last sent it (`conversation`), parsed."""
-        self._asked = 0
-
-    def conversation(self, sent: list[dict[str, Any]]) -> list[Message]:
-        """A worker's request messages (OpenAI-shaped) as Messages, parsing only those past the ones it sent before
-        (its conversation only grows within a rollout; a rerun's shorter one is parsed anew)."""
-        if len(sent) < len(self.seen):
-            self.seen = []
-        self.seen += [Message.from_openai(m) for m in sent[len(self.seen):]]
-        return list(self.seen)
+        """The rollout's trace as it grows (a single-agent rollout's)."""
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         message = await self.turn(request.messages, [t.to_openai() for t in request.tools or []])
         return ModelResponse(message, "tool_calls" if message.tool_calls else "stop")
 
     async def turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
-        """The agent's answer to the turn these messages ask for (its n-th, n = the assistant turns in them)."""
-        n = sum(m.role == "assistant" for m in messages)
-        if n < len(self.given):
-            return self.given[n]  # the rollout reran (its worker died): the agent said this already
-        if self.reply is not None and not self.reply.done():  # the same turn asked again by a rerun: it takes over
-            self.reply.set_exception(SessionError("superseded by a rerun of the rollout"))
+        """The agent's answer to the turn these messages ask for."""
         self.reply = asyncio.get_running_loop().create_future()
-        if n >= self._asked:
-            self._asked, self.tools = n + 1, tools
-            self.out.put_nowait(messages)
+        self.tools = tools
+        self.out.put_nowait(messages)
         return await self.reply
 
     def answer(self, message: Message) -> None:
@@ -108,7 +89,7 @@ class AgentTurns:
         return self.reply is not None and not self.reply.done()
 
     def stop(self) -> None:
-        """The rollout is over: a pending turn (of a worker's rollout) is answered with an error."""
+        """The rollout is over: a pending turn is answered with an error."""
         if self.reply is not None and not self.reply.done():
             self.reply.set_exception(SessionError("the episode is over"))
 
@@ -195,7 +176,7 @@ class TasksetSession:
         self.trace: Trace | None = None
         """The last rollout's trace, once it ended."""
         self.failure: str | None = None
-        """Why the last rollout produced no trace (its worker died running it), once it ended."""
+        """Why the last rollout produced no trace (it raised), once it ended."""
         self.episode_id: str | None = None
         self.choice: ResetChoice | None = None
         """The last episode's choice of task, pinned (`TaskPicker.pin`)."""
@@ -231,9 +212,9 @@ class TasksetSession:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[TasksetObservation, Any, bool]:
         """A turn calling one tool (MCP `tools/call`): the step's observation (`done` and the reward once the turn
         ended the episode), the tool message's content (its text, or OpenAI content parts where it holds images),
-        and whether the call failed (counted by the loop where the rollout runs here; in a worker, whose count
-        arrives with the trace only, told by the text: the error texts of `Task` and of environment classes,
-        TOOL_ERROR_STARTS; a task's own text is not recognised)."""
+        and whether the call failed (counted by the loop where the rollout's trace grows in sight; in a multi-agent
+        episode, whose seat's trace arrives at its end, told by the text: the error texts of `Task` and of
+        environment classes, TOOL_ERROR_STARTS; a task's own text is not recognised)."""
         before = self._tool_errors()
         observation = await self.step(TasksetAction(tool_calls=[ToolCallAction(name=name, arguments=arguments)]))
         results = [m.get("content") for m in observation.messages if m["role"] == "tool"]
@@ -272,7 +253,7 @@ class TasksetSession:
             self.trace = await self.runner(data, agent, self.timeouts)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the rollout itself failed (its worker died running it, ...): the session says so
+        except Exception as exc:  # the rollout itself failed (an episode that never reached the seat, ...): said
             self.failure = str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}"
         finally:
             agent.stop()

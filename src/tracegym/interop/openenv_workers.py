@@ -60,8 +60,9 @@ class WorkerDied(Exception):
 class Process:
     """A started worker: how it ended, and how to end it."""
 
-    def __init__(self, ended: Callable[[], Awaitable[str]], stop: Callable[[], Awaitable[None]]) -> None:
-        self.ended, self.stop = ended, stop
+    def __init__(self, ended: Callable[[], Awaitable[str]], stop: Callable[[], Awaitable[None]],
+                 pid: int | None = None) -> None:
+        self.ended, self.stop, self.pid = ended, stop, pid
 
 
 Start = Callable[["WorkerLink"], Awaitable[Process]]
@@ -209,8 +210,11 @@ class SessionWorkers:
 
     async def _start_process(self, link: WorkerLink) -> Process:
         parent, child = socket.socketpair()
+        # its own session: a signal to the server's process group (a terminal's, a supervisor's) is the server's to
+        # handle, never a worker "death" to replace while the server stops; the server's end kills it (its parent
+        # gone: SIGTERM, see `openenv_worker.main`)
         process = await asyncio.create_subprocess_exec(*self.command, "--fd", str(child.fileno()),
-                                                       pass_fds=(child.fileno(),))
+                                                       pass_fds=(child.fileno(),), start_new_session=True)
         child.close()
         await asyncio.get_running_loop().create_connection(lambda: link.wire, sock=parent)
 
@@ -226,7 +230,7 @@ class SessionWorkers:
             except TimeoutError:
                 process.kill()
                 await process.wait()
-        return Process(ended, stop)
+        return Process(ended, stop, process.pid)
 
 
 class RemoteSession:
