@@ -83,6 +83,7 @@ class WorkerLink:
         self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Done once the worker has died and every ask in flight on it has been told."""
         self.watch: asyncio.Task[None] | None = None
+        self.dying: asyncio.Task[None] | None = None
         self.successor: asyncio.Future[WorkerLink] = asyncio.get_running_loop().create_future()
         """The worker that takes this one's place once it died."""
         self.sessions = 0
@@ -138,9 +139,11 @@ class WorkerLink:
             self.quiet.set_result(None)
 
     def _lost(self) -> None:
+        if self.dying is not None:
+            return
         if self.death is None:
             self.death = "its socket closed"
-        asyncio.get_running_loop().create_task(self._died())
+        self.dying = asyncio.get_running_loop().create_task(self._died())
 
     async def _died(self) -> None:
         if self.process is not None:
@@ -153,7 +156,8 @@ class WorkerLink:
             self.quiet.set_result(None)
         if not self.ready.done():
             self.ready.set_result(None)  # its asks find it dead
-        self.gone.set_result(None)
+        if not self.gone.done():
+            self.gone.set_result(None)
 
 
 class SessionWorkers:
@@ -182,6 +186,7 @@ class SessionWorkers:
         finally:
             links, self.links = self.links, []
             await asyncio.gather(*(link.process.stop() for link in links if link.process is not None))
+            await asyncio.gather(*(link.watch for link in links if link.watch is not None))  # each sees it stopped
 
     def session(self) -> RemoteSession:
         link = min(self.links, key=lambda link: link.sessions)
@@ -195,7 +200,7 @@ class SessionWorkers:
         return link
 
     async def _replace(self, link: WorkerLink) -> None:
-        await link.gone
+        await asyncio.shield(link.gone)
         if link not in self.links:  # stopped with the server
             link.successor.set_exception(WorkerDied("the server is stopping", sent=False))
             link.successor.exception()  # (retrieved: nobody may be waiting)
@@ -205,7 +210,15 @@ class SessionWorkers:
         successor = WorkerLink()
         self.links[self.links.index(link)] = successor
         link.successor.set_result(successor)
-        successor.process = await self.start(successor)
+        try:
+            successor.process = await self.start(successor)
+        except Exception as exc:  # (no process: its sessions' frames are answered with an error)
+            log.error("could not start an OpenEnv worker in place of a dead one: %s", exc)
+            successor.death = f"its replacement could not start: {exc}"
+            successor.ready.set_result(None)
+            successor.successor.set_exception(WorkerDied(successor.death, sent=False))
+            successor.successor.exception()
+            return
         successor.watch = asyncio.get_running_loop().create_task(self._replace(successor))
 
     async def _start_process(self, link: WorkerLink) -> Process:
