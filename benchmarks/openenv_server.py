@@ -5,7 +5,7 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
    the same instant fake model (the fake OpenAI server in its own process) answers every turn. Through ZMQ the
    worker calls it; over OpenEnv the client is the agent: it calls the model, then steps (openenv's own client).
 2. The same environment (the taskset as an openenv Environment, `TasksetEnvironment`) on openenv's own server
-   (`create_app` under uvicorn) vs on ours, its rollouts in a worker process (the default) and in its own process
+   (`create_app` under uvicorn) vs on ours, its sessions in a worker process (the default) and in its own process
    (`--openenv.workers 0`): the agent answers at once, without a model, so the figures measure the servers.
 `concurrency` callers each run one rollout at a time until `rollouts` are done; each path is measured `--repeats`
 times, interleaved, and the medians are printed side by side with the ratio to the first path, and with the CPU

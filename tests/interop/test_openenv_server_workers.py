@@ -4,7 +4,6 @@ episodes without noticing the rerun (their earlier turns are replayed), and new 
 taskset is served one seat at a time, the other seats played by the configured opponent endpoint, or refused."""
 
 import asyncio
-import json
 import re
 
 import pytest
@@ -57,7 +56,31 @@ def test_a_poison_task_costs_its_own_session_and_the_sessions_sharing_its_worker
     assert not last.done  # a new session after the poison one is served as usual
 
 
-def test_a_sessions_tool_calls_and_answers_run_in_a_worker_process():
+@pytest.mark.slow
+def test_a_poison_task_killing_its_worker_leaves_the_sessions_on_other_workers_alone_and_the_worker_is_replaced():
+    options = {"turns": 2, "poison_task": "echo-5", "poison_how": "kill"}
+    server = OpenEnvServer(Echo(options), source=(SPEC, options), workers=2)
+    with server.running() as url:
+        first_pids = [link.process.pid for link in server.workers.links]
+
+        async def play():
+            here, there = (GenericEnvClient(base_url=url, message_timeout_s=120) for _ in range(2))
+            said = [word(await here.reset(index=0)), word(await there.reset(index=1))]  # one on each worker
+            with pytest.raises(RuntimeError, match=r"EXECUTION_ERROR") as poisoned:  # on `here`'s worker
+                await GenericEnvClient(base_url=url, message_timeout_s=120).reset(index=5)
+            finals = [await client.step({"message": w}) for client, w in zip([here, there], said, strict=True)]
+            finals = [await client.step({"message": w}) for client, w in zip([here, there], said, strict=True)]
+            await here.close()
+            await there.close()
+            return str(poisoned.value), finals
+        poisoned, finals = asyncio.run(play())
+        pids, deaths = [link.process.pid for link in server.workers.links], server.workers.deaths
+    assert "signal SIGKILL" in poisoned
+    assert [(final.done, final.reward) for final in finals] == [(True, 1.0)] * 2
+    assert deaths == 2 and pids[1] == first_pids[1] and pids[0] not in first_pids  # the other worker never died
+
+
+def test_a_sessions_frames_are_answered_in_a_worker_process():
     taskset = load_taskset("tool-calculator")
     row = taskset[0]
     server = OpenEnvServer(taskset, workers=1)
@@ -68,8 +91,8 @@ def test_a_sessions_tool_calls_and_answers_run_in_a_worker_process():
                 tooled = await client.step({"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]})
                 return tooled, await client.step({"message": f"The answer is {row.answer}"})
         tooled, answered = asyncio.run(play())
-        runs = server.workers.server.stats["run_requests"]
-    assert runs == 1  # the rollout was one `run` request to the worker pool
+        asked = [link.asked for link in server.workers.links]
+    assert asked == [4]  # the reset, both steps and the client's `close` were answered by the worker
     assert tooled.observation["messages"][0]["content"] == "5.0" and answered.reward == 1.0
     assert answered.observation["metrics"]["tool_calls"] == 1
 
@@ -104,39 +127,3 @@ def test_a_multi_agent_taskset_is_served_one_seat_with_the_others_played_by_the_
 def test_a_multi_agent_taskset_without_a_seat_and_opponent_is_refused_naming_its_seats():
     with pytest.raises(UsageError, match=r"multi-agent \(seats: player_x, player_o\).*--openenv.seat"):
         OpenEnvServer(load_taskset("tictactoe"))
-
-
-def test_the_relay_answers_pipelined_requests_in_order_and_refuses_other_routes():
-    from tracegym.interop.openenv_workers import Relay
-
-    async def exchange():
-        first_may_answer = asyncio.Event()
-
-        async def handler(body):
-            if body["n"] == 1:
-                await first_may_answer.wait()  # until the second has its answer: that one must still go second
-            first_may_answer.set()
-            return 200, {"n": body["n"]}
-
-        server = await asyncio.get_running_loop().create_server(lambda: Relay(handler), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-
-        def post(n, route="/v1/chat/completions"):
-            body = f'{{"n": {n}}}'.encode()
-            return b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (route.encode(), len(body), body)
-        writer.write(post(1) + post(2) + post(3, "/elsewhere") + b"POST /v1/chat/completions HTTP/1.1\r\n"
-                     b"content-length: 3\r\n\r\nnot")
-        answers = []
-        for _ in range(4):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(re.search(rb"content-length: (\d+)", head).group(1))
-            answers.append((head.split(b" ")[1].decode(), (await reader.readexactly(length)).decode()))
-        writer.close()
-        server.close()
-        return answers
-
-    answers = asyncio.run(exchange())
-    assert [status for status, _ in answers] == ["200", "200", "404", "400"]
-    assert [json.loads(body).get("n") for _, body in answers[:2]] == [1, 2]
-    assert "POST /v1/chat/completions only" in answers[2][1] and "not JSON" in answers[3][1]

@@ -5,7 +5,8 @@ answers with its prompt; `step` takes the agent's message or tool calls and answ
 and the reward once `done` (a step may also be openenv's MCP-style `call_tool` / `list_tools` action, answered as
 its CallToolObservation / ListToolsObservation); `state`, `close`, and `mcp` (JSON-RPC `tools/list`, `tools/call`,
 whose result says `done` and `reward` beside MCP's content blocks). Sessions are isolated
-(each its own rollout, run by a worker process: `openenv_workers`; `workers=0`: in this process), at most
+(each its own rollout; each session held by a worker process, the server passing its frames there unread:
+`openenv_workers`; `workers=0`: held in this process), at most
 `max_concurrent_envs` at once (past it: `CAPACITY_REACHED`, unless a session idle for `reap_idle_after` seconds gives
 its place), and one idle for `session_timeout` seconds is told so (`SESSION_ERROR`) and closed. Bad input gets
 OpenEnv's error frames (`INVALID_JSON`, also for JSON nested past `MAX_DEPTH`; `UNKNOWN_TYPE`, `VALIDATION_ERROR`,
@@ -36,19 +37,12 @@ from typing import Any
 
 import uvicorn
 from openenv.core.env_server.mcp_types import (
-    CallToolAction,
     JsonRpcErrorCode,
     JsonRpcRequest,
-    ListToolsAction,
-    WSMCPMessage,
 )
 from openenv.core.env_server.types import (
     StepRequest,
-    WSCloseMessage,
     WSErrorCode,
-    WSResetMessage,
-    WSStateMessage,
-    WSStepMessage,
 )
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -63,22 +57,21 @@ from tracegym.envs.adapter_fit import check_adapter_fit
 from tracegym.envs.multi_agent import MultiAgentTask, is_multi_agent
 from tracegym.envs.seats import Seat
 from tracegym.envs.taskset import Taskset
+from tracegym.interop.openenv_answers import SessionAnswers, rpc_error, rpc_result
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
     TasksetAction,
-    TasksetObservation,
     TasksetState,
     TooDeep,
     error_frame,
     loads,
-    mcp_content,
-    mcp_tools,
     schemas,
     step_result,
 )
-from tracegym.interop.openenv_session import Runner, SessionError, TaskPicker, TasksetSession
+from tracegym.interop.openenv_session import SessionError, TaskPicker, TasksetSession
 from tracegym.interop.openenv_settings import OpenEnvSettings
 from tracegym.interop.openenv_task_api import TaskListing
+from tracegym.interop.openenv_workers import RemoteSession, SessionWorkers
 from tracegym.serve.curve import shared_secret
 from tracegym.serve.wire import SECRET_ENV, is_loopback
 
@@ -97,7 +90,7 @@ class Held:
     """A session the server holds: its rollouts, its WebSocket (None for one made over HTTP MCP until a WebSocket
     joins it), and since when it has waited for its client (None: it is answering one now)."""
 
-    session: TasksetSession
+    session: TasksetSession | RemoteSession
     websocket: WebSocket | None = None
     idle_since: float | None = field(default_factory=time.monotonic)
 
@@ -121,8 +114,8 @@ class OpenEnvServer:
         self.secret = secret
         self.held: dict[str, Held] = {}
         """The sessions open now, by id."""
-        self.workers: Any = None
-        """The worker pool running the sessions' rollouts (`SessionWorkers`), while serving with workers."""
+        self.workers: SessionWorkers | None = None
+        """The worker processes holding the sessions, while serving with workers."""
         self.app = Starlette(routes=[
             Route("/health", lambda _: JSONResponse({"status": "healthy"})),
             Route("/schema", self._guard(lambda _: JSONResponse(schemas()))),
@@ -135,8 +128,7 @@ class OpenEnvServer:
             WebSocketRoute("/ws", self._websocket),
             *TaskListing(taskset.id, self.picker.rows, self._guard, self._body).routes,
         ])
-        self._handlers: dict[str, Callable[[TasksetSession, dict[str, Any]], Awaitable[Reply]]] = {
-            "reset": self._reset, "step": self._step, "state": self._state, "close": self._close, "mcp": self._mcp}
+        self.answers = SessionAnswers(self.picker, self.settings.max_frame_bytes)
 
     @classmethod
     def from_settings(cls, taskset: Taskset, settings: OpenEnvSettings,
@@ -182,9 +174,7 @@ class OpenEnvServer:
         if not self.settings.workers:
             await server.serve(sockets=[sock])
             return
-        from tracegym.interop.openenv_workers import SessionWorkers  # starts processes: only when asked for
-
-        async with SessionWorkers(*self.source, self.settings.workers).running() as workers:
+        async with SessionWorkers(*self.source, self.settings).running() as workers:
             self.workers = workers
             try:
                 await server.serve(sockets=[sock])
@@ -203,11 +193,11 @@ class OpenEnvServer:
                      scheme=self.scheme) as url:
             yield url
 
-    def _new_session(self) -> TasksetSession:
-        runner: Runner | None = None
+    def _new_session(self) -> TasksetSession | RemoteSession:
+        """A session in a worker, while serving with workers; else in this process."""
         if self.workers is not None:
-            runner = self.workers.runner(self.settings.seat, self.others) if self.others else self.workers.runner()
-        return TasksetSession(self.taskset, self.picker, runner=runner)
+            return self.workers.session()
+        return TasksetSession(self.taskset, self.picker)
 
     # --- holding sessions --------------------------------------------------------------------------------
     async def _admit(self) -> dict[str, Any] | None:
@@ -287,100 +277,26 @@ class OpenEnvServer:
             held.idle_since = None
             reply, goes_on = await self._answer(held.session, message.get("text") or message.get("bytes") or b"")
             if reply is not None:
-                await websocket.send_text(json.dumps(reply))
+                await websocket.send_text(reply)
             if not goes_on:
                 await websocket.close()
                 return
 
-    async def _answer(self, session: TasksetSession, frame: str | bytes) -> Reply:
-        """The answer to one frame; bad input is answered with an error frame and the session goes on."""
-        limit = self.settings.max_frame_bytes
-        size = len(frame) if isinstance(frame, bytes) or 4 * len(frame) <= limit else len(frame.encode())
-        if size > limit:  # (a text frame that short cannot be over, however it encodes)
-            return error_frame(WSErrorCode.VALIDATION_ERROR, f"frame of {size} bytes is over this server's limit of "
-                               f"{limit} bytes"), True
-        try:
-            message = loads(frame)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return error_frame(WSErrorCode.INVALID_JSON, f"Invalid JSON: {exc}"), True
-        if not isinstance(message, dict):
-            return error_frame(WSErrorCode.VALIDATION_ERROR, "a message is a JSON object with a `type`"), True
-        kind = message.get("type")
-        handler = self._handlers.get(kind) if isinstance(kind, str) else None
-        if handler is None:
-            return error_frame(WSErrorCode.UNKNOWN_TYPE, f"Unknown message type: {message.get('type')!r} (known: "
-                               f"{', '.join(self._handlers)})"), True
-        try:
-            return await handler(session, message)
-        except ValidationError as exc:
-            return error_frame(WSErrorCode.VALIDATION_ERROR, "Invalid message",
-                               errors=json.loads(exc.json(include_url=False, include_context=False))), True
-        except (SessionError, UsageError) as exc:
-            return error_frame(WSErrorCode.EXECUTION_ERROR, str(exc)), True
-    async def _reset(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        choice = ResetChoice.model_validate(WSResetMessage.model_validate(message).data)
-        return {"type": "observation", "data": step_result(await session.reset(choice))}, True
+    async def _answer(self, session: TasksetSession | RemoteSession, frame: str | bytes) -> tuple[str | None, bool]:
+        """One frame's reply (JSON text; None: none) and whether the session goes on: answered here, or passed
+        unread to the session's worker (after the size check, so an oversized frame never crosses)."""
+        if isinstance(session, TasksetSession):
+            reply, goes_on = await self.answers.answer(session, frame)
+            return (None if reply is None else json.dumps(reply)), goes_on
+        refusal = self.answers.oversized(frame)
+        if refusal is not None:
+            return json.dumps(refusal), True
+        return await session.answer(frame.encode() if isinstance(frame, str) else frame)
 
-    async def _step(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        data = message.get("data")  # WSStepMessage's checks, without building it, unless it would refuse the frame
-        if not isinstance(data, dict) or len(message) != 2:
-            data = WSStepMessage.model_validate(message).data
-        if data.get("type") in ("call_tool", "list_tools"):
-            return {"type": "observation", "data": await self._mcp_step(session, data)}, True
-        action = TasksetAction.model_validate(data)
-        return {"type": "observation", "data": step_result(await session.step(action))}, True
-
-    async def _mcp_step(self, session: TasksetSession, data: dict[str, Any]) -> dict[str, Any]:
-        """An MCP-style step (openenv's `CallToolAction` / `ListToolsAction`, as its MCPToolClient's `step` sends
-        them), answered as openenv's servers answer one: a CallToolObservation (`tool_name`, `result`, `error`) with
-        `done` and `reward` beside it (the scores in `metadata` once done), or a ListToolsObservation."""
-        if data["type"] == "list_tools":
-            ListToolsAction.model_validate(data)
-            return {"observation": {"tools": session.tools(), "metadata": {}}, "reward": None, "done": False}
-        call = CallToolAction.model_validate(data)
-        observation, content, failed = await session.call_tool(call.tool_name, call.arguments)
-        try:
-            result = tool_call_result(observation, mcp_content(content), failed)
-        except ValueError as exc:
-            raise SessionError(f"tool {call.tool_name!r}'s result: {exc}") from None
-        metadata = result.get("metadata", {})
-        return {"observation": {"tool_name": call.tool_name, "result": result, "error": None, "metadata": metadata},
-                "reward": observation.reward, "done": observation.done, **({"metadata": metadata} if metadata else {})}
-
-    async def _state(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        WSStateMessage.model_validate(message)
-        return {"type": "state", "data": session.state().model_dump()}, True
-
-    async def _close(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        WSCloseMessage.model_validate(message)
-        return None, False
-
-    async def _mcp(self, session: TasksetSession, message: dict[str, Any]) -> Reply:
-        request = JsonRpcRequest.model_validate(WSMCPMessage.model_validate(message).data)
-        return {"type": "mcp", "data": await self._rpc(request, session)}, True
-
-    async def _rpc(self, request: JsonRpcRequest, session: TasksetSession | None) -> dict[str, Any]:
-        """One MCP JSON-RPC call: `tools/list`, or `tools/call` as one turn of the session's rollout."""
-        if request.method == "tools/list":
-            tools = session.tools() if session is not None else mcp_tools(self.picker.first_tools)
-            return rpc_result(request, {"tools": tools})
-        if request.method != "tools/call":
-            return rpc_error(request, JsonRpcErrorCode.METHOD_NOT_FOUND, f"Method not found: {request.method}")
-        name, arguments = request.params.get("name"), request.params.get("arguments") or {}
-        if not isinstance(name, str) or not isinstance(arguments, dict):
-            return rpc_error(request, JsonRpcErrorCode.INVALID_PARAMS, "tools/call takes `name` (a string) and "
-                             "`arguments` (an object)")
-        if session is None:
-            return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, "tools/call needs a session: open a "
-                             "WebSocket at /ws and reset it (or give the `session_id` of openenv/session/create)")
-        try:
-            observation, content, failed = await session.call_tool(name, arguments)
-            blocks = mcp_content(content)
-        except SessionError as exc:
-            return rpc_error(request, JsonRpcErrorCode.INVALID_REQUEST, str(exc))
-        except ValueError as exc:
-            return rpc_error(request, JsonRpcErrorCode.INTERNAL_ERROR, f"tool {name!r}'s result: {exc}")
-        return rpc_result(request, tool_call_result(observation, blocks, failed))
+    async def _rpc(self, request: JsonRpcRequest, session: TasksetSession | RemoteSession | None) -> dict[str, Any]:
+        if isinstance(session, RemoteSession):
+            return await session.rpc(request.model_dump(mode="json", exclude_none=True))
+        return await self.answers.rpc(request, session)
 
     # --- HTTP --------------------------------------------------------------------------------------------
     async def _http_reset(self, request: Request) -> JSONResponse:
@@ -389,7 +305,14 @@ class OpenEnvServer:
             choice = ResetChoice.model_validate(await self._body(request))
             session = self._new_session()
             try:
-                return JSONResponse(step_result(await session.reset(choice)))
+                if isinstance(session, TasksetSession):
+                    return JSONResponse(step_result(await session.reset(choice)))
+                frame = json.dumps({"type": "reset", "data": choice.model_dump(exclude_none=True)}).encode()
+                text, _ = await session.answer(frame)
+                reply = json.loads(text or "{}")
+                if reply.get("type") != "observation":
+                    return JSONResponse({"detail": reply.get("data", {}).get("message", reply)}, 400)
+                return JSONResponse(reply["data"])
             finally:
                 await session.close()
         except ValidationError as exc:
@@ -504,30 +427,6 @@ async def _refuse(websocket: WebSocket, frame: dict[str, Any], code: int = 1000)
     with contextlib.suppress(Exception):  # the peer may be gone already
         await websocket.send_text(json.dumps(frame))
         await websocket.close(code)
-
-
-def tool_call_result(observation: TasksetObservation, blocks: list[dict[str, Any]],
-                     failed: bool) -> dict[str, Any]:
-    """A `tools/call` result: MCP's (`content`, `isError`), `data` (what OpenEnv's MCPToolClient.call_tool returns,
-    as from a FastMCP environment: the text, or the blocks where they hold images), and, as OpenEnv's own servers
-    answer an MCP-style step (a CallToolObservation), `done` and `reward`, with the scores in `metadata` once the
-    turn ended the episode, so the client knows it is over."""
-    texts = [b["text"] for b in blocks if b["type"] == "text"]
-    data = "".join(texts) if len(texts) == len(blocks) else blocks
-    result = {"content": blocks, "isError": failed, "data": data, "done": observation.done,
-              "reward": observation.reward}
-    if observation.done:
-        result["metadata"] = {**observation.metadata, "rewards": observation.rewards, "metrics": observation.metrics,
-                              "stop_reason": observation.stop_reason}
-    return result
-
-
-def rpc_result(request: JsonRpcRequest, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request.id, "result": result}
-
-
-def rpc_error(request: JsonRpcRequest, code: JsonRpcErrorCode, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request.id, "error": {"code": code.value, "message": message}}
 
 
 def header_deadline(seconds: float) -> type[HttpToolsProtocol]:

@@ -3,10 +3,9 @@ episode) through the one rollout loop, whose model turns are the agent's steps.
 
 The loop asks its model client for a turn; here that client (`AgentTurns`) hands the request to the session and
 waits for the agent's next `step`. So tools, environment answers, stops, `max_turns` and scoring behave exactly as
-in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours). The rollout
-runs in the server's process (`in_process`) or in an env-server worker (`openenv_server`'s relay: the worker's model
-calls come back over HTTP to `AgentTurns.turn`); a worker that died and reruns the rollout is answered from the
-agent's earlier turns, so the agent never sees the rerun.
+in any rollout, and its trace is an ordinary one (without token ids: the agent's model is not ours). A session and
+its rollouts live in one process: the server's (`--openenv.workers 0`) or a worker's (`openenv_worker`); a rollout is
+one of the taskset's (`in_process`) or, for a multi-agent taskset, the agent's seat in an episode (`in_episodes`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,9 @@ from tracegym.core.messages import Message
 from tracegym.core.sampling import Sampling
 from tracegym.core.task_data import TaskData
 from tracegym.core.trace import Trace
+from tracegym.envs.evaluate import run_episode
 from tracegym.envs.rollout import LOOP_METRICS, Rollout, Timeouts
+from tracegym.envs.seats import Seats
 from tracegym.envs.taskset import Taskset
 from tracegym.interop.openenv_protocol import (
     ResetChoice,
@@ -51,8 +52,7 @@ class SessionError(Exception):
 
 
 class AgentTurns:
-    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back; the
-    agent's turns are kept, so a rerun of the rollout (its worker died) replays them instead of asking again."""
+    """The model client of a served rollout: each turn's request goes out to the agent, its step comes back."""
 
     name = AGENT
 
@@ -65,34 +65,17 @@ class AgentTurns:
         self.tools: list[dict[str, Any]] = []
         """The tools of the last request, OpenAI-shaped."""
         self.live: Trace | None = None
-        """The rollout's trace as it grows, where it runs in this process."""
-        self.seen: list[Message] = []
-        """The conversation as a worker last sent it (`conversation`), parsed."""
-        self._asked = 0
-
-    def conversation(self, sent: list[dict[str, Any]]) -> list[Message]:
-        """A worker's request messages (OpenAI-shaped) as Messages, parsing only those past the ones it sent before
-        (its conversation only grows within a rollout; a rerun's shorter one is parsed anew)."""
-        if len(sent) < len(self.seen):
-            self.seen = []
-        self.seen += [Message.from_openai(m) for m in sent[len(self.seen):]]
-        return list(self.seen)
+        """The rollout's trace as it grows (a single-agent rollout's)."""
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         message = await self.turn(request.messages, [t.to_openai() for t in request.tools or []])
         return ModelResponse(message, "tool_calls" if message.tool_calls else "stop")
 
     async def turn(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
-        """The agent's answer to the turn these messages ask for (its n-th, n = the assistant turns in them)."""
-        n = sum(m.role == "assistant" for m in messages)
-        if n < len(self.given):
-            return self.given[n]  # the rollout reran (its worker died): the agent said this already
-        if self.reply is not None and not self.reply.done():  # the same turn asked again by a rerun: it takes over
-            self.reply.set_exception(SessionError("superseded by a rerun of the rollout"))
+        """The agent's answer to the turn these messages ask for."""
         self.reply = asyncio.get_running_loop().create_future()
-        if n >= self._asked:
-            self._asked, self.tools = n + 1, tools
-            self.out.put_nowait(messages)
+        self.tools = tools
+        self.out.put_nowait(messages)
         return await self.reply
 
     def answer(self, message: Message) -> None:
@@ -106,7 +89,7 @@ class AgentTurns:
         return self.reply is not None and not self.reply.done()
 
     def stop(self) -> None:
-        """The rollout is over: a pending turn (of a worker's rollout) is answered with an error."""
+        """The rollout is over: a pending turn is answered with an error."""
         if self.reply is not None and not self.reply.done():
             self.reply.set_exception(SessionError("the episode is over"))
 
@@ -129,6 +112,18 @@ def in_process(taskset: Taskset) -> Runner:
     return run
 
 
+def in_episodes(taskset: Taskset, seat: str, others: Seats) -> Runner:
+    """Episodes of a multi-agent `taskset` run in this process, the agent playing `seat` and `others` binding the
+    other members; the agent's seat's trace."""
+    async def run(data: TaskData, agent: AgentTurns, timeouts: Timeouts) -> Trace:
+        episode = await run_episode(taskset, data, agent, seats=others, timeouts=timeouts, infra_retries=0)
+        if seat not in episode.traces:
+            raise SessionError(f"the episode ended before seat {seat!r} played: "
+                               f"{episode.error.message if episode.error else 'no trace'}")
+        return episode.traces[seat]
+    return run
+
+
 class TaskPicker:
     """Finds the task a reset asks for; shared by every session of one server."""
 
@@ -138,6 +133,13 @@ class TaskPicker:
         self._turn = itertools.count()
         self.first_tools = taskset.task(self.row(0)).tool_specs()
         """The tools of the first task, for `tools/list` before any reset (the same for most tasksets)."""
+
+    def pin(self, choice: ResetChoice) -> ResetChoice:
+        """`choice`, naming the next task in turn by its index where it names none (so a replay picks it again)."""
+        if choice.key is not None or choice.index is not None or choice.seed is not None:
+            return choice
+        turn = next(self._turn)
+        return choice.model_copy(update={"index": turn % len(self.rows) if self.rows else turn})
 
     def pick(self, choice: ResetChoice) -> TaskData:
         """The row `choice` names; UsageError when there is none."""
@@ -152,7 +154,7 @@ class TaskPicker:
             return self.row(choice.index)
         if choice.seed is not None:
             return self.row(random.Random(choice.seed).randrange(len(self.rows)) if self.rows else choice.seed)
-        return self.row(next(self._turn) % len(self.rows) if self.rows else next(self._turn))
+        return self.pick(self.pin(choice))
 
     def row(self, index: int) -> TaskData:
         if self.rows is None:
@@ -174,8 +176,12 @@ class TasksetSession:
         self.trace: Trace | None = None
         """The last rollout's trace, once it ended."""
         self.failure: str | None = None
-        """Why the last rollout produced no trace (its worker died running it), once it ended."""
+        """Why the last rollout produced no trace (it raised), once it ended."""
         self.episode_id: str | None = None
+        self.choice: ResetChoice | None = None
+        """The last episode's choice of task, pinned (`TaskPicker.pin`)."""
+        self.episodes = self.moves = 0
+        """Episodes started and turns played, so far."""
         self.agent = AgentTurns()
         self._running: asyncio.Task[None] | None = None
         self._shown = 0
@@ -184,7 +190,9 @@ class TasksetSession:
     # --- the protocol ------------------------------------------------------------------------------------
     async def reset(self, choice: ResetChoice) -> TasksetObservation:
         """Start a rollout of the chosen task; its prompt (and tools) as the first observation."""
+        choice = self.picker.pin(choice)
         data = self.picker.pick(choice)
+        self.choice, self.episodes = choice, self.episodes + 1
         await self.close()
         self.data, self.trace, self.failure, self.agent = data, None, None, AgentTurns()
         self.episode_id, self._shown, self._ended = choice.episode_id, 0, False
@@ -197,15 +205,16 @@ class TasksetSession:
     async def step(self, action: TasksetAction) -> TasksetObservation:
         """Play one agent turn; what the rollout added until the agent's next turn or its end."""
         self._check_waiting()
+        self.moves += 1
         self.agent.answer(action.to_message(len(self.agent.given) + 1))
         return await self._advance()
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[TasksetObservation, Any, bool]:
         """A turn calling one tool (MCP `tools/call`): the step's observation (`done` and the reward once the turn
         ended the episode), the tool message's content (its text, or OpenAI content parts where it holds images),
-        and whether the call failed (counted by the loop where the rollout runs here; in a worker, whose count
-        arrives with the trace only, told by the text: the error texts of `Task` and of environment classes,
-        TOOL_ERROR_STARTS; a task's own text is not recognised)."""
+        and whether the call failed (counted by the loop where the rollout's trace grows in sight; in a multi-agent
+        episode, whose seat's trace arrives at its end, told by the text: the error texts of `Task` and of
+        environment classes, TOOL_ERROR_STARTS; a task's own text is not recognised)."""
         before = self._tool_errors()
         observation = await self.step(TasksetAction(tool_calls=[ToolCallAction(name=name, arguments=arguments)]))
         results = [m.get("content") for m in observation.messages if m["role"] == "tool"]
@@ -244,7 +253,7 @@ class TasksetSession:
             self.trace = await self.runner(data, agent, self.timeouts)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the rollout itself failed (its worker died running it, ...): the session says so
+        except Exception as exc:  # the rollout itself failed (an episode that never reached the seat, ...): said
             self.failure = str(exc) if isinstance(exc, TracegymError) else f"{type(exc).__name__}: {exc}"
         finally:
             agent.stop()

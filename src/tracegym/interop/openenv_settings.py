@@ -32,8 +32,9 @@ class OpenEnvSettings(BaseModel):
     """Seconds a connection may take to send a request's headers (a WebSocket's handshake included); then it is
     closed, so slow or silent clients cannot hold the server's sockets."""
     workers: int = Field(default=1, ge=0)
-    """Worker processes running the sessions' rollouts (tracegym's env-server pool), so task code that ends its
-    process costs only its own session; 0: rollouts run in the server's process (faster, not isolated)."""
+    """Worker processes holding the sessions (the server passes each session's frames to its worker), so task code
+    that ends its process costs only its own session: the other sessions there are replayed into the worker that
+    replaces it; 0: sessions live in the server's process (not isolated)."""
     seat: str | None = None
     """With a multi-agent taskset: the member the OpenEnv agent plays (the others are `opponent`'s)."""
     opponent: Endpoint | None = None
