@@ -1,4 +1,4 @@
-"""Report of an RL run of the embedded VLM on colour-codeword: held-out reward before and after on the same tasks
+"""Report of an RL or SFT run of the embedded VLM on colour-codeword: held-out reward before and after on the same tasks
 (pictures of the held-out split, never trained on; temperature 0), the paired 95% interval of the change, and what
 is behind it: how many replies are a code word at all (the format), and how often a code word reply is the right
 one against chance (seeing the colour). Reads the run folder only; writes a plot.
