@@ -105,6 +105,15 @@ async def test_the_distiller_scores_each_sample_once_and_reports_the_kl():
     assert teacher.closed
 
 
+async def test_a_step_mean_baseline_centres_the_kl_advantage_over_the_steps_sampled_tokens():
+    samples = [branch(), branch().model_copy(update={"token_ids": [1, 2, 3, 4, 9]})]
+    out, metrics = await Distiller(TableTeacher(), OPDConfig(baseline="step_mean"))(samples)
+    plain, _ = await Distiller(TableTeacher(), OPDConfig())(samples)
+    sampled = [a for sample in out for a, m in zip(sample.token_advantages, sample.loss_mask, strict=True) if m]
+    assert sum(sampled) == pytest.approx(0.0)
+    assert out[0].token_advantages[3] == pytest.approx(plain[0].token_advantages[3] + metrics["opd/kl"])
+
+
 def test_opd_keeps_groups_whose_rewards_are_all_equal_unless_told_otherwise():
     assert build_advantages(reward_advantage(AdvantageConfig(), "opd")).filter_no_signal is False
     assert build_advantages(reward_advantage(AdvantageConfig(), "rl")).filter_no_signal is True

@@ -45,6 +45,11 @@ class OPDConfig(BaseModel):
     reward_weight: float = 0.0
     """Weight of the task reward's group advantage (`[orchestrator.advantage]`), added to every sampled token's
     advantage; 0: pure distillation."""
+    baseline: Literal["none", "step_mean"] = "none"
+    """`step_mean`: the step's mean of `teacher - student` over its sampled tokens is subtracted from every token's
+    (a constant baseline: the gradient's expectation is unchanged). Without it, a student far from its teacher gets a
+    large negative advantage on every token, which pushes down all it sampled at once and, clipped, moves the
+    policy past its samples (`benchmarks/opd_reverse_text.md`)."""
     scorer: Literal["vllm", "transformers"] = "vllm"
     """Who scores the student's tokens: `vllm`, the teacher's endpoint (its `base_url`, or a vLLM server the run
     starts for `[teacher] name`); `transformers`, the teacher directory loaded in the orchestrator's process (no
@@ -54,21 +59,22 @@ class OPDConfig(BaseModel):
 
 
 def distilled_advantages(loss_mask: Sequence[bool], student: Sequence[float], teacher: Sequence[float],
-                         config: OPDConfig, reward_advantage: float = 0.0) -> list[float]:
-    """One advantage per token: `kl_weight * (teacher - student) + reward_weight * reward_advantage` where the
-    mask is on, 0.0 elsewhere (all three sequences aligned with the sample's tokens)."""
+                         config: OPDConfig, reward_advantage: float = 0.0, baseline: float = 0.0) -> list[float]:
+    """One advantage per token: `kl_weight * (teacher - student - baseline) + reward_weight * reward_advantage`
+    where the mask is on, 0.0 elsewhere (all three sequences aligned with the sample's tokens)."""
     mixed = config.reward_weight * reward_advantage
-    return [config.kl_weight * (t - s) + mixed if m else 0.0 for m, s, t in zip(loss_mask, student, teacher,
-                                                                                    strict=True)]
+    return [config.kl_weight * (t - s - baseline) + mixed if m else 0.0
+            for m, s, t in zip(loss_mask, student, teacher, strict=True)]
 
 
-def distilled(sample: Sample, teacher: Sequence[float], config: OPDConfig) -> Sample:
+def distilled(sample: Sample, teacher: Sequence[float], config: OPDConfig, baseline: float = 0.0) -> Sample:
     """`sample` with its per-token advantages from the teacher's logprob of each of its tokens after the first
     (`teacher[i]` is token `i + 1`'s); the first token carries no loss (nothing predicts it)."""
     aligned = [0.0, *teacher]
     if len(aligned) != len(sample):
         raise ValueError(f"{len(teacher)} teacher logprobs for a sample of {len(sample)} tokens")
-    advantages = distilled_advantages(sample.loss_mask, sample.logprobs, aligned, config, sample.advantage)
+    advantages = distilled_advantages(sample.loss_mask, sample.logprobs, aligned, config, sample.advantage,
+                                      baseline)
     return sample.model_copy(update={"token_advantages": advantages})
 
 
@@ -112,8 +118,10 @@ class Distiller:
                 return await self.teacher.logprobs(sample.token_ids)
 
         teachers = await asyncio.gather(*(score(s) for s in samples))
-        out = [distilled(s, t, self.config) for s, t in zip(samples, teachers, strict=True)]
-        return out, {**kl_metrics(samples, teachers), "opd/score_s": time.monotonic() - started}
+        figures = kl_metrics(samples, teachers)
+        baseline = -figures.get("opd/kl", 0.0) if self.config.baseline == "step_mean" else 0.0
+        out = [distilled(s, t, self.config, baseline) for s, t in zip(samples, teachers, strict=True)]
+        return out, {**figures, "opd/score_s": time.monotonic() - started}
 
     async def aclose(self) -> None:
         await self.teacher.aclose()
