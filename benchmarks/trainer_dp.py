@@ -1,17 +1,18 @@
 """Benchmark: trainer step time and peak memory at 1 and 2 data-parallel processes on the same batch.
 
-The batch is one step of the shipped reverse-text config (4 tasks x 8 rollouts = 32 samples of a ~60-token
-prompt and a 48-token completion; random token ids, fixed seed, the sampler's logprobs set to the trainer's own so
-no token is masked) and the trainer is that config's [trainer]
-section on the embedded SmolLM2-135M (LoRA r=16, bfloat16 compute, 512-token micro-batches), or full weights
-with `--full`. Each setting runs in fresh processes: alone, then under torchrun (`gloo` on CPU, `nccl` on GPU),
-one warm-up step and `--steps` timed ones. On CPU every process gets `--threads` torch threads (default 1), so
-2 ranks use twice the cores of one: the ratio is the data-parallel speed-up and its cost in memory (one thread
-per process also keeps OpenMP's spinning threads from collapsing a step on a busy machine). Step time is the
-slowest rank's, median over the timed steps. Peak memory is each process's max RSS on CPU, and the peak CUDA
-memory allocated by each rank on a GPU.
+The batch is one step of the shipped reverse-text config's size (32 samples of a ~60-token prompt and a completion
+of up to 48 tokens; random token ids, fixed seed, the sampler's logprobs set to the trainer's own so no token is
+masked) and the trainer is that config's [trainer] section on the embedded SmolLM2-135M (LoRA r=16, the default
+compute dtype: float32 on a CPU, 512-token micro-batches), or full weights with `--full`. Each setting runs in
+fresh processes under tcmalloc, as `tracegym rl` starts the trainer: alone, then under torchrun (`gloo` on CPU,
+`nccl` on GPU), one warm-up step and `--steps` timed ones. On CPU every process gets `--threads` torch threads
+(default 1), so 2 ranks use twice the cores of one: the ratio is the data-parallel speed-up and its cost in memory
+(one thread per process also keeps OpenMP's spinning threads from collapsing a step on a busy machine). Step time
+is the slowest rank's, median over the timed steps. Peak memory is each process's peak RSS on CPU (VmHWM, read at
+each phase and reset after it, so `--phases` prints where the peak is: after the build, the first logprobs, each
+micro-batch's forward and backward), and the peak CUDA memory allocated by each rank on a GPU.
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 1]
+    flock /work/heavy.lock .venv/bin/python benchmarks/trainer_dp.py [--steps 3] [--full] [--threads 1] [--phases]
     python benchmarks/trainer_dp.py --device cuda            # on a GPU machine (2 ranks need 2 GPUs); bf16
 """
 
