@@ -8,8 +8,9 @@ run needs to continue bit for bit: trainable weights, optimizer, version, RNG an
 
 Under `torchrun` the trainer is one of several ranks (`data_parallel`): the model is sharded over them, each rank
 trains its token-balanced share of the step's samples, and the summed gradient is the one a single process would
-get on the whole batch. Checkpoints and served weights hold full tensors written by rank 0, so a run saved at one
-world size resumes at any other.
+get on the whole batch; like one process, each rank takes the logprobs straight from the last hidden states
+(`lm_head`, `passing_through`) and never makes the [positions, vocabulary] logits. Checkpoints and served weights
+hold full tensors written by rank 0, so a run saved at one world size resumes at any other.
 
 A vision-language model (`train.image_inputs`) trains on samples with images: each micro-batch's images, read by
 hash from the run folder, go through the model's vision tower and connector into the `<image>` tokens of their
