@@ -1,6 +1,7 @@
 """One trainer process of the data-parallel tests: run alone or as a rank under torchrun, it trains a tiny Llama
 with the trainer settings of the shipped reverse-text config through the real TrainerLoop, on the batches the
-test wrote into a run folder, and records every publish (with the rank that made it).
+test wrote into a run folder, and records every publish (with the rank that made it) and whether it took the
+logprobs straight from the hidden states (`head-rankN.json`).
 
     python dp_worker.py RUN_DIR STEPS lora|full                                                  # alone
     python -m torch.distributed.run --nproc-per-node 2 dp_worker.py RUN_DIR STEPS lora|full
@@ -27,10 +28,11 @@ VOCAB = 64
 
 
 def tiny_model() -> LlamaForCausalLM:
-    """The same tiny Llama in every process (seeded)."""
+    """The same tiny Llama in every process (seeded), its embeddings tied as SmolLM2's are."""
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                        tie_word_embeddings=True))
 
 
 def trainer_config(lora: bool) -> TrainerConfig:
@@ -53,6 +55,8 @@ def main(run_dir: Path, steps: int, kind: str) -> None:
             for name, param in trainer.model.named_parameters():
                 if "lora_B" in name:
                     param.copy_(shard_like(torch.randn(param.shape) * 0.02, param))
+    heads = run_dir / f"head-rank{dp.rank}.json"  # whether logprobs came straight from the hidden states
+    heads.write_text(json.dumps({"head": trainer.head is not None}))
     published = run_dir / "published.jsonl"
 
     def publish(path: Path, version: int) -> str:

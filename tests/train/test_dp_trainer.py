@@ -83,6 +83,13 @@ def test_two_ranks_make_the_same_update_as_one_process(lora_runs):
     assert max_difference(*(({k: v.float() for k, v in m.items()}) for m in merged)) < 1e-2  # bf16 files
 
 
+def test_each_rank_takes_the_logprobs_straight_from_the_hidden_states(lora_runs):
+    """The update above went through the hidden-state head (`lm_head`) on both ranks: no rank made the logits."""
+    one, two = lora_runs
+    assert [json.loads((f.path / f"head-rank{r}.json").read_text())["head"] for f, r in ((one, 0), (two, 0), (two, 1))
+            ] == [True, True, True]
+
+
 def test_only_rank_zero_records_and_publishes(lora_runs):
     _, two = lora_runs
     published = [json.loads(line) for line in (two.path / "published.jsonl").read_text().splitlines()]

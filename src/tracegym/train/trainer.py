@@ -8,8 +8,9 @@ run needs to continue bit for bit: trainable weights, optimizer, version, RNG an
 
 Under `torchrun` the trainer is one of several ranks (`data_parallel`): the model is sharded over them, each rank
 trains its token-balanced share of the step's samples, and the summed gradient is the one a single process would
-get on the whole batch. Checkpoints and served weights hold full tensors written by rank 0, so a run saved at one
-world size resumes at any other.
+get on the whole batch; like one process, each rank takes the logprobs straight from the last hidden states
+(`lm_head`, `passing_through`) and never makes the [positions, vocabulary] logits. Checkpoints and served weights
+hold full tensors written by rank 0, so a run saved at one world size resumes at any other.
 
 A vision-language model (`train.image_inputs`) trains on samples with images: each micro-batch's images, read by
 hash from the run folder, go through the model's vision tower and connector into the `<image>` tokens of their
@@ -26,13 +27,14 @@ import contextlib
 import math
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor
 from typing_extensions import TypeIs
 
 from tracegym.core.errors import UsageError
@@ -249,10 +251,11 @@ class Trainer:
         if batch.images:
             inputs = {**inputs, "input_ids": None, "inputs_embeds": self._embedded(batch)}
         if self.head is not None:
-            with self._compiled(), self._replayed(batch):
-                hidden = self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
-            logprobs = head_logprobs(hidden, self.head.weight, batch.sources, batch.target_ids, batch.temperatures)
-            return logprobs, head_hits(hidden, self.head.weight, batch.sources, batch.target_ids) if hits else None
+            with self._compiled(), self._replayed(batch), passing_through(self.head):
+                hidden = self.model(**inputs, logits_to_keep=batch.keep).logits
+            weight = _whole(self.head.weight)
+            logprobs = head_logprobs(hidden, weight, batch.sources, batch.target_ids, batch.temperatures)
+            return logprobs, head_hits(hidden, weight, batch.sources, batch.target_ids) if hits else None
         with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16), \
                 self._compiled(), self._replayed(batch):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
@@ -288,13 +291,12 @@ class Trainer:
 
     def _plain_head(self) -> torch.nn.Linear | None:
         """The output embedding, when logprobs may come straight from the hidden states (`lm_head`): a frozen
-        linear layer without bias that the model applies as it is, in float32, on one process (FSDP gathers
-        weights in the whole model's forward only)."""
+        linear layer without bias that the model applies as it is, in float32."""
         causal = self._causal_lm()
         head = causal.get_output_embeddings()
         plain = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
                  and _head_type(causal.config) in PLAIN_HEADS)
-        return head if plain and not self.bfloat16 and self.dp.world == 1 else None
+        return head if plain and not self.bfloat16 else None
 
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""
@@ -384,6 +386,33 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.version = int(state["version"])
         return dict(state["extra"])
+
+
+@contextlib.contextmanager
+def passing_through(head: torch.nn.Module) -> Iterator[None]:
+    """Inside: `head` returns (a copy of) its input, so the model's forward returns the last hidden states (at the
+    kept positions) as its "logits" and no [positions, vocabulary] tensor is made. The model runs its own forward,
+    so a sharded model gathers and releases its weights as it always does."""
+    head.__dict__["forward"] = _unchanged  # an instance attribute: nn.Module's call finds it before the class's
+    try:
+        yield
+    finally:
+        del head.__dict__["forward"]
+
+
+def _whole(weight: torch.Tensor) -> torch.Tensor:
+    """The output embedding's weight, read right after the model's forward: whole there also when the model is
+    sharded over several ranks. It belongs to FSDP's root unit, which gathers its weights in the forward and keeps
+    them gathered until that forward's backward has gone through the root (FSDP2 does not reshard the root after
+    its forward), so the head's own backward, which runs first, finds it whole too."""
+    if isinstance(weight, DTensor):
+        raise RuntimeError("the output embedding is still sharded after the model's forward (FSDP resharded its "
+                           "root unit after the forward)")
+    return weight
+
+
+def _unchanged(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden.clone()  # the kept positions are a view; FSDP warns of a view as a sharded model's output
 
 
 def copy_model_files(source: Path, target: Path) -> None:
