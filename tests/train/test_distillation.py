@@ -2,9 +2,11 @@
 advantage, the step's KL figures, and the distiller over a step's samples."""
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
+from tracegym.core.graph import ImageSpan
 from tracegym.core.sample import Sample
 from tracegym.train.advantages import AdvantageConfig, build_advantages
 from tracegym.train.distillation import (
@@ -83,10 +85,12 @@ class TableTeacher:
 
     def __init__(self) -> None:
         self.scored: list[list[int]] = []
+        self.images: list[list[ImageSpan]] = []
         self.closed = False
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]:
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]:
         self.scored.append(token_ids)
+        self.images.append(list(images))
         return [-math.log(t + 1) for t in token_ids[1:]]
 
     async def aclose(self) -> None:
@@ -103,6 +107,13 @@ async def test_the_distiller_scores_each_sample_once_and_reports_the_kl():
     assert set(metrics) == {"opd/kl", "opd/teacher_logprob", "opd/student_logprob", "opd/tokens", "opd/score_s"}
     await distiller.aclose()
     assert teacher.closed
+
+
+async def test_the_distiller_gives_the_teacher_each_samples_images():
+    picture = ImageSpan(offset=1, length=2, sha256="a" * 64)
+    teacher = TableTeacher()
+    await Distiller(teacher, OPDConfig(concurrency=1))([branch().model_copy(update={"images": [picture]}), branch()])
+    assert teacher.images == [[picture], []]
 
 
 async def test_a_step_mean_baseline_centres_the_kl_advantage_over_the_steps_sampled_tokens():

@@ -23,15 +23,17 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracegym.core.graph import ImageSpan
 from tracegym.core.sample import Sample
 from tracegym.train.advantages import AdvantageConfig
 from tracegym.train.signal import RLSignal
 
 
 class Teacher(Protocol):
-    """What scores a sequence (`train.teacher` has the teachers): its logprob of each token after the first."""
+    """What scores a sequence (`train.teacher` has the teachers): its logprob of each token after the first, with
+    the sequence's images (each in its run of placeholder tokens) where it has some."""
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]: ...
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]: ...
 
     async def aclose(self) -> None: ...
 
@@ -103,7 +105,7 @@ def reward_advantage(advantage: AdvantageConfig, mode: str) -> AdvantageConfig:
 
 
 class Distiller:
-    """Scores a step's samples with the teacher and sets their per-token advantages."""
+    """Scores a step's samples (with their images) with the teacher and sets their per-token advantages."""
 
     def __init__(self, teacher: Teacher, config: OPDConfig) -> None:
         self.teacher, self.config = teacher, config
@@ -115,7 +117,7 @@ class Distiller:
 
         async def score(sample: Sample) -> list[float]:
             async with gate:
-                return await self.teacher.logprobs(sample.token_ids)
+                return await self.teacher.logprobs(sample.token_ids, sample.images)
 
         teachers = await asyncio.gather(*(score(s) for s in samples))
         figures = kl_metrics(samples, teachers)
