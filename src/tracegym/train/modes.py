@@ -4,15 +4,13 @@ orchestrator hands each step's groups to (`train.signal`), and whom that signal 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import load_renderer
 from tracegym.train.advantages import AdvantageConfig, build_advantages
-from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal, reward_advantage
-from tracegym.train.image_inputs import folder_source
+from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal, StepImages, reward_advantage
 from tracegym.train.rl_config import Mode, TeacherModel
 from tracegym.train.rl_folder import Endpoints
 from tracegym.train.sft import SFTConfig, SFTSignal
@@ -23,10 +21,10 @@ from tracegym.train.teacher import build_teacher, reach_teacher
 def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, endpoints: Endpoints,
                  teacher: TeacherModel | None = None, sft: SFTConfig | None = None, opd: OPDConfig | None = None,
                  truncated_reward: float | None = None, cuts: CutPolicy | None = None,
-                 log: Callable[[dict[str, Any]], None] = lambda record: None, images: Path | None = None) -> Signal:
+                 log: Callable[[dict[str, Any]], None] = lambda record: None) -> Signal:
     """The signal of a run in `mode`: `rl` advantages from `advantage`; `opd` those (a group with equal rewards
-    kept unless `filter_no_signal` says otherwise) plus the `teacher`'s logprobs (the samples' images read from
-    the run folder's `images`); `sft` the `teacher`'s rollouts, filtered by `sft` and rendered with the `student`'s
+    kept unless `filter_no_signal` says otherwise) plus the `teacher`'s logprobs (with the samples' images, from
+    the step's traces); `sft` the `teacher`'s rollouts, filtered by `sft` and rendered with the `student`'s
     renderer."""
     if mode == "sft":
         if teacher is None:
@@ -41,7 +39,7 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
         if teacher is None:
             raise ValueError("mode = 'opd' needs a [teacher]")
         opd = opd or OPDConfig()
-        source = folder_source(images) if images is not None else None
-        return OPDSignal(advantages, distiller=Distiller(build_teacher(teacher, opd.scorer, endpoints, source), opd),
-                         **parts)
+        pictures = StepImages()
+        distiller = Distiller(build_teacher(teacher, opd.scorer, endpoints, pictures), opd)
+        return OPDSignal(advantages, distiller=distiller, pictures=pictures, **parts)
     return RLSignal(advantages, **parts)

@@ -61,7 +61,7 @@ def orchestrator_for(config: RLConfig, folder: RLFolder, endpoints: Endpoints) -
                                      replicas=endpoints.replicas)
     signal = build_signal(config.mode, orch.advantage, student=endpoint, endpoints=endpoints, teacher=config.teacher,
                           sft=config.sft, opd=config.opd, truncated_reward=orch.truncated_reward,
-                          cuts=orch.cuts, images=folder.images.folder,
+                          cuts=orch.cuts,
                           log=folder.metrics.append)
     orchestrator = build_orchestrator(orch, config.steps, folder, endpoints, endpoint, signal)
     if tracking := build_tracking(config.tracking, folder.path, config.model_dump(mode="json")):

@@ -8,8 +8,9 @@ whatever `--logprobs-mode` says), or through transformers in this process (`Tran
 endpoint is wanted. An endpoint that stays down through the teacher's retries stops the run, naming it.
 
 A sample with images (an image taskset's) is scored by `TransformersTeacher` on a VLM folder: each image's features
-(`train.image_inputs`, read by hash from the run folder's `images/`) go into its run of `<image>` tokens, as the
-trainer puts them. The completions API takes token ids only, so `VLLMTeacher` refuses images by name.
+(`train.image_inputs`; the bytes by hash from the step's traces, `distillation.StepImages`) go into its run of
+`<image>` tokens, as the trainer puts them. The completions API takes token ids only, so `VLLMTeacher` refuses
+images by name.
 
 >>> teacher = VLLMTeacher(endpoint)  # doctest: +SKIP
 >>> await teacher.logprobs([1, 2, 3])  # doctest: +SKIP
@@ -82,7 +83,7 @@ def prompt_logprobs(data: dict[str, Any], token_ids: list[int]) -> list[float]:
 class TransformersTeacher:
     """The teacher loaded with transformers in this process (float32), scoring one sequence at a time off the
     event loop; for a teacher small enough to run beside the orchestrator without a server of its own. A VLM's
-    folder is loaded with its image processor, the images read from `images` (the run folder's)."""
+    folder is loaded with its image processor, the images read by hash from `images`."""
 
     def __init__(self, model_dir: str, images: ImageSource | None = None) -> None:
         import torch
@@ -101,7 +102,7 @@ class TransformersTeacher:
 
     async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]:
         if images and self.images is None:
-            why = "was loaded without the run folder's images" if self.vlm else "takes text only"
+            why = "was loaded without an image source" if self.vlm else "takes text only"
             raise UsageError(f"the [teacher] {self.model_dir!r} cannot score a sample with images: it {why}")
         async with self.lock:
             return await asyncio.to_thread(self._logprobs, token_ids, [span.sha256 for span in images])
@@ -153,8 +154,8 @@ def reach_teacher(teacher: TeacherModel, endpoints: Endpoints,
 def build_teacher(teacher: TeacherModel, scorer: str, endpoints: Endpoints,
                   images: ImageSource | None = None) -> Teacher:
     """The teacher that scores an `opd` run's samples: its endpoint (`reach_teacher`), or, with
-    `[opd] scorer = "transformers"`, its directory loaded in this process (a VLM's with the samples' images from
-    `images`)."""
+    `[opd] scorer = "transformers"`, its directory loaded in this process (a VLM's with the samples' images read
+    from `images`)."""
     if scorer == "transformers" and teacher.name is not None:  # check_teacher: it is set
         return TransformersTeacher(teacher.name, images)
     return VLLMTeacher(reach_teacher(teacher, endpoints))
