@@ -1,15 +1,24 @@
 """On-policy distillation: the per-token advantage against hand-computed values, the mix with the reward's group
 advantage, the step's KL figures, and the distiller over a step's samples."""
 
+import base64
+import hashlib
 import math
+from collections.abc import Sequence
 
 import pytest
 
+import tracegym as tg
+from tracegym.core.episode import Episode
+from tracegym.core.graph import ImageSpan
+from tracegym.core.messages import ImagePart, TextPart, user
 from tracegym.core.sample import Sample
+from tracegym.core.trace import Trace
 from tracegym.train.advantages import AdvantageConfig, build_advantages
 from tracegym.train.distillation import (
     Distiller,
     OPDConfig,
+    StepImages,
     distilled,
     distilled_advantages,
     kl_metrics,
@@ -83,10 +92,12 @@ class TableTeacher:
 
     def __init__(self) -> None:
         self.scored: list[list[int]] = []
+        self.images: list[list[ImageSpan]] = []
         self.closed = False
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]:
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]:
         self.scored.append(token_ids)
+        self.images.append(list(images))
         return [-math.log(t + 1) for t in token_ids[1:]]
 
     async def aclose(self) -> None:
@@ -103,6 +114,25 @@ async def test_the_distiller_scores_each_sample_once_and_reports_the_kl():
     assert set(metrics) == {"opd/kl", "opd/teacher_logprob", "opd/student_logprob", "opd/tokens", "opd/score_s"}
     await distiller.aclose()
     assert teacher.closed
+
+
+async def test_the_distiller_gives_the_teacher_each_samples_images():
+    picture = ImageSpan(offset=1, length=2, sha256="a" * 64)
+    teacher = TableTeacher()
+    await Distiller(teacher, OPDConfig(concurrency=1))([branch().model_copy(update={"images": [picture]}), branch()])
+    assert teacher.images == [[picture], []]
+
+
+def test_the_step_images_are_those_of_the_steps_traces_by_hash():
+    data = b"\x89PNG not really"
+    trace = Trace(task=tg.TaskData(prompt="p"))
+    uri = "data:image/png;base64," + base64.b64encode(data).decode()
+    trace.graph.add(user([ImagePart(image_url={"url": uri}), TextPart(text="which colour?")]))
+    images = StepImages()
+    images.keep([[Episode.solo(trace)]])
+    assert images(hashlib.sha256(data).hexdigest()) == data
+    with pytest.raises(ValueError, match="in none of the step's traces"):
+        images("0" * 64)
 
 
 async def test_a_step_mean_baseline_centres_the_kl_advantage_over_the_steps_sampled_tokens():

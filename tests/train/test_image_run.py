@@ -29,7 +29,7 @@ def config(name, envs=(COLOURS,), client: str = "tokens", **fields) -> RLConfig:
 
 def check_image_run(c: RLConfig) -> None:
     check(env_servers(c.orchestrator).values(), ImageRun(c.model, c.mode, c.teacher, c.trainer.lora_projector,
-                                                         c.weight_sync))
+                                                         c.weight_sync, c.opd.scorer))
 
 
 def test_an_rl_run_of_a_vlm_on_an_image_taskset_passes(models):
@@ -50,10 +50,21 @@ def test_the_chat_client_of_an_sft_student_passes(models):
     check_image_run(config(models / "vlm", client="chat", mode="sft", teacher={"name": str(models / "vlm")}))
 
 
-def test_opd_on_an_image_taskset_is_refused(models):
+def test_opd_scored_by_vllm_on_an_image_taskset_is_refused_naming_the_scorer(models):
     teacher = {"name": str(models / "vlm")}
-    with pytest.raises(UsageError, match=r"taskset 'colour-codeword'.*mode = 'opd'"):
+    with pytest.raises(UsageError, match=r"'colour-codeword'.*mode = 'opd'.*set \[opd\] scorer = 'transformers'"):
         check_image_run(config(models / "vlm", mode="opd", teacher=teacher))
+
+
+def test_opd_from_a_vlm_teacher_scored_in_process_on_an_image_taskset_passes(models):
+    teacher = {"name": str(models / "vlm")}
+    check_image_run(config(models / "vlm", mode="opd", teacher=teacher, opd={"scorer": "transformers"}))
+
+
+def test_opd_from_a_text_teacher_on_an_image_taskset_is_refused(models):
+    teacher = {"name": str(models / "text")}
+    with pytest.raises(UsageError, match=r"taskset 'colour-codeword'.*\[teacher\] 'text' takes text only"):
+        check_image_run(config(models / "vlm", mode="opd", teacher=teacher, opd={"scorer": "transformers"}))
 
 
 def test_sft_from_a_text_teacher_on_an_image_taskset_is_refused(models):

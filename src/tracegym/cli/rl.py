@@ -48,7 +48,8 @@ def run(args: list[str]) -> int:
                 raise
             print(f"tracegym rl: warning: {exc} (a run would stop here)", file=sys.stderr)
     check_image_run(env_servers(config.orchestrator).values(), ImageRun(  # every piece that meets images takes them
-        config.model, config.mode, config.teacher, config.trainer.lora_projector, config.weight_sync))
+        config.model, config.mode, config.teacher, config.trainer.lora_projector, config.weight_sync,
+        config.opd.scorer))
     if checked and not preflight(config.orchestrator.train.envs):
         print("tracegym rl: --validate: a training environment is not clean (above); nothing was started",
               file=sys.stderr)

@@ -18,20 +18,24 @@ import asyncio
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracegym.core.errors import ModelError
+from tracegym.core.graph import ImageSpan
 from tracegym.core.sample import Sample
+from tracegym.models.image_prompt import image_bytes, image_hash, message_images
 from tracegym.train.advantages import AdvantageConfig
-from tracegym.train.signal import RLSignal
+from tracegym.train.signal import Group, Metrics, RLSignal, StepGroups
 
 
 class Teacher(Protocol):
-    """What scores a sequence (`train.teacher` has the teachers): its logprob of each token after the first."""
+    """What scores a sequence (`train.teacher` has the teachers): its logprob of each token after the first, with
+    the sequence's images (each in its run of placeholder tokens) where it has some."""
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]: ...
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]: ...
 
     async def aclose(self) -> None: ...
 
@@ -103,7 +107,7 @@ def reward_advantage(advantage: AdvantageConfig, mode: str) -> AdvantageConfig:
 
 
 class Distiller:
-    """Scores a step's samples with the teacher and sets their per-token advantages."""
+    """Scores a step's samples (with their images) with the teacher and sets their per-token advantages."""
 
     def __init__(self, teacher: Teacher, config: OPDConfig) -> None:
         self.teacher, self.config = teacher, config
@@ -115,7 +119,7 @@ class Distiller:
 
         async def score(sample: Sample) -> list[float]:
             async with gate:
-                return await self.teacher.logprobs(sample.token_ids)
+                return await self.teacher.logprobs(sample.token_ids, sample.images)
 
         teachers = await asyncio.gather(*(score(s) for s in samples))
         figures = kl_metrics(samples, teachers)
@@ -127,12 +131,42 @@ class Distiller:
         await self.teacher.aclose()
 
 
+class StepImages:
+    """The images of the step being scored, by sha256 (an `ImageSource`): the teacher's, since the run folder's
+    `images/` gets them only when the step's traces are written, after the teacher has scored its samples."""
+
+    def __init__(self) -> None:
+        self.images: dict[str, bytes] = {}
+
+    def keep(self, groups: Sequence[Group]) -> None:
+        """Hold the images of `groups`' traces (inline ones: the token client's), in place of the last step's."""
+        self.images = {}
+        for trace in (t for group in groups for episode in group for t in episode.traces.values()):
+            for part in message_images(node.message for node in trace.graph.nodes):
+                try:
+                    data = image_bytes(part)
+                except ModelError:  # not inline: no sample carries its run (`image_run` refuses such runs)
+                    continue
+                self.images[image_hash(data)] = data
+
+    def __call__(self, sha256: str) -> bytes:
+        if sha256 not in self.images:
+            raise ValueError(f"image {sha256} is in none of the step's traces")
+        return self.images[sha256]
+
+
 @dataclass
 class OPDSignal(RLSignal):
     """An `opd` run's signal (`train.signal`): RL's samples of the student's own rollouts (their reward advantage
-    weighted by `reward_weight`), each token's advantage then set from the teacher's logprob of it."""
+    weighted by `reward_weight`), each token's advantage then set from the teacher's logprob of it (with the
+    images of the step's traces, held in `pictures`)."""
 
     distiller: Distiller | None = None
+    pictures: StepImages = field(default_factory=StepImages)
+
+    async def samples(self, step: StepGroups, version: int) -> tuple[list[Sample], Metrics]:
+        self.pictures.keep(step.groups)
+        return await super().samples(step, version)
 
     async def finish(self, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
         if self.distiller is None or not samples:

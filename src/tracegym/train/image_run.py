@@ -5,8 +5,8 @@ A run on an image taskset needs: a student that takes images (a VLM's folder), t
 client records no image runs, so its samples would train on placeholders without the pictures; `sft` re-renders
 the teacher's traces and finds the runs itself), weight sync that reaches
 what the trainer trains (vLLM loads no adapter on the connector: `lora_projector` needs merged weights), in `sft`
-a teacher that takes images, and not `opd` (its teacher scores token ids through vLLM's completions API, which takes
-no images).
+and `opd` a teacher that takes images, and in `opd` the teacher scored in process (`[opd] scorer = "transformers"`:
+vLLM's completions API, through which the `vllm` scorer sends token ids, takes no images).
 """
 
 from __future__ import annotations
@@ -31,16 +31,19 @@ class ImageRun:
     teacher: ModelChoice | None = None
     lora_projector: bool = False
     weight_sync: str = "lora"
+    scorer: str = "vllm"
+    """`[opd] scorer`."""
 
     def problem(self) -> str | None:
         """Which piece of the run cannot take images, if one cannot."""
         if self.model.client == "chat" and self.mode != "sft":  # sft trains on the teacher's traces, re-rendered
             return ("[model] client = 'chat' records no image runs in the traces (the trainer would see "
                     "placeholders without the pictures); use client = 'tokens'")
-        if self.mode == "opd":
-            return ("mode = 'opd' cannot score them: its teacher scores the student's token ids through vLLM's "
-                    "completions API, which takes no images; use mode = 'rl' or 'sft'")
-        if self.mode == "sft" and self.teacher is not None and choice_takes_images(self.teacher) is False:
+        if self.mode == "opd" and self.scorer != "transformers":
+            return (f"mode = 'opd' with [opd] scorer = {self.scorer!r} cannot score them: the teacher would score the "
+                    "student's token ids through vLLM's completions API, which takes no images; set [opd] scorer = "
+                    "'transformers' (the teacher's folder loaded in process)")
+        if self.mode in ("sft", "opd") and self.teacher is not None and choice_takes_images(self.teacher) is False:
             return f"the [teacher] {self.teacher.display_name()!r} takes text only; give a vision-language teacher"
         if self.lora_projector and self.weight_sync == "lora":
             return ("trainer.lora_projector = true trains an adapter on the connector, which vLLM does not load as an "

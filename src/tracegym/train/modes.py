@@ -10,7 +10,7 @@ from tracegym.core.cut_policy import KEEP, CutPolicy
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.renderer import load_renderer
 from tracegym.train.advantages import AdvantageConfig, build_advantages
-from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal, reward_advantage
+from tracegym.train.distillation import Distiller, OPDConfig, OPDSignal, StepImages, reward_advantage
 from tracegym.train.rl_config import Mode, TeacherModel
 from tracegym.train.rl_folder import Endpoints
 from tracegym.train.sft import SFTConfig, SFTSignal
@@ -23,8 +23,9 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
                  truncated_reward: float | None = None, cuts: CutPolicy | None = None,
                  log: Callable[[dict[str, Any]], None] = lambda record: None) -> Signal:
     """The signal of a run in `mode`: `rl` advantages from `advantage`; `opd` those (a group with equal rewards
-    kept unless `filter_no_signal` says otherwise) plus the `teacher`'s logprobs; `sft` the `teacher`'s rollouts,
-    filtered by `sft` and rendered with the `student`'s renderer."""
+    kept unless `filter_no_signal` says otherwise) plus the `teacher`'s logprobs (with the samples' images, from
+    the step's traces); `sft` the `teacher`'s rollouts, filtered by `sft` and rendered with the `student`'s
+    renderer."""
     if mode == "sft":
         if teacher is None:
             raise ValueError("mode = 'sft' needs a [teacher]")
@@ -38,5 +39,7 @@ def build_signal(mode: Mode, advantage: AdvantageConfig, *, student: Endpoint, e
         if teacher is None:
             raise ValueError("mode = 'opd' needs a [teacher]")
         opd = opd or OPDConfig()
-        return OPDSignal(advantages, distiller=Distiller(build_teacher(teacher, opd.scorer, endpoints), opd), **parts)
+        pictures = StepImages()
+        distiller = Distiller(build_teacher(teacher, opd.scorer, endpoints, pictures), opd)
+        return OPDSignal(advantages, distiller=distiller, pictures=pictures, **parts)
     return RLSignal(advantages, **parts)

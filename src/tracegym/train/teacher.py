@@ -7,6 +7,11 @@ per sequence; each prompt position's entry holds the actual next token's logprob
 whatever `--logprobs-mode` says), or through transformers in this process (`TransformersTeacher`) where no teacher
 endpoint is wanted. An endpoint that stays down through the teacher's retries stops the run, naming it.
 
+A sample with images (an image taskset's) is scored by `TransformersTeacher` on a VLM folder: each image's features
+(`train.image_inputs`; the bytes by hash from the step's traces, `distillation.StepImages`) go into its run of
+`<image>` tokens, as the trainer puts them. The completions API takes token ids only, so `VLLMTeacher` refuses
+images by name.
+
 >>> teacher = VLLMTeacher(endpoint)  # doctest: +SKIP
 >>> await teacher.logprobs([1, 2, 3])  # doctest: +SKIP
 [-2.1, -0.4]
@@ -16,16 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tracegym.core.errors import InfrastructureError, ModelError, TracegymError, UsageError
+from tracegym.core.graph import ImageSpan
 from tracegym.models import transport
 from tracegym.models.endpoint import Endpoint
 from tracegym.models.launch import only_served_model
 from tracegym.models.transport import PROBE_TIMEOUT_S, Unavailable, backoff_delay, served_models
 from tracegym.train.distillation import Teacher
+from tracegym.train.image_inputs import ImageInputs, ImageSource, check_trainable, is_vlm
 from tracegym.train.rl_config import TeacherModel
 from tracegym.train.rl_folder import Endpoints
 
@@ -41,7 +48,11 @@ class VLLMTeacher:
         self.endpoint = endpoint
         self.transport = transport.Transport(endpoint)
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]:
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]:
+        if images:
+            raise UsageError(f"the [teacher] endpoint {self.endpoint.base_url} cannot score a sample with images: "
+                             "vLLM's completions API takes token ids only; set [opd] scorer = 'transformers' with "
+                             "[teacher] name a vision-language model's folder")
         body = {"model": self.endpoint.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0,
                 "temperature": 1.0}
         try:
@@ -71,28 +82,41 @@ def prompt_logprobs(data: dict[str, Any], token_ids: list[int]) -> list[float]:
 
 class TransformersTeacher:
     """The teacher loaded with transformers in this process (float32), scoring one sequence at a time off the
-    event loop; for a teacher small enough to run beside the orchestrator without a server of its own."""
+    event loop; for a teacher small enough to run beside the orchestrator without a server of its own. A VLM's
+    folder is loaded with its image processor, the images read by hash from `images`."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, images: ImageSource | None = None) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+        self.model_dir, self.vlm = model_dir, is_vlm(model_dir)
+        loader = AutoModelForImageTextToText if self.vlm else AutoModelForCausalLM
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+            self.model = loader.from_pretrained(model_dir, dtype=torch.float32).eval()
         except OSError as exc:
             raise UsageError(f"[teacher] name: cannot load {model_dir!r} with transformers: {exc}") from None
+        self.images = ImageInputs.load(model_dir, images) if self.vlm and images is not None else None
+        if self.images is not None:
+            check_trainable(self.model.config)
         self.lock = asyncio.Lock()  # one forward at a time: parallel ones would only share the same cores
 
-    async def logprobs(self, token_ids: list[int]) -> list[float]:
+    async def logprobs(self, token_ids: list[int], images: Sequence[ImageSpan] = ()) -> list[float]:
+        if images and self.images is None:
+            why = "was loaded without an image source" if self.vlm else "takes text only"
+            raise UsageError(f"the [teacher] {self.model_dir!r} cannot score a sample with images: it {why}")
         async with self.lock:
-            return await asyncio.to_thread(self._logprobs, token_ids)
+            return await asyncio.to_thread(self._logprobs, token_ids, [span.sha256 for span in images])
 
-    def _logprobs(self, token_ids: list[int]) -> list[float]:
+    def _logprobs(self, token_ids: list[int], images: list[str]) -> list[float]:
         import torch
 
         with torch.no_grad():
             ids = torch.tensor([token_ids])
-            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+            if images and self.images is not None:
+                inputs = {"inputs_embeds": self.images.embedded(self.model, ids, images)}
+            else:
+                inputs = {"input_ids": ids}
+            logits = self.model(**inputs, use_cache=False).logits[0, :-1].float()
             picked = logits.gather(-1, ids[0, 1:, None]).squeeze(-1)
             return (picked - torch.logsumexp(logits, dim=-1)).tolist()
 
@@ -127,11 +151,13 @@ def reach_teacher(teacher: TeacherModel, endpoints: Endpoints,
     return endpoint.model_copy(update={"model": name})
 
 
-def build_teacher(teacher: TeacherModel, scorer: str, endpoints: Endpoints) -> Teacher:
+def build_teacher(teacher: TeacherModel, scorer: str, endpoints: Endpoints,
+                  images: ImageSource | None = None) -> Teacher:
     """The teacher that scores an `opd` run's samples: its endpoint (`reach_teacher`), or, with
-    `[opd] scorer = "transformers"`, its directory loaded in this process."""
+    `[opd] scorer = "transformers"`, its directory loaded in this process (a VLM's with the samples' images read
+    from `images`)."""
     if scorer == "transformers" and teacher.name is not None:  # check_teacher: it is set
-        return TransformersTeacher(teacher.name)
+        return TransformersTeacher(teacher.name, images)
     return VLLMTeacher(reach_teacher(teacher, endpoints))
 
 
