@@ -13,7 +13,6 @@ instead of training on blank replies.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import sys
@@ -21,11 +20,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tracegym.core.errors import TracegymError, UsageError
-from tracegym.core.image_ref import decoded
+from tracegym.core.errors import ModelError, TracegymError, UsageError
 from tracegym.core.messages import ImagePart, Message
 from tracegym.envs.registry import load_taskset
 from tracegym.models.client import ModelRequest
+from tracegym.models.image_prompt import image_bytes, image_hash, message_images
 from tracegym.testing.fake_server import FakeOpenAIServer
 from tracegym.testing.script import Entry, Fail
 
@@ -40,13 +39,14 @@ def conversation_key(messages: Sequence[Message]) -> Key:
     """The messages as (role, text, images) triples: how a request is matched to a task. An image is its bytes'
     SHA-256 where its URL is a data URI (a task's picture and the one a client sends are then the same), else its
     URL."""
-    return tuple((m.role, m.text, tuple(image_identity(p.image_url.get("url", "")) for p in m.content or ()
-                                        if isinstance(p, ImagePart))) for m in messages)
+    return tuple((m.role, m.text, tuple(image_identity(p) for p in message_images([m]))) for m in messages)
 
 
-def image_identity(url: str) -> str:
-    found = decoded(url)
-    return hashlib.sha256(found[1]).hexdigest() if found is not None else url
+def image_identity(part: ImagePart) -> str:
+    try:
+        return image_hash(image_bytes(part))
+    except ModelError:  # not inline: the URL is all there is to compare
+        return part.image_url.get("url", "")
 
 
 def reference_answers(taskset_id: str, options: Iterable[Mapping[str, Any]] = ({},),
