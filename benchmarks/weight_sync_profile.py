@@ -35,14 +35,14 @@ BUCKETS = (
     ("vLLM: allocate each layer's tensors (materialize_layer)", ("materialize_layer",)),
     ("vLLM: copy back into the kept tensors (_copy_and_restore_kernel_tensors)",
      ("_copy_and_restore_kernel_tensors", "_place_kernel_tensors")),
-    ("ours: W + s*B@A in float32, cast to bfloat16 (merged)", ("merged (",)),
+    ("ours: W + s*B@A in float32, cast to bfloat16 (merge_into)", ("merge_into", "merged (")),
     ("ours: read the adapter file (read_adapter)", ("read_adapter",)),
     ("ours: check vLLM serves the base (_check_served)", ("_check_served",)),
     ("vLLM: set up the reload (initialize_layerwise_reload)", ("initialize_layerwise_reload",)),
     ("vLLM: finish the reload (finalize_layerwise_reload)", ("finalize_layerwise_reload",)),
     ("vLLM: weight loaders (copy each weight into its stacked slot)", ("weight_loader", "load_weights")),
     ("vLLM: rest of reload_weights", ("reload_weights",)),
-    ("ours: rest of merge_adapter", ("merge_adapter",)),
+    ("ours: rest of merge_adapter (stacking, the layers' bookkeeping)", ("merge_adapter",)),
     ("outside the merge: HTTP, RPC to the worker, engine loop, prefix-cache reset", ("",)),
 )
 """(bucket, frame substrings): a sample goes to the first bucket one of whose substrings is in one of its frames."""
