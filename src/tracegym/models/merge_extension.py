@@ -5,10 +5,16 @@ their base weights in place, read from the adapter's folder with no full-weights
 the base model's. The first call reads the base checkpoint's weights, all but the input and output embeddings no
 adapter touches, and keeps them in the worker as stored (SmolLM2-135M: 0.42 GB of float32; kept as stored so that
 a small update still moves a bfloat16 weight across a rounding step). Each call checks that vLLM serves that base
-(the weights no adapter changes are equal), computes `W + s * B @ A` in float32 for every adapted weight, exactly
-as `Trainer.save_merged` does (so vLLM serves the same bits either way), and hands every kept weight to vLLM's own
-in-place reload, which restacks its fused projections (qkv, gate_up) and redoes what it derives from them. The
-trainer writes its 20 MB adapter, not 210 MB of merged weights (`benchmarks/weight_sync.py`).
+(the weights no adapter changes are equal) and computes `W + s * B @ A` in float32 for every adapted weight, exactly
+as `Trainer.save_merged` does (so vLLM serves the same bits either way), always from the kept base (so nothing of
+an earlier merge can accumulate). On vLLM's CPU build, whose linear layers hand their weight to oneDNN and keep an
+empty tensor, each layer is rebuilt directly: its merged weights are written, rounded to vLLM's dtype, into one
+stacked tensor (fused projections, qkv and gate_up, stack the parts the model's `packed_modules_mapping` lists) and
+the layer re-runs `process_weights_after_loading`, which packs it again. That is what vLLM's in-place reload ends
+in, without its per-layer meta tensors, wrapped loaders and extra copies. Anywhere else (a GPU, where CUDA graphs
+hold the weights; a layer not packed; a weight no layer takes) every kept weight goes through that reload, which
+restacks and redoes what vLLM derives from them. The trainer writes its 20 MB adapter, not 210 MB of merged
+weights (`benchmarks/weight_sync.py`; where the seconds go: `benchmarks/weight_sync_profile.py`).
 
 >>> VLLMServerConfig(model=path, merge_adapters=True)  # doctest: +SKIP
 """
