@@ -6,7 +6,7 @@ two warm-up publishes, py-spy (`--subprocesses`, `--rate`) samples the server wh
 sample is put in the first bucket whose frame it holds (`BUCKETS`, in order), and the table gives each bucket's
 seconds per publish next to the publish's wall time measured by the trainer.
 
-    flock /work/heavy.lock .venv/bin/python benchmarks/weight_sync_profile.py [--reps 20] [--rate 250]
+    flock /work/heavy.lock .venv/bin/python benchmarks/weight_sync_profile.py [--reps 20] [--rate 250] [--keep raw.txt]
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=20, help="publishes sampled")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--keep", type=Path, help="also copy py-spy's raw samples (collapsed stacks) here")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     model_dir = str(embedded_model_dir())
@@ -93,6 +94,8 @@ def main() -> None:
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
         counts = buckets(raw)
+        if args.keep:
+            shutil.copyfile(raw, args.keep)
     per = 1.0 / args.rate / args.reps
     print(f"merge sync profile: {args.reps} publishes, py-spy at {args.rate}/s; publish wall (trainer's view): "
           f"mean {statistics.fmean(seconds):.3f} s, median {statistics.median(seconds):.3f} s")
