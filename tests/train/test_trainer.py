@@ -4,11 +4,13 @@ import random
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.trainer import Trainer, TrainerConfig, apply_lora, compile_layers
+from tracegym.train.trainer import Trainer, TrainerConfig, adapter_keys, apply_lora, compile_layers
 
 VOCAB = 64
 
@@ -113,6 +115,31 @@ def test_trainer_logprobs_are_zero_off_the_loss_mask_and_negative_on_it():
 def test_save_weights_writes_a_peft_adapter_directory(tmp_path):
     path = tiny_trainer().save_weights(tmp_path / "adapter")
     assert (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
+
+
+def test_an_adapter_saved_again_into_its_folder_is_the_file_peft_writes(tmp_path):
+    trainer = tiny_trainer()
+    (trainer.save_weights(tmp_path / "adapter") / "README.md").unlink()  # peft's model card
+    trainer.step(samples(1))
+    assert not (trainer.save_weights(tmp_path / "adapter") / "README.md").exists()  # only the weights file, by us
+    trainer.model.save_pretrained(str(tmp_path / "peft"))
+    ours, peft = (safe_open(str(tmp_path / f / "adapter_model.safetensors"), "pt") for f in ("adapter", "peft"))
+    assert sorted(ours.keys()) == sorted(peft.keys()) and ours.metadata() == peft.metadata()
+    assert all(torch.equal(ours.get_tensor(key), peft.get_tensor(key)) for key in peft.keys())  # noqa: SIM118
+
+
+def test_an_adapter_folder_that_lost_its_config_is_written_whole_again(tmp_path):
+    trainer = tiny_trainer()
+    (trainer.save_weights(tmp_path / "adapter") / "adapter_config.json").unlink()
+    assert (trainer.save_weights(tmp_path / "adapter") / "adapter_config.json").is_file()
+
+
+def test_an_adapter_file_with_keys_peft_adds_is_never_rewritten_by_key(tmp_path):
+    trainer = tiny_trainer()
+    path = trainer.save_weights(tmp_path / "adapter")
+    save_file({**load_file(str(path / "adapter_model.safetensors")), "extra.weight": torch.zeros(1)},
+              str(path / "adapter_model.safetensors"))
+    assert adapter_keys(trainer.model, path) is None
 
 
 def test_resume_from_a_checkpoint_continues_bit_for_bit(tmp_path):

@@ -69,6 +69,8 @@ if TYPE_CHECKING:
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+"""What peft writes into an adapter's folder."""
 STATE_FILE = "trainer.pt"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".tmp")
 PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"}
@@ -184,6 +186,7 @@ class Trainer:
         """The policy version of the current weights: steps taken since the start of the run."""
         self.head = self._plain_head()
         """The output embedding when logprobs come straight from the hidden states (`lm_head`), else None."""
+        self._adapter_keys: dict[Path, dict[str, str] | None] = {}  # `save_weights`' folders: param -> file key
         if config.compile:
             compile_layers(self._causal_lm())
 
@@ -320,14 +323,24 @@ class Trainer:
     # --- weights and checkpoints -------------------------------------------------------------------------
     def save_weights(self, path: str | Path) -> Path:
         """Write what vLLM serves: the adapter directory (LoRA) or the model directory (full weights). With several
-        ranks every rank calls it (the weights are gathered) and rank 0 writes."""
+        ranks every rank calls it (the weights are gathered) and rank 0 writes. A LoRA adapter saved again into a
+        folder this trainer wrote whole (its config does not change) rewrites only its weights file, with the keys
+        peft wrote (checked at that first save): 0.02 s instead of peft's 0.06 s for SmolLM2-135M at r=16."""
         path = Path(path)
         with gathered(self.model):
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
+                keys = self._adapter_keys.get(path)
+                if keys is not None and (path / ADAPTER_CONFIG).is_file():
+                    params = dict(self.model.named_parameters())
+                    save_file({key: params[name].detach() for name, key in keys.items()},
+                              str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+                    return path
                 # a sharded model's state_dict() holds shards even while gathered: hand over the whole parameters
                 whole: dict[str, Any] = {"state_dict": dict(self.model.named_parameters())} if self.dp.world > 1 else {}
                 self.model.save_pretrained(str(path), **whole)
+                plain = self.is_lora and self.dp.world == 1
+                self._adapter_keys[path] = adapter_keys(self.model, path) if plain else None
         return path
 
     def save_merged(self, path: str | Path, dtype: torch.dtype = torch.bfloat16, changed_only: bool = False) -> Path:
@@ -539,6 +552,17 @@ def _plain_linear(layer: _LoraLayer, adapter: str, weight: torch.Tensor) -> bool
 def _checkpoint_name(name: str) -> str:
     """A peft parameter name as the base model's checkpoint names it."""
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def adapter_keys(model: torch.nn.Module, folder: Path) -> dict[str, str] | None:
+    """Each trainable parameter's key in the adapter peft wrote into `folder` (its name less the adapter's, as
+    peft saves plain LoRA), or None when the file holds other keys (DoRA, saved modules, embeddings, ...)."""
+    from safetensors import safe_open
+
+    keys = {name: name.replace(".default", "") for name, param in model.named_parameters() if param.requires_grad}
+    with safe_open(str(folder / ADAPTER_WEIGHTS), framework="pt") as handle:
+        written = set(handle.keys())
+    return keys if set(keys.values()) == written and len(written) == len(keys) else None
 
 
 def apply_lora(model: torch.nn.Module, config: TrainerConfig) -> PeftModel:

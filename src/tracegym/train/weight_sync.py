@@ -201,8 +201,9 @@ class MergedWeightSync(WeightSync):
     No request after a publish reuses prompt KV of the old weights: with `announce` each request's KV is salted
     with its version; without, the prefix cache is reset, preempting running requests.
     On a CPU, generating through plain weights is ~3x faster than through a LoRA adapter, which pays for the
-    merge. For SmolLM2-135M a merge in vLLM takes 0.32 s a step (the trainer writes 19 MB in 0.06 s; vLLM merges
-    and reloads in 0.26 s) against 0.47 s through a file of the merged weights (`benchmarks/weight_sync.py`)."""
+    merge. For SmolLM2-135M a merge in vLLM takes ~0.25 s a step (the trainer rewrites its 19 MB adapter in
+    0.04 s; vLLM merges and re-packs its layers in 0.21 s) against 0.5-0.6 s through a file of the merged weights
+    (`benchmarks/weight_sync.py`)."""
 
     def __init__(self, base_url: str | Sequence[str], model_name: str, base_model: str | Path | None = None,
                  timeout_s: float = 120.0, announce: bool = False) -> None:
