@@ -1,8 +1,8 @@
 """TRL 1.16's asynchronous GRPO (`trl.experimental.async_grpo`) with a tracegym taskset: its own rollout worker spawns
 a process, unpickles the adapter's environment class and reward functions there, generates against a vLLM-shaped
 server (the fake OpenAI server speaking vLLM's token `/v1/completions` with the embedded SmolLM2's tokens) and scores
-each rollout with the taskset's own reward. The trainer's update step itself needs CUDA and flash-attention kernels
-in TRL 1.16 (`get_peak_flops_per_device`, `tree_attention`), so it cannot run on this CPU-only machine."""
+each rollout with the taskset's own reward, checked against tracegym's own evaluation of the same replies. The
+whole trainer, update steps included, runs in `test_trl_async_grpo_train.py`."""
 
 import asyncio
 import os
