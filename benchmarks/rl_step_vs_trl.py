@@ -9,8 +9,10 @@ itself (no weight sync). Ours: `rl_step.py`'s step (vLLM generation, one trainer
 after the other). Each side runs in a subprocess of its own (so each peak RSS is that side's) and the pair is
 run `--reps` times, TRL first, alternating. Every side's processes run with the same allocator (`--malloc`:
 tcmalloc where installed, what `tracegym rl` gives its trainer and vLLM). Printed: seconds per step and per
-1,000 completion tokens, split into generation / training / weight sync, each process's peak memory, and
-ours / TRL.
+1,000 completion tokens, split into generation / training / weight sync, each process's peak memory, the cores
+our trainer and our idle vLLM kept busy during our train phase (below ~1.9 of 2 trainer threads: something else
+on the machine took the rest), and ours / TRL per completion token. `--micro-batch-tokens A B` runs one of our
+sides per trainer micro-batch budget, side by side with the same TRL side.
 
 `--loop`: also the real `tracegym rl` loop (generation of step n+1 overlapping step n's training,
 `max_async_steps = 1`) at the same work, with its own thread split (the trainer half the cores), its seconds

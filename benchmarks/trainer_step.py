@@ -4,10 +4,11 @@ The batch is a reverse-text step's shape at equal work with `rl_step_vs_trl.py`:
 group one prompt of 34-41 tokens (reverse-text's are 37.5 on average) and every rollout 48 sampled tokens. The
 sampler logprobs are the trainer's own, so no token is masked. Each setting runs in a subprocess of its own (its
 peak RSS is its own; the allocator is preloaded), settings alternate over `--reps` rounds, and each reports the
-mean of `--steps` steps after a warm-up step. `--profile` splits the default setting's step into collation,
+mean of `--steps` steps after a warm-up step. `--tokens` sets the completions' length (48: the reverse-text step;
+256: issue 38's long case), `--only` picks settings. `--profile` splits the default setting's step into collation,
 forward, backward and optimizer, and lists the torch profiler's top operators.
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_step.py [--reps 2] [--profile]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_step.py [--reps 2] [--profile] [--tokens 256]
 """
 
 from __future__ import annotations
