@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import statistics
 import tempfile
@@ -63,7 +64,7 @@ def samples_of(traces: list[Trace], advantages: GroupAdvantages, version: int) -
 
 
 async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trainer: Trainer, sync: WeightSync,
-                   adapters: Path) -> dict[str, float]:
+                   adapters: Path, vllm_pid: int | None = None) -> dict[str, float]:
     """Generate, train, publish; the seconds of each part and the step's numbers."""
     taskset = load_taskset("reverse-text", {"seed": 1000 + step})
     sampling = Sampling(temperature=1.0, max_tokens=args.max_tokens, extra=fixed_length(args.max_tokens)
@@ -72,8 +73,11 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
     traces = await evaluate(taskset, client, num_tasks=args.tasks, rollouts=args.rollouts, sampling=sampling)
     t1 = time.perf_counter()
     batch, rewards = samples_of(traces, GroupAdvantages(), trainer.version)
+    cpu = (own_cpu_seconds(), group_cpu_seconds(vllm_pid))
     metrics = trainer.step(batch) if batch else {}
     t2 = time.perf_counter()
+    busy = {"trainer_cores": (own_cpu_seconds() - cpu[0]) / (t2 - t1),
+            "vllm_cores_in_training": (group_cpu_seconds(vllm_pid) - cpu[1]) / (t2 - t1)}
     sync.publish(save_for(args, trainer, adapters), trainer.version)
     t3 = time.perf_counter()
     return {"generation": t1 - t0, "training": t2 - t1, "weight_sync": t3 - t2, "total": t3 - t0,
@@ -81,7 +85,8 @@ async def one_step(step: int, args: argparse.Namespace, client: ChatClient, trai
             "completion_tokens": float(sum(t.completion_length for t in traces)),
             "reward": statistics.fmean(rewards) if rewards else float("nan"), "samples": float(len(batch)),
             "rollouts_failed": float(len(traces) - len(rewards)),
-            "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0)}
+            "ratio": metrics.get("ratio_mean", float("nan")), "abs_log_ratio": metrics.get("abs_log_ratio_mean", 0.0),
+            **busy}
 
 
 def fixed_length(tokens: int) -> dict[str, object]:
@@ -114,6 +119,27 @@ def group_peak_rss_mb(pid: int | None) -> float:
     return total / 1024
 
 
+def group_cpu_seconds(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by every process in the process group led by `pid`."""
+    if pid is None:
+        return float("nan")
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pid:
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds (user + system) this process has used so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _status_kb(status: Path, key: str) -> int:
     for line in status.read_text().splitlines():
         if line.startswith(f"{key}:"):
@@ -140,7 +166,9 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
     model_dir = str(embedded_model_dir())
     trainer = build_trainer(TrainerConfig(model=model_dir, lora_rank=args.rank, lora_alpha=2 * args.rank,
                                           learning_rate=args.lr, num_threads=args.threads,
-                                          compile=args.trainer_compile))
+                                          compile=args.trainer_compile,
+                                          **({"micro_batch_tokens": args.micro_batch_tokens}
+                                             if args.micro_batch_tokens else {})))
     lora = args.sync == "lora"
     server_config = VLLMServerConfig(model=model_dir, served_model_name=SERVED_MODEL_NAME, max_model_len=1024,
                                      enable_lora=lora, max_lora_rank=args.rank, dtype=args.vllm_dtype,
@@ -155,7 +183,7 @@ async def run(args: argparse.Namespace) -> tuple[list[dict[str, float]], PeakMem
         rows, memory = [], PeakMemory(server.pid)
         async with ChatClient(endpoint) as client:
             for step in range(args.warmup + args.steps):
-                row = await one_step(step, args, client, trainer, sync, Path(tmp))
+                row = await one_step(step, args, client, trainer, sync, Path(tmp), server.pid)
                 print(f"step {step}{' (warm-up)' if step < args.warmup else ''}: " +
                       "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
                 if step >= args.warmup:
@@ -200,6 +228,8 @@ def arguments() -> argparse.ArgumentParser:
                         help="vLLM compiles its model (torch.compile; ~50 s more to start) instead of running eagerly")
     parser.add_argument("--trainer-compile", action="store_true",
                         help="the trainer compiles its decoder layers (TrainerConfig.compile; ~25 s at the first step)")
+    parser.add_argument("--micro-batch-tokens", type=int,
+                        help="the trainer's micro-batch token budget (default: TrainerConfig's)")
     parser.add_argument("--fixed-length", action="store_true",
                         help="every completion exactly --max-tokens long (vLLM's min_tokens + ignore_eos)")
     return parser

@@ -9,8 +9,10 @@ itself (no weight sync). Ours: `rl_step.py`'s step (vLLM generation, one trainer
 after the other). Each side runs in a subprocess of its own (so each peak RSS is that side's) and the pair is
 run `--reps` times, TRL first, alternating. Every side's processes run with the same allocator (`--malloc`:
 tcmalloc where installed, what `tracegym rl` gives its trainer and vLLM). Printed: seconds per step and per
-1,000 completion tokens, split into generation / training / weight sync, each process's peak memory, and
-ours / TRL.
+1,000 completion tokens, split into generation / training / weight sync, each process's peak memory, the cores
+our trainer and our idle vLLM kept busy during our train phase (below ~1.9 of 2 trainer threads: something else
+on the machine took the rest), and ours / TRL per completion token. `--micro-batch-tokens A B` runs one of our
+sides per trainer micro-batch budget, side by side with the same TRL side.
 
 `--loop`: also the real `tracegym rl` loop (generation of step n+1 overlapping step n's training,
 `max_async_steps = 1`) at the same work, with its own thread split (the trainer half the cores), its seconds
@@ -116,6 +118,7 @@ def our_side(args: argparse.Namespace) -> dict[str, Any]:
              "--lr", str(args.lr), "--threads", str(args.threads), "--sync", args.sync, "--fixed-length"]
     flags += ["--vllm-compile"] if args.vllm_compile else []
     flags += ["--trainer-compile"] if args.trainer_compile else []
+    flags += ["--micro-batch-tokens", str(args.budget)] if args.budget else []
     rows, memory = asyncio.run(rl_step.run(rl_step.arguments().parse_args(flags)))
     return {"steps": rows, "peak_mb": peak_rss_mb(), "vllm_peak_mb": memory.vllm}
 
@@ -155,7 +158,8 @@ SIDES = {"trl": trl_side, "ours": our_side, "loop": loop_side}
 def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side in a subprocess of its own; its result."""
     passed = {k.replace("_", "-"): v for k, v in vars(args).items()
-              if k not in ("side", "reps", "loop", "out", "malloc") and v not in (None, False)}
+              if k not in ("side", "reps", "loop", "out", "malloc", "micro_batch_tokens")
+              and v not in (None, False)}
     flags = [f"--{k}" if v is True else f"--{k}={v}" for k, v in passed.items()]
     with tempfile.TemporaryDirectory(prefix=f"tracegym-vs-trl-{side}-") as out:
         done = subprocess.run([sys.executable, __file__, "--side", side, "--out", out, *flags],
@@ -172,16 +176,20 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     out = {part: statistics.fmean(s[part] for s in steps) for part in PARTS}
     out["tokens"] = statistics.fmean(s["completion_tokens"] for s in steps)
     out["per_1k"] = 1000 * out["total"] / out["tokens"]
+    for busy in ("trainer_cores", "vllm_cores_in_training"):  # cores each process kept busy while ours trained
+        if all(busy in s for s in steps):
+            out[busy] = statistics.fmean(s[busy] for s in steps)
     return out | {k: v for k, v in result.items() if k.endswith("_mb")}
 
 
 def print_rows(rows: list[tuple[int, str, dict[str, float]]]) -> None:
-    print(f"\n{'rep':<4}{'side':<6}{'s/step':>8}{'gen':>7}{'train':>7}{'sync':>7}{'tokens':>8}{'s/1k tok':>10}"
-          f"{'peak RSS MB':>13}{'vLLM RSS MB':>13}")
+    print(f"\n{'rep':<4}{'side':<10}{'s/step':>8}{'gen':>7}{'train':>7}{'sync':>7}{'tokens':>8}{'s/1k tok':>10}"
+          f"{'peak RSS MB':>13}{'vLLM RSS MB':>13}{'train cores: ours / vLLM':>26}")
     for rep, side, s in rows:
-        print(f"{rep:<4}{side:<6}{s['total']:>8.2f}{s['generation']:>7.2f}{s['training']:>7.2f}"
+        print(f"{rep:<4}{side:<10}{s['total']:>8.2f}{s['generation']:>7.2f}{s['training']:>7.2f}"
               f"{s['weight_sync']:>7.2f}{s['tokens']:>8.0f}{s['per_1k']:>10.2f}{s['peak_mb']:>13.0f}"
-              f"{s.get('vllm_peak_mb', float('nan')):>13.0f}")
+              f"{s.get('vllm_peak_mb', float('nan')):>13.0f}"
+              f"{s.get('trainer_cores', float('nan')):>20.2f} / {s.get('vllm_cores_in_training', float('nan')):.2f}")
 
 
 def main() -> None:
@@ -207,6 +215,10 @@ def main() -> None:
                         help="our trainer compiles its decoder layers (both our sides; TrainerConfig.compile)")
     parser.add_argument("--loop-threads", type=int,
                         help="the loop's trainer torch threads (default: `tracegym rl`'s, half the cores)")
+    parser.add_argument("--micro-batch-tokens", type=int, nargs="+", default=[0], metavar="N",
+                        help="our trainer's micro-batch token budget; several: one of our sides for each, side by "
+                             "side (0: TrainerConfig's default)")
+    parser.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -215,17 +227,22 @@ def main() -> None:
         return
     rows = []
     for rep in range(args.reps):
-        for side in ("trl", "ours"):
-            rows.append((rep, side, summary(run_side(side, args))))
-            print(f"rep {rep} {side}: {rows[-1][2]['total']:.2f} s/step", flush=True)
+        rows.append((rep, "trl", summary(run_side("trl", args))))
+        print(f"rep {rep} trl: {rows[-1][2]['total']:.2f} s/step", flush=True)
+        for budget in args.micro_batch_tokens:
+            name = f"ours@{budget}" if budget else "ours"
+            rows.append((rep, name, summary(run_side("ours", argparse.Namespace(**vars(args) | {"budget": budget})))))
+            print(f"rep {rep} {name}: {rows[-1][2]['total']:.2f} s/step", flush=True)
     if args.loop:
         rows.append((0, "loop", summary(run_side("loop", args))))
     print_rows(rows)
-    trl, ours = ([s["total"] for _, side, s in rows if side == name] for name in ("trl", "ours"))
-    if not trl or not ours:
-        return
-    print(f"ours / TRL seconds per step: {statistics.fmean(ours) / statistics.fmean(trl):.2f} "
-          f"(target <= 0.5); load average {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} (1 / 5 min)")
+    trl = [s["per_1k"] for _, side, s in rows if side == "trl"]
+    for name in dict.fromkeys(side for _, side, _ in rows if side.startswith("ours")):
+        ours = [s["per_1k"] for _, side, s in rows if side == name]
+        if trl and ours:
+            print(f"{name} / TRL seconds per completion token: {statistics.fmean(ours) / statistics.fmean(trl):.2f} "
+                  "(target <= 0.33)")
+    print(f"load average {os.getloadavg()[0]:.1f} / {os.getloadavg()[1]:.1f} (1 / 5 min)")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ The batch is a reverse-text step's shape at equal work with `rl_step_vs_trl.py`:
 group one prompt of 34-41 tokens (reverse-text's are 37.5 on average) and every rollout 48 sampled tokens. The
 sampler logprobs are the trainer's own, so no token is masked. Each setting runs in a subprocess of its own (its
 peak RSS is its own; the allocator is preloaded), settings alternate over `--reps` rounds, and each reports the
-mean of `--steps` steps after a warm-up step. `--profile` splits the default setting's step into collation,
+mean of `--steps` steps after a warm-up step. `--tokens` sets the completions' length (48: the reverse-text step;
+256: issue 38's long case), `--only` picks settings. `--profile` splits the default setting's step into collation,
 forward, backward and optimizer, and lists the torch profiler's top operators.
 
-    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_step.py [--reps 2] [--profile]
+    flock /tmp/tracegym-heavy.lock .venv/bin/python benchmarks/trainer_step.py [--reps 2] [--profile] [--tokens 256]
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "defaults + bf16": {"compute_dtype": "bfloat16"},
     "defaults + gradient checkpointing": {"gradient_checkpointing": True},
     "defaults + 256-token micro-batches": {"micro_batch_tokens": 256},
+    "defaults + 1024-token micro-batches": {"micro_batch_tokens": 1024},
+    "defaults + 2048-token micro-batches": {"micro_batch_tokens": 2048},
+    "defaults, a row per sample": {"share_prompts": False},
+    "defaults, a row per sample, 1024-token micro-batches": {"share_prompts": False, "micro_batch_tokens": 1024},
     "defaults + compile": {"compile": True},
     "defaults, LoRA on attention only (less work)": {"lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
 }
@@ -57,13 +62,13 @@ def batch(seed: int = 0, groups: int = 4, rollouts: int = 4, tokens: int = 48) -
     return out
 
 
-def measure(options: dict[str, Any], steps: int, profile: bool) -> dict[str, Any]:
+def measure(options: dict[str, Any], steps: int, profile: bool, tokens: int = 48) -> dict[str, Any]:
     """This process's measured steps under `options` (a TrainerConfig override)."""
     from tracegym.models.embedded import embedded_model_dir
     from tracegym.train.trainer import TrainerConfig, build_trainer
 
     trainer = build_trainer(TrainerConfig(model=str(embedded_model_dir()), num_threads=2, **options))
-    samples = batch()
+    samples = batch(tokens=tokens)
     samples = [s.model_copy(update={"logprobs": lp}) for s, lp in zip(samples, trainer.logprobs(samples), strict=True)]
     trainer.step(samples)
     seconds = []
@@ -106,13 +111,14 @@ def print_operators(trainer: Any, samples: list[Sample]) -> None:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainer.step(samples)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
 
 
 def run_setting(name: str, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
     """One setting in a subprocess of its own, under the allocator it names."""
     options = SETTINGS[name]
-    command = [sys.executable, __file__, "--child", json.dumps(options), "--steps", str(args.steps)]
+    command = [sys.executable, __file__, "--child", json.dumps(options), "--steps", str(args.steps),
+               "--tokens", str(args.tokens)]
     done = subprocess.run(command + (["--profile"] if profile else []), capture_output=True, text=True,
                           env=malloc_env(options.get("malloc", "tcmalloc")))
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -128,18 +134,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=1, help="rounds over every setting")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per setting and round")
     parser.add_argument("--profile", action="store_true", help="take the defaults' step apart")
+    parser.add_argument("--tokens", type=int, default=48, help="tokens in every completion")
+    parser.add_argument("--only", action="append", choices=sorted(SETTINGS), metavar="SETTING",
+                        help="run this setting (repeatable; default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(RESULT + json.dumps(measure(json.loads(args.child), args.steps, args.profile)), flush=True)
+        print(RESULT + json.dumps(measure(json.loads(args.child), args.steps, args.profile, args.tokens)), flush=True)
         return
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in SETTINGS}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in args.only or SETTINGS}
     for rep in range(args.reps):
-        for name in SETTINGS:
+        for name in results:
             profile = args.profile and rep == 0 and name == DEFAULTS
             results[name].append(run_setting(name, args, profile=profile))
             print(f"round {rep}: {name}: {statistics.fmean(results[name][-1]['seconds']):.2f} s", flush=True)
-    before = statistics.fmean(s for r in results[next(iter(SETTINGS))] for s in r["seconds"])
+    before = statistics.fmean(s for r in results[next(iter(results))] for s in r["seconds"])
     print(f"\n{'setting':<46}{'s/step':>8}{'min':>7}{'x before':>10}{'s/1k tok':>10}{'peak RSS MB':>13}{'mbs':>5}")
     for name, runs in results.items():
         seconds = [s for r in runs for s in r["seconds"]]
