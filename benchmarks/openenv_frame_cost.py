@@ -101,7 +101,7 @@ def main() -> None:
         for n, (proc, a, b) in enumerate(zip(procs, before, after, strict=True)):
             name = "server" if n == 0 else f"worker {n}"
             print(f"{name} (pid {proc.pid}): {(b - a) * 1e6 / frames:.0f} us CPU/frame")
-        for path, proc in zip(files, procs, strict=True):
+        for path, proc in zip(files, procs, strict=True) if files else ():
             if args.strace:
                 print(f"--- pid {proc.pid}: system calls per frame")
                 for line in path.read_text().splitlines()[2:]:
