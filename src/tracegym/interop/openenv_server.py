@@ -423,10 +423,13 @@ class IdleWatch:
         self.task: asyncio.Task[Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.fired = False
+        self.cancelling = 0
+        """Cancellations the task had pending when the watch began."""
 
     def __enter__(self) -> IdleWatch:
         if self.timeout is not None:
             self.task = asyncio.current_task()
+            self.cancelling = self.task.cancelling() if self.task is not None else 0
             self._arm(time.monotonic() + self.timeout)
         return self
 
@@ -435,10 +438,11 @@ class IdleWatch:
             self.timer.cancel()
 
     def ended(self) -> bool:
-        """Whether the watch cancelled the task (its cancellation then taken back)."""
-        if self.fired and self.task is not None:
-            self.task.uncancel()
-        return self.fired
+        """Whether the watch, and nothing else, cancelled the task (its cancellation then taken back), as
+        `asyncio.timeout` tells its own cancellation from others'."""
+        if not self.fired or self.task is None:
+            return False
+        return self.task.uncancel() <= self.cancelling
 
     def _arm(self, when: float) -> None:  # (time.monotonic is the loop's clock)
         self.timer = asyncio.get_running_loop().call_at(when, self._check)
