@@ -5,8 +5,10 @@ The echo taskset (tracegym.testing.echo) runs 1-turn and 5-turn rollouts; every 
    the same instant fake model (the fake OpenAI server in its own process) answers every turn. Through ZMQ the
    worker calls it; over OpenEnv the client is the agent: it calls the model, then steps (openenv's own client).
 2. The same environment (the taskset as an openenv Environment, `TasksetEnvironment`) on openenv's own server
-   (`create_app` under uvicorn) vs on ours, its sessions in a worker process (the default) and in its own process
-   (`--openenv.workers 0`): the agent answers at once, without a model, so the figures measure the servers.
+   (`create_app` under uvicorn, on asyncio's event loop, and on the one `uvicorn.run(app)` picks: uvloop where
+   installed) vs on ours, its sessions in a worker process (the default; its server then on uvloop where installed)
+   and in its own process (`--openenv.workers 0`): the agent answers at once, without a model, so the figures
+   measure the servers.
 `concurrency` callers each run one rollout at a time until `rollouts` are done; each path is measured `--repeats`
 times, interleaved, and the medians are printed side by side with the ratio to the first path, and with the CPU
 time the server spent per rollout (its process and its workers, all of them together: on a machine whose cores are
@@ -208,18 +210,20 @@ app = create_app(TasksetEnvironment.of(server.taskset), TasksetAction, TasksetOb
                  max_concurrent_envs=int(sys.argv[2]), state_cls=TasksetState)
 sock = server.bind()
 print(f"address: ws://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-import asyncio, uvicorn
-config = uvicorn.Config(app, log_level="warning", ws_ping_interval=None, ws_per_message_deflate=sys.argv[3] == "1")
-asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+import uvicorn
+config = uvicorn.Config(app, log_level="warning", ws_ping_interval=None, ws_per_message_deflate=sys.argv[3] == "1",
+                        loop=sys.argv[4])
+uvicorn.Server(config).run(sockets=[sock])
 """
 
 
 @contextlib.contextmanager
-def openenv_create_app(turns: int, deflate: bool = True) -> Iterator[str]:
+def openenv_create_app(turns: int, deflate: bool = True, loop: str = "asyncio") -> Iterator[str]:
     """The echo taskset as a TasksetEnvironment on openenv's own server, in its own process (uvicorn's default
-    per-message deflate on, as `uvicorn.run(app)` serves it, or off, as ours runs)."""
-    proc = processes.spawn_group([sys.executable, "-c", _OPENENV_APP, str(turns), str(MAX_SESSIONS), str(int(deflate))],
-                                 stdout=subprocess.PIPE)
+    per-message deflate on, as `uvicorn.run(app)` serves it, or off, as ours runs), on asyncio's event loop or on
+    `loop="auto"`'s, as `uvicorn.run(app)` picks it (uvloop where installed)."""
+    proc = processes.spawn_group([sys.executable, "-c", _OPENENV_APP, str(turns), str(MAX_SESSIONS), str(int(deflate)),
+                                  loop], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
@@ -295,10 +299,10 @@ def section_one(args: argparse.Namespace, count: Callable[[int, int], int], head
 def section_two(args: argparse.Namespace, count: Callable[[int, int], int], header: str) -> None:
     print("\n## 2. The same environment on openenv's own server vs ours (agent answers at once)\n" + header)
     for turns in args.turns:
-        with openenv_create_app(turns) as theirs, openenv_create_app(turns, deflate=False) as plain, \
+        with openenv_create_app(turns) as theirs, openenv_create_app(turns, loop="auto") as auto, \
                 ours(turns) as url, ours(turns, workers=0) as in_process:
             paths = {"openenv create_app": Path_(over_openenv(theirs, None), port_of(theirs)),
-                     "openenv create_app, no deflate": Path_(over_openenv(plain, None), port_of(plain)),
+                     "create_app, uvicorn.run's loop": Path_(over_openenv(auto, None), port_of(auto)),
                      "our OpenEnv server (1 worker)": Path_(over_openenv(url, None), port_of(url)),
                      "our OpenEnv server (0 workers)": Path_(over_openenv(in_process, None), port_of(in_process))}
             for c in args.concurrency:

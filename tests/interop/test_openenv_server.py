@@ -155,6 +155,20 @@ def test_an_idle_session_times_out_with_a_session_error_and_is_closed():
                                               "code": "SESSION_ERROR"}}
 
 
+def test_a_session_that_keeps_talking_outlives_its_idle_timeout_many_times_over():
+    with OpenEnvServer(load_taskset("reverse-text"), session_timeout=1.0, workers=0).running() as url:
+        async def chatty():
+            async with connect(f"{url}/ws") as ws:
+                kinds = []
+                for _ in range(10):  # 1.5 s in all, never 1 s quiet
+                    await ws.send(json.dumps({"type": "state"}))
+                    kinds.append(json.loads(await ws.recv())["type"])
+                    await asyncio.sleep(0.15)  # (a client's pause: nothing to wait on)
+                return kinds
+        kinds = asyncio.run(chatty())
+    assert kinds == ["state"] * 10
+
+
 def test_mcp_lists_and_calls_the_tasks_tools_over_the_websocket():
     row = registry_load("counter-env")[0]
     with OpenEnvServer(registry_load("counter-env")).running() as url:

@@ -127,3 +127,10 @@ def test_a_multi_agent_taskset_is_served_one_seat_with_the_others_played_by_the_
 def test_a_multi_agent_taskset_without_a_seat_and_opponent_is_refused_naming_its_seats():
     with pytest.raises(UsageError, match=r"multi-agent \(seats: player_x, player_o\).*--openenv.seat"):
         OpenEnvServer(load_taskset("tictactoe"))
+
+
+def test_a_server_with_workers_runs_on_uvloop_and_one_running_tasks_itself_on_asyncios_loop():
+    uvloop = pytest.importorskip("uvloop")
+    taskset = load_taskset("reverse-text")
+    assert OpenEnvServer(taskset, workers=1).loop_factory() is uvloop.new_event_loop
+    assert OpenEnvServer(taskset, workers=0).loop_factory() is None  # a task's sandbox needs asyncio's subprocesses

@@ -132,3 +132,32 @@ def test_the_wire_reassembles_messages_split_and_joined_anyhow():
     for at in range(0, len(stream), 7):
         wire.data_received(stream[at:at + 7])
     assert got == [(0, 1, [b"one", b""]), (1, 1, []), (2, 1, [b"x" * 300])]
+
+
+def test_a_message_sent_alone_is_written_before_the_loops_next_turn_and_after_those_queued():
+    async def send() -> tuple[bytes, bytes, bytes]:
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        wire = Wire(lambda *_: None, lambda: None)
+        await asyncio.get_running_loop().create_connection(lambda: wire, sock=ours)
+        wire.send(1, 0, b"alone", alone=True)
+        at_once = theirs.recv(1 << 16)  # (no await since: the loop has not turned)
+        wire.send(2, 0, b"queued")
+        wire.send(3, 0, b"alone too", alone=True)  # behind the queued one: waits for it, in order
+        unsent = theirs.recv(1 << 16) if _readable(theirs) else b""
+        await asyncio.sleep(0)  # one turn of the loop: the queue goes out
+        later = theirs.recv(1 << 16)
+        wire.transport.close()
+        theirs.close()
+        return at_once, unsent, later
+    at_once, unsent, later = asyncio.run(send())
+    assert at_once == HEAD.pack(5, 1, 0) + b"alone"
+    assert unsent == b""
+    assert later == HEAD.pack(6, 2, 0) + b"queued" + HEAD.pack(9, 3, 0) + b"alone too"
+
+
+def _readable(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except BlockingIOError:
+        return False

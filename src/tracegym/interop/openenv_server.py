@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,15 +183,28 @@ class OpenEnvServer:
 
     def serve(self, sock: socket.socket) -> None:
         """Answer on `sock` until SIGINT or SIGTERM."""
-        asyncio.run(self.serve_async(sock))
+        with asyncio.Runner(loop_factory=self.loop_factory()) as runner:
+            runner.run(self.serve_async(sock))
 
     @contextlib.contextmanager
     def running(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
         """Serve in a background thread for the `with` block; yields the `ws://HOST:PORT` URL."""
         sock, server = self.bind(host, port), self.uvicorn_server()
         with serving(self.app, host, port, server=server, sock=sock, serve=self.serve_async(sock, server),
-                     scheme=self.scheme) as url:
+                     scheme=self.scheme, loop_factory=self.loop_factory()) as url:
             yield url
+
+    def loop_factory(self) -> Callable[[], asyncio.AbstractEventLoop] | None:
+        """uvloop's event loop where it is installed and the sessions live in workers (this process then runs no
+        task code: a task's sandbox needs asyncio's own subprocess transports); else asyncio's (None). Each frame
+        passes through this process twice, so its loop's cost per wake-up is most of the worker hop's."""
+        if not self.settings.workers:
+            return None
+        try:
+            import uvloop
+        except ImportError:
+            return None
+        return uvloop.new_event_loop
 
     def _new_session(self) -> TasksetSession | RemoteSession:
         """A session in a worker, while serving with workers; else in this process."""
@@ -262,25 +275,31 @@ class OpenEnvServer:
 
     async def _converse(self, websocket: WebSocket, held: Held) -> None:
         timeout = self.settings.session_timeout
-        while True:
-            held.idle_since = time.monotonic()
-            try:
-                async with asyncio.timeout(timeout):  # no task per message, unlike wait_for
+        with IdleWatch(held, timeout) as watch:
+            while True:
+                held.idle_since = time.monotonic()
+                try:
                     message = await websocket.receive()
-            except TimeoutError:
-                assert timeout is not None
-                await _refuse(websocket, error_frame(WSErrorCode.SESSION_ERROR, f"session idle for more than "
-                                                     f"{timeout:g} s: closed"))
-                return
-            if message["type"] == "websocket.disconnect":
-                return
-            held.idle_since = None
-            reply, goes_on = await self._answer(held.session, message.get("text") or message.get("bytes") or b"")
-            if reply is not None:
-                await websocket.send_text(reply)
-            if not goes_on:
-                await websocket.close()
-                return
+                except asyncio.CancelledError:
+                    if not watch.ended():
+                        raise
+                    await _refuse(websocket, error_frame(WSErrorCode.SESSION_ERROR, f"session idle for more than "
+                                                         f"{timeout:g} s: closed"))
+                    return
+                if not await self._turn(websocket, held, message):
+                    return
+
+    async def _turn(self, websocket: WebSocket, held: Held, message: MutableMapping[str, Any]) -> bool:
+        """Answer one WebSocket message; whether the session goes on."""
+        if message["type"] == "websocket.disconnect":
+            return False
+        held.idle_since = None
+        reply, goes_on = await self._answer(held.session, message.get("text") or message.get("bytes") or b"")
+        if reply is not None:
+            await websocket.send_text(reply)
+        if not goes_on:
+            await websocket.close()
+        return goes_on
 
     async def _answer(self, session: TasksetSession | RemoteSession, frame: str | bytes) -> tuple[str | None, bool]:
         """One frame's reply (JSON text; None: none) and whether the session goes on: answered here, or passed
@@ -394,6 +413,50 @@ class OpenEnvServer:
         return hmac.compare_digest((header or "").encode(), f"Bearer {self.secret}".encode())
 
 
+class IdleWatch:
+    """`with IdleWatch(held, timeout) as watch:` cancels the block's task once `held` has waited for its client
+    for `timeout` seconds (None: never); `watch.ended()` then says so (and takes the cancellation back). One timer
+    for the session, moved on only when it fires, rather than one set and cancelled per message."""
+
+    def __init__(self, held: Held, timeout: float | None) -> None:
+        self.held, self.timeout = held, timeout
+        self.task: asyncio.Task[Any] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.fired = False
+        self.cancelling = 0
+        """Cancellations the task had pending when the watch began."""
+
+    def __enter__(self) -> IdleWatch:
+        if self.timeout is not None:
+            self.task = asyncio.current_task()
+            self.cancelling = self.task.cancelling() if self.task is not None else 0
+            self._arm(time.monotonic() + self.timeout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def ended(self) -> bool:
+        """Whether the watch, and nothing else, cancelled the task (its cancellation then taken back), as
+        `asyncio.timeout` tells its own cancellation from others'."""
+        if not self.fired or self.task is None:
+            return False
+        return self.task.uncancel() <= self.cancelling
+
+    def _arm(self, when: float) -> None:  # (time.monotonic is the loop's clock)
+        self.timer = asyncio.get_running_loop().call_at(when, self._check)
+
+    def _check(self) -> None:
+        assert self.timeout is not None and self.task is not None
+        since, now = self.held.idle_since, time.monotonic()
+        if since is None or now - since < self.timeout:
+            self._arm((now if since is None else since) + self.timeout)
+            return
+        self.timer, self.fired = None, True
+        self.task.cancel()
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket whose connections send at once (TCP_NODELAY, inherited by each accepted socket: asyncio
     sets it only on sockets it made itself, and without it a reply written in two parts, as uvicorn writes an HTTP
@@ -473,15 +536,18 @@ def header_deadline(seconds: float) -> type[HttpToolsProtocol]:
 @contextlib.contextmanager
 def serving(app: Any, host: str = "127.0.0.1", port: int = 0, *, server: uvicorn.Server | None = None,
             sock: socket.socket | None = None, serve: Awaitable[None] | None = None,
-            scheme: str = "ws") -> Iterator[str]:
+            scheme: str = "ws", loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> Iterator[str]:
     """Run an ASGI app (ours, or one of openenv's `create_app`) under uvicorn in a daemon thread for the `with`
-    block (`serve`: the coroutine that runs `server`, if not its own `serve`); yields its `ws://HOST:PORT` URL once
-    it accepts connections."""
+    block (`serve`: the coroutine that runs `server`, if not its own `serve`; on `loop_factory`'s loop, if given);
+    yields its `ws://HOST:PORT` URL once it accepts connections."""
     sock = sock or socket.create_server((host, port))
     server = server or uvicorn.Server(uvicorn.Config(app, log_level="warning", ws_ping_interval=None))
     main = serve or server.serve(sockets=[sock])
-    thread = threading.Thread(target=lambda: asyncio.run(main), daemon=True,  # type: ignore[arg-type]
-                              name=f"uvicorn:{sock.getsockname()[1]}")
+
+    def run() -> None:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main)  # type: ignore[arg-type]
+    thread = threading.Thread(target=run, daemon=True, name=f"uvicorn:{sock.getsockname()[1]}")
     thread.start()
     try:
         while not server.started:

@@ -23,7 +23,7 @@ import socket
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from tracegym.envs.registry import load_taskset
 from tracegym.envs.taskset import Taskset
@@ -58,8 +58,7 @@ class Wire(asyncio.Protocol):
         self.outgoing: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is one, though no subclass of it)
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer
@@ -75,9 +74,16 @@ class Wire(asyncio.Protocol):
         if at:
             del buffer[:at]
 
-    def send(self, number: int, code: int, body: bytes) -> None:
-        """Queue a message: those sent in one turn of the event loop go out in one write (one system call)."""
+    def send(self, number: int, code: int, body: bytes, alone: bool = False) -> None:
+        """Queue a message: those sent in one turn of the event loop go out in one write (one system call). `alone`:
+        the sender knows of no other message due this turn, so it goes out now (unless some are queued already),
+        sparing the loop a turn."""
         if not self.outgoing:
+            if alone:
+                transport = self.transport
+                if transport is not None and not transport.is_closing():
+                    transport.write(HEAD.pack(len(body), number, code) + body)
+                return
             asyncio.get_running_loop().call_soon(self._flush)
         self.outgoing += (HEAD.pack(len(body), number, code), body)
 
@@ -138,7 +144,7 @@ class SessionHost:
         flags, body = 0, b""
         for frame in frames:
             flags, body = await self._one(session, frame)
-        self.wire.send(number, flags, body)
+        self.wire.send(number, flags, body, alone=len(self.jobs) == 1)  # (this job the only one: one caller)
 
     async def _one(self, session: TasksetSession, frame: bytes) -> tuple[int, bytes]:
         episodes, moves = session.episodes, session.moves

@@ -119,8 +119,9 @@ class WorkerLink:
             raise WorkerDied(self.death, sent=False)
         number = next(self.numbers)
         self.asked += 1
+        alone = not self.pending  # nothing else in flight: most likely one caller, so no batch to wait for
         self.pending[number] = future = asyncio.get_running_loop().create_future()
-        self.wire.send(number, ASK, sid + pack_frames(frames))
+        self.wire.send(number, ASK, sid + pack_frames(frames), alone)
         return await future
 
     def drop(self, sid: bytes) -> None:
