@@ -40,6 +40,7 @@ from typing_extensions import TypeIs
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
 from tracegym.models.expert_routing import forced_routing
+from tracegym.models.merge_extension import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from tracegym.train.batching import MicroBatch, balance, collate, idle, pack, rows
 from tracegym.train.data_parallel import (
     CheckpointRows,
@@ -69,8 +70,6 @@ if TYPE_CHECKING:
 
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 WEIGHTS_FILE = "trainable.safetensors"
-ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-"""What peft writes into an adapter's folder."""
 STATE_FILE = "trainer.pt"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".tmp")
 PLAIN_HEADS = {"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "olmo2"}
