@@ -72,6 +72,14 @@ def test_an_information_set_without_a_legal_reply_is_named():
         sampled_policy({key: ["hello", "there"] for key in infosets()})
 
 
+def test_an_information_set_without_a_legal_reply_reads_as_the_chance_given():
+    replies = {key: ["bet"] if key[0] in ("", "check") else ["call"] for key in infosets()}
+    replies[("", "J")] = ["hello", "there"]
+    read = sampled_policy(replies, unnamed=0.5)
+    assert read.strategy[("", "J")] == 0.5 and read.legal_mass[("", "J")] == 0.0
+    assert read.strategy[("", "K")] == 1.0
+
+
 async def hand_trace(cards: dict[str, str], p0: list[str], p1: list[str]):
     said = {"player_0": iter(p0), "player_1": iter(p1)}
     model = ScriptedModel(rule=lambda r: next(said[r.messages[0].text.split()[2].rstrip(".")]))

@@ -132,16 +132,19 @@ def observed_moves(trace: Trace) -> list[tuple[tuple[str, str], str | None]]:
     return out
 
 
-def sampled_policy(replies: Mapping[tuple[str, str], Sequence[str]]) -> ReadPolicy:
+def sampled_policy(replies: Mapping[tuple[str, str], Sequence[str]], unnamed: float | None = None) -> ReadPolicy:
     """The policy from replies sampled at each information set, each read as the referee reads it (`read_move`):
     the bolder action's share of the replies that name a legal action; the legal mass is the share that do. (The
-    referee asks again after a reply without one, so a seat forfeits less often than 1 - legal mass.)"""
+    referee asks again after a reply without one, so a seat forfeits less often than 1 - legal mass.) An
+    information set none of whose replies names a legal action is an error, or reads as the bolder action's chance
+    `unnamed` where given (its legal mass 0)."""
     strategy, legal = {}, {}
     for key in infosets():
         passive, bold = PASSIVE_BOLD[key[0]]
         moves = [read_move(reply, (passive, bold)) for reply in replies[key]]
         named = [move for move in moves if move is not None]
-        if not named:
+        if not named and unnamed is None:
             raise ValueError(f"information set {key}: none of its {len(moves)} replies names a legal action")
-        strategy[key], legal[key] = named.count(bold) / len(named), len(named) / len(moves)
+        strategy[key] = named.count(bold) / len(named) if named else float(unnamed or 0.0)
+        legal[key] = len(named) / len(moves)
     return ReadPolicy(strategy, legal)
