@@ -27,11 +27,18 @@ def oracle(row: FunctionData) -> str:
     return f"import json\ndef {row.function}(*args):\n    return {table!r}[json.dumps(list(args))]"
 
 
-async def run(options: dict, replies: list[str]) -> tg.Trace:
-    """One rollout of the first task (sum_digits), the model answering `replies` in turn."""
+async def run(options: dict, replies: list[str], asked: list[int] | None = None) -> tg.Trace:
+    """One rollout of the first task (sum_digits), the model answering `replies` in turn (each request counted in
+    `asked`, where given)."""
     answers = iter(replies)
-    [trace] = await tg.evaluate(PythonFunctions({**QUICK, **options}).head(1),
-                                ScriptedModel(rule=lambda _: next(answers)), num_tasks=1, rollouts=1)
+
+    def reply(_: object) -> str:
+        if asked is not None:
+            asked.append(1)
+        return next(answers)
+
+    [trace] = await tg.evaluate(PythonFunctions({**QUICK, **options}).head(1), ScriptedModel(rule=reply),
+                                num_tasks=1, rollouts=1)
     return trace
 
 
@@ -101,16 +108,17 @@ async def test_a_program_that_breaks_a_limit_is_the_models_error_and_still_train
     assert trace.reward == 1.0 and trace.failure is None
 
 
-async def test_a_runtime_the_host_lacks_fails_the_rollout_at_setup() -> None:
+async def test_a_runtime_the_host_lacks_is_refused_before_any_rollout() -> None:
     from tracegym.runtimes.catalog import runtime_for
 
     reason = runtime_for("container").unavailable()
     if reason is None:
         pytest.skip("this host has a working container engine")
-    trace = await run({"runtime": "container"}, [fenced("def sum_digits(n):\n    return 0")])
-    assert [(e.kind, e.stage) for e in trace.errors] == [(ErrorKind.INFRASTRUCTURE, "setup")]
-    assert trace.errors[0].message == f"runtime 'container' is unavailable on this host: {reason}"
-    assert trace.failure == "sandbox_error" and trace.completion == []
+    said = []
+    with pytest.raises(UsageError) as refused:
+        await run({"runtime": "container"}, [fenced("def sum_digits(n):\n    return 0")], said)
+    assert str(refused.value) == f"taskset 'python-functions': runtime 'container' cannot run on this host: {reason}"
+    assert said == []  # no rollout asked the model
 
 
 def test_an_unknown_runtime_is_refused_naming_the_field() -> None:
