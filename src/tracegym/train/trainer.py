@@ -63,6 +63,7 @@ from tracegym.train.image_inputs import (
 from tracegym.train.lm_head import head_hits, head_logprobs
 from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_hits, token_logprobs
 from tracegym.train.malloc import Malloc
+from tracegym.train.precision import ComputeDtype, compute_dtype
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -118,11 +119,14 @@ class TrainerConfig(BaseModel):
     share_prompts: bool = True
     """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
     numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
-    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32. `auto`:
-    bfloat16 on a GPU, float32 on a CPU. On this project's AVX512-BF16 CPU (no AMX) bfloat16 autocast made a
-    reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s): its matmuls are slower and the frozen
-    weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
+    compute_dtype: ComputeDtype = "auto"
+    """Dtype of the forward and backward matmuls. `auto`: bfloat16 on a GPU and on a CPU with AMX, float32 on
+    other CPUs (`precision.compute_dtype`). In bfloat16 a LoRA trainer in one process keeps its frozen weights
+    in bfloat16 (not cast again at every forward, half the memory) and its adapter, gradients and AdamW in
+    float32; full weights, and a model sharded over ranks, stay float32 under bfloat16 autocast. On an
+    AVX512-BF16 CPU without AMX, bfloat16 autocast made a reverse-text step 1.7x slower than float32 (6.8 s
+    against 4.0 s); on an AMX CPU (2 threads) bfloat16 autocast was 0.80x float32's time and stored bfloat16
+    weights XX (`benchmarks/trainer_step.py`)."""
     compile: bool = False
     """Compile each decoder layer (`torch.compile`, dynamic shapes), letting the compiler recompute cheap
     activations in the backward pass (`COMPILED_MEMORY_BUDGET`). A reverse-text step on this CPU: 2.45 s and
@@ -179,6 +183,13 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise UsageError("the model has no trainable parameters")
+        self.dtype = compute_dtype(config.compute_dtype, self.dp.device)
+        """The dtype of the matmuls (`compute_dtype`)."""
+        self.stored_bfloat16 = self.dtype == torch.bfloat16 and self.is_lora and self.dp.world == 1
+        """Whether the frozen weights are kept in bfloat16 (cast once, here), so that autocast does not cast
+        them again at every forward."""
+        if self.stored_bfloat16:
+            _store_frozen(model, torch.bfloat16)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.version = 0
@@ -191,9 +202,8 @@ class Trainer:
 
     @property
     def bfloat16(self) -> bool:
-        """Whether matmuls run in bfloat16 (`compute_dtype`; `auto`: on a GPU)."""
-        dtype = self.config.compute_dtype
-        return dtype == "bfloat16" or (dtype == "auto" and self.dp.device.type == "cuda")
+        """Whether matmuls run in bfloat16 (`compute_dtype`)."""
+        return self.dtype == torch.bfloat16
 
     @property
     def is_lora(self) -> bool:
@@ -257,8 +267,7 @@ class Trainer:
             weight = _whole(self.head.weight)
             logprobs = head_logprobs(hidden, weight, batch.sources, batch.target_ids, batch.temperatures)
             return logprobs, head_hits(hidden, weight, batch.sources, batch.target_ids) if hits else None
-        with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16), \
-                self._compiled(), self._replayed(batch):
+        with self._autocast(batch), self._compiled(), self._replayed(batch):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         logprobs = token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
         return logprobs, token_hits(logits, batch.sources, batch.target_ids) if hits else None
@@ -278,6 +287,11 @@ class Trainer:
             return contextlib.nullcontext()
         return forced_routing(self._causal_lm(), batch.routed_experts)
 
+    def _autocast(self, batch: MicroBatch) -> contextlib.AbstractContextManager[object]:
+        """Where the model runs: under bfloat16 autocast when it computes in bfloat16 (which leaves the weights
+        stored in bfloat16 as they are and casts the float32 ones, the adapter's)."""
+        return torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16)
+
     def _compiled(self) -> contextlib.AbstractContextManager[object]:
         """Where compiled layers run (and compile, at a new shape): with their activation memory budget."""
         if not self.config.compile:
@@ -295,19 +309,20 @@ class Trainer:
         step than the whole model with its head passing through, measured in `benchmarks/rl_step_vs_trl.md`); ranks
         that share the model run the model's own forward, so FSDP gathers and releases its weights as it always does."""
         if self.dp.world == 1:
-            with self._compiled(), self._replayed(batch):
+            with self._autocast(batch), self._compiled(), self._replayed(batch):
                 return self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
-        with self._compiled(), self._replayed(batch), passing_through(head):
+        with self._autocast(batch), self._compiled(), self._replayed(batch), passing_through(head):
             return self.model(**inputs, logits_to_keep=batch.keep).logits
 
     def _plain_head(self) -> torch.nn.Linear | None:
         """The output embedding, when logprobs may come straight from the hidden states (`lm_head`): a frozen
-        linear layer without bias that the model applies as it is, in float32."""
+        linear layer without bias that the model applies as it is, stored in the dtype it computes in (not under
+        autocast)."""
         causal = self._causal_lm()
         head = causal.get_output_embeddings()
         plain = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
                  and _head_type(causal.config) in PLAIN_HEADS)
-        return head if plain and not self.bfloat16 else None
+        return head if plain and (self.stored_bfloat16 or not self.bfloat16) else None
 
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""
@@ -364,7 +379,7 @@ class Trainer:
                 path.mkdir(parents=True, exist_ok=True)
                 layers = _lora_layers(self.model) if self.is_lora else {}
                 kept = _frozen_embeddings(self.model, layers) if changed_only else set()
-                weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous().cpu()
+                weights = {_checkpoint_name(n): _merged(p.detach().float(), layers.get(n)).to(dtype).contiguous().cpu()
                            for n, p in self.model.named_parameters() if "lora_" not in n and n not in kept}
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
@@ -419,6 +434,21 @@ def passing_through(head: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         del head.__dict__["forward"]
+
+
+def _store_frozen(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Keep `model`'s frozen floating-point parameters in `dtype` (in place; trainable ones stay as they are), and
+    let its LoRA layers pass their `dtype` activations to the adapter as they are: peft would cast them to the
+    adapter's float32 (and its output back), where autocast runs the adapter's matmuls in `dtype` from its
+    float32 weights. On `benchmarks/trainer_step.py`'s 48-token step (AMX CPU) peft's casts took 0.16 s more of
+    copying and 180 MB more peak RSS (1681 against 1502 MB)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(dtype)
+    for module in model.modules():
+        if _is_lora_layer(module):
+            module.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets
 
 
 def _whole(weight: torch.Tensor) -> torch.Tensor:
@@ -505,13 +535,14 @@ class _LoraMatrix(Protocol):
 
 
 class _LoraLayer(Protocol):
-    """What `_merged` reads of a peft LoRA layer (torch's stubs type a Module's undeclared attributes as
-    Tensor | Module)."""
+    """What `_merged` and `_store_frozen` use of a peft LoRA layer (torch's stubs type a Module's undeclared
+    attributes as Tensor | Module)."""
 
     active_adapters: list[str]
     lora_A: Mapping[str, _LoraMatrix]
     lora_B: Mapping[str, _LoraMatrix]
     scaling: dict[str, float]
+    cast_input_dtype_enabled: bool  # whether peft casts the adapter's input to its dtype (`_store_frozen`)
 
     def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
 
