@@ -10,7 +10,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.trainer import Trainer, TrainerConfig, adapter_keys, apply_lora, compile_layers
+from tracegym.train.trainer import (
+    Trainer,
+    TrainerConfig,
+    _checkpoint_name,
+    adapter_keys,
+    apply_lora,
+    compile_layers,
+)
 
 VOCAB = 64
 
@@ -262,13 +269,22 @@ def test_bfloat16_logprobs_are_float32s_to_bfloat16_precision():
     assert rounded == pytest.approx(exact, abs=3e-2) and rounded != exact
 
 
-def test_a_bfloat16_trainers_merged_weights_add_the_delta_to_the_stored_weight_in_float32(tmp_path):
+def test_a_bfloat16_trainer_merges_its_adapter_into_the_checkpoints_float32_weights(tmp_path):
+    """Not into its frozen weights rounded to bfloat16: the merged weight is rounded once, as vLLM's merge's."""
     trainer = tiny_trainer(compute_dtype="bfloat16")
-    merged = load_file(str(trainer.save_merged(tmp_path, dtype=torch.float32) / "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    checkpoint = {_checkpoint_name(n): p.detach().float() + 1e-4 * torch.randn(p.shape, generator=generator)
+                  for n, p in trainer.model.named_parameters() if not p.requires_grad}  # between bfloat16 steps
+    (tmp_path / "base").mkdir()
+    save_file(checkpoint, str(tmp_path / "base" / "model.safetensors"))
+    trainer.config = trainer.config.model_copy(update={"model": str(tmp_path / "base")})
+    merged = load_file(str(trainer.save_merged(tmp_path / "merged", dtype=torch.float32) / "model.safetensors"))
     layer = trainer.model.base_model.model.model.layers[0].self_attn.q_proj
-    expected = layer.base_layer.weight.float() + layer.scaling["default"] * (
-        layer.lora_B["default"].weight @ layer.lora_A["default"].weight)
-    assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], expected.detach(), atol=1e-6)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    delta = layer.scaling["default"] * (layer.lora_B["default"].weight @ layer.lora_A["default"].weight)
+    expected = checkpoint[name] + delta
+    assert torch.allclose(merged[name], expected.detach(), atol=1e-6)
+    assert torch.equal(merged["model.norm.weight"], checkpoint["model.norm.weight"])
 
 
 @pytest.mark.parametrize("options", [{"num_processes": 2}, {"gradient_checkpointing": True}])

@@ -27,7 +27,7 @@ import contextlib
 import math
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
@@ -185,9 +185,11 @@ class Trainer:
             raise UsageError("the model has no trainable parameters")
         self.dtype = compute_dtype(config.compute_dtype, self.dp.device)
         """The dtype of the matmuls (`compute_dtype`)."""
-        self.stored_bfloat16 = self.dtype == torch.bfloat16 and self.is_lora and self.dp.world == 1
+        self.stored_bfloat16 = (self.dtype == torch.bfloat16 and self.is_lora and self.dp.world == 1
+                                and getattr(model.config, "model_type", None) not in TRAINABLE_VLMS)
         """Whether the frozen weights are kept in bfloat16 (cast once, here), so that autocast does not cast
-        them again at every forward."""
+        them again at every forward: a text model's LoRA trainer in one process (`save_merged` reads the
+        checkpoint's weights by their names, which a vision-language model's may not keep)."""
         if self.stored_bfloat16:
             _store_frozen(model, torch.bfloat16)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, betas=config.betas,
@@ -374,18 +376,38 @@ class Trainer:
         them already and reloads the rest; every other weight is written, so each of vLLM's fused projections
         (qkv, gate_up) is reloaded whole whichever of its parts the adapter targets."""
         path = Path(path)
-        with torch.no_grad(), gathered(self.model):
+        with torch.no_grad(), gathered(self.model), self._float32_weights() as base:
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
                 layers = _lora_layers(self.model) if self.is_lora else {}
                 kept = _frozen_embeddings(self.model, layers) if changed_only else set()
-                weights = {_checkpoint_name(n): _merged(p.detach().float(), layers.get(n)).to(dtype).contiguous().cpu()
+                weights = {_checkpoint_name(n): _merged(base(n, p), layers.get(n)).to(dtype).contiguous().cpu()
                            for n, p in self.model.named_parameters() if "lora_" not in n and n not in kept}
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
                 tmp.replace(path / "model.safetensors")
                 copy_model_files(Path(self.config.model), path)  # servable on its own, e.g. as a teacher
         return path
+
+    @contextlib.contextmanager
+    def _float32_weights(self) -> Iterator[Callable[[str, torch.Tensor], torch.Tensor]]:
+        """Inside: a named parameter's float32 value to merge an adapter into. Frozen weights kept in bfloat16 are
+        read from the model's checkpoint instead, so that a merged weight is `W + delta` rounded once, the bits
+        vLLM's own merge serves (`merge_extension`), and a delta below half a bfloat16 step still moves it."""
+        if not self.stored_bfloat16:
+            yield lambda name, param: param.detach()
+            return
+        with CheckpointRows(_local_folder(self.config.model)) as checkpoint:
+
+            def value(name: str, param: torch.Tensor) -> torch.Tensor:
+                key = _checkpoint_name(name)
+                if param.requires_grad:
+                    return param.detach()
+                if key not in checkpoint:
+                    raise UsageError(f"model {self.config.model!r}: its checkpoint has no weight {key!r} to merge into")
+                return checkpoint.read(key, slice(None)).float()
+
+            yield value
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state), as full
@@ -434,6 +456,15 @@ def passing_through(head: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         del head.__dict__["forward"]
+
+
+def _local_folder(model: str) -> Path:
+    """The folder of `model`'s files: itself, or a hub model's downloaded snapshot."""
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(model, local_files_only=True))
 
 
 def _store_frozen(model: torch.nn.Module, dtype: torch.dtype) -> None:
