@@ -300,3 +300,8 @@ def test_compiling_a_model_without_decoder_layers_is_a_usage_error():
 
     with pytest.raises(UsageError, match="needs a model whose decoder keeps its blocks in"):
         compile_layers(Flat())
+
+
+def test_a_bfloat16_trainer_without_a_checkpoint_folder_refuses_to_merge_naming_the_model(tmp_path):
+    with pytest.raises(UsageError, match=r"trainer\.model 'tiny' is neither a folder nor a downloaded hub model"):
+        tiny_trainer(compute_dtype="bfloat16").save_merged(tmp_path / "merged")
