@@ -27,16 +27,17 @@ from tracegym.core.sample import Sample
 from tracegym.train.malloc import malloc_env
 
 RESULT = "RESULT "
-DEFAULTS = "defaults (float32, shared prompts, tcmalloc)"
+DEFAULTS = "defaults (auto dtype, shared prompts, tcmalloc)"
+FLOAT32 = {"compute_dtype": "float32"}
 SETTINGS: dict[str, dict[str, Any]] = {
     "before (bf16, ckpt, row per sample, glibc)": {"compute_dtype": "bfloat16", "gradient_checkpointing": True,
                                                    "share_prompts": False, "malloc": "system"},
-    "float32, ckpt, row per sample, glibc": {"gradient_checkpointing": True, "share_prompts": False,
+    "float32, ckpt, row per sample, glibc": {**FLOAT32, "gradient_checkpointing": True, "share_prompts": False,
                                              "malloc": "system"},
-    "float32, row per sample, glibc": {"share_prompts": False, "malloc": "system"},
-    "float32, shared prompts, glibc": {"malloc": "system"},
+    "float32, row per sample, glibc": {**FLOAT32, "share_prompts": False, "malloc": "system"},
+    "float32, shared prompts, glibc": {**FLOAT32, "malloc": "system"},
+    "float32, shared prompts, tcmalloc (defaults without AMX)": FLOAT32,
     DEFAULTS: {},
-    "defaults + bf16": {"compute_dtype": "bfloat16"},
     "defaults + gradient checkpointing": {"gradient_checkpointing": True},
     "defaults + 256-token micro-batches": {"micro_batch_tokens": 256},
     "defaults + 1024-token micro-batches": {"micro_batch_tokens": 1024},

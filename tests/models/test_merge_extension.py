@@ -16,13 +16,14 @@ from tracegym.train.trainer import Trainer, TrainerConfig, apply_lora
 
 
 def trained(**options: object) -> Trainer:
-    """A tiny LoRA trainer whose adapter is far from zero."""
+    """A tiny LoRA trainer whose adapter is far from zero, in float32 (`base_checkpoint` writes its weights as the
+    checkpoint; in bfloat16 they would be stored rounded, and `save_merged` would read a folder "tiny")."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
-    config = TrainerConfig(model="tiny", lora_rank=4, **options)
+    config = TrainerConfig(model="tiny", lora_rank=4, compute_dtype="float32", **options)
     model = apply_lora(model, config)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -41,7 +41,8 @@ def pictures():
 @pytest.fixture(scope="module")
 def trainer(vlm, pictures):
     folder, processor, model = vlm
-    config = TrainerConfig(model=str(folder), lora_rank=4, lora_alpha=8)
+    config = TrainerConfig(model=str(folder), lora_rank=4, lora_alpha=8,
+                           compute_dtype="float32")  # compared with the model's own forward to 1e-4
     return make_trainer(model, config, pad_id=processor.tokenizer.pad_token_id,
                         images=ImageInputs(processor.image_processor, pictures.__getitem__))
 

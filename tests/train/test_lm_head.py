@@ -55,3 +55,14 @@ def test_positions_no_target_reads_get_no_gradient():
     _, grad = values_and_gradient(head_logprobs, hidden, *rest)
     assert grad[0, [0, 1, 5, 6]].abs().sum() == 0 and grad[1, [2, 3, 4]].abs().sum() == 0
     assert grad[0, 2].abs().sum() > 0
+
+
+def test_a_bfloat16_head_gives_the_logprobs_of_its_bfloat16_logits():
+    """As a bfloat16 sampler's: logits rounded to bfloat16, then a float32 log-softmax; the gradient comes from a
+    bfloat16 matmul, so it matches to bfloat16's precision."""
+    hidden, weight, *rest = case([0.7, 1.3])
+    hidden = hidden.detach().bfloat16().requires_grad_()
+    ours, our_grad = values_and_gradient(head_logprobs, hidden, weight.bfloat16(), *rest)
+    theirs, their_grad = values_and_gradient(through_logits, hidden, weight.bfloat16(), *rest)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+    assert torch.allclose(our_grad.float(), their_grad.float(), atol=2e-2, rtol=2e-2)

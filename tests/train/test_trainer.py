@@ -10,7 +10,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tracegym.core.errors import UsageError
 from tracegym.core.sample import Sample
-from tracegym.train.trainer import Trainer, TrainerConfig, adapter_keys, apply_lora, compile_layers
+from tracegym.train.trainer import (
+    Trainer,
+    TrainerConfig,
+    _checkpoint_name,
+    adapter_keys,
+    apply_lora,
+    compile_layers,
+)
 
 VOCAB = 64
 
@@ -26,12 +33,15 @@ def one_thread():
 
 
 def tiny_trainer(lora: bool = True, **options: object) -> Trainer:
-    """The same tiny model every time (seeded), with a LoRA adapter unless `lora` is off."""
+    """The same tiny model every time (seeded), with a LoRA adapter unless `lora` is off; in float32 unless
+    `compute_dtype` says otherwise (`auto` would pick bfloat16 on an AMX CPU only, so the tests' numbers would
+    depend on the machine)."""
     torch.manual_seed(0)
     model_config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = LlamaForCausalLM(model_config)
-    config = TrainerConfig(model="tiny", lora=lora, lora_rank=4, learning_rate=1e-2, **options)
+    config = TrainerConfig(model="tiny", lora=lora, lora_rank=4, learning_rate=1e-2,
+                           **{"compute_dtype": "float32", **options})
     if lora:
         model = apply_lora(model, config)
         for name, param in model.named_parameters():  # LoRA B starts at zero; move it so every update shows
@@ -87,8 +97,8 @@ def test_step_metrics_count_the_loss_tokens():
 
 def test_splitting_into_micro_batches_accumulates_the_same_gradient():
     # in float32: bfloat16 rounding depends on the padded shapes, which the split changes
-    one = tiny_trainer(micro_batch_tokens=4096, compute_dtype="float32")
-    many = tiny_trainer(micro_batch_tokens=12, compute_dtype="float32")
+    one = tiny_trainer(micro_batch_tokens=4096)
+    many = tiny_trainer(micro_batch_tokens=12)
     one.step(samples(3, n=6))
     metrics = many.step(samples(3, n=6))
     assert metrics["micro_batches"] > 1
@@ -221,18 +231,60 @@ def test_merged_weights_get_the_base_models_config_and_tokenizer_files_so_they_l
     assert (merged / "model.safetensors").read_bytes() != b"model.safetensors"  # the merged weights, not the base's
 
 
-def test_logprobs_from_the_hidden_states_equal_those_through_the_logits(monkeypatch):
+@pytest.mark.parametrize(("dtype", "grad_tolerance"), [("float32", 1e-5), ("bfloat16", 2e-3)])
+def test_logprobs_from_the_hidden_states_equal_those_through_the_logits(monkeypatch, dtype, grad_tolerance):
+    """In bfloat16 the head's gradient comes from a bfloat16 matmul of the probabilities (`lm_head`), the logits'
+    from float32 ones: the gradient norms agree to bfloat16's precision."""
     from tracegym.train import trainer as trainer_module
 
-    straight = tiny_trainer()
+    straight = tiny_trainer(compute_dtype=dtype)
     assert straight.head is not None
     monkeypatch.setattr(trainer_module, "PLAIN_HEADS", set())
-    through = tiny_trainer()
+    through = tiny_trainer(compute_dtype=dtype)
     assert through.head is None
     batch = samples(3)
     flat = [[v for row in trainer.logprobs(batch) for v in row] for trainer in (straight, through)]
     assert flat[0] == pytest.approx(flat[1], abs=1e-5)
-    assert straight.step(batch)["grad_norm"] == pytest.approx(through.step(batch)["grad_norm"], rel=1e-5)
+    assert straight.step(batch)["grad_norm"] == pytest.approx(through.step(batch)["grad_norm"], rel=grad_tolerance)
+
+
+def test_a_bfloat16_lora_trainer_keeps_its_frozen_weights_in_bfloat16_and_its_adapter_in_float32():
+    trainer = tiny_trainer(compute_dtype="bfloat16")
+    trainer.step(samples(0))
+    dtypes = {p.requires_grad: p.dtype for p in trainer.model.parameters()}
+    assert dtypes == {False: torch.bfloat16, True: torch.float32}
+    assert {s["exp_avg"].dtype for s in trainer.optimizer.state.values()} == {torch.float32}
+
+
+def test_a_bfloat16_full_weight_trainer_keeps_float32_weights():
+    trainer = tiny_trainer(lora=False, compute_dtype="bfloat16")
+    trainer.step(samples(0))
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
+def test_bfloat16_logprobs_are_float32s_to_bfloat16_precision():
+    batch = samples(3)
+    exact, rounded = ([v for row in tiny_trainer(compute_dtype=d).logprobs(batch) for v in row]
+                      for d in ("float32", "bfloat16"))
+    assert rounded == pytest.approx(exact, abs=3e-2) and rounded != exact
+
+
+def test_a_bfloat16_trainer_merges_its_adapter_into_the_checkpoints_float32_weights(tmp_path):
+    """Not into its frozen weights rounded to bfloat16: the merged weight is rounded once, as vLLM's merge's."""
+    trainer = tiny_trainer(compute_dtype="bfloat16")
+    generator = torch.Generator().manual_seed(1)
+    checkpoint = {_checkpoint_name(n): p.detach().float() + 1e-4 * torch.randn(p.shape, generator=generator)
+                  for n, p in trainer.model.named_parameters() if not p.requires_grad}  # between bfloat16 steps
+    (tmp_path / "base").mkdir()
+    save_file(checkpoint, str(tmp_path / "base" / "model.safetensors"))
+    trainer.config = trainer.config.model_copy(update={"model": str(tmp_path / "base")})
+    merged = load_file(str(trainer.save_merged(tmp_path / "merged", dtype=torch.float32) / "model.safetensors"))
+    layer = trainer.model.base_model.model.model.layers[0].self_attn.q_proj
+    name = "model.layers.0.self_attn.q_proj.weight"
+    delta = layer.scaling["default"] * (layer.lora_B["default"].weight @ layer.lora_A["default"].weight)
+    expected = checkpoint[name] + delta
+    assert torch.allclose(merged[name], expected.detach(), atol=1e-6)
+    assert torch.equal(merged["model.norm.weight"], checkpoint["model.norm.weight"])
 
 
 @pytest.mark.parametrize("options", [{"num_processes": 2}, {"gradient_checkpointing": True}])
@@ -248,3 +300,8 @@ def test_compiling_a_model_without_decoder_layers_is_a_usage_error():
 
     with pytest.raises(UsageError, match="needs a model whose decoder keeps its blocks in"):
         compile_layers(Flat())
+
+
+def test_a_bfloat16_trainer_without_a_checkpoint_folder_refuses_to_merge_naming_the_model(tmp_path):
+    with pytest.raises(UsageError, match=r"trainer\.model 'tiny' is neither a folder nor a downloaded hub model"):
+        tiny_trainer(compute_dtype="bfloat16").save_merged(tmp_path / "merged")

@@ -139,8 +139,9 @@ class ImageInputs:
     def features(self, model: Any, images: Sequence[str]) -> torch.Tensor:
         """[N, image_seq_len, hidden] the images' features: the vision tower, then the connector."""
         values, mask = self.pixels(images)
-        device = model.get_input_embeddings().weight.device
-        return model.model.get_image_features(values.to(device), mask.to(device), return_dict=True).pooler_output
+        embedding = model.get_input_embeddings().weight  # the vision tower's weights are stored like it
+        return model.model.get_image_features(values.to(embedding.device, embedding.dtype), mask.to(embedding.device),
+                                              return_dict=True).pooler_output
 
     def embedded(self, model: Any, input_ids: torch.Tensor, images: Sequence[str]) -> torch.Tensor:
         """[B, T, hidden] the input embeddings of `input_ids`, each `<image>` token's replaced by its image's

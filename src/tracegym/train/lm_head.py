@@ -8,6 +8,10 @@ hand, and keeps it instead of the logits: the backward's LM-head matmul moves in
 the peak memory of a step loses the logits, their softmax and their gradient (SmolLM2-135M, 460 positions: 90 MB
 each, `benchmarks/trainer_step.py`). Only the positions some target is read from go through the head, so
 padding costs nothing here.
+
+The head computes in its weight's dtype. A bfloat16 head's logits are rounded to bfloat16, as a bfloat16 vLLM's are,
+then taken to float32 for the log-softmax (a target's logit is rounded the same way); its expected embedding is a
+bfloat16 matmul of float32 probabilities rounded to bfloat16.
 """
 
 from __future__ import annotations
@@ -40,11 +44,10 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
                 inverse: torch.Tensor, targets: torch.Tensor, inv_temp: torch.Tensor) -> torch.Tensor:
-        states = hidden[positions].float()
-        frozen = weight.float()
-        expected, lse = _expected_embedding(states, frozen, inv_temp)
-        target_rows = frozen[targets]
-        picked = (states[inverse] * target_rows).sum(-1) * inv_temp[inverse] - lse[inverse]
+        states = hidden[positions].to(weight.dtype)
+        expected, lse = _expected_embedding(states, weight, inv_temp)
+        target_logits = (states[inverse].float() * weight[targets].float()).sum(-1).to(weight.dtype).float()
+        picked = target_logits * inv_temp[inverse] - lse[inverse]
         ctx.save_for_backward(expected, positions, inverse, targets, inv_temp, weight)
         ctx.shape, ctx.dtype = hidden.shape, hidden.dtype
         return picked
@@ -62,18 +65,21 @@ class _HeadLogprobs(torch.autograd.Function):
 def _expected_embedding(states: torch.Tensor, weight: torch.Tensor, inv_temp: torch.Tensor,
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per position: `softmax(logits) @ weight` ([P, H]) and `logsumexp(logits)` ([P]), `logits = states @ W^T
-    * inv_temp`, a chunk of positions at a time."""
-    expected = torch.empty_like(states)
-    lse = torch.empty(states.shape[0], dtype=states.dtype, device=states.device)
+    * inv_temp`, a chunk of positions at a time; float32 out of matmuls in the weight's dtype."""
+    expected = torch.empty(states.shape, dtype=torch.float32, device=states.device)
+    lse = torch.empty(states.shape[0], dtype=torch.float32, device=states.device)
     scaled = bool((inv_temp != 1.0).any())
     for start in range(0, states.shape[0], CHUNK):
         end = min(start + CHUNK, states.shape[0])
-        logits = states[start:end] @ weight.T
+        logits = (states[start:end] @ weight.T).float()
         if scaled:
             logits.mul_(inv_temp[start:end, None])
         lse[start:end] = torch.logsumexp(logits, dim=-1)
         probs = logits.sub_(lse[start:end, None]).exp_()
-        torch.mm(probs, weight, out=expected[start:end])
+        if weight.dtype == torch.float32:
+            torch.mm(probs, weight, out=expected[start:end])
+        else:
+            expected[start:end] = probs.to(weight.dtype) @ weight
     return expected, lse
 
 
@@ -85,9 +91,8 @@ def head_hits(hidden: torch.Tensor, weight: torch.Tensor, sources: torch.Tensor,
     batch, length, _ = hidden.shape
     flat = sources + torch.arange(batch, device=sources.device)[:, None] * length
     positions, inverse = torch.unique(flat.flatten(), return_inverse=True)
-    states = hidden.detach().flatten(0, 1)[positions].float()
-    frozen = weight.float()
+    states = hidden.detach().flatten(0, 1)[positions].to(weight.dtype)
     best = torch.empty(states.shape[0], dtype=torch.long, device=states.device)
     for start in range(0, states.shape[0], CHUNK):
-        best[start:start + CHUNK] = (states[start:start + CHUNK] @ frozen.T).argmax(-1)
+        best[start:start + CHUNK] = (states[start:start + CHUNK] @ weight.T).argmax(-1)
     return (best[inverse] == targets.flatten()).view_as(targets)

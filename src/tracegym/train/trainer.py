@@ -27,7 +27,7 @@ import contextlib
 import math
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, cast
 
@@ -63,6 +63,7 @@ from tracegym.train.image_inputs import (
 from tracegym.train.lm_head import head_hits, head_logprobs
 from tracegym.train.loss import LossConfig, cross_entropy_loss, policy_gradient_loss, token_hits, token_logprobs
 from tracegym.train.malloc import Malloc
+from tracegym.train.precision import ComputeDtype, compute_dtype
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -118,11 +119,17 @@ class TrainerConfig(BaseModel):
     share_prompts: bool = True
     """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
     numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
-    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    """Dtype of the forward and backward matmuls (autocast); weights, gradients and AdamW stay float32. `auto`:
-    bfloat16 on a GPU, float32 on a CPU. On this project's AVX512-BF16 CPU (no AMX) bfloat16 autocast made a
-    reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s): its matmuls are slower and the frozen
-    weights are cast again at every forward (`benchmarks/trainer_step.py`)."""
+    compute_dtype: ComputeDtype = "auto"
+    """Dtype of the forward and backward matmuls (bfloat16 under autocast). `auto`: bfloat16 on a GPU and on a CPU
+    with AMX, float32 on other CPUs (`precision.compute_dtype`). In bfloat16 a text model's LoRA trainer in one
+    process keeps its frozen weights in bfloat16 (not cast again at every forward, half their memory; the LM head
+    still gives logprobs straight from the hidden states) and its adapter, gradients and AdamW in float32; full
+    weights, a vision-language model and a model sharded over ranks keep float32 weights. Measured with
+    `benchmarks/trainer_step.py` (2 threads): on an AVX512-BF16 CPU without AMX, bfloat16 autocast made a
+    reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s); on an AMX CPU, bfloat16 autocast over
+    float32 weights took 0.80x float32's time with 1.23x its peak RSS, bfloat16-stored frozen weights 0.59x
+    with 0.75x (2.22 against 3.79 s, 1350 against 1794 MB), and with 256-token completions 0.77x with 0.84x
+    (15.0 against 19.5 s, 1278 against 1527 MB)."""
     compile: bool = False
     """Compile each decoder layer (`torch.compile`, dynamic shapes), letting the compiler recompute cheap
     activations in the backward pass (`COMPILED_MEMORY_BUDGET`). A reverse-text step on this CPU: 2.45 s and
@@ -179,6 +186,15 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise UsageError("the model has no trainable parameters")
+        self.dtype = compute_dtype(config.compute_dtype, self.dp.device)
+        """The dtype of the matmuls (`compute_dtype`)."""
+        self.stored_bfloat16 = (self.dtype == torch.bfloat16 and self.is_lora and self.dp.world == 1
+                                and getattr(model.config, "model_type", None) not in TRAINABLE_VLMS)
+        """Whether the frozen weights are kept in bfloat16 (cast once, here), so that autocast does not cast
+        them again at every forward: a text model's LoRA trainer in one process (`save_merged` reads the
+        checkpoint's weights by their names, which a vision-language model's may not keep)."""
+        if self.stored_bfloat16:
+            _store_frozen(model, torch.bfloat16)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, betas=config.betas,
                                            weight_decay=config.weight_decay)
         self.version = 0
@@ -191,9 +207,8 @@ class Trainer:
 
     @property
     def bfloat16(self) -> bool:
-        """Whether matmuls run in bfloat16 (`compute_dtype`; `auto`: on a GPU)."""
-        dtype = self.config.compute_dtype
-        return dtype == "bfloat16" or (dtype == "auto" and self.dp.device.type == "cuda")
+        """Whether matmuls run in bfloat16 (`compute_dtype`)."""
+        return self.dtype == torch.bfloat16
 
     @property
     def is_lora(self) -> bool:
@@ -257,8 +272,7 @@ class Trainer:
             weight = _whole(self.head.weight)
             logprobs = head_logprobs(hidden, weight, batch.sources, batch.target_ids, batch.temperatures)
             return logprobs, head_hits(hidden, weight, batch.sources, batch.target_ids) if hits else None
-        with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16), \
-                self._compiled(), self._replayed(batch):
+        with self._autocast(batch), self._compiled(), self._replayed(batch):
             logits = self.model(**inputs, logits_to_keep=batch.keep).logits
         logprobs = token_logprobs(logits, batch.sources, batch.target_ids, batch.temperatures)
         return logprobs, token_hits(logits, batch.sources, batch.target_ids) if hits else None
@@ -278,6 +292,11 @@ class Trainer:
             return contextlib.nullcontext()
         return forced_routing(self._causal_lm(), batch.routed_experts)
 
+    def _autocast(self, batch: MicroBatch) -> contextlib.AbstractContextManager[object]:
+        """Where the model runs: under bfloat16 autocast when it computes in bfloat16 (which leaves the weights
+        stored in bfloat16 as they are and casts the float32 ones, the adapter's)."""
+        return torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=self.bfloat16)
+
     def _compiled(self) -> contextlib.AbstractContextManager[object]:
         """Where compiled layers run (and compile, at a new shape): with their activation memory budget."""
         if not self.config.compile:
@@ -295,19 +314,20 @@ class Trainer:
         step than the whole model with its head passing through, measured in `benchmarks/rl_step_vs_trl.md`); ranks
         that share the model run the model's own forward, so FSDP gathers and releases its weights as it always does."""
         if self.dp.world == 1:
-            with self._compiled(), self._replayed(batch):
+            with self._autocast(batch), self._compiled(), self._replayed(batch):
                 return self._causal_lm().get_decoder()(**inputs).last_hidden_state[:, -batch.keep:]
-        with self._compiled(), self._replayed(batch), passing_through(head):
+        with self._autocast(batch), self._compiled(), self._replayed(batch), passing_through(head):
             return self.model(**inputs, logits_to_keep=batch.keep).logits
 
     def _plain_head(self) -> torch.nn.Linear | None:
         """The output embedding, when logprobs may come straight from the hidden states (`lm_head`): a frozen
-        linear layer without bias that the model applies as it is, in float32."""
+        linear layer without bias that the model applies as it is, stored in the dtype it computes in (not under
+        autocast)."""
         causal = self._causal_lm()
         head = causal.get_output_embeddings()
         plain = (type(head) is torch.nn.Linear and head.bias is None and not head.weight.requires_grad
                  and _head_type(causal.config) in PLAIN_HEADS)
-        return head if plain and not self.bfloat16 else None
+        return head if plain and (self.stored_bfloat16 or not self.bfloat16) else None
 
     def _clip(self) -> float:
         """Clip the gradient (when enabled) and return its norm before clipping."""
@@ -359,18 +379,38 @@ class Trainer:
         them already and reloads the rest; every other weight is written, so each of vLLM's fused projections
         (qkv, gate_up) is reloaded whole whichever of its parts the adapter targets."""
         path = Path(path)
-        with torch.no_grad(), gathered(self.model):
+        with torch.no_grad(), gathered(self.model), self._float32_weights() as base:
             if self.dp.main:
                 path.mkdir(parents=True, exist_ok=True)
                 layers = _lora_layers(self.model) if self.is_lora else {}
                 kept = _frozen_embeddings(self.model, layers) if changed_only else set()
-                weights = {_checkpoint_name(n): _merged(p.detach(), layers.get(n)).to(dtype).contiguous().cpu()
+                weights = {_checkpoint_name(n): _merged(base(n, p), layers.get(n)).to(dtype).contiguous().cpu()
                            for n, p in self.model.named_parameters() if "lora_" not in n and n not in kept}
                 tmp = path / "model.safetensors.tmp"
                 save_file(weights, str(tmp))
                 tmp.replace(path / "model.safetensors")
                 copy_model_files(Path(self.config.model), path)  # servable on its own, e.g. as a teacher
         return path
+
+    @contextlib.contextmanager
+    def _float32_weights(self) -> Iterator[Callable[[str, torch.Tensor], torch.Tensor]]:
+        """Inside: a named parameter's float32 value to merge an adapter into. Frozen weights kept in bfloat16 are
+        read from the model's checkpoint instead, so that a merged weight is `W + delta` rounded once, the bits
+        vLLM's own merge serves (`merge_extension`), and a delta below half a bfloat16 step still moves it."""
+        if not self.stored_bfloat16:
+            yield lambda name, param: param.detach()
+            return
+        with CheckpointRows(_local_folder(self.config.model)) as checkpoint:
+
+            def value(name: str, param: torch.Tensor) -> torch.Tensor:
+                key = _checkpoint_name(name)
+                if param.requires_grad:
+                    return param.detach()
+                if key not in checkpoint:
+                    raise UsageError(f"model {self.config.model!r}: its checkpoint has no weight {key!r} to merge into")
+                return checkpoint.read(key, slice(None)).float()
+
+            yield value
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Checkpoint trainable weights, optimizer, version, RNG and `extra_state` (e.g. advantage state), as full
@@ -419,6 +459,35 @@ def passing_through(head: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         del head.__dict__["forward"]
+
+
+def _local_folder(model: str) -> Path:
+    """The folder of `model`'s files: itself, or a hub model's downloaded snapshot."""
+    if Path(model).is_dir():
+        return Path(model)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(model, local_files_only=True))
+    except LocalEntryNotFoundError:
+        raise UsageError(f"trainer.model {model!r} is neither a folder nor a downloaded hub model: no checkpoint "
+                         "to merge the adapter into") from None
+
+
+def _store_frozen(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Keep `model`'s frozen floating-point parameters in `dtype` (in place; trainable ones stay as they are), and
+    let its LoRA layers pass their `dtype` activations to the adapter as they are: peft would cast them to the
+    adapter's float32 (and its output back), where autocast runs the adapter's matmuls in `dtype` from its
+    float32 weights. On `benchmarks/trainer_step.py`'s 48-token step (AMX CPU) peft's casts took 0.16 s more of
+    copying and 180 MB more peak RSS (1681 against 1502 MB)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.requires_grad and param.is_floating_point():
+                param.data = param.data.to(dtype)
+    for module in model.modules():
+        if _is_lora_layer(module):
+            module.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets
 
 
 def _whole(weight: torch.Tensor) -> torch.Tensor:
@@ -505,13 +574,14 @@ class _LoraMatrix(Protocol):
 
 
 class _LoraLayer(Protocol):
-    """What `_merged` reads of a peft LoRA layer (torch's stubs type a Module's undeclared attributes as
-    Tensor | Module)."""
+    """What `_merged` and `_store_frozen` use of a peft LoRA layer (torch's stubs type a Module's undeclared
+    attributes as Tensor | Module)."""
 
     active_adapters: list[str]
     lora_A: Mapping[str, _LoraMatrix]
     lora_B: Mapping[str, _LoraMatrix]
     scaling: dict[str, float]
+    cast_input_dtype_enabled: bool  # whether peft casts the adapter's input to its dtype (`_store_frozen`)
 
     def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
 
