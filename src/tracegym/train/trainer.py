@@ -122,14 +122,14 @@ class TrainerConfig(BaseModel):
     compute_dtype: ComputeDtype = "auto"
     """Dtype of the forward and backward matmuls (bfloat16 under autocast). `auto`: bfloat16 on a GPU, float32 on a
     CPU (`precision.compute_dtype`; on a CPU with AMX `bfloat16` is the fast one, opt-in for now). In bfloat16 a
-    text model's LoRA trainer in one process keeps its frozen weights in bfloat16 (not cast again at every forward,
-    half their memory; the LM head still gives logprobs straight from the hidden states) and its adapter, gradients
-    and AdamW in float32; full weights, a vision-language model and a model sharded over ranks keep float32 weights.
-    Measured with `benchmarks/trainer_step.py` (2 threads): on an AVX512-BF16 CPU without AMX, bfloat16 autocast
-    made a reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s); on an AMX CPU, bfloat16 autocast over
-    float32 weights took 0.80x float32's time with 1.23x its peak RSS, bfloat16-stored frozen weights 0.59x with
-    0.75x (2.22 against 3.79 s, 1350 against 1794 MB), and with 256-token completions 0.77x with 0.84x (15.0 against
-    19.5 s, 1278 against 1527 MB)."""
+    text model's LoRA trainer in one process keeps its frozen weights in bfloat16 (not cast again at every
+    forward, half their memory; the LM head still gives logprobs straight from the hidden states) and its adapter, gradients and AdamW in float32; full
+    weights, a vision-language model and a model sharded over ranks keep float32 weights. Measured with
+    `benchmarks/trainer_step.py` (2 threads): on an AVX512-BF16 CPU without AMX, bfloat16 autocast made a
+    reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s); on an AMX CPU, bfloat16 autocast over
+    float32 weights took 0.80x float32's time with 1.23x its peak RSS, bfloat16-stored frozen weights 0.59x
+    with 0.75x (2.22 against 3.79 s, 1350 against 1794 MB), and with 256-token completions 0.77x with 0.84x
+    (15.0 against 19.5 s, 1278 against 1527 MB)."""
     compile: bool = False
     """Compile each decoder layer (`torch.compile`, dynamic shapes), letting the compiler recompute cheap
     activations in the backward pass (`COMPILED_MEMORY_BUDGET`). A reverse-text step on this CPU: 2.45 s and
