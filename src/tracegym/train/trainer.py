@@ -120,10 +120,10 @@ class TrainerConfig(BaseModel):
     """Train the samples that share a prompt (a group's rollouts) in one row that holds the prompt once; the
     numbers are the same as with a row per sample, for fewer tokens (see `batching`)."""
     compute_dtype: ComputeDtype = "auto"
-    """Dtype of the forward and backward matmuls (bfloat16 under autocast). `auto`: bfloat16 on a GPU, float32 on a
-    CPU (`precision.compute_dtype`; on a CPU with AMX `bfloat16` is the fast one, opt-in for now). In bfloat16 a
-    text model's LoRA trainer in one process keeps its frozen weights in bfloat16 (not cast again at every
-    forward, half their memory; the LM head still gives logprobs straight from the hidden states) and its adapter, gradients and AdamW in float32; full
+    """Dtype of the forward and backward matmuls (bfloat16 under autocast). `auto`: bfloat16 on a GPU and on a CPU
+    with AMX, float32 on other CPUs (`precision.compute_dtype`). In bfloat16 a text model's LoRA trainer in one
+    process keeps its frozen weights in bfloat16 (not cast again at every forward, half their memory; the LM head
+    still gives logprobs straight from the hidden states) and its adapter, gradients and AdamW in float32; full
     weights, a vision-language model and a model sharded over ranks keep float32 weights. Measured with
     `benchmarks/trainer_step.py` (2 threads): on an AVX512-BF16 CPU without AMX, bfloat16 autocast made a
     reverse-text step 1.7x slower than float32 (6.8 s against 4.0 s); on an AMX CPU, bfloat16 autocast over
